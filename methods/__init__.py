@@ -1,0 +1,12 @@
+"""Attribution methods on stock Transformers, behind one registry and one call shape.
+
+    from methods import build_method, available_methods
+    method = build_method("rollout", start_layer=0)
+    relevance = method(model, images, target=None)   # Tensor[B, P] (or [B, H, W] if method.pixel_level)
+"""
+from .registry import available_methods, build_method, method_class, register_method  # noqa: F401
+from .base import AttributionMethod  # noqa: F401
+from .maps import minmax_normalize, tokens_to_map  # noqa: F401
+
+# Importing the method modules registers them.
+from . import attention_methods  # noqa: F401,E402

@@ -1,0 +1,53 @@
+"""timm-style registry of attribution methods: ``build_method(name, **options)``."""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Type
+
+_REGISTRY: Dict[str, type] = {}
+
+
+def register_method(name: str) -> Callable[[Type], Type]:
+    """Class decorator that makes an :class:`AttributionMethod` buildable by ``name``."""
+
+    def decorator(cls: Type) -> Type:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"attribution method {name!r} is already registered by {_REGISTRY[name].__qualname__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorator
+
+
+def available_methods(pixel_level: Optional[bool] = None, class_specific: Optional[bool] = None) -> List[str]:
+    """Sorted names of the registered methods, optionally filtered by the methods' declared kind."""
+    names = []
+    for name, cls in _REGISTRY.items():
+        if pixel_level is not None and bool(cls.pixel_level) != pixel_level:
+            continue
+        if class_specific is not None and bool(cls.class_specific) != class_specific:
+            continue
+        names.append(name)
+    return sorted(names)
+
+
+def method_class(name: str) -> type:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown attribution method {name!r}; available methods: {', '.join(available_methods())}"
+        ) from None
+
+
+def build_method(name: str, **options):
+    """Instantiate the method registered as ``name`` with keyword ``options``.
+
+    Unknown names raise ``KeyError`` listing every registered method; unknown options raise ``TypeError``
+    naming the option and the method.
+    """
+    cls = method_class(name)
+    try:
+        return cls(**options)
+    except TypeError as err:
+        raise TypeError(f"bad options for attribution method {name!r}: {err}") from None
