@@ -1,0 +1,135 @@
+"""Relevance-propagation (LRP) attribution methods of Chefer et al. (2021a) on stock timm Vision Transformers.
+
+All methods run :class:`methods.lrp.LRPEngine` once per batch, with one target per sample: one forward with
+hooks, at most one ``torch.autograd.grad`` for the attention gradients, one batched relevance pass that stops
+as low as the method needs. The relevance starts from the one-hot target (value 1, not the logit value), the
+gradients are of the pre-softmax target logit, as in ``TE:baselines/ViT/ViT_explanation_generator.py``.
+
+Layer indices (``start_layer``) are 0-based: the index of the first block included. Rule sets: ``"ours"``
+(alpha=1/beta=0 Linear, renormalised Add; used by Transformer Attribution) and ``"orig"`` (separately normalised
+Linear groups, plain proportional Add; the paper's full-LRP and partial-LRP baselines); see
+:mod:`methods.lrp.rules`. The reference LRP models use a final LayerNorm eps of 1e-5 (timm: 1e-6); these
+methods use the model as given.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .base import AttributionMethod, check_start_layer
+from .lrp import LRPEngine
+from .lrp.rules import get_rules
+from .registry import register_method
+
+
+def _readout(matrix: Tensor, adapter) -> Tensor:
+    """Patch columns of the [CLS] row of a ``[B, N, N]`` token relevance matrix; for models without a class
+    token (global average pooling) the mean over the patch rows."""
+    p = adapter.num_prefix_tokens
+    if adapter.has_class_token and adapter.global_pool == "token":
+        return matrix[:, 0, p:]
+    return matrix[:, p:, p:].mean(dim=1)
+
+
+def _rollout(mats, start: int, row_normalize: bool) -> Tensor:
+    """``J = (M_{L-1} + I) ... (M_s + I)`` (``ViT_LRP.py:38-49``); ``row_normalize`` divides each factor by
+    its row sums after adding the identity (the reference's commented-out line)."""
+    joint = None
+    for m in mats[start:]:
+        eye = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
+        m = m + eye
+        if row_normalize:
+            m = m / m.sum(dim=-1, keepdim=True)
+        joint = m if joint is None else torch.bmm(m, joint)
+    return joint
+
+
+class _LRPMethod(AttributionMethod):
+    default_rules = "ours"
+
+    def __init__(self, rules: str = None):
+        self.rules = self.default_rules if rules is None else rules
+        get_rules(self.rules)  # validate early
+
+
+@register_method("lrp")
+class FullLRP(_LRPMethod):
+    """Full LRP to the input pixels (Chefer et al. 2021a baseline "LRP"; ``ViT_LRP.py:324-343``,
+    ``method="full"``).
+
+    Relevance from the one-hot target through head, [CLS] selection, all blocks, the positional-embedding Add
+    (its share dropped) and the patch-embedding convolution (z^B rule), summed over RGB: ``[B, H, W]``.
+    ``rules="orig"`` (default, the paper's baseline, ``ViT_orig_LRP.py``) or ``"ours"``.
+    """
+
+    pixel_level = True
+    default_rules = "orig"
+
+    def attribute(self, adapter, inputs: Tensor, target) -> Tensor:
+        res = LRPEngine(self.rules).run(adapter, inputs, target, to_input=True)
+        return res.input_relevance.sum(dim=1)
+
+
+@register_method("partial_lrp")
+class PartialLRP(_LRPMethod):
+    """Partial LRP (Voita et al. 2019 as run by Chefer et al. 2021a; ``ViT_LRP.py:371-380``, "last_layer").
+
+    ``mean_h relu(R_A)`` of the last block, [CLS] row, patch columns, where ``R_A`` is the LRP relevance of the
+    attention map (``attn_cam``, after the /2 of the matmul rule). Default ``rules="orig"`` (the paper's
+    baseline). Only the last block is propagated through (down to its attention map).
+    """
+
+    default_rules = "orig"
+
+    def attribute(self, adapter, inputs: Tensor, target) -> Tensor:
+        last = adapter.depth - 1
+        res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=[last])
+        return _readout(res.attn_cam[last].clamp(min=0).mean(dim=1), adapter)
+
+
+@register_method("transformer_attribution")
+class TransformerAttribution(_LRPMethod):
+    """Transformer Attribution (Chefer et al. 2021a, eqs. 13-16; ``ViT_LRP.py:357-369``).
+
+    Per block ``Abar_l = mean_h relu(grad_A_l * R_A_l)`` (eq. 13: gradient of the target logit w.r.t. the
+    attention map times its LRP relevance, "ours" rules), then ``C = (Abar_{L-1} + I) ... (Abar_s + I)``
+    (eqs. 14-16), [CLS] row, patch columns.
+
+    * ``start_layer``: 0-based index of the first block included (default 0 = the reference's default; the
+      TE evaluation scripts, ``generate_visualizations.py`` / ``imagenet_seg_eval.py``, call it with 1).
+    * ``row_normalize``: the ViT reference does **not** row-normalise (the line is commented out,
+      ``ViT_LRP.py:44-45``) — default ``False``; ``True`` divides each ``Abar_l + I`` by its row sums (as
+      attention rollout and TE's BERT variant do).
+    * ``rules``: default ``"ours"``.
+    """
+
+    def __init__(self, start_layer: int = 0, row_normalize: bool = False, rules: str = None):
+        super().__init__(rules)
+        self.start_layer = start_layer
+        self.row_normalize = row_normalize
+
+    def attribute(self, adapter, inputs: Tensor, target) -> Tensor:
+        start = check_start_layer(self.start_layer, adapter.depth, self.name)
+        layers = list(range(start, adapter.depth))
+        res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers, grad_layers=layers)
+        mats = [(res.attn_grad[l] * res.attn_cam[l]).clamp(min=0).mean(dim=1) for l in layers]
+        return _readout(_rollout(mats, 0, self.row_normalize), adapter)
+
+
+@register_method("lrp_rollout")
+class LRPRollout(_LRPMethod):
+    """LRP-rollout (``ViT_LRP.py:345-354``, ``method="rollout"``; not a paper baseline): rollout of
+    ``mean_h relu(R_A_l)`` with the identity added and no row normalisation, [CLS] row, patch columns.
+    ``start_layer`` 0-based (default 0), ``rules`` default ``"ours"`` (the reference runs it on ViT_LRP)."""
+
+    def __init__(self, start_layer: int = 0, row_normalize: bool = False, rules: str = None):
+        super().__init__(rules)
+        self.start_layer = start_layer
+        self.row_normalize = row_normalize
+
+    def attribute(self, adapter, inputs: Tensor, target) -> Tensor:
+        start = check_start_layer(self.start_layer, adapter.depth, self.name)
+        layers = list(range(start, adapter.depth))
+        res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers)
+        mats = [res.attn_cam[l].clamp(min=0).mean(dim=1) for l in layers]
+        return _readout(_rollout(mats, 0, self.row_normalize), adapter)
