@@ -88,7 +88,9 @@ class TimmViTWalk:
                 problems.append(f"block {i} mlp {type(blk.mlp).__name__}")
         if problems:
             raise TypeError(
-                f"LRP rules are not defined for this {type(m).__module__}.{name}: {'; '.join(problems[:6])}"
+                f"LRP rules are not defined for this {type(m).__module__}.{name}: {'; '.join(problems[:6])}; "
+                f"supported families: {', '.join(WALKS)} (stock pre-norm Block/Attention/Mlp, Identity layer "
+                f"scale and q/k norm, [CLS] or average pooling, Linear head)"
             )
 
     def __init__(self, adapter):
