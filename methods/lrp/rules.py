@@ -39,9 +39,12 @@ def safe_divide(a: Tensor, b: Tensor) -> Tensor:
     ``b + eps`` for every ``b``; a denominator that is exactly zero gets another ``eps``; the result is masked
     by ``b != 0``.
     """
-    den = b.clamp(min=EPS) + b.clamp(max=EPS)
-    den = den + den.eq(0).to(den.dtype) * EPS
-    return a / den * b.ne(0).to(b.dtype)
+    # b.clamp(min=EPS) + b.clamp(max=EPS) == b + EPS bit for bit (one of the two clamps is EPS); the masked
+    # in-place form below saves passes over the (large) tensors and equals the reference wherever it is finite.
+    den = b + EPS
+    den.masked_fill_(den == 0, EPS)
+    out = a / den
+    return out.masked_fill_(b == 0, 0)
 
 
 def _sum_per_sample(x: Tensor) -> Tensor:
@@ -63,9 +66,11 @@ def linear_alpha1_beta0(x: Tensor, weight: Tensor, relevance: Tensor) -> Tensor:
     """
     xp, xn = _split(x)
     wp, wn = _split(weight)
-    z = F.linear(xp, wp) + F.linear(xn, wn)
+    z = F.linear(xp, wp)
+    z += F.linear(xn, wn)
     s = safe_divide(relevance, z)
-    return xp * (s @ wp) + xn * (s @ wn)
+    out = xp.mul_(s @ wp)
+    return out.add_(xn.mul_(s @ wn))
 
 
 def linear_separate_groups(x: Tensor, weight: Tensor, relevance: Tensor) -> Tensor:
