@@ -89,11 +89,13 @@ class PartialLRP(_LRPMethod):
 
 @register_method("transformer_attribution")
 class TransformerAttribution(_LRPMethod):
-    """Transformer Attribution (Chefer et al. 2021a, eqs. 13-16; ``ViT_LRP.py:357-369``).
+    """Transformer Attribution (Chefer et al. 2021a, Sec. 3.3 "relevance and gradient diffusion"; reference code
+    ``ViT_LRP.py:357-369`` and its ``compute_rollout_attention``, ``:38-49``).
 
-    Per block ``Abar_l = mean_h relu(grad_A_l * R_A_l)`` (eq. 13: gradient of the target logit w.r.t. the
-    attention map times its LRP relevance, "ours" rules), then ``C = (Abar_{L-1} + I) ... (Abar_s + I)``
-    (eqs. 14-16), [CLS] row, patch columns.
+    Per block ``Abar_l = mean_h relu(grad_A_l * R_A_l)`` (gradient of the pre-softmax target logit w.r.t. the
+    post-softmax attention map, times its LRP relevance ``attn_cam`` under "ours" rules; relu per head, then
+    the head mean), then ``C = (Abar_{L-1} + I) ... (Abar_s + I)``, [CLS] row, patch columns.
+    For global-average-pooled models (no reference) the mean over patch rows replaces the [CLS] row.
 
     * ``start_layer``: 0-based index of the first block included (default 0 = the reference's default; the
       TE evaluation scripts, ``generate_visualizations.py`` / ``imagenet_seg_eval.py``, call it with 1).

@@ -57,7 +57,8 @@ def _split(x: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 def linear_alpha1_beta0(x: Tensor, weight: Tensor, relevance: Tensor) -> Tensor:
-    """"ours" Linear rule, alpha=1, beta=0 (Chefer et al. 2021a eq. 2-3 with alpha=1; ``layers_ours.py:207-230``).
+    """"ours" Linear rule: the alpha-beta rule (Bach et al. 2015) with alpha=1, beta=0, as Chefer et al. 2021a
+    Sec. 3.1 uses it (``layers_ours.py:207-230``).
 
     With ``x+ = relu(x)``, ``x- = min(x, 0)``, ``W+``/``W-`` likewise: only the positive contributions
     ``Z = x+ W+^T + x- W-^T`` are kept and normalised *jointly*:
@@ -100,7 +101,8 @@ def add_proportional(x0: Tensor, x1: Tensor, relevance: Tensor) -> Tuple[Tensor,
 
 
 def add_renormalised(x0: Tensor, x1: Tensor, relevance: Tensor) -> Tuple[Tensor, Tensor]:
-    """"ours" Add rule (``layers_ours.py:97-120``): proportional split, then each branch is rescaled so that it
+    """"ours" Add rule, the normalisation of binary operators of Chefer et al. 2021a Sec. 3.2
+    (``layers_ours.py:97-120``): proportional split, then each branch is rescaled so that it
     carries the share ``|sum a| / (|sum a| + |sum b|)`` of ``sum R`` (all divisions by ``safe_divide``).
 
     **Per sample**: the reference takes the sums over the *whole tensor* (all batch items), which only equals a
