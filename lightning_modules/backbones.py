@@ -1,0 +1,97 @@
+"""Building a timm ViT backbone: by timm name, with pretrained weights from the hub cache or a local file.
+
+Errors for unreachable weights name the model and the ways to provide them (``checkpoint_path``, a populated
+Hugging Face cache, or ``pretrained=False``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Mapping, Optional
+
+import torch
+from torch import nn
+
+_WRAPPER_KEYS = ("state_dict", "model", "teacher", "student", "module")
+_PREFIXES = ("module.", "backbone.", "model.", "_orig_mod.")
+
+
+def read_state_dict(path: str) -> Dict[str, torch.Tensor]:
+    """Tensors of a checkpoint file (plain state_dict, Lightning ``.ckpt``, DINO ``teacher`` dict, timm or
+    safetensors file), with wrapper prefixes (``module.``, ``backbone.``, ``model.``) removed."""
+    path = os.path.expanduser(str(path))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"backbone checkpoint {path!r} does not exist")
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            obj: Any = load_file(path)
+        else:
+            obj = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # corrupt / unknown format
+        raise RuntimeError(f"could not read backbone checkpoint {path!r}: {err}") from err
+    for _ in range(3):
+        if isinstance(obj, Mapping) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
+            inner = next((obj[k] for k in _WRAPPER_KEYS if k in obj and isinstance(obj[k], Mapping)), None)
+            if inner is None:
+                break
+            obj = inner
+    if not isinstance(obj, Mapping) or not any(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise RuntimeError(f"backbone checkpoint {path!r} holds no state_dict (keys: {list(obj)[:10] if isinstance(obj, Mapping) else type(obj).__name__})")
+    state = {}
+    for key, value in obj.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        for prefix in _PREFIXES:
+            if key.startswith(prefix):
+                key = key[len(prefix):]
+        state[key] = value
+    return state
+
+
+def create_backbone(
+    name: str,
+    pretrained: bool = False,
+    checkpoint_path: Optional[str] = None,
+    **kwargs: Any,
+) -> nn.Module:
+    """``timm.create_model(name, num_classes=0, **kwargs)`` with weights from ``checkpoint_path`` (a local file,
+    preferred) or from the timm / Hugging Face hub when ``pretrained`` (fails clearly offline)."""
+    import timm
+
+    try:
+        if checkpoint_path is None and pretrained:
+            model = timm.create_model(name, pretrained=True, num_classes=0, **kwargs)
+        else:
+            model = timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
+    except RuntimeError as err:
+        if "Unknown model" in str(err):
+            raise ValueError(f"unknown timm model {name!r}: {err}") from None
+        raise
+    except Exception as err:  # hub unreachable, not cached, ...
+        if checkpoint_path is None and pretrained:
+            raise RuntimeError(
+                f"could not get the pretrained weights of timm model {name!r} ({type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}). Without network access, provide them as a "
+                f"local file: --model.checkpoint_path /path/to/weights.pth (a state_dict, DINO or Lightning "
+                f"checkpoint), or put them in the Hugging Face cache (HF_HOME), or train from scratch with "
+                f"--model.pretrained false."
+            ) from err
+        raise
+    if checkpoint_path is not None:
+        state = read_state_dict(checkpoint_path)
+        state = {k: v for k, v in state.items() if not k.startswith(("head.", "fc.", "classifier."))}
+        own = model.state_dict()
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        shape_bad = [k for k in own if k in state and state[k].shape != own[k].shape]
+        if missing or shape_bad:
+            raise RuntimeError(
+                f"checkpoint {checkpoint_path!r} does not fit timm model {name!r}: "
+                f"missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
+                f"wrong shapes {[(k, tuple(state[k].shape), tuple(own[k].shape)) for k in shape_bad[:4]]}"
+            )
+        model.load_state_dict({k: state[k] for k in own}, strict=True)
+        if unexpected:
+            model._ta_unused_checkpoint_keys = unexpected  # kept for inspection; e.g. DINO projection heads
+    return model

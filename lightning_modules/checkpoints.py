@@ -1,0 +1,244 @@
+"""Saving and loading trained classifiers as stock timm ``VisionTransformer`` models.
+
+File format (``torch.save`` of a dict, ``format == "token_attributions.classifier/v1"``):
+``kwargs`` (the ``VisionTransformer`` constructor arguments, read off the model's own modules and checked by
+rebuilding it), ``state_dict``, ``pretrained_cfg`` (``mean``, ``std``, ``input_size``, ...), ``architecture``
+(the timm name when known) and free ``metadata`` (e.g. validation accuracy, config).
+
+``load_classifier`` rebuilds the model, loads the weights strictly, sets ``model.pretrained_cfg`` so that
+``timm.data.resolve_data_config({}, model=model)`` gives the saved normalisation, and returns it in eval mode.
+
+``ensure_synthetic_classifier`` returns the cached small ViT of the synthetic benchmark, training it on first use
+by running ``train.py`` with its default config (``configs/train/synthetic_vit.yaml``) in a subprocess.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+import torch
+from torch import nn
+
+FORMAT = "token_attributions.classifier/v1"
+CACHE_ENV = "TOKEN_ATTRIBUTIONS_CACHE"
+DEFAULT_CACHE = "~/.cache/token_attributions"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SYNTHETIC_CONFIG = REPO_ROOT / "configs" / "train" / "synthetic_vit.yaml"
+PathLike = Union[str, os.PathLike]
+
+
+# ------------------------------------------------------------------------------------------ kwargs
+def _act_name(module: nn.Module) -> str:
+    from timm.layers.activations import QuickGELU
+
+    if isinstance(module, nn.GELU):
+        return "gelu_tanh" if module.approximate == "tanh" else "gelu"
+    if isinstance(module, QuickGELU):
+        return "quick_gelu"
+    raise ValueError(f"unsupported MLP activation {type(module).__name__}")
+
+
+def vit_constructor_kwargs(model: nn.Module) -> Dict[str, Any]:
+    """``VisionTransformer`` keyword arguments that rebuild ``model``'s architecture (not its weights).
+
+    Covers the stock layout (LayerNorm eps 1e-6, ``Attention``/``Mlp`` blocks, learned positional embedding);
+    :func:`save_classifier` verifies the result by rebuilding and comparing outputs.
+    """
+    from timm.models.vision_transformer import VisionTransformer
+
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f"expected a timm VisionTransformer, got {type(model).__name__}")
+    block = model.blocks[0]
+    attn, mlp = block.attn, block.mlp
+    pe = model.patch_embed
+    norm = model.norm if not isinstance(model.norm, nn.Identity) else model.fc_norm
+    if isinstance(norm, nn.LayerNorm) and abs(norm.eps - 1e-6) > 1e-12:
+        raise ValueError(f"unsupported LayerNorm eps {norm.eps} (stock timm ViTs use 1e-6)")
+    return dict(
+        img_size=tuple(int(s) for s in pe.img_size),
+        patch_size=tuple(int(s) for s in pe.patch_size),
+        in_chans=int(pe.proj.in_channels),
+        num_classes=int(model.num_classes),
+        global_pool=str(model.global_pool),
+        embed_dim=int(model.embed_dim),
+        depth=len(model.blocks),
+        num_heads=int(attn.num_heads),
+        mlp_ratio=float(mlp.fc1.out_features) / float(model.embed_dim),
+        qkv_bias=getattr(attn.qkv, "bias", None) is not None if hasattr(attn, "qkv") else True,
+        qk_norm=not isinstance(getattr(attn, "q_norm", nn.Identity()), nn.Identity),
+        init_values=(float(block.ls1.gamma.flatten()[0]) if hasattr(block.ls1, "gamma") else None),
+        class_token=model.cls_token is not None,
+        no_embed_class=bool(model.no_embed_class),
+        reg_tokens=int(getattr(model, "num_reg_tokens", 0)),
+        pre_norm=not isinstance(model.norm_pre, nn.Identity),
+        final_norm=not (isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity)),
+        fc_norm=not isinstance(model.fc_norm, nn.Identity),
+        dynamic_img_size=bool(getattr(model, "dynamic_img_size", False)),
+        act_layer=_act_name(mlp.act),
+    )
+
+
+def _rebuild(kwargs: Dict[str, Any], state_dict: Dict[str, torch.Tensor]) -> nn.Module:
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(**kwargs)
+    model.load_state_dict(state_dict, strict=True)
+    return model.eval()
+
+
+def _normalisation(model: nn.Module) -> Dict[str, Any]:
+    cfg = dict(getattr(model, "pretrained_cfg", None) or {})
+    if "mean" not in cfg or "std" not in cfg:
+        raise ValueError(
+            "the model has no normalisation in model.pretrained_cfg (mean/std); set it before saving, e.g. "
+            "model.pretrained_cfg = {**model.pretrained_cfg, 'mean': (...), 'std': (...)}"
+        )
+    size = model.patch_embed.img_size
+    cfg.setdefault("input_size", (3, int(size[0]), int(size[1])))
+    keep = {}
+    for key, value in cfg.items():  # plain python values only (picklable without timm internals)
+        if isinstance(value, (str, int, float, bool, type(None))):
+            keep[key] = value
+        elif isinstance(value, (tuple, list)) and all(isinstance(v, (str, int, float, bool)) for v in value):
+            keep[key] = tuple(value)
+    keep["mean"], keep["std"] = tuple(float(v) for v in cfg["mean"]), tuple(float(v) for v in cfg["std"])
+    keep["input_size"] = tuple(int(v) for v in cfg["input_size"])
+    return keep
+
+
+# ------------------------------------------------------------------------------------------ API
+def save_classifier(model: nn.Module, path: PathLike, **metadata: Any) -> Path:
+    """Store a timm ``VisionTransformer`` classifier (constructor kwargs, weights, normalisation, ``metadata``)
+    at ``path`` (written atomically). Raises if the model cannot be rebuilt exactly from stock kwargs."""
+    kwargs = vit_constructor_kwargs(model)
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    cfg = _normalisation(model)
+    # verify: the rebuilt model computes the same logits
+    try:
+        rebuilt = _rebuild(kwargs, state)
+    except Exception as err:
+        raise ValueError(f"cannot rebuild this model from stock VisionTransformer kwargs {kwargs}: {err}") from err
+    h, w = kwargs["img_size"]
+    x = torch.randn(2, kwargs["in_chans"], h, w, generator=torch.Generator().manual_seed(0))
+    ref_model = model
+    was_training = ref_model.training
+    param = next(model.parameters())
+    with torch.no_grad():
+        ref_model.eval()
+        ref = ref_model(x.to(param.device, param.dtype)).float().cpu()
+        ref_model.train(was_training)
+        out = rebuilt.to(param.dtype)(x.to(param.dtype)).float()
+    if not torch.allclose(ref, out, rtol=1e-4, atol=1e-4 * max(1.0, ref.abs().max().item())):
+        raise ValueError(
+            f"the model is not a stock timm VisionTransformer that its kwargs {kwargs} rebuild "
+            f"(max logit difference {float((ref - out).abs().max()):.3g})"
+        )
+    path = Path(os.path.expanduser(str(path)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": FORMAT,
+        "architecture": cfg.get("architecture"),
+        "kwargs": kwargs,
+        "state_dict": state,
+        "pretrained_cfg": cfg,
+        "metadata": dict(metadata),
+    }
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def read_classifier_file(path: PathLike) -> Dict[str, Any]:
+    """The raw payload of a classifier file, validated; errors name the file."""
+    path = Path(os.path.expanduser(str(path)))
+    if not path.is_file():
+        raise FileNotFoundError(f"classifier file {str(path)!r} does not exist")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:
+        raise RuntimeError(f"classifier file {str(path)!r} is corrupt or not a torch file: {err}") from err
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise RuntimeError(
+            f"classifier file {str(path)!r} is not a {FORMAT} file (written by save_classifier); "
+            f"got {type(payload).__name__} with keys {sorted(payload)[:8] if isinstance(payload, dict) else '-'}"
+        )
+    missing = [k for k in ("kwargs", "state_dict", "pretrained_cfg") if k not in payload]
+    if missing:
+        raise RuntimeError(f"classifier file {str(path)!r} lacks {missing}")
+    return payload
+
+
+def load_classifier(path: PathLike) -> nn.Module:
+    """The stock timm ``VisionTransformer`` saved at ``path``, in eval mode, on CPU, with ``pretrained_cfg``
+    mean/std/input_size set (``timm.data.resolve_data_config({}, model=model)`` returns them)."""
+    payload = read_classifier_file(path)
+    try:
+        model = _rebuild(payload["kwargs"], payload["state_dict"])
+    except Exception as err:
+        raise RuntimeError(f"classifier file {str(path)!r} does not rebuild: {err}") from err
+    cfg = dict(payload["pretrained_cfg"])
+    model.pretrained_cfg = cfg
+    model.default_cfg = cfg  # older timm name of the same dict
+    model.classifier_metadata = dict(payload.get("metadata", {}))
+    return model.eval()
+
+
+def resolve_cache_dir(path: Optional[PathLike] = None) -> Path:
+    """``path``, else ``$TOKEN_ATTRIBUTIONS_CACHE``, else ``~/.cache/token_attributions``."""
+    return Path(os.path.expanduser(str(path or os.environ.get(CACHE_ENV) or DEFAULT_CACHE)))
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+_DIST_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+             "MASTER_PORT", "PL_GLOBAL_SEED", "PL_TRAINER_GPUS", "TORCHELASTIC_RUN_ID")
+
+
+def ensure_synthetic_classifier(cache_dir: Optional[PathLike] = None, config: PathLike = SYNTHETIC_CONFIG,
+                                extra_args: tuple = ()) -> Path:
+    """Path of the trained small ViT of the synthetic benchmark, training it on first use.
+
+    The file is ``<cache>/synthetic_vit-<hash of the config>.pt`` (a changed config trains a new one). Training
+    runs ``python train.py --config <config>`` in a subprocess (single process, W&B offline unless
+    ``WANDB_MODE`` says otherwise) under a file lock, so concurrent callers (e.g. DDP ranks) train once.
+    """
+    config = Path(config)
+    if not config.is_file():
+        raise FileNotFoundError(f"training config {str(config)!r} not found (needed to train the synthetic ViT)")
+    digest = hashlib.sha256(config.read_bytes() + " ".join(extra_args).encode()).hexdigest()[:10]
+    root = resolve_cache_dir(cache_dir)
+    target = root / f"synthetic_vit-{digest}.pt"
+    with _file_lock(root / f".synthetic_vit-{digest}.lock"):
+        if target.is_file():
+            try:
+                read_classifier_file(target)
+                return target
+            except RuntimeError:
+                target.unlink()  # corrupt cache entry: train again
+        env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
+        env.setdefault("WANDB_MODE", "offline")
+        run_dir = root / "runs" / f"synthetic_vit-{digest}"
+        cmd = [sys.executable, str(REPO_ROOT / "train.py"), "--config", str(config), "--output", str(target),
+               "--trainer.default_root_dir", str(run_dir), "--trainer.devices", "1", *extra_args]
+        print(f"[token_attributions] training the synthetic benchmark ViT (first use): {' '.join(cmd)}", flush=True)
+        result = subprocess.run(cmd, env=env, cwd=str(root))
+        if result.returncode != 0 or not target.is_file():
+            raise RuntimeError(f"training the synthetic ViT failed (exit code {result.returncode}); command: {' '.join(cmd)}")
+    return target

@@ -1,0 +1,227 @@
+"""Concept vectors in the pre-logits latent space of a timm ViT classifier, for the ``cdam`` method.
+
+Latent of an image: ``model.forward_head(model.forward_features(x), pre_logits=True)`` — for a
+``global_pool="token"`` model the final-norm [CLS] token, exactly what CDAM's concept score reads
+(``dot(latent, vector)``, unnormalised).
+
+Two kinds of concept vectors (:class:`ConceptHead`, rows of ``vectors [K, D]``):
+
+* ``"mean"`` (CDAM): the mean latent of a few example images of the concept;
+* ``"cav"`` (TCAV-style learned direction): the unit-norm weight vector of an L2-regularised logistic
+  regression separating the concept's latents (label 1) from negatives (label 0): random images
+  (a folder or a dataset) or, by default, the examples of the other concepts.
+
+Images come from a folder per concept (``root/<concept>/*.png|jpg|...``) or from dataset classes. Images are in
+[0, 1] and normalised here with the model's ``pretrained_cfg`` mean/std (``timm.data.resolve_data_config``);
+folder images are resized (bicubic, squashed) to the model's input size.
+
+``head.save(path)`` / ``ConceptHead.load(path)``; ``head.method(name)`` builds ``build_method("cdam",
+concept=vector)``.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
+KINDS = ("mean", "cav")
+FORMAT = "token_attributions.concepts/v1"
+
+
+# ------------------------------------------------------------------------------------------ latents
+def normalisation(model: nn.Module):
+    """(mean, std, input_size) of ``model`` from its ``pretrained_cfg`` (via timm's ``resolve_data_config``)."""
+    from timm.data import resolve_data_config
+
+    cfg = resolve_data_config({}, model=model)
+    return tuple(cfg["mean"]), tuple(cfg["std"]), tuple(cfg["input_size"])
+
+
+@torch.no_grad()
+def latents(model: nn.Module, images: Tensor, batch_size: int = 64, normalised: bool = False) -> Tensor:
+    """Pre-logits latents ``[N, D]`` (float32) of images ``[N, 3, H, W]`` (in [0, 1] unless ``normalised``)."""
+    if images.dim() != 4 or images.shape[1] != 3:
+        raise ValueError(f"expected images [N, 3, H, W], got {tuple(images.shape)}")
+    was_training = model.training
+    model.eval()
+    param = next(model.parameters())
+    mean, std, _ = normalisation(model)
+    mean_t = torch.tensor(mean, device=param.device, dtype=param.dtype).view(1, 3, 1, 1)
+    std_t = torch.tensor(std, device=param.device, dtype=param.dtype).view(1, 3, 1, 1)
+    out = []
+    try:
+        for start in range(0, images.shape[0], batch_size):
+            x = images[start:start + batch_size].to(param.device, param.dtype)
+            if not normalised:
+                x = (x - mean_t) / std_t
+            out.append(model.forward_head(model.forward_features(x), pre_logits=True).float().cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(out) if out else torch.zeros(0, model.num_features)
+
+
+def load_image_folder(folder: Union[str, os.PathLike], size: Sequence[int], limit: Optional[int] = None) -> Tensor:
+    """Images of ``folder`` (sorted by name) as ``[N, 3, H, W]`` in [0, 1], resized to ``size = (H, W)``."""
+    from PIL import Image
+
+    folder = Path(os.path.expanduser(str(folder)))
+    if not folder.is_dir():
+        raise FileNotFoundError(f"concept image folder {str(folder)!r} does not exist")
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if limit is not None:
+        files = files[:limit]
+    if not files:
+        raise ValueError(f"concept image folder {str(folder)!r} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    out = []
+    for path in files:
+        try:
+            img = Image.open(path).convert("RGB").resize((int(size[1]), int(size[0])), Image.BICUBIC)
+        except Exception as err:
+            raise RuntimeError(f"cannot read image {str(path)!r}: {err}") from err
+        out.append(torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1))
+    return torch.stack(out)
+
+
+def dataset_class_images(dataset, classes: Iterable[int], per_class: int) -> Dict[int, Tensor]:
+    """The first ``per_class`` images (in index order) of each class of a dict dataset (``image``, ``label``)."""
+    wanted = {int(c): [] for c in classes}
+    for i in range(len(dataset)):
+        item = dataset[i]
+        label = int(item["label"])
+        if label in wanted and len(wanted[label]) < per_class:
+            wanted[label].append(item["image"])
+        if all(len(v) == per_class for v in wanted.values()):
+            break
+    short = [c for c, v in wanted.items() if not v]
+    if short:
+        raise ValueError(f"dataset has no examples of classes {short}")
+    return {c: torch.stack(v) for c, v in wanted.items()}
+
+
+def learned_direction(positive: Tensor, negative: Tensor, c: float = 1.0) -> Tensor:
+    """Unit-norm weight of an L2 logistic regression (sklearn, lbfgs, deterministic) separating ``positive``
+    latents from ``negative`` ones (TCAV's concept activation vector)."""
+    from sklearn.linear_model import LogisticRegression
+
+    if positive.shape[0] < 1 or negative.shape[0] < 1:
+        raise ValueError("a learned concept direction needs at least one positive and one negative example")
+    x = torch.cat([positive, negative]).double().numpy()
+    y = np.r_[np.ones(positive.shape[0]), np.zeros(negative.shape[0])]
+    clf = LogisticRegression(C=c, max_iter=2000).fit(x, y)
+    w = torch.from_numpy(clf.coef_[0]).float()
+    return w / w.norm().clamp_min(1e-12)
+
+
+# ------------------------------------------------------------------------------------------ head
+class ConceptHead(nn.Module):
+    """Named concept vectors ``[K, D]``; ``forward(latent) = latent @ vectors.T`` (the CDAM concept scores)."""
+
+    def __init__(self, names: Sequence[str], vectors: Tensor, kind: str = "mean") -> None:
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if vectors.dim() != 2 or vectors.shape[0] != len(names):
+            raise ValueError(f"vectors must be [len(names)={len(names)}, D], got {tuple(vectors.shape)}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"concept names must be unique, got {list(names)}")
+        self.names: List[str] = [str(n) for n in names]
+        self.kind = kind
+        self.register_buffer("vectors", vectors.detach().float().clone())
+
+    def forward(self, latent: Tensor) -> Tensor:
+        return latent @ self.vectors.to(latent.dtype).T
+
+    def vector(self, name: str) -> Tensor:
+        try:
+            return self.vectors[self.names.index(name)]
+        except ValueError:
+            raise KeyError(f"unknown concept {name!r}; concepts: {', '.join(self.names)}") from None
+
+    def method(self, name: str, **options):
+        """``build_method("cdam", concept=<vector of name>)``."""
+        from methods import build_method
+
+        return build_method("cdam", concept=self.vector(name), **options)
+
+    # -------------------------------------------------------------------------------- constructors
+    @classmethod
+    def from_images(cls, model: nn.Module, examples: Dict[str, Tensor], kind: str = "mean",
+                    negatives: Optional[Tensor] = None, c: float = 1.0) -> "ConceptHead":
+        """Concepts from ``{name: images [N, 3, H, W] in [0, 1]}``. For ``kind="cav"`` the negatives are
+        ``negatives`` (random images) or else the other concepts' examples."""
+        if not examples:
+            raise ValueError("no concepts given")
+        lat = {name: latents(model, imgs) for name, imgs in examples.items()}
+        names = list(lat)
+        if kind == "mean":
+            vectors = torch.stack([lat[n].mean(dim=0) for n in names])
+        elif kind == "cav":
+            neg_all = latents(model, negatives) if negatives is not None else None
+            rows = []
+            for n in names:
+                neg = neg_all if neg_all is not None else torch.cat([lat[m] for m in names if m != n] or [torch.zeros(0)])
+                if neg.numel() == 0:
+                    raise ValueError("kind='cav' with a single concept needs negatives (random images)")
+                rows.append(learned_direction(lat[n], neg, c=c))
+            vectors = torch.stack(rows)
+        else:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        return cls(names, vectors, kind=kind)
+
+    @classmethod
+    def from_folders(cls, model: nn.Module, root: Union[str, os.PathLike], kind: str = "mean",
+                     concepts: Optional[Sequence[str]] = None, per_concept: Optional[int] = None,
+                     negatives_folder: Optional[Union[str, os.PathLike]] = None, c: float = 1.0) -> "ConceptHead":
+        """One sub-folder of ``root`` per concept (all sub-folders, sorted, unless ``concepts`` is given)."""
+        root = Path(os.path.expanduser(str(root)))
+        if not root.is_dir():
+            raise FileNotFoundError(f"concept folder {str(root)!r} does not exist (expected root/<concept>/<images>)")
+        names = list(concepts) if concepts is not None else sorted(p.name for p in root.iterdir() if p.is_dir())
+        if negatives_folder is not None:
+            names = [n for n in names if (root / n).resolve() != Path(negatives_folder).resolve()]
+        if not names:
+            raise ValueError(f"concept folder {str(root)!r} has no concept sub-folders")
+        _, _, size = normalisation(model)
+        examples = {n: load_image_folder(root / n, size[1:], per_concept) for n in names}
+        negatives = load_image_folder(negatives_folder, size[1:]) if negatives_folder is not None else None
+        return cls.from_images(model, examples, kind=kind, negatives=negatives, c=c)
+
+    @classmethod
+    def from_dataset(cls, model: nn.Module, dataset, classes: Sequence[int], per_concept: int = 10,
+                     kind: str = "mean", names: Optional[Sequence[str]] = None, negatives: Optional[Tensor] = None,
+                     c: float = 1.0) -> "ConceptHead":
+        """Concepts = dataset classes (first ``per_concept`` examples of each, in index order)."""
+        imgs = dataset_class_images(dataset, classes, per_concept)
+        names = list(names) if names is not None else [f"class_{int(k)}" for k in classes]
+        if len(names) != len(classes):
+            raise ValueError("names must have one entry per class")
+        return cls.from_images(model, {n: imgs[int(k)] for n, k in zip(names, classes)}, kind=kind,
+                               negatives=negatives, c=c)
+
+    # -------------------------------------------------------------------------------- files
+    def save(self, path: Union[str, os.PathLike], **metadata) -> Path:
+        path = Path(os.path.expanduser(str(path)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"format": FORMAT, "names": self.names, "kind": self.kind, "vectors": self.vectors.cpu(),
+                    "metadata": dict(metadata)}, path)
+        return path
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "ConceptHead":
+        path = Path(os.path.expanduser(str(path)))
+        if not path.is_file():
+            raise FileNotFoundError(f"concept file {str(path)!r} does not exist")
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as err:
+            raise RuntimeError(f"concept file {str(path)!r} is corrupt: {err}") from err
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+            raise RuntimeError(f"{str(path)!r} is not a concept file written by ConceptHead.save")
+        head = cls(payload["names"], payload["vectors"], kind=payload["kind"])
+        head.metadata = payload.get("metadata", {})
+        return head
