@@ -1,6 +1,6 @@
 """Building a timm ViT backbone: by timm name, with pretrained weights from the hub cache or a local file.
 
-Errors for unreachable weights name the model and the ways to provide them (``checkpoint_path``, a populated
+Errors for unreachable weights name the model and the ways to provide them (``backbone_checkpoint``, a populated
 Hugging Face cache, or ``pretrained=False``).
 """
 from __future__ import annotations
@@ -52,15 +52,15 @@ def read_state_dict(path: str) -> Dict[str, torch.Tensor]:
 def create_backbone(
     name: str,
     pretrained: bool = False,
-    checkpoint_path: Optional[str] = None,
+    backbone_checkpoint: Optional[str] = None,
     **kwargs: Any,
 ) -> nn.Module:
-    """``timm.create_model(name, num_classes=0, **kwargs)`` with weights from ``checkpoint_path`` (a local file,
+    """``timm.create_model(name, num_classes=0, **kwargs)`` with weights from ``backbone_checkpoint`` (a local file,
     preferred) or from the timm / Hugging Face hub when ``pretrained`` (fails clearly offline)."""
     import timm
 
     try:
-        if checkpoint_path is None and pretrained:
+        if backbone_checkpoint is None and pretrained:
             model = timm.create_model(name, pretrained=True, num_classes=0, **kwargs)
         else:
             model = timm.create_model(name, pretrained=False, num_classes=0, **kwargs)
@@ -69,17 +69,17 @@ def create_backbone(
             raise ValueError(f"unknown timm model {name!r}: {err}") from None
         raise
     except Exception as err:  # hub unreachable, not cached, ...
-        if checkpoint_path is None and pretrained:
+        if backbone_checkpoint is None and pretrained:
             raise RuntimeError(
                 f"could not get the pretrained weights of timm model {name!r} ({type(err).__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''}). Without network access, provide them as a "
-                f"local file: --model.checkpoint_path /path/to/weights.pth (a state_dict, DINO or Lightning "
+                f"local file: --model.backbone_checkpoint /path/to/weights.pth (a state_dict, DINO or Lightning "
                 f"checkpoint), or put them in the Hugging Face cache (HF_HOME), or train from scratch with "
                 f"--model.pretrained false."
             ) from err
         raise
-    if checkpoint_path is not None:
-        state = read_state_dict(checkpoint_path)
+    if backbone_checkpoint is not None:
+        state = read_state_dict(backbone_checkpoint)
         state = {k: v for k, v in state.items() if not k.startswith(("head.", "fc.", "classifier."))}
         own = model.state_dict()
         missing = [k for k in own if k not in state]
@@ -87,7 +87,7 @@ def create_backbone(
         shape_bad = [k for k in own if k in state and state[k].shape != own[k].shape]
         if missing or shape_bad:
             raise RuntimeError(
-                f"checkpoint {checkpoint_path!r} does not fit timm model {name!r}: "
+                f"checkpoint {backbone_checkpoint!r} does not fit timm model {name!r}: "
                 f"missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
                 f"wrong shapes {[(k, tuple(state[k].shape), tuple(own[k].shape)) for k in shape_bad[:4]]}"
             )

@@ -56,7 +56,7 @@ class LinearProbe(pl.LightningModule):
         num_classes: int = 1000,
         features: str = "cls",
         pretrained: bool = True,
-        checkpoint_path: Optional[str] = None,
+        backbone_checkpoint: Optional[str] = None,
         backbone_kwargs: Optional[Dict[str, Any]] = None,
         finetune: bool = False,
         lr: float = 3e-4,
@@ -79,7 +79,7 @@ class LinearProbe(pl.LightningModule):
         self.save_hyperparameters()
         kwargs = dict(_POOL[features])
         kwargs.update(backbone_kwargs or {})
-        self.backbone = create_backbone(backbone, pretrained=pretrained, checkpoint_path=checkpoint_path, **kwargs)
+        self.backbone = create_backbone(backbone, pretrained=pretrained, backbone_checkpoint=backbone_checkpoint, **kwargs)
         if not hasattr(self.backbone, "forward_features") or not hasattr(self.backbone, "num_prefix_tokens"):
             raise TypeError(f"timm model {backbone!r} is not a ViT-like model with tokens")
         dim = self.backbone.num_features * (2 if features == "cls+mean_patch" else 1)

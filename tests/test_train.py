@@ -1,0 +1,256 @@
+"""LinearProbe, export to stock timm, classifier files, concepts, train.py end to end (subprocess)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+timm = pytest.importorskip("timm")
+import pytorch_lightning as pl  # noqa: E402
+from timm.models.vision_transformer import VisionTransformer  # noqa: E402
+
+from datamodules.synthetic_shapes import SyntheticShapesDataModule, SyntheticShapesDataset  # noqa: E402
+from lightning_modules import checkpoints as ck  # noqa: E402
+from lightning_modules.concepts import ConceptHead, latents  # noqa: E402
+from lightning_modules.probe import LinearProbe  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+TINY_ARGS = ["--model.backbone_kwargs", "{img_size: 32, patch_size: 8, embed_dim: 32, depth: 1, num_heads: 2}",
+             "--data.init_args.image_size", "32", "--data.init_args.train_size", "32", "--data.init_args.val_size",
+             "16", "--data.init_args.batch_size", "16", "--trainer.max_epochs", "1"]
+
+
+def _probe(features="cls", **kw):
+    torch.manual_seed(0)
+    kw.setdefault("backbone_kwargs", TINY)
+    return LinearProbe("vit_tiny_patch16_224", num_classes=4, features=features, pretrained=False, **kw)
+
+
+def _images(n=6, size=32, seed=0):
+    return torch.rand(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def test_frozen_probe_learns_and_backbone_is_unchanged():
+    torch.set_num_threads(1)
+    pl.seed_everything(0)
+    probe = _probe("cls+mean_patch", lr=3e-2, augment="none", mean=(0.5,) * 3, std=(0.5,) * 3)
+    before = {k: v.clone() for k, v in probe.backbone.state_dict().items()}
+    head_before = probe.head.weight.detach().clone()
+    assert not any(p.requires_grad for p in probe.backbone.parameters())
+    dm = SyntheticShapesDataModule(image_size=32, train_size=64, val_size=64, batch_size=32)
+    dm.setup("fit")
+    data = next(iter(torch.utils.data.DataLoader(dm.dataset("train"), batch_size=64)))
+
+    def acc():
+        probe.eval()
+        with torch.no_grad():
+            return (probe(data["image"]).argmax(-1) == data["label"]).float().mean().item()
+
+    start = acc()
+    trainer = pl.Trainer(max_epochs=60, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(probe, datamodule=dm)
+    end = acc()
+    # fitting the (tiny) training set with a linear head on frozen random features: clearly above chance (0.25)
+    assert end > 0.6 and end > start + 0.2, (start, end)
+    after = probe.backbone.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert not torch.equal(head_before, probe.head.weight)
+    assert "train/loss_epoch" in trainer.callback_metrics or "train/loss" in trainer.callback_metrics
+
+
+def test_finetune_mode_trains_backbone():
+    probe = _probe(finetune=True)
+    assert all(p.requires_grad for p in probe.backbone.parameters())
+    probe.train()
+    assert probe.backbone.training
+    frozen = _probe()
+    frozen.train()
+    assert not frozen.backbone.training  # frozen backbone stays in eval mode
+
+
+@pytest.mark.parametrize("features,pool", [("cls", "token"), ("mean_patch", "avg")])
+def test_export_matches_probe_logits_and_reloads(tmp_path, features, pool):
+    probe = _probe(features)
+    torch.nn.init.normal_(probe.head.weight)
+    # give the final norm non-trivial affine weights so a wrong norm/fc_norm placement would show
+    torch.nn.init.normal_(probe.backbone.norm.weight)
+    torch.nn.init.normal_(probe.backbone.norm.bias)
+    probe.eval()
+    x = _images()
+    model = probe.to_timm()
+    assert type(model) is VisionTransformer and model.global_pool == pool
+    assert isinstance(model.fc_norm, torch.nn.Identity)
+    with torch.no_grad():
+        want = probe(x)
+        got = model(probe.normalise(x))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(model.head.weight, probe.head.weight)
+    path = ck.save_classifier(model, tmp_path / "sub" / "clf.pt", val_acc=0.5)
+    loaded = ck.load_classifier(path)
+    assert not loaded.training and type(loaded) is VisionTransformer
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(probe.normalise(x)), want, rtol=0, atol=1e-5)
+    cfg = timm.data.resolve_data_config({}, model=loaded)
+    assert cfg["mean"] == pytest.approx(probe.mean.flatten().tolist())
+    assert cfg["std"] == pytest.approx(probe.std.flatten().tolist())
+    assert tuple(cfg["input_size"]) == (3, 32, 32)
+    assert loaded.classifier_metadata == {"val_acc": 0.5}
+
+
+def test_cls_plus_mean_patch_cannot_export():
+    with pytest.raises(ValueError, match="cannot be exported"):
+        _probe("cls+mean_patch").to_timm()
+
+
+def test_classifier_file_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.pt"):
+        ck.load_classifier(tmp_path / "nope.pt")
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a torch file")
+    with pytest.raises(RuntimeError, match="bad.pt"):
+        ck.load_classifier(bad)
+    other = tmp_path / "other.pt"
+    torch.save({"weights": 1}, other)
+    with pytest.raises(RuntimeError, match="other.pt"):
+        ck.load_classifier(other)
+
+
+def test_backbone_from_local_checkpoint_and_offline_error(tmp_path, monkeypatch):
+    src = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, **TINY)
+    path = tmp_path / "dino_like.pth"
+    torch.save({"teacher": {f"module.backbone.{k}": v for k, v in src.state_dict().items()}}, path)
+    probe = _probe(backbone_checkpoint=str(path))
+    for k, v in src.state_dict().items():
+        assert torch.equal(probe.backbone.state_dict()[k], v)
+    with pytest.raises(FileNotFoundError, match="missing.pth"):
+        _probe(backbone_checkpoint=str(tmp_path / "missing.pth"))
+
+    def offline(*args, pretrained=False, **kwargs):
+        if pretrained:
+            raise OSError("We couldn't connect to 'https://huggingface.co'")
+        return real(*args, **kwargs)
+
+    real = timm.create_model
+    monkeypatch.setattr(timm, "create_model", offline)
+    with pytest.raises(RuntimeError, match="backbone_checkpoint"):
+        LinearProbe("vit_tiny_patch16_224", num_classes=4, pretrained=True, backbone_kwargs=TINY)
+
+
+def _direct_cls_latent(model, x):
+    """Final-norm [CLS] token computed block by block, without forward_head."""
+    t = model._pos_embed(model.patch_embed(x))
+    for block in model.blocks:
+        t = block(t)
+    return model.norm(t)[:, 0]
+
+
+def test_concept_vectors_are_mean_latents(tmp_path):
+    model = _probe().to_timm()
+    ds = SyntheticShapesDataset(40, image_size=32, split="val")
+    head = ConceptHead.from_dataset(model, ds, classes=[0, 2], per_concept=5, names=["square", "triangle"])
+    mean, std = torch.tensor(model.pretrained_cfg["mean"]).view(1, 3, 1, 1), torch.tensor(model.pretrained_cfg["std"]).view(1, 3, 1, 1)
+    for name, cls in (("square", 0), ("triangle", 2)):
+        imgs = torch.stack([ds[i]["image"] for i in range(len(ds)) if ds[i]["label"] == cls][:5])
+        with torch.no_grad():
+            direct = _direct_cls_latent(model, (imgs - mean) / std).mean(0)
+        torch.testing.assert_close(head.vector(name), direct, rtol=1e-5, atol=1e-5)
+    head.save(tmp_path / "c.pt", source="synthetic")
+    again = ConceptHead.load(tmp_path / "c.pt")
+    assert again.names == head.names and torch.equal(again.vectors, head.vectors) and again.kind == "mean"
+    with pytest.raises(KeyError, match="circle"):
+        head.vector("circle")
+
+
+def test_learned_concept_direction_separates(tmp_path):
+    from PIL import Image
+
+    model = _probe().to_timm()
+    # folder per concept: bright vs dark images
+    g = torch.Generator().manual_seed(0)
+    for name, lo in (("bright", 0.6), ("dark", 0.0)):
+        (tmp_path / name).mkdir()
+        for i in range(6):
+            arr = (lo + 0.4 * torch.rand(40, 40, 3, generator=g)).mul(255).byte().numpy()
+            Image.fromarray(arr).save(tmp_path / name / f"{i}.png")
+    head = ConceptHead.from_folders(model, tmp_path, kind="cav")
+    assert head.names == ["bright", "dark"]
+    torch.testing.assert_close(head.vectors.norm(dim=1), torch.ones(2))
+    from lightning_modules.concepts import load_image_folder
+
+    z_b = latents(model, load_image_folder(tmp_path / "bright", (32, 32)))
+    z_d = latents(model, load_image_folder(tmp_path / "dark", (32, 32)))
+    v = head.vector("bright")
+    assert (z_b @ v).min() > (z_d @ v).max()
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        ConceptHead.from_folders(model, tmp_path / "nowhere")
+
+
+def test_concept_vector_drives_cdam():
+    from methods import available_methods, build_method
+
+    if "cdam" not in available_methods():
+        pytest.skip("cdam method not registered yet")
+    model = _probe().to_timm()
+    head = ConceptHead(["c"], torch.randn(1, model.num_features))
+    rel = head.method("c")(model, _images(2), target=None)
+    assert rel.shape == (2, 16)
+    ref = build_method("cdam", concept=head.vector("c"))(model, _images(2))
+    torch.testing.assert_close(rel, ref)
+
+
+def _env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ck._DIST_ENV}
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1")
+    return env
+
+
+def test_train_py_end_to_end(tmp_path):
+    out = tmp_path / "clf.pt"
+    cmd = [sys.executable, str(ROOT / "train.py"), *TINY_ARGS, "--trainer.default_root_dir", str(tmp_path / "run"),
+           "--output", str(out)]
+    res = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"saved classifier: {out.resolve()}" in res.stdout
+    model = ck.load_classifier(out)
+    assert model.patch_embed.img_size == (32, 32) and model.head.out_features == 4
+    assert "val/acc" in model.classifier_metadata["val_metrics"]
+    assert list((tmp_path / "run").rglob("*.ckpt")), "best checkpoint kept"
+    assert list((tmp_path / "run").rglob("wandb")), "W&B (offline) run written under default_root_dir"
+
+
+def test_train_py_missing_data_or_weights_errors(tmp_path):
+    cmd = [sys.executable, str(ROOT / "train.py"), *TINY_ARGS, "--model.pretrained", "true",
+           "--trainer.default_root_dir", str(tmp_path)]
+    res = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert res.returncode != 0 and "backbone_checkpoint" in res.stderr, res.stderr[-2000:]
+
+
+def test_ensure_synthetic_classifier_trains_once(tmp_path):
+    args = tuple(TINY_ARGS) + ("--trainer.logger", "false")
+    env_before = os.environ.get("WANDB_MODE")
+    path = ck.ensure_synthetic_classifier(cache_dir=tmp_path, extra_args=args)
+    assert path.parent == tmp_path and path.is_file()
+    stamp = path.stat().st_mtime_ns
+    assert ck.ensure_synthetic_classifier(cache_dir=tmp_path, extra_args=args) == path
+    assert path.stat().st_mtime_ns == stamp  # cached, not retrained
+    assert isinstance(ck.load_classifier(path), VisionTransformer)
+    assert os.environ.get("WANDB_MODE") == env_before
+
+
+@pytest.mark.slow
+def test_train_py_ddp_two_cpu_processes(tmp_path):
+    out = tmp_path / "ddp.pt"
+    cmd = [sys.executable, str(ROOT / "train.py"), *TINY_ARGS, "--trainer.devices", "2", "--trainer.accelerator",
+           "cpu", "--trainer.strategy", "ddp", "--trainer.logger", "false",
+           "--trainer.default_root_dir", str(tmp_path / "run"), "--output", str(out)]
+    res = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.count("saved classifier:") == 1
+    assert isinstance(ck.load_classifier(out), VisionTransformer)
