@@ -11,3 +11,4 @@ from .maps import minmax_normalize, tokens_to_map  # noqa: F401
 # Importing the method modules registers them.
 from . import attention_methods  # noqa: F401,E402
 from . import relevance_methods  # noqa: F401,E402
+from . import random_baseline  # noqa: F401,E402

@@ -1,0 +1,61 @@
+"""A random-map baseline: what any attribution method should beat in the perturbation and segmentation tests.
+
+Scores are i.i.d. uniform in [0, 1) per patch token, drawn from a generator seeded with ``seed`` and the
+sample's *dataset index* (``hash`` of ``(seed, index)``), so a sample gets the same map whatever its batch,
+its position in the batch or the process that evaluates it. The evaluation module passes the indices through
+:meth:`RandomBaseline.bind_indices`; without indices a sample is seeded by a hash of its pixel values (still
+deterministic, still independent of batching).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from typing import Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from .base import AttributionMethod
+from .registry import register_method
+
+
+@register_method("random")
+class RandomBaseline(AttributionMethod):
+    """Uniform random patch scores ``[B, P]`` (class-agnostic), seeded per sample (see the module docstring)."""
+
+    class_specific = False
+    #: the evaluation module binds ``batch["index"]`` to methods that declare this
+    uses_sample_index = True
+
+    def __init__(self, seed: int = 0):
+        self.seed = int(seed)
+        self._indices: Optional[Tensor] = None
+
+    @contextlib.contextmanager
+    def bind_indices(self, indices: Optional[Tensor]) -> Iterator[None]:
+        """Within the block, sample ``b`` of a call is seeded with ``indices[b]`` (its dataset index)."""
+        previous, self._indices = self._indices, indices
+        try:
+            yield
+        finally:
+            self._indices = previous
+
+    def _sample_seed(self, b: int, image: Tensor) -> int:
+        if self._indices is not None:
+            key = f"{self.seed}:index:{int(self._indices[b])}".encode()
+        else:
+            key = f"{self.seed}:pixels:".encode() + image.detach().cpu().float().numpy().tobytes()
+        return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & ((1 << 63) - 1)
+
+    def attribute(self, adapter, inputs: Tensor, target) -> Tensor:
+        if self._indices is not None and len(self._indices) != inputs.shape[0]:
+            raise ValueError(f"random: {len(self._indices)} bound sample indices for a batch of {inputs.shape[0]}")
+        h, w = adapter.grid_size(inputs)
+        rows = []
+        for b in range(inputs.shape[0]):
+            gen = torch.Generator().manual_seed(self._sample_seed(b, inputs[b]))
+            rows.append(torch.rand(h * w, generator=gen, dtype=torch.float64))
+        return torch.stack(rows).to(device=inputs.device, dtype=inputs.dtype)
+
+    def __repr__(self) -> str:
+        return f"RandomBaseline(seed={self.seed})"
