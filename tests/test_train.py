@@ -244,8 +244,8 @@ def test_ensure_synthetic_classifier_trains_once(tmp_path):
     assert os.environ.get("WANDB_MODE") == env_before
 
 
-@pytest.mark.slow
 def test_train_py_ddp_two_cpu_processes(tmp_path):
+    """2 CPU processes, DDP, launched as a subprocess (never inside pytest); ~35 s on 2 busy cores."""
     out = tmp_path / "ddp.pt"
     cmd = [sys.executable, str(ROOT / "train.py"), *TINY_ARGS, "--trainer.devices", "2", "--trainer.accelerator",
            "cpu", "--trainer.strategy", "ddp", "--trainer.logger", "false",
