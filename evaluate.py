@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -36,6 +37,10 @@ from pytorch_lightning.cli import LightningCLI  # noqa: E402
 from callbacks.report import collect_results, log_curves, results_table, write_metrics_json  # noqa: E402
 from datamodules.unrepeated import UnrepeatedTestData  # noqa: E402
 from lightning_modules.evaluation import AttributionEvaluationModule  # noqa: E402
+
+# EvaluationCallback logs values that torchmetrics already reduced across processes: Lightning's advice to
+# add sync_dist=True (a second reduction) does not apply
+warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting.*")
 
 ROOT = Path(__file__).resolve().parent
 DEFAULT_CONFIG = ROOT / "configs" / "evaluate" / "synthetic.yaml"
@@ -68,9 +73,10 @@ class EvaluateCLI(LightningCLI):
 
 
 def _check_data(datamodule: pl.LightningDataModule) -> None:
-    root = getattr(datamodule, "root", None)
-    if root is not None and not Path(os.path.expanduser(str(root))).exists():
-        raise SystemExit(f"error: data folder {str(root)!r} does not exist; pass it with --data.init_args.root PATH")
+    for attr, what in (("root", "data folder"), ("path", "data file")):
+        value = getattr(datamodule, attr, None)
+        if isinstance(value, (str, os.PathLike)) and not Path(os.path.expanduser(str(value))).exists():
+            raise SystemExit(f"error: {what} {str(value)!r} does not exist; pass it with --data.init_args.{attr} PATH")
 
 
 def _output_dir(cli, trainer: pl.Trainer) -> Path:
