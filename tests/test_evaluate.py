@@ -1,0 +1,153 @@
+"""End-to-end evaluate.py runs on a tiny config: metrics.json, 1 vs 2 processes, clear data errors.
+
+DDP runs go through a subprocess of ``evaluate.py`` (never ``strategy="ddp"`` inside pytest: its children would
+re-run pytest). The classifier is a random tiny timm ViT; the data the synthetic shapes benchmark.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL = "{img_size: 32, patch_size: 8, embed_dim: 32, depth: 4, num_heads: 2, num_classes: 4}"
+METHODS = "[rollout, gradcam, random, beyond_intuition_token]"
+
+
+def tiny_args(out_dir, test_size=5, batch_size=2, logger=False):
+    args = [
+        "--model.classifier", "timm:vit_tiny_patch16_224", "--model.pretrained", "false",
+        "--model.model_kwargs", TINY_MODEL, "--model.methods", METHODS,
+        "--model.method_options", "{beyond_intuition_token: {start_layer: 2}}",
+        "--data.init_args.image_size", "32", "--data.init_args.test_size", str(test_size),
+        "--data.init_args.batch_size", str(batch_size),
+        "--trainer.default_root_dir", str(out_dir), "--output_dir", str(out_dir / "run"),
+    ]
+    if not logger:
+        args += ["--trainer.logger", "false"]
+    return args
+
+
+def run_evaluate(args, timeout=300):
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true", CI="1")
+    return subprocess.run([sys.executable, str(ROOT / "evaluate.py"), *args], cwd=str(ROOT), env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def load(path):
+    return json.loads(Path(path).read_text())
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
+    result = run_evaluate(tiny_args(out, logger=True))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out, result
+
+
+def test_end_to_end_metrics_json(one_process):
+    out, result = one_process
+    path = out / "run" / "metrics.json"
+    assert f"metrics written to {path}" in result.stdout
+    assert "perturbation AUC" in result.stdout and "segmentation" in result.stdout
+    metrics = load(path)
+    methods = ["rollout", "gradcam", "random", "beyond_intuition_token"]
+    for m in methods:
+        for direction in ("positive", "negative"):
+            for setting in ("predicted", "target"):
+                curve = metrics[f"perturbation/{m}/{direction}/{setting}/curve"]
+                assert len(curve) == 10 and curve[0] == pytest.approx(metrics["accuracy"])
+                x = [0.1 * i for i in range(10)]
+                expected = 100 * sum((x[i + 1] - x[i]) * (curve[i] + curve[i + 1]) / 2 for i in range(9))
+                assert metrics[f"perturbation/{m}/{direction}/{setting}/auc"] == pytest.approx(expected)
+        for name in ("pixel_accuracy", "miou", "map", "f1", "f1_rows"):
+            assert 0.0 <= metrics[f"segmentation/{m}/{name}"] <= 1.0
+    # 5 samples: every accuracy is a multiple of 1/5
+    assert math.isclose(metrics["accuracy"] * 5, round(metrics["accuracy"] * 5), abs_tol=1e-9)
+    # W&B offline run with the config, tables and overlay images
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert runs, "no offline W&B run written"
+    media = list(runs[0].rglob("*.png"))
+    assert any("overlays" in str(p) for p in media)
+
+
+def test_two_processes_match_one_process_on_uneven_data(one_process, tmp_path):
+    out_one, _ = one_process
+    args = tiny_args(tmp_path) + ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu"]
+    result = run_evaluate(args)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    one, two = load(out_one / "run" / "metrics.json"), load(tmp_path / "run" / "metrics.json")
+    assert sorted(one) == sorted(two)
+    for key in one:
+        a, b = torch.tensor(one[key], dtype=torch.float64), torch.tensor(two[key], dtype=torch.float64)
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), (key, one[key], two[key])
+
+
+def test_wrong_data_path_is_a_clear_error(tmp_path):
+    missing = tmp_path / "no_imagenet"
+    result = run_evaluate([
+        "--config", str(ROOT / "configs" / "evaluate" / "imagenet_perturbation.yaml"),
+        "--model.classifier", "timm:vit_tiny_patch16_224", "--model.pretrained", "false",
+        "--model.model_kwargs", TINY_MODEL, "--model.methods", "[rollout]",
+        "--data.init_args.root", str(missing), "--trainer.logger", "false",
+        "--trainer.default_root_dir", str(tmp_path),
+    ], timeout=120)
+    assert result.returncode != 0
+    assert f"data folder {str(missing)!r} does not exist" in result.stderr + result.stdout
+
+
+def test_module_contract_with_other_class_and_cdam_callback(tmp_path):
+    """In-process single-device run: the 'other' setting is computed when a callback needs it."""
+    import pytorch_lightning as pl
+
+    from callbacks.cdam_analysis import CDAMAnalysis
+    from callbacks.segmentation import SegmentationTest
+    from datamodules.synthetic_shapes import SyntheticShapesDataModule
+    from datamodules.unrepeated import UnrepeatedTestData
+    from lightning_modules.evaluation import AttributionEvaluationModule
+
+    torch.set_num_threads(1)
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
+    module = AttributionEvaluationModule("timm:vit_tiny_patch16_224", pretrained=False, model_kwargs=kwargs,
+                                         methods=["cdam", "rollout"])
+    seen = {}
+
+    class Spy(pl.Callback):
+        def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            seen["outputs"], seen["batch"] = outputs, batch
+
+    cdam = CDAMAnalysis(methods=["cdam", "rollout"])
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, inference_mode=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[cdam, SegmentationTest(), Spy()],
+                         default_root_dir=str(tmp_path))
+    data = SyntheticShapesDataModule(image_size=32, test_size=3, batch_size=3, two_objects=True)
+    trainer.test(module, datamodule=UnrepeatedTestData(data), verbose=False)
+    outputs, batch = seen["outputs"], seen["batch"]
+    assert set(outputs["targets"]) == {"predicted", "target", "other"}
+    assert torch.equal(outputs["targets"]["other"], batch["other_label"])
+    assert outputs["relevance"]["cdam"]["target"].shape == (3, 16)
+    # class-agnostic rollout: one tensor shared by every setting
+    assert outputs["relevance"]["rollout"]["target"] is outputs["relevance"]["rollout"]["other"]
+    assert any(k.startswith("cdam_analysis/discrimination/cdam/") for k in cdam.results)
+    assert 0 <= module.results["accuracy"] <= 1
+
+
+def test_inference_mode_is_refused(tmp_path):
+    import pytorch_lightning as pl
+
+    from datamodules.synthetic_shapes import SyntheticShapesDataModule
+    from lightning_modules.evaluation import AttributionEvaluationModule
+
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=1, num_classes=4)
+    module = AttributionEvaluationModule("timm:vit_tiny_patch16_224", pretrained=False, model_kwargs=kwargs,
+                                         methods=["gradcam"])
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=str(tmp_path))
+    with pytest.raises(RuntimeError, match="inference_mode=False"):
+        trainer.test(module, datamodule=SyntheticShapesDataModule(image_size=32, test_size=2, batch_size=2),
+                     verbose=False)
