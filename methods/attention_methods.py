@@ -30,16 +30,26 @@ def _readout_rows(relevance: Tensor, adapter, readout: str) -> Tensor:
     (Beyond Intuition's ``mae=True`` read-out for global-average-pooled models). ``auto`` picks ``cls`` for
     ``global_pool='token'`` and ``mean_patches`` for ``'avg'``.
     """
-    if readout not in READOUTS:
-        raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
-    if readout == "auto":
-        readout = "cls" if adapter.global_pool == "token" else "mean_patches"
+    readout = _resolve_readout(adapter, readout)
     p = adapter.num_prefix_tokens
     if readout == "cls":
-        if not adapter.has_class_token:
-            raise ValueError("readout='cls' needs a model with a class token")
         return relevance[:, 0, p:]
     return relevance[:, p:, p:].mean(dim=1)
+
+
+def _check_readout(readout: str) -> str:
+    if readout not in READOUTS:
+        raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
+    return readout
+
+
+def _resolve_readout(adapter, readout: str) -> str:
+    _check_readout(readout)
+    if readout == "auto":
+        readout = "cls" if adapter.global_pool == "token" else "mean_patches"
+    if readout == "cls" and not adapter.has_class_token:
+        raise ValueError("readout='cls' needs a model with a class token")
+    return readout
 
 
 def _identity(batch: int, tokens: int, like: Tensor) -> Tensor:
@@ -73,14 +83,16 @@ class RawAttention(AttributionMethod):
 
     ``mean_h A_{L-1}[h, 0, patches]``: post-softmax attention (after dropout, identity in eval) of the last block,
     [CLS] query row, patch key columns, mean over heads (TE ``ViT_LRP.py`` ``last_layer_attn``; its clamp at 0 is a
-    no-op on probabilities). Class-agnostic; ``readout='mean_patches'`` averages the patch query rows instead.
+    no-op on probabilities). Class-agnostic. ``readout``: ``cls`` (the reference), ``mean_patches`` (mean over the patch
+    query rows), ``auto`` (default: ``cls`` for ``global_pool='token'``, ``mean_patches`` for ``'avg'``, whose
+    prediction never reads the [CLS] token).
     """
 
     class_specific = False
 
-    def __init__(self, layer: int = -1, readout: str = "cls"):
+    def __init__(self, layer: int = -1, readout: str = "auto"):
         self.layer = layer
-        self.readout = readout
+        self.readout = _check_readout(readout)
 
     def attribute(self, adapter, inputs, target):
         layer = check_start_layer(self.layer, adapter.depth, self.name)
@@ -99,14 +111,15 @@ class Rollout(AttributionMethod):
     ``M_{L-1} ... M_{start}`` read at the [CLS] row, patch columns (TE ``ViT_explanation_generator.py``
     ``compute_rollout_attention``). ``start_layer`` is 0-based (the TE evaluation scripts pass 1).
     ``row_normalize=False`` gives the unnormalised variant. Class-agnostic; rows of the result's matrix sum to one.
+    ``readout`` as for ``raw_attention`` (``auto``: [CLS] row for token pooling, patch-row mean for average pooling).
     """
 
     class_specific = False
 
-    def __init__(self, start_layer: int = 0, row_normalize: bool = True, readout: str = "cls"):
+    def __init__(self, start_layer: int = 0, row_normalize: bool = True, readout: str = "auto"):
         self.start_layer = start_layer
         self.row_normalize = row_normalize
-        self.readout = readout
+        self.readout = _check_readout(readout)
 
     def rollout_matrix(self, adapter, inputs) -> Tensor:
         start = check_start_layer(self.start_layer, adapter.depth, self.name)
@@ -137,19 +150,27 @@ class AttentionGradCAM(AttributionMethod):
     Transformer Attribution / Generic Attribution). ``y_c`` is the pre-softmax logit. The reference min-max
     normalises inside the method (NaN for an all-zero map); this returns the raw clamped values: an all-zero
     map stays all zeros.
+
+    Read-out (``readout``): ``cls`` is the reference. On a global-average-pooled model the [CLS] row of the last
+    attention never reaches the logits (its gradient is zero, so the ``cls`` map is all zeros); ``mean_patches``
+    uses the patch query rows instead (``w_h`` = mean gradient over patch rows and patch columns, map = mean over
+    patch rows). ``auto`` (default) picks ``cls`` for ``global_pool='token'`` and ``mean_patches`` for ``'avg'``.
     """
 
-    def __init__(self, layer: int = -1):
+    def __init__(self, layer: int = -1, readout: str = "auto"):
+        _check_readout(readout)
         self.layer = layer
+        self.readout = readout
 
     def attribute(self, adapter, inputs, target):
         layer = check_start_layer(self.layer, adapter.depth, self.name)
         (attn,), (grad,), _, _ = _attention_and_gradients(adapter, inputs, target, [layer])
         p = adapter.num_prefix_tokens
-        a = attn[:, :, 0, p:]
-        g = grad[:, :, 0, p:]
-        weights = g.mean(dim=-1, keepdim=True)
-        return (a * weights).mean(dim=1).clamp(min=0)
+        rows = slice(0, 1) if _resolve_readout(adapter, self.readout) == "cls" else slice(p, None)
+        a = attn[:, :, rows, p:]
+        g = grad[:, :, rows, p:]
+        weights = g.mean(dim=(-1, -2), keepdim=True)
+        return (a * weights).mean(dim=1).mean(dim=1).clamp(min=0)
 
 
 def _generic_update(attn: Tensor, grad: Tensor, head_reduction: str) -> Tensor:
@@ -170,14 +191,15 @@ class GenericAttribution(AttributionMethod):
     ``head_reduction='clamp_then_mean'``). The Beyond Intuition repository's ``generate_genattr`` takes the head
     mean before the clamp: ``head_reduction='mean_then_clamp'``. No row normalisation. ``∇A`` is the gradient of
     the target's pre-softmax logit, so the logit scale matters when more than one block is used. Read-out: [CLS]
-    row, patch columns. ``start_layer`` is 0-based (MM uses all blocks: 0; BI's 1-based ``start_layer=2`` is 1).
+    row, patch columns (``readout='auto'`` switches to the patch-row mean on average-pooled models).
+    ``start_layer`` is 0-based (MM uses all blocks: 0; BI's 1-based ``start_layer=2`` is 1).
     """
 
-    def __init__(self, start_layer: int = 0, head_reduction: str = "clamp_then_mean", readout: str = "cls"):
+    def __init__(self, start_layer: int = 0, head_reduction: str = "clamp_then_mean", readout: str = "auto"):
         _generic_update(torch.zeros(1, 1, 1, 1), torch.zeros(1, 1, 1, 1), head_reduction)
         self.start_layer = start_layer
         self.head_reduction = head_reduction
-        self.readout = readout
+        self.readout = _check_readout(readout)
 
     def attribute(self, adapter, inputs, target):
         start = check_start_layer(self.start_layer, adapter.depth, self.name)
@@ -238,8 +260,7 @@ class _BeyondIntuition(AttributionMethod):
                  gradient_of: str = "logit", ig_batch_size: Optional[int] = None):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
-        if readout not in READOUTS:
-            raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
+        _check_readout(readout)
         if gradient_of not in ("logit", "probability"):
             raise ValueError(f"gradient_of must be 'logit' or 'probability', got {gradient_of!r}")
         self.start_layer = start_layer
