@@ -64,7 +64,9 @@ def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[
       first use, then cached) loaded with ``load_classifier``;
     * a path to a file written by ``save_classifier``;
     * ``"timm:<name>"``: ``timm.create_model(name, pretrained=pretrained, **model_kwargs)`` (``pretrained=False``
-      with ``model_kwargs`` gives a random model of any size, e.g. for tests).
+      with ``model_kwargs`` gives a random model of any size, e.g. for tests). Offline, real weights come from a
+      local file: ``model_kwargs={"pretrained_cfg_overlay": {"file": path}}`` (with ``num_classes`` the file's
+      head is loaded, not re-initialised).
     """
     from lightning_modules.checkpoints import ensure_synthetic_classifier, load_classifier
 
@@ -76,8 +78,14 @@ def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[
         import timm
 
         name = classifier[len("timm:"):]
+        kwargs = dict(model_kwargs or {})
+        overlay = kwargs.get("pretrained_cfg_overlay")
+        if overlay and overlay.get("file") and "num_classes" in kwargs and "num_classes" not in overlay:
+            # timm silently re-initialises the head when num_classes differs from the pretrained config's: a local
+            # weights file of a fine-tuned classifier holds its own head, so declare it
+            kwargs["pretrained_cfg_overlay"] = {**overlay, "num_classes": kwargs["num_classes"]}
         try:
-            return timm.create_model(name, pretrained=pretrained, **(model_kwargs or {})).eval()
+            return timm.create_model(name, pretrained=pretrained, **kwargs).eval()
         except Exception as err:
             raise ValueError(f"cannot create timm model {name!r} (pretrained={pretrained}): {err}") from err
     path = os.path.expanduser(classifier)
