@@ -84,6 +84,25 @@ def test_goldens(golden_run, key):
         assert mm < mm_tol, (key, mm)
 
 
+@pytest.mark.parametrize("key, tol", [("partial_lrp", 1e-4), ("ta_s0", 1e-2), ("ta_s1", 1e-2),
+                                      ("full_lrp", 5e-2), ("full_lrp_ours_rules", 5e-2)])
+def test_float32_maps_within_tolerance_of_the_exact_reference(golden_run, key, tol):
+    """float32 per-sample min-max maps against the reference's float64 run, at the issue's tolerances.
+
+    The reference's own float32 run is further from its float64 run than ours (TA start 0, image 0: 1.5e-2 vs
+    4.9e-3; partial LRP, image 1 other class: 2.3e-4 vs 4e-5), so the tolerances hold against the exact values,
+    not against their float32 noise (``test_goldens`` compares with that at looser bounds).
+    """
+    dtype, _, _, _, _, outs = golden_run
+    if dtype != "float32":
+        pytest.skip("float32 check")
+    exact = np.load(os.path.join(GOLDEN, "te_vit_f64.npz"))
+    out = outs[key].double()
+    gold = torch.from_numpy(_golden_key(exact, key)).reshape(out.shape)
+    err = (minmax_normalize(out) - minmax_normalize(gold)).abs().max().item()
+    assert err < tol, (key, err)
+
+
 def test_shapes_and_kinds(golden_run):
     _, _, _, _, _, outs = golden_run
     assert outs["ta_s0"].shape == (6, 196) and outs["partial_lrp"].shape == (6, 196)
