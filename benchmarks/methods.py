@@ -1,0 +1,477 @@
+#!/usr/bin/env python
+"""Cost of every registered attribution method relative to the passes it fundamentally needs.
+
+    python benchmarks/methods.py [--batch-sizes 1 16] [--methods rollout gradcam ...] [--repeats 3]
+                                 [--device cpu|cuda] [--json out.json]
+
+Model: a randomly initialised ViT-B/16-sized stock timm ``VisionTransformer`` (224 px, patch 16, dim 768, depth 12,
+12 heads, 1000 classes, ``global_pool='token'``) in eval mode; ``--model-size tiny`` (64 px, patch 16, dim 64,
+depth 2, 2 heads) is for smoke tests. No weights are downloaded: costs do not depend on the weights.
+
+What is timed (wall clock, ``time.perf_counter``; CUDA synchronised before and after each call):
+
+* anchor ``forward``: ``model(images)`` under ``torch.no_grad()`` with timm's fused attention as the model ships;
+* anchor ``forward+backward``: ``model(x)`` with ``x = images.requires_grad_()``, then
+  ``torch.autograd.grad(sum of each sample's target logit, x)`` -- the backward traverses the whole network down
+  to the pixels (fused attention; parameters keep ``requires_grad=True`` as timm builds them, their ``.grad`` is
+  not computed because only ``x`` is asked for);
+* each method exactly as a user calls it: ``build_method(name)(model, images, target=targets)`` with registry
+  defaults and a per-sample ``LongTensor`` of targets.
+
+Each (method, batch size) runs in a fresh subprocess (``--isolation subprocess``, the default): the first call
+measures peak memory (see below) and is the first warm-up, then the anchors the method is compared with get one
+warm-up each, then ``--repeats`` rounds of (anchor(s), method), so CPU-frequency drift and other load hit both
+alike. Reported times are medians over the rounds, per image (ms/image = median seconds / batch * 1000); anchor
+rows pool every anchor sample taken at that batch size. ``ratio = median(method) / anchor`` with the anchor built
+from the medians measured in the same process (PROTOCOLS.md section 7):
+
+================================================  =====================================  ======
+method                                            anchor                                 target
+================================================  =====================================  ======
+raw_attention, rollout                            1 forward                              <= 1.3
+gradcam, generic_attribution, cdam                1 forward+backward                     <= 1.3
+beyond_intuition_head / _token                    1 forward+backward + ``steps`` fwds    <= 1.3
+transformer_attribution                           1 forward+backward                     <= 2.5
+partial_lrp, lrp, lrp_rollout                     1 forward+backward                     (report)
+random                                            1 forward                              (report)
+token_ablation                                    (number of patches) forwards           (report)
+================================================  =====================================  ======
+
+Peak memory ("peak extra MiB"): the increase of memory over the state with the model and the inputs allocated,
+during the *first* call in the process. CUDA: ``torch.cuda.max_memory_allocated() - memory_allocated()`` before
+the call (tensor memory only). CPU: the process's peak resident set size (``VmHWM`` from ``/proc/self/status``,
+reset with ``/proc/self/clear_refs`` and after ``malloc_trim(0)``) minus the resident size before the call, in a
+fresh process so that no freed-but-cached heap hides the method's allocations; this includes one-time library
+initialisation of the first call. CPU memory is not measured with ``--isolation none`` (in-process numbers would
+be meaningless).
+
+``token_ablation`` costs one forward per patch (196 sequences per image at ViT-B/16): by default it runs only at
+batch size 1 (``--token-ablation-batch-sizes``; ``--skip-token-ablation`` drops it), rows skipped are listed.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+if __name__ == "__main__":
+    # Run as a script, this file's folder is sys.path[0] and its name would shadow the ``methods`` package.
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
+    sys.path.insert(0, os.path.dirname(_here))
+
+FORWARD = "forward"
+FORWARD_BACKWARD = "forward+backward"
+ANCHORS = (FORWARD, FORWARD_BACKWARD)
+
+MODEL_SIZES = {
+    "base": dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12, num_classes=1000),
+    "tiny": dict(img_size=64, patch_size=16, embed_dim=64, depth=2, num_heads=2, num_classes=1000),
+}
+
+# method -> (kind of anchor, target ratio or None); PROTOCOLS.md section 7 and the issue's targets
+COSTS = {
+    "raw_attention": ("forward", 1.3),
+    "rollout": ("forward", 1.3),
+    "random": ("forward", None),
+    "gradcam": ("forward+backward", 1.3),
+    "generic_attribution": ("forward+backward", 1.3),
+    "cdam": ("forward+backward", 1.3),
+    "beyond_intuition_head": ("forward+backward+steps", 1.3),
+    "beyond_intuition_token": ("forward+backward+steps", 1.3),
+    "transformer_attribution": ("forward+backward", 2.5),
+    "partial_lrp": ("forward+backward", None),
+    "lrp": ("forward+backward", None),
+    "lrp_rollout": ("forward+backward", None),
+    "token_ablation": ("patches", None),
+}
+DEFAULT_COST = ("forward+backward", None)  # a method registered later without an entry here
+TOKEN_ABLATION = "token_ablation"
+
+
+# ----------------------------------------------------------------------------------------------- the worker
+def build_model(size: str, device: str) -> torch.nn.Module:
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(global_pool="token", **MODEL_SIZES[size]).to(device).eval()
+
+
+def anchors_needed(name: str) -> List[str]:
+    if name in ANCHORS:
+        return []
+    kind = COSTS.get(name, DEFAULT_COST)[0]
+    if kind in ("forward", "patches"):
+        return [FORWARD]
+    if kind == "forward+backward":
+        return [FORWARD_BACKWARD]
+    return [FORWARD_BACKWARD, FORWARD]
+
+
+def _anchor_fn(name: str, model, images, targets) -> Callable[[], object]:
+    if name == FORWARD:
+        def forward():
+            with torch.no_grad():
+                return model(images)
+        return forward
+
+    def forward_backward():
+        x = images.detach().requires_grad_(True)
+        logits = model(x)
+        (grad,) = torch.autograd.grad(logits.gather(1, targets[:, None]).sum(), x)
+        return grad
+    return forward_backward
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(fn: Callable[[], object], device: str) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    out = fn()
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    del out
+    return elapsed
+
+
+def _proc_status_kib(field: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _first_call_with_memory(fn, device: str, cpu_memory: bool):
+    """Run ``fn`` once; return (seconds, peak extra MiB or None, what was measured)."""
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        seconds = _timed(fn, device)
+        return seconds, (torch.cuda.max_memory_allocated() - base) / 2**20, "cuda max_memory_allocated increase"
+    if not cpu_memory:
+        return _timed(fn, device), None, "not measured (CPU, in-process)"
+    if _reset_peak_rss():
+        base = _proc_status_kib("VmRSS")
+        seconds = _timed(fn, device)
+        peak = _proc_status_kib("VmHWM")
+        if base is not None and peak is not None:
+            return seconds, (peak - base) / 1024, "peak RSS increase (VmHWM reset), fresh process, first call"
+    import resource
+
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    seconds = _timed(fn, device)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return seconds, (peak - base) / 1024, "lower bound: ru_maxrss increase (peak could not be reset)"
+
+
+def run_worker(spec: dict) -> dict:
+    """Time one method (or anchor) at one batch size; ``spec`` holds name, batch, model_size, device, repeats,
+    warmup, threads, seed, cpu_memory."""
+    device = spec["device"]
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    torch.manual_seed(spec["seed"])
+    model = build_model(spec["model_size"], device)
+    cfg = MODEL_SIZES[spec["model_size"]]
+    batch = int(spec["batch"])
+    gen = torch.Generator().manual_seed(spec["seed"])
+    images = torch.randn(batch, 3, cfg["img_size"], cfg["img_size"], generator=gen).to(device)
+    targets = torch.randint(0, cfg["num_classes"], (batch,), generator=gen, dtype=torch.long).to(device)
+
+    name = spec["name"]
+    info = {}
+    if name in ANCHORS:
+        fn = _anchor_fn(name, model, images, targets)
+    else:
+        from methods import build_method
+
+        method = build_method(name)
+        depth = len(model.blocks)
+        start_layer = getattr(method, "start_layer", None)
+        if isinstance(start_layer, int) and not -depth <= start_layer < depth:
+            # only on the tiny smoke-test model: a default start_layer beyond its depth becomes its last block
+            method = build_method(name, start_layer=depth - 1)
+            info["adjusted"] = f"start_layer {start_layer} -> {depth - 1} (model has {depth} blocks)"
+        info["method_repr"] = repr(method)
+        if getattr(method, "steps", None) is not None:
+            info["steps"] = int(method.steps)
+
+        def fn():
+            return method(model, images, target=targets)
+
+    anchor_fns = {a: _anchor_fn(a, model, images, targets) for a in anchors_needed(name)}
+
+    first_s, peak_mib, memory_note = _first_call_with_memory(fn, device, spec["cpu_memory"])
+    for _ in range(max(0, int(spec["warmup"]) - 1)):
+        fn()
+    for afn in anchor_fns.values():
+        afn()
+    samples: Dict[str, List[float]] = {name: []}
+    samples.update({a: [] for a in anchor_fns})
+    for _ in range(int(spec["repeats"])):
+        for a, afn in anchor_fns.items():
+            samples[a].append(_timed(afn, device))
+        samples[name].append(_timed(fn, device))
+    return dict(name=name, batch=batch, first_call_s=first_s, peak_extra_mib=peak_mib, memory_note=memory_note,
+                samples=samples, num_patches=int(model.patch_embed.num_patches), threads=torch.get_num_threads(),
+                **info)
+
+
+def _run_isolated(spec: dict) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--_worker", json.dumps(spec), "--_worker-out", out]
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL)
+        if proc.returncode != 0:
+            raise RuntimeError(f"benchmark worker for {spec['name']!r} at batch {spec['batch']} failed "
+                               f"(exit {proc.returncode}); its stderr is above")
+        with open(out) as f:
+            return json.load(f)
+
+
+# ----------------------------------------------------------------------------------------------- the report
+def _anchor_seconds(kind: str, result: dict) -> Optional[float]:
+    med = {a: statistics.median(v) for a, v in result["samples"].items() if a in ANCHORS and v}
+    if kind == "forward":
+        return med.get(FORWARD)
+    if kind == "forward+backward":
+        return med.get(FORWARD_BACKWARD)
+    if kind == "forward+backward+steps":
+        return med[FORWARD_BACKWARD] + result.get("steps", 0) * med[FORWARD]
+    if kind == "patches":
+        return result["num_patches"] * med[FORWARD]
+    raise ValueError(kind)
+
+
+def _anchor_label(kind: str, result: dict) -> str:
+    if kind == "forward+backward+steps":
+        return f"fwd+bwd + {result.get('steps', 0)} fwd"
+    if kind == "patches":
+        return f"{result['num_patches']} fwd"
+    return {"forward": "1 fwd", "forward+backward": "1 fwd+bwd"}[kind]
+
+
+def make_rows(results: List[dict], skipped: List[dict]) -> List[dict]:
+    rows = []
+    pooled: Dict[int, Dict[str, List[float]]] = {}
+    for r in results:
+        for a, values in r["samples"].items():
+            if a in ANCHORS:
+                pooled.setdefault(r["batch"], {}).setdefault(a, []).extend(values)
+    for r in results:
+        if r["name"] not in ANCHORS:
+            continue
+        values = pooled[r["batch"]][r["name"]]
+        rows.append(dict(method=r["name"], kind="anchor", batch=r["batch"],
+                         ms_per_image=1000 * statistics.median(values) / r["batch"], samples=len(values),
+                         anchor=None, anchor_ms_per_image=None, ratio=None, target=None, status="anchor",
+                         peak_extra_mib=r["peak_extra_mib"], memory_note=r["memory_note"]))
+    for r in results:
+        if r["name"] in ANCHORS:
+            continue
+        kind, target = COSTS.get(r["name"], DEFAULT_COST)
+        seconds = statistics.median(r["samples"][r["name"]])
+        anchor_s = _anchor_seconds(kind, r)
+        ratio = seconds / anchor_s
+        paired = []
+        for i, s in enumerate(r["samples"][r["name"]]):
+            one = dict(r, samples={a: [v[i]] for a, v in r["samples"].items()})
+            paired.append(s / _anchor_seconds(kind, one))
+        status = "report" if target is None else ("pass" if ratio <= target else "FAIL")
+        rows.append(dict(method=r["name"], kind="method", batch=r["batch"], ms_per_image=1000 * seconds / r["batch"],
+                         samples=len(r["samples"][r["name"]]), anchor=_anchor_label(kind, r),
+                         anchor_ms_per_image=1000 * anchor_s / r["batch"], ratio=ratio, paired_ratios=paired,
+                         target=target, status=status, peak_extra_mib=r["peak_extra_mib"],
+                         memory_note=r["memory_note"], first_call_ms_per_image=1000 * r["first_call_s"] / r["batch"],
+                         method_repr=r.get("method_repr"), adjusted=r.get("adjusted")))
+    for s in skipped:
+        rows.append(dict(method=s["name"], kind="method", batch=s["batch"], ms_per_image=None, samples=0, anchor=None,
+                         anchor_ms_per_image=None, ratio=None, target=COSTS.get(s["name"], DEFAULT_COST)[1],
+                         status="skipped", peak_extra_mib=None, memory_note=s["why"]))
+    return rows
+
+
+def format_table(rows: List[dict]) -> str:
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    header = ("method", "batch", "ms/image", "anchor", "anchor ms/img", "ratio", "target", "result", "peak extra MiB")
+    lines = []
+    body = []
+    for row in rows:
+        body.append((row["method"] if row["kind"] == "method" else f"[{row['method']}]", str(row["batch"]),
+                     fmt(row["ms_per_image"], ".1f"), row["anchor"] or "-", fmt(row["anchor_ms_per_image"], ".1f"),
+                     fmt(row["ratio"], ".2f"), "-" if row["target"] is None else f"<={row['target']}",
+                     row["status"], fmt(row["peak_extra_mib"], ".0f")))
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+    lines.append("  ".join(h.ljust(w) if i in (0, 3, 7) else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
+    lines.append("  ".join("-" * w for w in widths))
+    for b in body:
+        lines.append("  ".join(c.ljust(w) if i in (0, 3, 7) else c.rjust(w) for i, (c, w) in enumerate(zip(b, widths))))
+    return "\n".join(lines)
+
+
+def _notes(args, results) -> List[str]:
+    memory_notes = sorted({r["memory_note"] for r in results})
+    adjusted = sorted({f"{r['name']}: {r['adjusted']}" for r in results if r.get("adjusted")})
+    return ([f"options changed from the defaults to fit the model: {'; '.join(adjusted)}"] if adjusted else []) + [
+        "ms/image: median over the repeats of one call's wall time divided by the batch size; ratio = method "
+        "median / anchor built from the anchor medians taken in the same process, interleaved with the method.",
+        "[forward]: model(images) under torch.no_grad(), fused attention as timm ships it. [forward+backward]: "
+        "model(x) then torch.autograd.grad(sum of the target logits, x) with x = images.requires_grad_(): the "
+        "backward runs through the whole network (fused attention). Methods switch to eager attention themselves "
+        "(they need the attention matrices); that overhead is part of their ratio.",
+        "beyond_intuition_*: anchor = 1 fwd+bwd + `steps` forwards (steps from the method's defaults). "
+        "token_ablation: anchor = (number of patches) forwards of the full sequence.",
+        f"token_ablation runs one forward per patch: timed only at batch sizes {args.token_ablation_batch_sizes} "
+        f"(--token-ablation-batch-sizes){'; skipped entirely (--skip-token-ablation)' if args.skip_token_ablation else ''}.",
+        "peak extra MiB: " + "; ".join(memory_notes) + ". Measured on the first call (which is also the first "
+        "warm-up); CPU numbers include one-time library initialisation; relative to the model and inputs "
+        "already allocated.",
+        "Targets: PROTOCOLS.md section 7 / the issue: <=1.3 for raw_attention, rollout, gradcam, "
+        "generic_attribution, cdam, beyond_intuition_*; <=2.5 for transformer_attribution; 'report' rows have no "
+        "target.",
+    ]
+
+
+# ----------------------------------------------------------------------------------------------- main
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--methods", nargs="+", default=None, help="default: every method in methods.available_methods()")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds (median taken); default 3")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed calls of the method before the rounds (the first also measures memory); default 1")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads; default: the number of CPU cores available to this process")
+    p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="base")
+    p.add_argument("--token-ablation-batch-sizes", type=int, nargs="+", default=[1])
+    p.add_argument("--skip-token-ablation", action="store_true")
+    p.add_argument("--isolation", choices=("subprocess", "none"), default="subprocess",
+                   help="subprocess (default): a fresh process per (method, batch), needed for CPU memory; none: "
+                        "everything in this process (CPU memory not measured)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the rows, notes and configuration here")
+    p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--_worker-out", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    if args.threads is None:
+        args.threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args._worker is not None:
+        result = run_worker(json.loads(args._worker))
+        with open(args._worker_out, "w") as f:
+            json.dump(result, f)
+        return result
+
+    from methods import available_methods
+
+    names = list(args.methods) if args.methods else available_methods()
+    unknown = [n for n in names if n not in available_methods()]
+    if unknown:
+        raise SystemExit(f"unknown methods {unknown}; available: {', '.join(available_methods())}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but CUDA is not available")
+
+    threads_before = torch.get_num_threads()
+    isolated = args.isolation == "subprocess"
+    results, skipped = [], []
+    started = time.perf_counter()
+    try:
+        for batch in args.batch_sizes:
+            for name in list(ANCHORS) + names:
+                if name == TOKEN_ABLATION and (args.skip_token_ablation or batch not in args.token_ablation_batch_sizes):
+                    why = ("--skip-token-ablation" if args.skip_token_ablation else
+                           f"token_ablation timed only at batch sizes {args.token_ablation_batch_sizes}")
+                    skipped.append(dict(name=name, batch=batch, why=why))
+                    print(f"skip  {name:<24} batch {batch:>3}: {why}", file=sys.stderr, flush=True)
+                    continue
+                spec = dict(name=name, batch=batch, model_size=args.model_size, device=args.device,
+                            repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed,
+                            cpu_memory=isolated)
+                t0 = time.perf_counter()
+                result = _run_isolated(spec) if isolated else run_worker(spec)
+                results.append(result)
+                own = statistics.median(result["samples"][name])
+                print(f"done  {name:<24} batch {batch:>3}: {1000 * own / batch:9.1f} ms/image "
+                      f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    finally:
+        torch.set_num_threads(threads_before)
+    wall_s = time.perf_counter() - started
+
+    rows = make_rows(results, skipped)
+    notes = _notes(args, results)
+    config = dict(model_size=args.model_size, model=MODEL_SIZES[args.model_size], global_pool="token",
+                  device=args.device, threads=args.threads, batch_sizes=args.batch_sizes, repeats=args.repeats,
+                  warmup=args.warmup, isolation=args.isolation, seed=args.seed, torch=torch.__version__,
+                  python=platform.python_version(), platform=platform.platform(),
+                  cpu=platform.processor() or platform.machine(), wall_s=wall_s)
+    try:
+        import timm
+
+        config["timm"] = timm.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    if args.device.startswith("cuda"):
+        config["gpu"] = torch.cuda.get_device_name()
+
+    table = format_table(rows)
+    print(f"attribution method cost: {args.model_size} ViT ({MODEL_SIZES[args.model_size]}), device {args.device}, "
+          f"{args.threads} threads, torch {torch.__version__}, {args.repeats} repeats, warm-up {args.warmup}")
+    print(table)
+    print()
+    for note in notes:
+        print("* " + note)
+    print(f"wall time: {wall_s:.0f} s")
+    out = dict(config=config, rows=rows, notes=notes, table=table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return out
+
+
+if __name__ == "__main__":
+    main()
