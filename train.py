@@ -4,10 +4,16 @@
     python train.py --config configs/train/dino_vits8_linear_probe.yaml --data.init_args.root /data/imagenet \
         --model.backbone_checkpoint /weights/dino_deitsmall8_pretrain.pth
     python train.py --trainer.max_epochs 1 --output /tmp/vit.pt
+    python train.py --config configs/train/synthetic_linear_probe.yaml      # probe + concept heads (CDAM)
 
 LightningCLI: ``--config`` files and ``--key.sub value`` overrides; ``--output`` is where the exported stock
 timm classifier goes (default ``<trainer.default_root_dir>/classifier.pt``). After ``fit`` the best checkpoint
 (``ModelCheckpoint`` on ``val/loss``) is reloaded, exported, saved, and its path printed.
+
+Concept heads (CDAM): ``--concepts.kinds '[mean, cav]'`` (see ``lightning_modules.concepts.ConceptsConfig``)
+builds, from the exported classifier, one concept file per kind next to it (``concepts_<kind>.pt``): the concepts
+are the dataset's classes (first ``per_concept`` validation images of each) or the sub-folders of
+``--concepts.folder``. ``evaluate.py --model.concepts FILE`` explains them with ``cdam``.
 
 W&B is the default logger and runs offline unless ``WANDB_MODE=online`` (or the logger's init args) say
 otherwise; its ``save_dir`` defaults to ``trainer.default_root_dir``. Mixed precision: when
@@ -28,6 +34,7 @@ import torch  # noqa: E402
 from pytorch_lightning.cli import LightningCLI  # noqa: E402
 
 from lightning_modules.checkpoints import save_classifier  # noqa: E402
+from lightning_modules.concepts import ConceptsConfig, build_concept_heads  # noqa: E402
 from lightning_modules.probe import LinearProbe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
@@ -38,6 +45,8 @@ class TrainCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--output", type=Optional[str], default=None,
                             help="path of the exported classifier (save_classifier); default <default_root_dir>/classifier.pt")
+        parser.add_argument("--concepts", type=Optional[ConceptsConfig], default=None,
+                            help="also build concept heads of the trained classifier (CDAM concepts), saved next to it")
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config
@@ -96,7 +105,32 @@ def main(args: Optional[List[str]] = None) -> Optional[Path]:
     )
     print(f"validation: {metrics}", flush=True)
     print(f"saved classifier: {path.resolve()}", flush=True)
+    spec = cli.config.get("concepts")
+    if spec is not None:
+        save_concepts(spec, path, cli.datamodule, module.hparams.num_classes)
     return path
+
+
+def save_concepts(spec, classifier_path: Path, datamodule: pl.LightningDataModule, num_classes: int) -> List[Path]:
+    """Concept heads of the exported classifier (reloaded from its file, as evaluate.py will see it)."""
+    from lightning_modules.checkpoints import load_classifier
+
+    if not isinstance(spec, ConceptsConfig):
+        spec = ConceptsConfig(**dict(spec))
+    model = load_classifier(classifier_path)
+    dataset = None
+    if spec.folder is None:
+        datamodule.setup("validate")
+        dataset = datamodule.val_dataloader().dataset
+    heads = build_concept_heads(model, spec, dataset=dataset, class_names=getattr(datamodule, "classes", None),
+                                num_classes=num_classes)
+    paths = []
+    for kind, head in heads.items():
+        out = head.save(classifier_path.with_name(f"concepts_{kind}.pt"), classifier=str(classifier_path.resolve()),
+                        per_concept=spec.per_concept, source=spec.folder or "dataset classes (validation split)")
+        print(f"saved {kind} concepts {head.names}: {out.resolve()}", flush=True)
+        paths.append(out)
+    return paths
 
 
 if __name__ == "__main__":

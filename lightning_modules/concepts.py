@@ -16,11 +16,15 @@ Images come from a folder per concept (``root/<concept>/*.png|jpg|...``) or from
 folder images are resized (bicubic, squashed) to the model's input size.
 
 ``head.save(path)`` / ``ConceptHead.load(path)``; ``head.method(name)`` builds ``build_method("cdam",
-concept=vector)``.
+concept=vector)``. ``train.py --concepts ...`` (:class:`ConceptsConfig`, :func:`build_concept_heads`) builds the
+heads of a trained classifier and saves them next to it; ``evaluate.py --model.concepts FILE`` explains them
+(a method entry ``{method: cdam, concept: <name>}``).
 """
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Union
 
@@ -225,3 +229,68 @@ class ConceptHead(nn.Module):
         head = cls(payload["names"], payload["vectors"], kind=payload["kind"])
         head.metadata = payload.get("metadata", {})
         return head
+
+
+# ------------------------------------------------------------------------------------------ train.py
+@dataclass
+class ConceptsConfig:
+    """What ``train.py --concepts`` builds after training (one :class:`ConceptHead` file per kind).
+
+    Args:
+        kinds: ``"mean"`` (CDAM's mean latent) and/or ``"cav"`` (learned direction).
+        folder: ``root/<concept>/<images>``; when not given, the concepts are dataset classes.
+        classes: the dataset classes used as concepts (default: every class); ignored with ``folder``.
+        per_concept: example images per concept (dataset classes: the first ones of the validation split in
+            index order; folders: the first ones by file name; ``None`` = all for folders).
+        negatives_folder: random images, the negatives of ``cav`` (default: the other concepts' examples).
+        c: inverse L2 strength of the ``cav`` logistic regression.
+    """
+
+    kinds: List[str] = field(default_factory=lambda: ["mean"])
+    folder: Optional[str] = None
+    classes: Optional[List[int]] = None
+    per_concept: Optional[int] = 10
+    negatives_folder: Optional[str] = None
+    c: float = 1.0
+
+
+def concept_name(text: str) -> str:
+    """A concept name usable in method names and metric keys (letters, digits, ``_``, ``-``)."""
+    name = re.sub(r"[^0-9A-Za-z_-]+", "_", str(text)).strip("_")
+    if not name:
+        raise ValueError(f"cannot make a concept name from {text!r}")
+    return name
+
+
+def build_concept_heads(model: nn.Module, spec: ConceptsConfig, dataset=None,
+                        class_names: Optional[Sequence[str]] = None,
+                        num_classes: Optional[int] = None) -> Dict[str, ConceptHead]:
+    """``{kind: ConceptHead}`` of ``model`` per ``spec``: from ``spec.folder`` or from the classes of ``dataset``
+    (a dict dataset with ``image`` in [0, 1] and ``label``)."""
+    bad = [k for k in spec.kinds if k not in KINDS]
+    if bad or not spec.kinds:
+        raise ValueError(f"concept kinds must be a non-empty list from {KINDS}, got {spec.kinds}")
+    negatives = None
+    if spec.negatives_folder is not None:
+        _, _, size = normalisation(model)
+        negatives = load_image_folder(spec.negatives_folder, size[1:])
+    heads: Dict[str, ConceptHead] = {}
+    if spec.folder is not None:
+        for kind in spec.kinds:
+            heads[kind] = ConceptHead.from_folders(model, spec.folder, kind=kind, per_concept=spec.per_concept,
+                                                   negatives_folder=spec.negatives_folder, c=spec.c)
+        return heads
+    if dataset is None:
+        raise ValueError("concepts from dataset classes need a dataset (or give --concepts.folder root/<concept>/)")
+    if spec.per_concept is None or spec.per_concept < 1:
+        raise ValueError(f"per_concept must be >= 1 for dataset classes, got {spec.per_concept}")
+    classes = list(spec.classes) if spec.classes is not None else list(range(int(num_classes or 0)))
+    if not classes:
+        raise ValueError("no concept classes: give --concepts.classes or a model with num_classes")
+    names = [concept_name(class_names[k]) if class_names is not None and k < len(class_names) else f"class_{k}"
+             for k in classes]
+    images = dataset_class_images(dataset, classes, spec.per_concept)  # read once, shared by the kinds
+    examples = {n: images[int(k)] for n, k in zip(names, classes)}
+    for kind in spec.kinds:
+        heads[kind] = ConceptHead.from_images(model, examples, kind=kind, negatives=negatives, c=spec.c)
+    return heads

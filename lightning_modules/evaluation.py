@@ -97,6 +97,39 @@ def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[
                             "classifier file (save_classifier)")
 
 
+def load_concept_heads(files: Union[None, str, List[str]]) -> Dict[str, Any]:
+    """``{kind: ConceptHead}`` of concept files (one kind per file; a kind given twice is an error)."""
+    from lightning_modules.concepts import ConceptHead
+
+    if files is None:
+        return {}
+    heads: Dict[str, Any] = {}
+    for path in [files] if isinstance(files, str) else list(files):
+        head = ConceptHead.load(path)
+        if head.kind in heads:
+            raise ValueError(f"two concept files of kind {head.kind!r} (second: {path!r}); give one per kind")
+        heads[head.kind] = head
+    return heads
+
+
+def resolve_concept(heads: Dict[str, Any], ref: str, method: str = "cdam") -> Tensor:
+    """The vector named ``ref`` (``<name>`` or ``<kind>:<name>``) in ``heads``; errors list what exists."""
+    if not heads:
+        raise ValueError(f"method {method!r} names concept {ref!r} but no concept file is given "
+                         "(--model.concepts FILE, written by train.py --concepts)")
+    kind, _, name = ref.rpartition(":")
+    if kind:
+        if kind not in heads:
+            raise KeyError(f"method {method!r}: no concept file of kind {kind!r} (loaded kinds: {sorted(heads)})")
+        return heads[kind].vector(name)
+    found = [k for k, head in heads.items() if name in head.names]
+    if len(found) != 1:
+        known = sorted(f"{k}:{n}" for k, head in heads.items() for n in head.names)
+        what = "is ambiguous, use <kind>:<name>" if found else "is unknown"
+        raise KeyError(f"method {method!r}: concept {name!r} {what}; concepts: {', '.join(known)}")
+    return heads[found[0]].vector(name)
+
+
 def parse_methods(methods: MethodsSpec) -> Dict[str, Dict[str, Any]]:
     """``{display name: {"method": registered name, **options}}`` from a method specification.
 
@@ -136,6 +169,10 @@ class AttributionEvaluationModule(pl.LightningModule):
         mean, std: normalisation override (default: the model's ``pretrained_cfg`` via timm's data config).
         forward_batch_size: images per plain forward in :meth:`classify` (masked forwards of the callbacks).
         method_batch_size: images per method call (default: the whole batch).
+        concepts: concept files of this classifier (``ConceptHead.save``; ``train.py --concepts``). A method
+            entry ``{name: {method: cdam, concept: <concept name>}}`` explains that concept (``<kind>:<name>``
+            when several files hold the name); ``concept_methods: true`` adds ``cdam_concept_<name>`` for every
+            concept of the files (``cdam_<kind>_concept_<name>`` with several files).
     """
 
     def __init__(self, classifier: str = "synthetic", pretrained: bool = True,
@@ -143,7 +180,8 @@ class AttributionEvaluationModule(pl.LightningModule):
                  method_options: Optional[Dict[str, Dict[str, Any]]] = None,
                  class_settings: Sequence[str] = ("predicted",), mean: Optional[Sequence[float]] = None,
                  std: Optional[Sequence[float]] = None, forward_batch_size: int = 64,
-                 method_batch_size: Optional[int] = None) -> None:
+                 method_batch_size: Optional[int] = None,
+                 concepts: Union[None, str, List[str]] = None, concept_methods: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters()
         bad = [s for s in class_settings if s not in CLASS_SETTINGS]
@@ -155,6 +193,17 @@ class AttributionEvaluationModule(pl.LightningModule):
         self.model.requires_grad_(False)
         self.model.eval()
         self.method_specs = parse_methods(methods)
+        self.concept_heads = load_concept_heads(concepts)
+        if concept_methods:
+            if not self.concept_heads:
+                raise ValueError("concept_methods needs concept files (concepts: FILE or [FILES])")
+            for kind, head in self.concept_heads.items():
+                for concept in head.names:
+                    name = (f"cdam_concept_{concept}" if len(self.concept_heads) == 1
+                            else f"cdam_{kind}_concept_{concept}")
+                    if name in self.method_specs:
+                        raise ValueError(f"method {name!r} is listed and also added by concept_methods")
+                    self.method_specs[name] = {"method": "cdam", "concept": f"{kind}:{concept}"}
         for name, options in (method_options or {}).items():
             method_class(name)  # unknown names: KeyError listing the registered methods
             for spec in self.method_specs.values():
@@ -182,6 +231,12 @@ class AttributionEvaluationModule(pl.LightningModule):
         for name, options in specs.items():
             options = dict(options)
             registered = options.pop("method")
+            if isinstance(options.get("concept"), str):
+                options["concept"] = resolve_concept(self.concept_heads, options["concept"], method=name)
+                width = getattr(self.model, "num_features", None)
+                if width is not None and options["concept"].numel() != width:
+                    raise ValueError(f"method {name!r}: concept vector has {options['concept'].numel()} entries but "
+                                     f"the classifier's latent has {width}: the concept file is of another model")
             families = getattr(method_class(registered), "families", None)
             try:
                 adapter_for(self.model, families)

@@ -12,6 +12,8 @@ Conventions
     - ``"cls+mean_patch"``: both concatenated (DINO's ViT-B linear-eval layout). A stock timm
       ``VisionTransformer`` has no read-out that concatenates two poolings, so this probe cannot be exported
       to one (:meth:`to_timm` raises).
+* ``backbone_checkpoint``: a local weights file (state_dict, DINO / Lightning checkpoint, safetensors, or a
+  classifier file of ``train.py``; heads are dropped) or ``"synthetic"``: the synthetic benchmark's ViT.
 * Frozen mode (``finetune=False``, default): backbone parameters have ``requires_grad=False`` and the
   backbone stays in eval mode during training (no dropout / drop-path), as in DINO's linear evaluation.
 * Recipe defaults (CDAM): Adam, lr 3e-4, no weight decay, no schedule; RandomResizedCrop + horizontal flip
@@ -79,6 +81,10 @@ class LinearProbe(pl.LightningModule):
         self.save_hyperparameters()
         kwargs = dict(_POOL[features])
         kwargs.update(backbone_kwargs or {})
+        if backbone_checkpoint == "synthetic":  # the synthetic benchmark's ViT (trained and cached on first use)
+            from .checkpoints import ensure_synthetic_classifier
+
+            backbone_checkpoint = str(ensure_synthetic_classifier())
         self.backbone = create_backbone(backbone, pretrained=pretrained, backbone_checkpoint=backbone_checkpoint, **kwargs)
         if not hasattr(self.backbone, "forward_features") or not hasattr(self.backbone, "num_prefix_tokens"):
             raise TypeError(f"timm model {backbone!r} is not a ViT-like model with tokens")

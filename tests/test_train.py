@@ -254,3 +254,86 @@ def test_train_py_ddp_two_cpu_processes(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.stdout.count("saved classifier:") == 1
     assert isinstance(ck.load_classifier(out), VisionTransformer)
+
+
+def test_train_py_builds_concepts_that_evaluate_py_explains(tmp_path):
+    """train.py --concepts writes one concept file per kind next to the classifier (vectors = what the exported
+    classifier gives directly); evaluate.py --model.concepts explains them with cdam and reports the CDAM analyses."""
+    import json
+
+    from datamodules.synthetic_shapes import SHAPES
+
+    out = tmp_path / "clf.pt"
+    cmd = [sys.executable, str(ROOT / "train.py"), *TINY_ARGS, "--trainer.logger", "false",
+           "--trainer.default_root_dir", str(tmp_path / "run"), "--output", str(out),
+           "--concepts.kinds", "[mean, cav]", "--concepts.per_concept", "3"]
+    res = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    files = {kind: out.with_name(f"concepts_{kind}.pt") for kind in ("mean", "cav")}
+    for kind, path in files.items():
+        assert f"saved {kind} concepts" in res.stdout and path.is_file()
+    model = ck.load_classifier(out)
+    mean_head, cav_head = ConceptHead.load(files["mean"]), ConceptHead.load(files["cav"])
+    assert mean_head.names == list(SHAPES[:4]) and mean_head.kind == "mean" and cav_head.kind == "cav"
+    # the mean concept = mean latent of the first 3 validation images of the class, computed here directly
+    dm = SyntheticShapesDataModule(image_size=32, train_size=32, val_size=16, batch_size=16,
+                                   object_scale=(0.2, 0.25))  # train.py's default config
+    dm.setup("validate")
+    val = dm.val_dataloader().dataset
+    for k, name in enumerate(mean_head.names):
+        imgs = torch.stack([val[i]["image"] for i in range(len(val)) if val[i]["label"] == k][:3])
+        torch.testing.assert_close(mean_head.vector(name), latents(model, imgs).mean(0), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cav_head.vectors.norm(dim=1), torch.ones(4))
+
+    config = tmp_path / "eval.yaml"
+    config.write_text(
+        "trainer:\n  callbacks:\n    - class_path: callbacks.cdam_analysis.CDAMAnalysis\n"
+        "      init_args: {class_setting: target, discrimination: true}\n"
+        "model:\n  methods: [cdam, raw_attention]\n  class_settings: [target]\n"
+        f"  concepts: ['{files['mean']}', '{files['cav']}']\n  concept_methods: true\n"
+        "data:\n  class_path: datamodules.synthetic_shapes.SyntheticShapesDataModule\n"
+        "  init_args: {image_size: 32, test_size: 6, batch_size: 3, two_objects: true}\n")
+    cmd = [sys.executable, str(ROOT / "evaluate.py"), "--config", str(config), "--model.classifier", str(out),
+           "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path), "--output_dir",
+           str(tmp_path / "eval")]
+    res = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    for kind in ("mean", "cav"):
+        for name in mean_head.names:
+            method = f"cdam_{kind}_concept_{name}"
+            assert 0.0 <= metrics[f"cdam_analysis/sparsity/{method}"] <= 1.0
+            assert -1.0 <= metrics[f"cdam_analysis/pearson/cdam__vs__{method}"] <= 1.0
+
+
+def test_evaluation_module_resolves_concepts_and_names_errors(tmp_path):
+    from lightning_modules.evaluation import AttributionEvaluationModule, resolve_concept
+    from methods import build_method
+
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
+    g = torch.Generator().manual_seed(0)
+    mean_file = ConceptHead(["red", "blue"], torch.randn(2, 32, generator=g), kind="mean").save(tmp_path / "m.pt")
+    cav_file = ConceptHead(["red"], torch.randn(1, 32, generator=g), kind="cav").save(tmp_path / "c.pt")
+    torch.manual_seed(0)
+    module = AttributionEvaluationModule("timm:vit_tiny_patch16_224", pretrained=False, model_kwargs=kwargs,
+                                         methods={"blue": {"method": "cdam", "concept": "blue"},
+                                                  "red_cav": {"method": "cdam", "concept": "cav:red"}},
+                                         concepts=[str(mean_file), str(cav_file)])
+    x = _images(2)
+    heads = module.concept_heads
+    for name, vector in (("blue", heads["mean"].vector("blue")), ("red_cav", heads["cav"].vector("red"))):
+        got = module.methods[name](module.model, x)
+        torch.testing.assert_close(got, build_method("cdam", concept=vector)(module.model, x))
+    with pytest.raises(KeyError, match="ambiguous"):
+        resolve_concept(heads, "red")
+    with pytest.raises(KeyError, match="unknown.*mean:blue"):
+        resolve_concept(heads, "green")
+    with pytest.raises(ValueError, match="no concept file"):
+        resolve_concept({}, "red")
+    wrong = ConceptHead(["x"], torch.randn(1, 8), kind="mean").save(tmp_path / "w.pt")
+    with pytest.raises(ValueError, match="another model"):
+        AttributionEvaluationModule("timm:vit_tiny_patch16_224", pretrained=False, model_kwargs=kwargs,
+                                    methods={"x": {"method": "cdam", "concept": "x"}}, concepts=str(wrong))
+    with pytest.raises(FileNotFoundError, match="nope.pt"):
+        AttributionEvaluationModule("timm:vit_tiny_patch16_224", pretrained=False, model_kwargs=kwargs,
+                                    methods=["cdam"], concepts=str(tmp_path / "nope.pt"))
