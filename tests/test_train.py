@@ -191,17 +191,28 @@ def test_learned_concept_direction_separates(tmp_path):
         ConceptHead.from_folders(model, tmp_path / "nowhere")
 
 
-def test_concept_vector_drives_cdam():
-    from methods import available_methods, build_method
-
-    if "cdam" not in available_methods():
-        pytest.skip("cdam method not registered yet")
+def test_cdam_of_a_reloaded_concept_equals_a_direct_computation(tmp_path):
+    """cdam with a concept file's vector = sum over channels of (last block's norm1 output) x (its gradient) of
+    <final [CLS] latent, v>, computed here with a plain hook and autograd, patch tokens only."""
     model = _probe().to_timm()
-    head = ConceptHead(["c"], torch.randn(1, model.num_features))
-    rel = head.method("c")(model, _images(2), target=None)
+    torch.nn.init.normal_(model.norm.weight)
+    ConceptHead(["c"], torch.randn(1, model.num_features, generator=torch.Generator().manual_seed(1))).save(
+        tmp_path / "c.pt")
+    head = ConceptHead.load(tmp_path / "c.pt")
+    x = _images(2)
+    rel = head.method("c")(model, x, target=None)
     assert rel.shape == (2, 16)
-    ref = build_method("cdam", concept=head.vector("c"))(model, _images(2))
-    torch.testing.assert_close(rel, ref)
+
+    seen = {}
+    handle = model.blocks[-1].norm1.register_forward_hook(lambda m, i, o: seen.setdefault("t", o))
+    try:
+        latent = _direct_cls_latent(model, x)
+    finally:
+        handle.remove()
+    (grad,) = torch.autograd.grad((latent @ head.vector("c")).sum(), seen["t"])
+    direct = (seen["t"] * grad).sum(-1)[:, 1:].detach()
+    torch.testing.assert_close(rel, direct, rtol=1e-4, atol=1e-6)
+    assert not any(p.grad is not None for p in model.parameters())
 
 
 def _env(tmp_path):
