@@ -145,8 +145,8 @@ def adapter_for(model: nn.Module, families=None):
 class ActivationRecorder:
     """Forward hooks that keep module outputs (or inputs) during one forward, removed on exit.
 
-    ``require_grad=True`` makes a recorded output a point autograd can differentiate to, even when the model's
-    parameters are frozen and the input carries no gradient.
+    ``require_grad=True`` makes a recorded output (or input) a point autograd can differentiate to, even when
+    the model's parameters are frozen and the input carries no gradient.
     """
 
     def __init__(self):
@@ -161,9 +161,14 @@ class ActivationRecorder:
 
         self._handles.append(module.register_forward_hook(hook))
 
-    def input(self, module: nn.Module, key) -> None:
+    def input(self, module: nn.Module, key, require_grad: bool = False) -> None:
         def hook(_module, inputs):
-            self.outputs[key] = inputs[0]
+            x = inputs[0]
+            if require_grad and not x.requires_grad:
+                x = x.detach().requires_grad_(True)
+                inputs = (x,) + tuple(inputs[1:])
+            self.outputs[key] = x
+            return inputs if require_grad else None
 
         self._handles.append(module.register_forward_pre_hook(hook))
 

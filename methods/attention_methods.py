@@ -374,23 +374,39 @@ class BeyondIntuitionToken(_BeyondIntuition):
 class CDAM(AttributionMethod):
     """Class-Discriminative Attention Maps (Brocki & Chung, eq. 2): gradient × activation at the last block.
 
-    ``S_i = Σ_d T_id ∂f/∂T_id`` for patch tokens ``i`` ([CLS] excluded), ``T`` = the output of the last block's
-    ``norm1`` (the tokens entering the final attention), signed, not normalised (CDAM notebook cells 17-21).
-    ``f`` is the target's pre-softmax logit or, with ``concept=v``, the dot product ``<z, v>`` of the final
-    pre-logits latent ``z`` (final-LN [CLS] for ``global_pool='token'``) with the concept vector (cells 23-26;
-    unnormalised, not a cosine). Autograd runs through the last block only.
+    ``S_i = Σ_d T_id ∂f/∂T_id`` for patch tokens ``i`` ([CLS] excluded), signed, not normalised (CDAM notebook
+    cells 17-21). ``f`` is the target's pre-softmax logit or, with ``concept=v``, the dot product ``<z, v>`` of the
+    final pre-logits latent ``z`` (final-LN [CLS] for ``global_pool='token'``) with the concept vector (cells
+    23-26; unnormalised, not a cosine). Autograd runs through the last block only.
+
+    ``tokens`` — which ``T``:
+
+    * ``"norm1"`` (default, the reference code): the output of the last block's ``norm1``, the tokens entering
+      the final attention. Only the attention consumes it, so for a [CLS]-pooled model the gradient holds every
+      path from a patch token to the output; for an average-pooled model it misses each token's own residual
+      path to the pooled latent.
+    * ``"block_input"``: the residual stream entering the last block (the paper's "tokens input to the final
+      block" read literally): also the residual path, the choice for average-pooled models.
     """
 
-    def __init__(self, concept: Optional[Sequence[float]] = None):
+    TOKENS = ("norm1", "block_input")
+
+    def __init__(self, concept: Optional[Sequence[float]] = None, tokens: str = "norm1"):
+        if tokens not in self.TOKENS:
+            raise ValueError(f"cdam: tokens must be one of {self.TOKENS}, got {tokens!r}")
         if concept is not None:
             concept = torch.as_tensor(concept).detach().flatten()
         self.concept = concept
+        self.tokens = tokens
         self.class_specific = concept is None
 
     def attribute(self, adapter, inputs, target):
         last = adapter.depth - 1
         with ActivationRecorder() as rec:
-            rec.output(adapter.norm1(last), "tokens", require_grad=True)
+            if self.tokens == "norm1":
+                rec.output(adapter.norm1(last), "tokens", require_grad=True)
+            else:
+                rec.input(adapter.block(last), "tokens", require_grad=True)
             out = adapter.forward(inputs, grad_from_block=last, pre_logits=self.concept is not None)
             tokens = rec["tokens"]
         if self.concept is None:

@@ -371,11 +371,45 @@ def test_cdam_concept_is_linear_in_the_concept_vector():
     assert not build_method("cdam", concept=v).class_specific
 
 
-def test_cdam_class_scores_sum_to_the_first_order_logit_change():
-    """Gradient x activation: sum_i S_i is the linearised effect of scaling all patch tokens of norm1's output."""
-    model, images = _tiny_vit(), _images(1)
-    s = build_method("cdam")(model, images, target=1)
-    assert torch.isfinite(s).all() and s.abs().sum() > 0
+@pytest.mark.parametrize("tokens, pool", [("norm1", "token"), ("block_input", "avg"), ("block_input", "token")])
+def test_cdam_class_scores_sum_to_the_first_order_logit_change(tokens, pool):
+    """Gradient x activation: sum_i S_i is the linearised change of the target logit when every patch token of
+    ``T`` (norm1's output, or the last block's input) is scaled by (1 + eps)."""
+    model, images = _tiny_vit(pool).double(), _images(2).double()
+    targets = torch.tensor([1, 3])
+    s = build_method("cdam", tokens=tokens)(model, images, target=targets)
+    module = model.blocks[-1].norm1 if tokens == "norm1" else model.blocks[-1]
+    eps = 1e-6
+
+    def logits(scale):
+        def scale_patches(t):
+            t = t.clone()
+            t[:, model.num_prefix_tokens:] *= scale
+            return t
+
+        if tokens == "norm1":
+            handle = module.register_forward_hook(lambda m, i, out: scale_patches(out))
+        else:
+            handle = module.register_forward_pre_hook(lambda m, i: (scale_patches(i[0]),))
+        try:
+            with torch.no_grad():
+                return model(images).gather(1, targets[:, None])[:, 0]
+        finally:
+            handle.remove()
+
+    change = (logits(1 + eps) - logits(1 - eps)) / (2 * eps)
+    torch.testing.assert_close(s.sum(dim=1), change, rtol=1e-6, atol=1e-8)
+
+
+def test_cdam_tokens_option_matters_for_average_pooling():
+    """On an average-pooled model the residual path of each patch token reaches the output: the block-input
+    reading differs from the reference's norm1 reading; a wrong option name is refused."""
+    model, images = _tiny_vit("avg"), _images(2)
+    a = build_method("cdam")(model, images, target=1)
+    b = build_method("cdam", tokens="block_input")(model, images, target=1)
+    assert not torch.allclose(a, b, rtol=1e-2)
+    with pytest.raises(ValueError, match="block_input"):
+        build_method("cdam", tokens="input")
 
 
 def test_ig_chunking_does_not_change_beyond_intuition():

@@ -246,6 +246,30 @@ def test_linear_rules_conservation():
     z = xp @ w.clamp(min=0).T + xn @ w.clamp(max=0).T
     gp, gn = torch.autograd.grad(z, [xp, xn], R.safe_divide(r, z.detach()))
     assert torch.allclose(ours, xp.detach() * gp + xn.detach() * gn, rtol=1e-12)
+    # from the layer's own output x W^T: one matrix product fewer, the same values (exact identity)
+    b = torch.randn(8, dtype=torch.float64)
+    fast = R.linear_alpha1_beta0(x, w, r, out=x @ w.T + b, bias=b)
+    assert torch.allclose(fast, ours, rtol=1e-10, atol=1e-12 * ours.abs().max())
+    assert not torch.allclose(R.linear_alpha1_beta0(x, w, r, out=x @ w.T + b, bias=None), ours, rtol=1e-6)
+
+
+def test_token_sparse_block_pass_equals_the_dense_pass(monkeypatch):
+    """The last block of a [CLS] model runs its token-wise rules on [CLS] only: same relevance as all tokens."""
+    from methods.lrp import walks
+
+    model = _small()
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+    t = torch.tensor([1, 4, 6])
+    r = torch.zeros(2, 5, 4)
+    r[1, 0, 2] = 1.0
+    assert walks._active_tokens(r).tolist() == [0] and walks._active_tokens(r + 1) is None
+    sparse = {n: build_method(n)(model, x, t) for n in ("transformer_attribution", "partial_lrp", "lrp")}
+    calls = []
+    monkeypatch.setattr(walks, "_active_tokens", lambda r: calls.append(1))
+    for name, value in sparse.items():
+        dense = build_method(name)(model, x, t)
+        assert torch.allclose(value, dense, rtol=1e-9, atol=1e-12 * dense.abs().max()), name
+    assert calls  # the dense runs went through the patched helper
 
 
 def test_add_rules():

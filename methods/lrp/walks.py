@@ -17,16 +17,17 @@ from ..adapters import ActivationRecorder
 
 
 def attention_relprop(rules, q: Tensor, k: Tensor, v: Tensor, attn: Tensor, relevance_ctx: Tensor,
-                      need_qk: bool = True):
+                      need_qk: bool = True, ctx: Optional[Tensor] = None):
     """Relevance through ``ctx = A @ v`` and ``A = softmax(q @ k^T * scale)`` (``ViT_LRP.py:154-177``).
 
     ``relevance_ctx`` is ``[B, H, N, d]`` (relevance of the attention output before the head merge). Returns
     ``(R_A, R_q, R_k, R_v)`` where ``R_A`` is the reference's ``attn_cam`` (after the /2); the softmax and the
     scale are invisible to LRP (identity), so ``R_A`` feeds ``q @ k^T`` directly. Gradient x input on both
     matmuls, each operand's relevance halved (conserves ``sum R`` when the matmul rule does).
-    ``need_qk=False`` stops after ``R_A``/``R_v`` (``R_q = R_k = None``).
+    ``need_qk=False`` stops after ``R_A``/``R_v`` (``R_q = R_k = None``). ``ctx``: the recorded ``A @ v``
+    (``[B, H, N, d]``), if any.
     """
-    r_attn, r_v = rules["matmul"](attn, v, relevance_ctx)
+    r_attn, r_v = rules["matmul"](attn, v, relevance_ctx, ab=ctx)
     r_attn, r_v = r_attn / 2, r_v / 2
     if not need_qk:
         return r_attn, None, None, r_v
@@ -116,6 +117,7 @@ class TimmViTWalk:
             rec.input(blk.attn.proj, ("proj_in", l))
             rec.output(blk.attn, ("attn_out", l))
             rec.input(blk.mlp.fc1, ("fc1_in", l))
+            rec.output(blk.mlp.fc1, ("fc1_out", l))
             rec.input(blk.mlp.fc2, ("fc2_in", l))
             rec.output(blk.mlp, ("mlp_out", l))
         if to_input:
@@ -138,28 +140,47 @@ class TimmViTWalk:
         return out   # norm: identity
 
     def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
-        """Relevance through block ``layer``. Returns ``(R at the block input or None, attn_cam [B,H,N,N])``."""
+        """Relevance through block ``layer``. Returns ``(R at the block input or None, attn_cam [B,H,N,N])``.
+
+        Tokens whose relevance is zero in every sample (all but [CLS] in the last block of a [CLS]-pooled model)
+        stay zero through the token-wise part (MLP, residual Adds, output projection), so that part runs on the
+        tokens that carry relevance only; the attention spreads it to every token.
+        """
         blk = self.adapter.blocks[layer]
-        x, a, m_out = acts[("x", layer)], acts[("attn_out", layer)], acts[("mlp_out", layer)]
+        active = _active_tokens(relevance)
+
+        def act(key):
+            t = acts[(key, layer)]
+            return t if active is None else t[:, active]
+
+        x, a, m_out = act("x"), act("attn_out"), act("mlp_out")
+        r_tok = relevance if active is None else relevance[:, active]
         h = x + a
-        r_h, r_m = rules["add"](h, m_out, relevance)
-        r_m = rules["linear"](acts[("fc2_in", layer)], blk.mlp.fc2.weight, r_m)       # drop2: id
-        r_m = rules["linear"](acts[("fc1_in", layer)], blk.mlp.fc1.weight, r_m)       # act, drop1: id; norm2: id
+        r_h, r_m = rules["add"](h, m_out, r_tok)
+        r_m = rules["linear"](act("fc2_in"), blk.mlp.fc2.weight, r_m, m_out, blk.mlp.fc2.bias)
+        r_m = rules["linear"](act("fc1_in"), blk.mlp.fc1.weight, r_m, act("fc1_out"),  # act, drop: id; norm2: id
+                              blk.mlp.fc1.bias)
         r = rules["clone"](h, [r_h, r_m])
         r_x, r_a = rules["add"](x, a, r)
-        r_ctx = rules["linear"](acts[("proj_in", layer)], blk.attn.proj.weight, r_a)  # proj_drop: id
+        r_ctx = rules["linear"](act("proj_in"), blk.attn.proj.weight, r_a, a, blk.attn.proj.bias)  # proj_drop: id
+        if active is not None:
+            r_ctx = _scatter_tokens(r_ctx, active, relevance.shape[1])
+            r_x = _scatter_tokens(r_x, active, relevance.shape[1])
         batch, tokens, _ = r_ctx.shape
         heads = blk.attn.num_heads
         r_ctx = r_ctx.reshape(batch, tokens, heads, -1).transpose(1, 2)
-        qkv = acts[("qkv", layer)].reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4)
+        qkv_out = acts[("qkv", layer)]
+        qkv = qkv_out.reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         attn = acts[("attn", layer)]
-        r_attn, r_q, r_k, r_v = attention_relprop(rules, q, k, v, attn, r_ctx, need_qk=need_below)
+        ctx = acts[("proj_in", layer)].reshape(batch, tokens, heads, -1).transpose(1, 2)  # A @ v, heads merged
+        r_attn, r_q, r_k, r_v = attention_relprop(rules, q, k, v, attn, r_ctx, need_qk=need_below, ctx=ctx)
         if not need_below:
             return None, r_attn
         r_qkv = torch.stack([r_q, r_k, r_v]).permute(1, 3, 0, 2, 4).reshape(batch, tokens, -1)
-        r_n1 = rules["linear"](acts[("qkv_in", layer)], blk.attn.qkv.weight, r_qkv)  # norm1: id
-        return rules["clone"](x, [r_x, r_n1]), r_attn
+        r_n1 = rules["linear"](acts[("qkv_in", layer)], blk.attn.qkv.weight, r_qkv, qkv_out,  # norm1: id
+                               blk.attn.qkv.bias)
+        return rules["clone"](acts[("x", layer)], [r_x, r_n1]), r_attn
 
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
         """From the tokens entering block 0 to the pixels: norm_pre / patch_drop (identity), ``+ pos_embed``
@@ -182,6 +203,20 @@ class TimmViTWalk:
         gh, gw = pixels.shape[-2] // conv.stride[0], pixels.shape[-1] // conv.stride[1]
         r_grid = r_patches.transpose(1, 2).reshape(patches.shape[0], -1, gh, gw)
         return rules["input_conv"](pixels, conv.weight, r_grid, conv.stride, conv.padding)
+
+
+def _active_tokens(relevance: Tensor) -> Optional[Tensor]:
+    """Indices of the tokens (dim 1) with a nonzero relevance in some sample; ``None`` when that is all."""
+    active = relevance.ne(0).any(dim=2).any(dim=0)
+    if bool(active.all()):
+        return None
+    return active.nonzero().flatten()
+
+
+def _scatter_tokens(values: Tensor, index: Tensor, tokens: int) -> Tensor:
+    out = values.new_zeros(values.shape[0], tokens, values.shape[2])
+    out[:, index] = values
+    return out
 
 
 WALKS = {"timm VisionTransformer": TimmViTWalk}
