@@ -403,11 +403,15 @@ def test_cdam_class_scores_sum_to_the_first_order_logit_change(tokens, pool):
 
 def test_cdam_tokens_option_matters_for_average_pooling():
     """On an average-pooled model the residual path of each patch token reaches the output: the block-input
-    reading differs from the reference's norm1 reading; a wrong option name is refused."""
+    reading differs from the reference's norm1 reading and is what 'auto' picks there; a wrong name is refused."""
     model, images = _tiny_vit("avg"), _images(2)
-    a = build_method("cdam")(model, images, target=1)
+    a = build_method("cdam", tokens="norm1")(model, images, target=1)
     b = build_method("cdam", tokens="block_input")(model, images, target=1)
     assert not torch.allclose(a, b, rtol=1e-2)
+    torch.testing.assert_close(build_method("cdam")(model, images, target=1), b)   # auto: block_input
+    cls_model = _tiny_vit("token")
+    torch.testing.assert_close(build_method("cdam")(cls_model, images, target=1),  # auto: norm1 (reference)
+                               build_method("cdam", tokens="norm1")(cls_model, images, target=1))
     with pytest.raises(ValueError, match="block_input"):
         build_method("cdam", tokens="input")
 
