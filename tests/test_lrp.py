@@ -314,24 +314,3 @@ def test_conv_zb_conservation():
     assert torch.allclose(out.sum(dim=(1, 2, 3)), r.sum(dim=(1, 2, 3)), rtol=1e-6)
     one = R.conv_zb(x[1:], w, r[1:], (4, 4), (0, 0))   # L/H per sample
     assert torch.allclose(out[1:], one)
-
-
-@pytest.mark.slow
-def test_transformer_attribution_cost_vit_b16_cpu():
-    """Issue target: TA at batch 16 on a random ViT-B/16 (CPU) costs at most 2.5x one forward+backward
-    (parameter gradients) per image. Measured 2.13x (19.1 s vs 40.8 s, 1 thread)."""
-    import time
-
-    torch.manual_seed(0)
-    model = timm.create_model("vit_base_patch16_224", pretrained=False).eval()
-    x, t = torch.randn(16, 3, 224, 224), torch.randint(0, 1000, (16,))
-    method = build_method("transformer_attribution")
-    method(model, x[:1], t[:1])  # warm-up
-    start = time.perf_counter()
-    logits = model(x)
-    torch.autograd.grad(logits.gather(1, t[:, None]).sum(), list(model.parameters()))
-    forward_backward = time.perf_counter() - start
-    start = time.perf_counter()
-    method(model, x, t)
-    ratio = (time.perf_counter() - start) / forward_backward
-    assert ratio <= 2.5, ratio
