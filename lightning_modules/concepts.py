@@ -270,10 +270,6 @@ def build_concept_heads(model: nn.Module, spec: ConceptsConfig, dataset=None,
     bad = [k for k in spec.kinds if k not in KINDS]
     if bad or not spec.kinds:
         raise ValueError(f"concept kinds must be a non-empty list from {KINDS}, got {spec.kinds}")
-    negatives = None
-    if spec.negatives_folder is not None:
-        _, _, size = normalisation(model)
-        negatives = load_image_folder(spec.negatives_folder, size[1:])
     heads: Dict[str, ConceptHead] = {}
     if spec.folder is not None:
         for kind in spec.kinds:
@@ -289,6 +285,10 @@ def build_concept_heads(model: nn.Module, spec: ConceptsConfig, dataset=None,
         raise ValueError("no concept classes: give --concepts.classes or a model with num_classes")
     names = [concept_name(class_names[k]) if class_names is not None and k < len(class_names) else f"class_{k}"
              for k in classes]
+    negatives = None
+    if spec.negatives_folder is not None:
+        _, _, size = normalisation(model)
+        negatives = load_image_folder(spec.negatives_folder, size[1:])
     images = dataset_class_images(dataset, classes, spec.per_concept)  # read once, shared by the kinds
     examples = {n: images[int(k)] for n, k in zip(names, classes)}
     for kind in spec.kinds:

@@ -348,3 +348,26 @@ def test_evaluation_module_resolves_concepts_and_names_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.pt"):
         AttributionEvaluationModule("timm:vit_tiny_patch16_224", pretrained=False, model_kwargs=kwargs,
                                     methods=["cdam"], concepts=str(tmp_path / "nope.pt"))
+
+
+def test_concept_heads_from_dataset_classes_with_random_negatives(tmp_path):
+    from PIL import Image
+
+    from lightning_modules.concepts import ConceptsConfig, build_concept_heads, learned_direction, load_image_folder
+
+    model = _probe().to_timm()
+    ds = SyntheticShapesDataset(24, image_size=32, split="val")
+    (tmp_path / "random").mkdir()
+    g = torch.Generator().manual_seed(0)
+    for i in range(5):
+        Image.fromarray(torch.rand(32, 32, 3, generator=g).mul(255).byte().numpy()).save(tmp_path / "random" / f"{i}.png")
+    spec = ConceptsConfig(kinds=["mean", "cav"], classes=[0, 1], per_concept=3,
+                          negatives_folder=str(tmp_path / "random"))
+    heads = build_concept_heads(model, spec, dataset=ds, class_names=["square", "circle"])
+    assert heads["mean"].names == heads["cav"].names == ["square", "circle"]
+    negatives = latents(model, load_image_folder(tmp_path / "random", (32, 32)))
+    squares = torch.stack([ds[i]["image"] for i in range(len(ds)) if ds[i]["label"] == 0][:3])
+    torch.testing.assert_close(heads["cav"].vector("square"), learned_direction(latents(model, squares), negatives))
+    spec.negatives_folder = str(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="missing"):
+        build_concept_heads(model, spec, dataset=ds)
