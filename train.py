@@ -97,6 +97,8 @@ def main(args: Optional[List[str]] = None) -> Optional[Path]:
         return None
     if module.hparams.features == "cls+mean_patch":
         print(f"'cls+mean_patch' probes have no stock timm form; best Lightning checkpoint: {best}", flush=True)
+        if cli.config.get("concepts") is not None:
+            print("concept heads not built: they are computed from an exported classifier", flush=True)
         return Path(best) if best else None
     output = Path(cli.config.get("output") or Path(trainer.default_root_dir) / "classifier.pt")
     path = save_classifier(
