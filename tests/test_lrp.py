@@ -232,6 +232,23 @@ def test_safe_divide_semantics():
     assert out[0] == 1.0 / (2.0 + 1e-9) and out[1] == 0 and out[2] == 1.0 / 1e-9 and out[3] == 2.0 / (-4.0 + 1e-9)
 
 
+def test_in_place_division_and_folded_halving_are_exact():
+    """``safe_divide_`` equals ``safe_divide`` (stabilisers included) and scaling by a power of two folded into the
+    division gives bit-identical results: the matmul rule's ``scale=0.5`` is the reference's ``/ 2``."""
+    a = torch.tensor([1.0, 1.0, 1.0, 2.0, -3.0], dtype=torch.float64)
+    b = torch.tensor([2.0, 0.0, -1e-9, -4.0, 1e-3], dtype=torch.float64)
+    assert torch.equal(R.safe_divide_(a, b.clone()), R.safe_divide(a, b))
+    assert torch.equal(R.safe_divide_(a, b * 2, 2 * R.EPS), R.safe_divide(a, b) / 2)
+    torch.manual_seed(5)
+    for dtype in (torch.float32, torch.float64):
+        x, y = torch.rand(2, 3, 6, 6, dtype=dtype), torch.randn(2, 3, 6, 4, dtype=dtype)
+        r = torch.randn(2, 3, 6, 4, dtype=dtype)
+        full = R.matmul_grad_x_input(x, y, r)
+        for ab in (None, x @ y):
+            halved = R.matmul_grad_x_input(x, y, r, ab=ab, scale=0.5)
+            assert all(torch.equal(h, f / 2) for h, f in zip(halved, full))
+
+
 def test_linear_rules_conservation():
     torch.manual_seed(1)
     x, w = torch.randn(4, 5, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)

@@ -53,7 +53,8 @@ class LRPEngine:
         lowest = 0 if to_input else min(cam_layers + grad_layers + [depth])
         blocks = list(range(lowest, depth))
         with ActivationRecorder() as rec:
-            walk.record(rec, blocks, to_input, grad_blocks=grad_layers)
+            walk.record(rec, blocks, to_input, grad_blocks=grad_layers,
+                        layer_outputs=self.rules.linear_uses_output)
             if grad_layers:
                 logits = adapter.forward(images, grad_from_block=min(grad_layers))
             else:

@@ -35,16 +35,29 @@ EPS = 1e-9
 def safe_divide(a: Tensor, b: Tensor) -> Tensor:
     """The reference stabiliser (``layers_ours.py:10-13``): ``a / (b + 1e-9)`` where ``b != 0``, else ``0``.
 
-    Written exactly as the reference computes it: ``den = clamp(b, min=eps) + clamp(b, max=eps)`` equals
-    ``b + eps`` for every ``b``; a denominator that is exactly zero gets another ``eps``; the result is masked
-    by ``b != 0``.
+    The reference computes ``den = clamp(b, min=eps) + clamp(b, max=eps)``, which equals ``b + eps`` for every
+    ``b`` (one of the two clamps is ``eps``), adds another ``eps`` where that denominator is exactly zero
+    (``b == -eps``), divides and masks by ``b != 0``. Same values here, in fewer passes over the tensors.
     """
-    # b.clamp(min=EPS) + b.clamp(max=EPS) == b + EPS bit for bit (one of the two clamps is EPS); the masked
-    # in-place form below saves passes over the (large) tensors and equals the reference wherever it is finite.
+    zero = b == 0
     den = b + EPS
     den.masked_fill_(den == 0, EPS)
-    out = a / den
-    return out.masked_fill_(b == 0, 0)
+    return (a / den).masked_fill_(zero, 0)
+
+
+def safe_divide_(a: Tensor, b: Tensor, eps: float = EPS) -> Tensor:
+    """:func:`safe_divide` computed in ``b``'s storage: ``b`` (a buffer the caller owns, of the result's shape)
+    is overwritten with the quotient and returned.
+
+    ``eps`` is the stabiliser for a scaled denominator: ``safe_divide_(a, b / c, EPS / c)`` equals
+    ``c * safe_divide(a, b)`` bit for bit when ``c`` is a power of two (scaling by 2**k commutes with rounding),
+    which is how the rules fold the reference's halvings into the division.
+    """
+    zero = b == 0
+    b.add_(eps)
+    b.masked_fill_(b == 0, eps)
+    torch.div(a, b, out=b)
+    return b.masked_fill_(zero, 0)
 
 
 def _sum_per_sample(x: Tensor) -> Tensor:
@@ -66,26 +79,47 @@ def linear_alpha1_beta0(x: Tensor, weight: Tensor, relevance: Tensor, out: Optio
     ``R_in = x+ * (S @ W+) + x- * (S @ W-)``, ``S = safe_divide(R, Z)``. Conserves ``sum R`` up to the
     stabiliser (and up to output units whose positive contributions are all zero). The bias is ignored.
 
-    ``out`` (and ``bias``): the layer's recorded output ``x W^T + b`` when the caller has it. Then
-    ``Z = (x W^T + |x| |W|^T) / 2`` — the same value as ``x+ W+^T + x- W-^T`` in exact arithmetic — costs one
-    matrix product instead of two, and ``R_in = x * (S @ W/2) + |x| * (S @ |W|/2)`` (the same identity).
-    Float rounding differs (an error of order eps * (|x| |W|^T) instead of eps * Z): on the golden ViT the
-    float64 results agree with the reference to 1e-11 either way.
+    ``out`` (and ``bias``): the layer's recorded output ``x W^T + b`` when the caller has it; **the rule then
+    overwrites** ``out`` (callers pass activations they no longer need). Then ``Z = (x W^T + |x| |W|^T) / 2``
+    — the same value as ``x+ W+^T + x- W-^T`` in exact arithmetic — costs one matrix product instead of two,
+    and ``R_in = x * (S @ W/2) + |x| * (S @ |W|/2)`` (the same identity). Float rounding differs (an error of
+    order eps * (|x| |W|^T) instead of eps * Z): on the golden ViT the float64 results agree with the
+    reference to 1e-11 either way.
     """
     if out is not None:
-        half_w, half_abs_w = weight * 0.5, weight.abs().mul_(0.5)
-        abs_x = x.abs()
-        z = F.linear(abs_x, half_abs_w, None if bias is None else bias * -0.5).add_(out, alpha=0.5)
-        s = safe_divide(relevance, z)
-        r_in = abs_x.mul_(s @ half_abs_w)
-        return r_in.addcmul_(x, s @ half_w)
+        return _linear_alpha1_beta0_from_output(x, weight, relevance, out, bias)
     xp, xn = _split(x)
     wp, wn = _split(weight)
     z = F.linear(xp, wp)
     z += F.linear(xn, wn)
-    s = safe_divide(relevance, z)
+    s = safe_divide_(relevance, z)
     r_in = xp.mul_(s @ wp)
     return r_in.add_(xn.mul_(s @ wn))
+
+
+def _linear_alpha1_beta0_from_output(x: Tensor, weight: Tensor, relevance: Tensor, out: Tensor,
+                                     bias: Optional[Tensor]) -> Tensor:
+    """:func:`linear_alpha1_beta0` from the recorded output ``out = x W^T + b``, **which it overwrites**.
+
+    ``2Z = out - b + |x| |W|^T`` (one matrix product, accumulated into ``out``'s storage); the division gives
+    ``S/2 = safe_divide(R, Z) / 2`` exactly (:func:`safe_divide_` with ``2 eps``), so
+    ``R_in = x * (S/2 @ W) + |x| * (S/2 @ |W|)`` needs no halved copies of the weights.
+    """
+    n_out, n_in = weight.shape
+    abs_w = weight.abs()
+    abs_x = x.abs().reshape(-1, n_in)
+    z = out.reshape(-1, n_out).addmm_(abs_x, abs_w.t())          # 2Z + b
+    if bias is None:
+        s = safe_divide_(relevance.reshape(-1, n_out), z, 2 * EPS)
+    else:                                                         # 2Z == 0 exactly <=> z == b
+        zero = z == bias
+        z.sub_(bias - 2 * EPS)
+        z.masked_fill_(z == 0, 2 * EPS)
+        s = torch.div(relevance.reshape(-1, n_out), z, out=z).masked_fill_(zero, 0)
+    t = torch.mm(s, abs_w)
+    r_in = abs_x.mul_(t)
+    r_in.addcmul_(x.reshape(-1, n_in), torch.mm(s, weight, out=t))
+    return r_in.reshape(x.shape)
 
 
 def linear_separate_groups(x: Tensor, weight: Tensor, relevance: Tensor, out: Optional[Tensor] = None,
@@ -98,9 +132,10 @@ def linear_separate_groups(x: Tensor, weight: Tensor, relevance: Tensor, out: Op
     """
     xp, xn = _split(x)
     wp, wn = _split(weight)
-    sp = safe_divide(relevance, F.linear(xp, wp))
-    sn = safe_divide(relevance, F.linear(xn, wn))
-    return xp * (sp @ wp) + xn * (sn @ wn)
+    sp = safe_divide_(relevance, F.linear(xp, wp))
+    sn = safe_divide_(relevance, F.linear(xn, wn))
+    r_in = xp.mul_(sp @ wp)
+    return r_in.add_(xn.mul_(sn @ wn))
 
 
 # --------------------------------------------------------------------------------------------- Add
@@ -111,8 +146,8 @@ def add_proportional(x0: Tensor, x1: Tensor, relevance: Tensor) -> Tuple[Tensor,
     the split is unbounded (each share can exceed ``R``). ``x1`` may broadcast against ``x0`` (positional
     embedding); its relevance is then returned at ``x0``'s shape, per sample.
     """
-    s = safe_divide(relevance, x0 + x1)
-    return x0 * s, x1 * s
+    s = safe_divide_(relevance, x0 + x1)
+    return x0 * s, s.mul_(x1)
 
 
 def add_renormalised(x0: Tensor, x1: Tensor, relevance: Tensor) -> Tuple[Tensor, Tensor]:
@@ -130,18 +165,19 @@ def add_renormalised(x0: Tensor, x1: Tensor, relevance: Tensor) -> Tuple[Tensor,
     total = a_sum.abs() + b_sum.abs()
     a_fact = safe_divide(a_sum.abs(), total) * r_sum
     b_fact = safe_divide(b_sum.abs(), total) * r_sum
-    return a * safe_divide(a_fact, a_sum), b * safe_divide(b_fact, b_sum)
+    return a.mul_(safe_divide(a_fact, a_sum)), b.mul_(safe_divide(b_fact, b_sum))
 
 
 # --------------------------------------------------------------------------------------------- Clone, select, pool
 def clone(x: Tensor, relevances: Sequence[Tensor]) -> Tensor:
     """Clone rule (``layers_ours.py:151-169``, same in orig): a tensor used by several branches gets
     ``x * sum_i safe_divide(R_i, x)`` — the sum of the branch relevances wherever ``x != 0`` (conservative up to
-    the stabiliser)."""
-    total = safe_divide(relevances[0], x)
-    for r in relevances[1:]:
-        total = total + safe_divide(r, x)
-    return x * total
+    the stabiliser). Computed as ``x * safe_divide(sum_i R_i, x)`` (the sum before the division: the same
+    value up to rounding)."""
+    total = relevances[0] + relevances[1] if len(relevances) > 1 else relevances[0].clone()
+    for r in relevances[2:]:
+        total += r
+    return safe_divide_(total, x + 0.0).mul_(x)
 
 
 def select(x: Tensor, relevance: Tensor) -> Tensor:
@@ -160,17 +196,24 @@ def mean_pool(x: Tensor, relevance: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------------- matmul
-def matmul_grad_x_input(a: Tensor, b: Tensor, relevance: Tensor, ab: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+def matmul_grad_x_input(a: Tensor, b: Tensor, relevance: Tensor, ab: Optional[Tensor] = None,
+                        scale: float = 1.0) -> Tuple[Tensor, Tensor]:
     """Gradient x input on a product ``Z = a @ b`` (``RelPropSimple`` on the reference's ``einsum``):
-    ``S = safe_divide(R, Z)``, ``R_a = a * (S @ b^T)``, ``R_b = b * (a^T @ S)``.
+    ``S = safe_divide(R, Z)``, ``R_a = a * (S @ b^T)``, ``R_b = b * (a^T @ S)``, both multiplied by ``scale``.
 
-    Each operand receives the full ``sum R`` (for a bilinear map) — the attention callers halve both
-    (``ViT_LRP.py:160-162, 171-173``) so that the pair conserves it. ``b`` is given in the layout of the
-    product (pass ``k.transpose(-2, -1)`` for ``q @ k^T`` and transpose ``R_b`` back). ``ab``: the product
-    ``a @ b`` when the caller recorded it (not recomputed then).
+    Each operand receives the full ``sum R`` (for a bilinear map) — the attention callers pass ``scale=0.5``,
+    the reference's halving of both (``ViT_LRP.py:160-162, 171-173``), so that the pair conserves it. The
+    scale is folded into the division (``S * scale``, see :func:`safe_divide_`): for a power of two the result
+    is bit for bit ``scale * R_a``, ``scale * R_b``. ``b`` is given in the layout of the product (pass
+    ``k.transpose(-2, -1)`` for ``q @ k^T`` and transpose ``R_b`` back). ``ab``: the product ``a @ b`` when the
+    caller recorded it (not recomputed then, not modified).
     """
-    s = safe_divide(relevance, a @ b if ab is None else ab)
-    return a * (s @ b.transpose(-2, -1)), b * (a.transpose(-2, -1) @ s)
+    if ab is None:
+        den = torch.matmul(a if scale == 1 else a / scale, b)
+    else:
+        den = ab / scale if scale != 1 else ab.clone()
+    s = safe_divide_(relevance, den, EPS / scale)
+    return torch.matmul(s, b.transpose(-2, -1)).mul_(a), torch.matmul(a.transpose(-2, -1), s).mul_(b)
 
 
 # --------------------------------------------------------------------------------------------- input conv
@@ -208,6 +251,7 @@ class RuleSet:
     name: str
     rules: Dict[str, Callable] = field(default_factory=dict)
     description: str = ""
+    linear_uses_output: bool = False   # the Linear rule reads the layer's recorded output (walks record it then)
 
     def __getitem__(self, layer_type: str) -> Callable:
         return self.rules[layer_type]
@@ -227,6 +271,7 @@ RULE_SETS: Dict[str, RuleSet] = {
         dict(_SHARED, linear=linear_alpha1_beta0, add=add_renormalised),
         "Transformer Attribution rules (TE layers_ours.py): alpha=1/beta=0 Linear with joint normalisation, "
         "renormalised Add (per sample); conservative up to the stabiliser.",
+        linear_uses_output=True,
     ),
     "orig": RuleSet(
         "orig",

@@ -27,12 +27,11 @@ def attention_relprop(rules, q: Tensor, k: Tensor, v: Tensor, attn: Tensor, rele
     ``need_qk=False`` stops after ``R_A``/``R_v`` (``R_q = R_k = None``). ``ctx``: the recorded ``A @ v``
     (``[B, H, N, d]``), if any.
     """
-    r_attn, r_v = rules["matmul"](attn, v, relevance_ctx, ab=ctx)
-    r_attn, r_v = r_attn / 2, r_v / 2
+    r_attn, r_v = rules["matmul"](attn, v, relevance_ctx, ab=ctx, scale=0.5)
     if not need_qk:
         return r_attn, None, None, r_v
-    r_q, r_kt = rules["matmul"](q, k.transpose(-2, -1), r_attn)
-    return r_attn, r_q / 2, r_kt.transpose(-2, -1) / 2, r_v
+    r_q, r_kt = rules["matmul"](q, k.transpose(-2, -1), r_attn, scale=0.5)
+    return r_attn, r_q, r_kt.transpose(-2, -1), r_v
 
 
 class TimmViTWalk:
@@ -101,9 +100,11 @@ class TimmViTWalk:
 
     # ------------------------------------------------------------------ recording
     def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
-               grad_blocks: Sequence[int] = ()) -> None:
+               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
         """Hooks for the rule inputs of ``blocks`` (and of the embedding when ``to_input``); the attention
-        probabilities of ``grad_blocks`` are made differentiable (for ``d logit / d A``)."""
+        probabilities of ``grad_blocks`` are made differentiable (for ``d logit / d A``). ``layer_outputs``:
+        also the outputs of the Linear layers that nothing else needs (``fc1``), for rule sets whose Linear rule
+        reads them (:attr:`RuleSet.linear_uses_output`)."""
         m = self.model
         for l in blocks:
             rec.output(self.adapter.attention_probs_module(l), ("attn", l), require_grad=l in grad_blocks)
@@ -117,7 +118,8 @@ class TimmViTWalk:
             rec.input(blk.attn.proj, ("proj_in", l))
             rec.output(blk.attn, ("attn_out", l))
             rec.input(blk.mlp.fc1, ("fc1_in", l))
-            rec.output(blk.mlp.fc1, ("fc1_out", l))
+            if layer_outputs:
+                rec.output(blk.mlp.fc1, ("fc1_out", l))
             rec.input(blk.mlp.fc2, ("fc2_in", l))
             rec.output(blk.mlp, ("mlp_out", l))
         if to_input:
@@ -125,6 +127,7 @@ class TimmViTWalk:
             rec.output(m.patch_embed, "patch_tokens")
 
     # ------------------------------------------------------------------ relevance pass
+    @torch.no_grad()
     def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
         """Relevance at the output of the final ``norm`` (``[B, N, D]``): head Linear, then pooling."""
         m = self.model
@@ -139,12 +142,14 @@ class TimmViTWalk:
             out[:, first:] = rules["mean_pool"](tokens[:, first:], r)
         return out   # norm: identity
 
+    @torch.no_grad()
     def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
         """Relevance through block ``layer``. Returns ``(R at the block input or None, attn_cam [B,H,N,N])``.
 
         Tokens whose relevance is zero in every sample (all but [CLS] in the last block of a [CLS]-pooled model)
-        stay zero through the token-wise part (MLP, residual Adds, output projection), so that part runs on the
-        tokens that carry relevance only; the attention spreads it to every token.
+        stay zero through the token-wise part (MLP, residual Adds, output projection) and select the query rows of
+        the attention map and of ``q``, so all of these run on the tokens that carry relevance only; the
+        attention spreads it to every token through ``k`` and ``v``. ``R_A`` is returned dense (zero rows).
         """
         blk = self.adapter.blocks[layer]
         active = _active_tokens(relevance)
@@ -158,30 +163,44 @@ class TimmViTWalk:
         h = x + a
         r_h, r_m = rules["add"](h, m_out, r_tok)
         r_m = rules["linear"](act("fc2_in"), blk.mlp.fc2.weight, r_m, m_out, blk.mlp.fc2.bias)
-        r_m = rules["linear"](act("fc1_in"), blk.mlp.fc1.weight, r_m, act("fc1_out"),  # act, drop: id; norm2: id
-                              blk.mlp.fc1.bias)
+        fc1_out = act("fc1_out") if ("fc1_out", layer) in acts else None
+        r_m = rules["linear"](act("fc1_in"), blk.mlp.fc1.weight, r_m, fc1_out, blk.mlp.fc1.bias)  # act, drop, norm2: id
         r = rules["clone"](h, [r_h, r_m])
         r_x, r_a = rules["add"](x, a, r)
-        r_ctx = rules["linear"](act("proj_in"), blk.attn.proj.weight, r_a, a, blk.attn.proj.bias)  # proj_drop: id
-        if active is not None:
-            r_ctx = _scatter_tokens(r_ctx, active, relevance.shape[1])
-            r_x = _scatter_tokens(r_x, active, relevance.shape[1])
-        batch, tokens, _ = r_ctx.shape
+        ctx = act("proj_in")                            # A @ v (query rows of the active tokens), heads merged
+        r_ctx = rules["linear"](ctx, blk.attn.proj.weight, r_a, a, blk.attn.proj.bias)  # proj_drop: id
+        batch, tokens = relevance.shape[:2]
         heads = blk.attn.num_heads
-        r_ctx = r_ctx.reshape(batch, tokens, heads, -1).transpose(1, 2)
         qkv_out = acts[("qkv", layer)]
-        qkv = qkv_out.reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
+        q, k, v = qkv_out.reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         attn = acts[("attn", layer)]
-        ctx = acts[("proj_in", layer)].reshape(batch, tokens, heads, -1).transpose(1, 2)  # A @ v, heads merged
-        r_attn, r_q, r_k, r_v = attention_relprop(rules, q, k, v, attn, r_ctx, need_qk=need_below, ctx=ctx)
+        rows = slice(None) if active is None else active   # query rows that carry relevance
+
+        def heads_first(t: Tensor) -> Tensor:                # [B, n, H*d] -> [B, H, n, d]
+            return t.reshape(batch, t.shape[1], heads, -1).transpose(1, 2)
+
+        r_attn, r_q, r_k, r_v = attention_relprop(rules, q[:, :, rows], k, v, attn[:, :, rows], heads_first(r_ctx),
+                                                  need_qk=need_below, ctx=heads_first(ctx))
+        if active is not None:
+            r_attn = _scatter_tokens(r_attn, active, tokens, dim=2)
+            r_x = _scatter_tokens(r_x, active, tokens)
         if not need_below:
             return None, r_attn
-        r_qkv = torch.stack([r_q, r_k, r_v]).permute(1, 3, 0, 2, 4).reshape(batch, tokens, -1)
-        r_n1 = rules["linear"](acts[("qkv_in", layer)], blk.attn.qkv.weight, r_qkv, qkv_out,  # norm1: id
-                               blk.attn.qkv.bias)
+        x_in, weight, bias = acts[("qkv_in", layer)], blk.attn.qkv.weight, blk.attn.qkv.bias   # norm1: id
+        if active is None:
+            r_qkv = torch.stack([r.transpose(1, 2) for r in (r_q, r_k, r_v)], dim=2).reshape(batch, tokens, -1)
+            r_n1 = rules["linear"](x_in, weight, r_qkv, qkv_out, bias)
+        else:
+            # The Linear rule is a sum over output units: the q units (relevance on the active rows only) and the
+            # k, v units (every token) are two smaller applications of it.
+            dim = weight.shape[0] // 3
+            r_kv = torch.stack([r.transpose(1, 2) for r in (r_k, r_v)], dim=2).reshape(batch, tokens, -1)
+            r_n1 = rules["linear"](x_in, weight[dim:], r_kv, qkv_out[..., dim:], _part(bias, dim, None))
+            r_n1[:, active] += rules["linear"](x_in[:, active], weight[:dim], r_q.transpose(1, 2).reshape(
+                batch, len(active), -1), qkv_out[:, active, :dim], _part(bias, 0, dim))
         return rules["clone"](acts[("x", layer)], [r_x, r_n1]), r_attn
 
+    @torch.no_grad()
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
         """From the tokens entering block 0 to the pixels: norm_pre / patch_drop (identity), ``+ pos_embed``
         (Add; the positional-embedding share is dropped), prefix tokens dropped, patch conv (z^B).
@@ -213,10 +232,17 @@ def _active_tokens(relevance: Tensor) -> Optional[Tensor]:
     return active.nonzero().flatten()
 
 
-def _scatter_tokens(values: Tensor, index: Tensor, tokens: int) -> Tensor:
-    out = values.new_zeros(values.shape[0], tokens, values.shape[2])
-    out[:, index] = values
+def _scatter_tokens(values: Tensor, index: Tensor, tokens: int, dim: int = 1) -> Tensor:
+    """Zeros with ``tokens`` entries along ``dim``, ``values`` placed at ``index``."""
+    shape = list(values.shape)
+    shape[dim] = tokens
+    out = values.new_zeros(shape)
+    out.index_copy_(dim, index, values)
     return out
+
+
+def _part(bias: Optional[Tensor], start: int, stop: Optional[int]) -> Optional[Tensor]:
+    return None if bias is None else bias[start:stop]
 
 
 WALKS = {"timm VisionTransformer": TimmViTWalk}
