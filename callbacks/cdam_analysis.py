@@ -150,7 +150,9 @@ class CDAMAnalysis(EvaluationCallback):
         pairs: method pairs for the agreement (default: all pairs of ``methods``).
         class_setting: class setting of the agreement and sparsity maps (CDAM: ``"predicted"``).
         discrimination: whether to run the two-object analysis (needs ``other_mask`` in the batch and the
-            ``target`` / ``other`` class settings in the outputs).
+            ``target`` / ``other`` class settings in the outputs). Class-agnostic methods of the module (raw
+            attention, rollout, concept maps: ``method.class_specific == False``) get no discrimination rows:
+            their target and other maps are the same tensor.
         fraction: sparsity threshold fraction (CDAM: 0.05).
     """
 
@@ -167,8 +169,19 @@ class CDAMAnalysis(EvaluationCallback):
         settings = [class_setting] + (["target", "other"] if self.discrimination else [])
         self.required_class_settings = tuple(dict.fromkeys(settings))
         self._metrics: Dict[str, Metric] = {}
+        self._class_agnostic: set = set()
         if self.methods is not None:
             self._build(self.methods)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        methods = getattr(pl_module, "methods", None)
+        if isinstance(methods, dict):   # the same on every rank: the metric sets stay identical across processes
+            agnostic = {name for name, m in methods.items() if not getattr(m, "class_specific", True)}
+            if agnostic != self._class_agnostic:
+                self._class_agnostic = agnostic
+                if self._metrics:
+                    self._build(self.methods)
+        super().on_test_start(trainer, pl_module)
 
     # -------------------------------------------------------------------------------- metrics
     def _build(self, methods: Sequence[str], device: Optional[torch.device] = None) -> None:
@@ -185,7 +198,7 @@ class CDAMAnalysis(EvaluationCallback):
             m[f"sparsity/{name}"] = MeanOverImages()
             m[f"sparsity_absmax/{name}"] = MeanOverImages()
             m[f"nonpositive_max/{name}"] = MeanOverImages()
-            if self.discrimination:
+            if self.discrimination and name not in self._class_agnostic:
                 for mp, obj in itertools.product(("target", "other"), ("target", "other")):
                     m[f"discrimination/{name}/{mp}_share_on_{obj}"] = MeanOverImages()
                 m[f"discrimination/{name}/pearson_target_other"] = PooledPearson()
@@ -228,6 +241,8 @@ class CDAMAnalysis(EvaluationCallback):
                            "or build CDAMAnalysis(discrimination=False)")
         h_img, w_img = batch["mask"].shape[-2:]
         for name in self.methods:
+            if name in self._class_agnostic:
+                continue
             tgt, oth = self._get(relevance, name, "target"), self._get(relevance, name, "other")
             cover = {"target": mask_to_map(batch["mask"], tuple(tgt.shape[1:]), (h_img, w_img)),
                      "other": mask_to_map(batch["other_mask"], tuple(tgt.shape[1:]), (h_img, w_img))}

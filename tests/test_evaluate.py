@@ -134,6 +134,9 @@ def test_module_contract_with_other_class_and_cdam_callback(tmp_path):
     # class-agnostic rollout: one tensor shared by every setting
     assert outputs["relevance"]["rollout"]["target"] is outputs["relevance"]["rollout"]["other"]
     assert any(k.startswith("cdam_analysis/discrimination/cdam/") for k in cdam.results)
+    # ... and no (trivial) target-vs-other discrimination rows for it; its other analyses stay
+    assert not any("/discrimination/rollout/" in k for k in cdam.results)
+    assert "cdam_analysis/sparsity/rollout" in cdam.results
     assert 0 <= module.results["accuracy"] <= 1
 
 
