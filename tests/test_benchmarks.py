@@ -86,3 +86,64 @@ def test_anchor_arithmetic(bench):
 def test_unknown_method_is_refused(bench):
     with pytest.raises(SystemExit, match="unknown methods"):
         bench.main(["--model-size", "tiny", "--isolation", "none", "--methods", "nope"])
+
+
+# ------------------------------------------------------------------------------------- ranking_stability.py
+RANKING = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "ranking_stability.py")
+
+
+@pytest.fixture(scope="module")
+def ranking():
+    spec = importlib.util.spec_from_file_location("benchmarks_ranking_script", RANKING)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _metrics(random_auc, gradcam_auc, random_miou, gradcam_miou):
+    return {"perturbation/random/positive/predicted/auc": random_auc, "segmentation/random/miou": random_miou,
+            "perturbation/gradcam/positive/predicted/auc": gradcam_auc, "segmentation/gradcam/miou": gradcam_miou}
+
+
+def test_ranking_comparison_with_random(ranking):
+    runs = {"a": _metrics(30.0, 25.0, 0.3, 0.5), "b": _metrics(30.0, 36.0, 0.3, 0.2)}
+    table = ranking.compare_with_random(runs)
+    auc, miou = table["gradcam"]["positive_predicted_auc"], table["gradcam"]["miou"]
+    assert (auc["runs"], auc["better"], auc["min"], auc["max"]) == (2, 1, -5.0, 6.0)   # lower AUC is better
+    assert auc["mean"] == pytest.approx(0.5) and auc["per_run"] == {"a": -5.0, "b": 6.0}
+    assert (miou["better"], miou["mean"]) == (1, pytest.approx(0.05))                 # higher mIoU is better
+    assert "random" not in table
+    assert "gradcam" in ranking.format_table(table)
+    with pytest.raises(KeyError, match="random"):
+        ranking.compare_with_random({"c": {"segmentation/gradcam/miou": 0.4}})
+    assert ranking.overrides(["model.features=cls", "--x=[a, b]"]) == ["--model.features", "cls", "--x", "[a, b]"]
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        ranking.overrides(["model.features"])
+
+
+def test_ranking_study_on_a_given_classifier(ranking, tmp_path):
+    """End to end on a tiny untrained classifier file (no training): evaluate.py runs, summary.json is written,
+    and a second call reuses the finished run."""
+    import torch
+    from timm.models.vision_transformer import VisionTransformer
+
+    from lightning_modules.checkpoints import save_classifier
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4).eval()
+    model.pretrained_cfg = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+    classifier = save_classifier(model, tmp_path / "tiny.pt")
+    out = tmp_path / "study"
+    args = ["--classifiers", str(classifier), "--out", str(out), "--eval-set", "data.init_args.image_size=32",
+            "data.init_args.test_size=4", "data.init_args.batch_size=4", "model.methods=[rollout, gradcam, random]"]
+    summary = ranking.main(args)
+    table = summary["compare_with_random"]
+    assert set(table) == {"rollout", "gradcam"}
+    assert table["gradcam"]["positive_predicted_auc"]["runs"] == 1
+    metrics = out / "0-tiny" / "metrics.json"
+    stamp = metrics.stat().st_mtime_ns
+    assert json.loads((out / "summary.json").read_text())["compare_with_random"] == json.loads(json.dumps(table))
+    ranking.main(args)
+    assert metrics.stat().st_mtime_ns == stamp   # resumed, not re-run
+    with pytest.raises(SystemExit, match="not found"):
+        ranking.main(["--classifiers", str(tmp_path / "missing.pt"), "--out", str(out)])
