@@ -177,7 +177,7 @@ def clone(x: Tensor, relevances: Sequence[Tensor]) -> Tensor:
     total = relevances[0] + relevances[1] if len(relevances) > 1 else relevances[0].clone()
     for r in relevances[2:]:
         total += r
-    return safe_divide_(total, x + 0.0).mul_(x)
+    return safe_divide_(total, x.clone()).mul_(x)
 
 
 def select(x: Tensor, relevance: Tensor) -> Tensor:

@@ -150,6 +150,7 @@ class TimmViTWalk:
         stay zero through the token-wise part (MLP, residual Adds, output projection) and select the query rows of
         the attention map and of ``q``, so all of these run on the tokens that carry relevance only; the
         attention spreads it to every token through ``k`` and ``v``. ``R_A`` is returned dense (zero rows).
+        The block's recorded layer outputs are consumed: a Linear rule may overwrite the output it is given.
         """
         blk = self.adapter.blocks[layer]
         active = _active_tokens(relevance)
