@@ -10,15 +10,20 @@ import pytest
 
 pytest.importorskip("timm")
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "methods.py")
+BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+
+
+def _load_script(name):
+    """A benchmark script as a module (run as a script, its folder would shadow the ``methods`` package)."""
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}_script", os.path.join(BENCHMARKS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmarks_methods_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load_script("methods")
 
 
 def _positive(x):
@@ -89,15 +94,9 @@ def test_unknown_method_is_refused(bench):
 
 
 # ------------------------------------------------------------------------------------- ranking_stability.py
-RANKING = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "ranking_stability.py")
-
-
 @pytest.fixture(scope="module")
 def ranking():
-    spec = importlib.util.spec_from_file_location("benchmarks_ranking_script", RANKING)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load_script("ranking_stability")
 
 
 def _metrics(random_auc, gradcam_auc, random_miou, gradcam_miou):
