@@ -15,9 +15,13 @@ and direction:
    scored by top-1 accuracy **against the ground-truth label**, whatever class was explained; step 0 is the
    clean accuracy.
 
-Tie-breaking: pixels are ordered by a *stable* descending sort of the (possibly negated) normalised map over
-the row-major flattened pixels, so among equal scores the pixel with the smaller flat index ``y * W + x`` is
-removed first, in both directions. (The references use ``torch.topk``, whose order among ties is unspecified.)
+Tie-breaking (``ties``): pixels are ordered by a *stable* descending sort of the (possibly negated) normalised
+map. ``index`` (default): over the row-major flattened pixels, so among equal scores the pixel with the smaller
+flat index ``y * W + x`` is removed first, in both directions. ``random``: among equal scores in a random pixel
+order drawn per sample from ``(tie_seed, batch["index"])``, the same in both directions and on any number of
+processes. Ties are common in clamped maps (e.g. Grad-CAM's ``relu`` leaves whole images at zero); with
+``index`` such regions are removed top to bottom, with ``random`` as scattered pixels. (The references use
+``torch.topk``, whose order among ties is unspecified.)
 
 AUC conventions (the raw curve is always stored; both are in percent of accuracy x fraction):
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 from torchmetrics import Metric
@@ -44,6 +49,7 @@ DEFAULT_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 DIRECTIONS = ("positive", "negative")
 AUC_CONVENTIONS = ("chefer", "bi")
 MASKINGS = ("chefer", "mean")
+TIES = ("index", "random")
 CLASS_SETTINGS = ("predicted", "target", "other")
 
 
@@ -69,16 +75,31 @@ def perturbation_auc(curve: Sequence[float], fractions: Sequence[float] = DEFAUL
     raise ValueError(f"unknown AUC convention {convention!r}; choose one of {AUC_CONVENTIONS}")
 
 
-def removal_ranks(maps: Tensor) -> Tensor:
+def removal_ranks(maps: Tensor, tie_order: Optional[Tensor] = None) -> Tensor:
     """Rank of every pixel in the removal order, ``[B, H*W]`` (0 = removed first).
 
-    Descending, *stable* sort of the flattened map: among equal values the smaller flat index comes first.
+    Descending, *stable* sort of the flattened map: among equal values the smaller flat index comes first, or,
+    with ``tie_order`` (``[B, H*W]``, a permutation of the flat indices per sample), the pixel that comes first
+    in ``tie_order``.
     """
     flat = maps.reshape(maps.shape[0], -1)
-    order = torch.sort(flat, dim=1, descending=True, stable=True).indices
+    if tie_order is None:
+        order = torch.sort(flat, dim=1, descending=True, stable=True).indices
+    else:
+        tie_order = tie_order.to(flat.device)
+        within = torch.sort(flat.gather(1, tie_order), dim=1, descending=True, stable=True).indices
+        order = tie_order.gather(1, within)
     ranks = torch.empty_like(order)
     positions = torch.arange(flat.shape[1], device=flat.device).expand_as(order)
     return ranks.scatter_(1, order, positions)
+
+
+def random_tie_order(indices: Tensor, num_pixels: int, seed: int = 0) -> Tensor:
+    """``[B, num_pixels]``: a random permutation of the flat pixel indices per sample, a function of
+    ``(seed, dataset index)`` alone (so batch composition and the number of processes do not matter)."""
+    rows = [np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), int(index)]))).permutation(num_pixels)
+            for index in indices.tolist()]
+    return torch.as_tensor(np.stack(rows) if rows else np.empty((0, num_pixels)), dtype=torch.long)
 
 
 def pixels_per_step(fractions: Sequence[float], num_pixels: int) -> List[int]:
@@ -132,12 +153,15 @@ class PerturbationTest(EvaluationCallback):
         auc: AUC convention reported as ``.../auc``: ``chefer`` (default) or ``bi``.
         masking: ``chefer`` (0 in [0, 1] space before normalisation, default) or ``mean`` (model mean colour).
         forward_batch_size: images per masked forward (default: the module's ``forward_batch_size``).
+        ties: order among equal scores, ``index`` (default) or ``random`` (seeded by ``tie_seed`` and
+            ``batch["index"]``); see the module docstring.
     """
 
     def __init__(self, methods: Optional[Sequence[str]] = None,
                  class_settings: Sequence[str] = ("predicted", "target"),
                  directions: Sequence[str] = DIRECTIONS, fractions: Sequence[float] = DEFAULT_FRACTIONS,
-                 auc: str = "chefer", masking: str = "chefer", forward_batch_size: Optional[int] = None) -> None:
+                 auc: str = "chefer", masking: str = "chefer", forward_batch_size: Optional[int] = None,
+                 ties: str = "index", tie_seed: int = 0) -> None:
         super().__init__()
         bad = [s for s in class_settings if s not in CLASS_SETTINGS]
         if bad or not class_settings:
@@ -151,6 +175,8 @@ class PerturbationTest(EvaluationCallback):
             raise ValueError(f"unknown AUC convention {auc!r}; choose one of {AUC_CONVENTIONS}")
         if masking not in MASKINGS:
             raise ValueError(f"unknown masking convention {masking!r}; choose one of {MASKINGS}")
+        if ties not in TIES:
+            raise ValueError(f"unknown tie-breaking convention {ties!r}; choose one of {TIES}")
         if auc == "bi" and float(fractions[-1]) >= 1.0:
             raise ValueError("the 'bi' AUC appends y=0 at x=1.0: fractions must stay below 1.0")
         self.methods: Optional[List[str]] = list(methods) if methods is not None else None
@@ -161,6 +187,8 @@ class PerturbationTest(EvaluationCallback):
         self.auc = auc
         self.masking = masking
         self.forward_batch_size = forward_batch_size
+        self.ties = ties
+        self.tie_seed = int(tie_seed)
         self._metrics: Dict[str, PerturbationCurve] = {}
 
     # -------------------------------------------------------------------------------- metrics
@@ -191,11 +219,11 @@ class PerturbationTest(EvaluationCallback):
         return torch.as_tensor(pl_module.mean, dtype=torch.float32)
 
     def curves_for(self, maps: Tensor, images: Tensor, labels: Tensor, clean_correct: Tensor, classify,
-                   direction: str, fill: Tensor) -> Tensor:
+                   direction: str, fill: Tensor, tie_order: Optional[Tensor] = None) -> Tensor:
         """Correctness ``[B, 1 + len(fractions)]`` of one direction for normalised pixel maps ``[B, H, W]``."""
         b, _, h, w = images.shape
         scores = maps if direction == "positive" else -maps
-        ranks = removal_ranks(scores)
+        ranks = removal_ranks(scores, tie_order)
         ks = pixels_per_step(self.fractions, h * w)
         masked = masked_images(images, ranks, ks, fill)  # [S, B, 3, H, W]
         preds = classify(masked.flatten(0, 1)).reshape(len(ks), b)
@@ -206,6 +234,12 @@ class PerturbationTest(EvaluationCallback):
         images, labels = batch["image"], batch["label"]
         clean_correct = outputs["logits"].argmax(dim=-1) == labels
         fill = self.fill_value(pl_module).to(images.device)
+        tie_order = None
+        if self.ties == "random":
+            if "index" not in batch:
+                raise KeyError("perturbation: ties='random' draws each sample's order from its dataset index, "
+                               "but the batch has no 'index'")
+            tie_order = random_tie_order(batch["index"], images.shape[-2] * images.shape[-1], self.tie_seed)
 
         def classify(x: Tensor) -> Tensor:
             return pl_module.classify(x, batch_size=self.forward_batch_size)
@@ -222,7 +256,8 @@ class PerturbationTest(EvaluationCallback):
                 reuse = next((res for r, res in done if r is rel), None)
                 if reuse is None:
                     maps = pixel_maps(rel, images.shape[-2:])
-                    reuse = {d: self.curves_for(maps, images, labels, clean_correct, classify, d, fill) for d in self.directions}
+                    reuse = {d: self.curves_for(maps, images, labels, clean_correct, classify, d, fill, tie_order)
+                             for d in self.directions}
                     done.append((rel, reuse))
                 for direction in self.directions:
                     self._metrics[self._key(method, direction, setting)].update(reuse[direction])

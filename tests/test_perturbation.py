@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from callbacks.perturbation import (PerturbationCurve, PerturbationTest, masked_images, perturbation_auc,
-                                    pixels_per_step, removal_ranks)
+                                    pixels_per_step, random_tie_order, removal_ranks)
 from callbacks.pixel_maps import pixel_maps
 
 torch.set_num_threads(1)
@@ -19,6 +19,37 @@ def test_removal_ranks_break_ties_by_flat_index():
     assert removal_ranks(-maps).tolist() == [[1, 3, 2, 0]]
     flat = torch.zeros(1, 3, 3)  # a constant map removes pixels in row-major order
     assert removal_ranks(flat).tolist() == [list(range(9))]
+
+
+def test_random_tie_order_breaks_only_ties_and_depends_on_the_index_alone():
+    maps = torch.tensor([[[0.5, 1.0], [0.5, 0.0]]])
+    order = torch.tensor([[3, 2, 1, 0]])           # ties go to the pixel earlier in this order
+    assert removal_ranks(maps, order).tolist() == [[2, 0, 1, 3]]
+    assert removal_ranks(-maps, order).tolist() == [[2, 3, 1, 0]]
+    # a constant map is removed in the tie order itself
+    flat = torch.zeros(2, 3, 3)
+    orders = random_tie_order(torch.tensor([7, 3]), 9, seed=1)
+    ranks = removal_ranks(flat, orders)
+    assert all(sorted(o) == list(range(9)) for o in orders.tolist())
+    assert torch.equal(ranks.gather(1, orders), torch.arange(9).expand(2, 9))
+    # per sample: the same index gives the same order in any batch; another seed or index another one
+    assert torch.equal(random_tie_order(torch.tensor([3]), 9, seed=1)[0], orders[1])
+    assert not torch.equal(random_tie_order(torch.tensor([3]), 9, seed=2)[0], orders[1])
+    assert not torch.equal(orders[0], orders[1])
+    # no ties: the order is irrelevant
+    distinct = torch.rand(2, 3, 3)
+    assert torch.equal(removal_ranks(distinct, orders), removal_ranks(distinct))
+
+
+def test_callback_random_ties_need_the_dataset_index():
+    cb = PerturbationTest(class_settings=["target"], fractions=(0.5,), ties="random")
+    cb._build(["m"])
+    images, labels = torch.ones(2, 3, 2, 2), torch.tensor([1, 1])
+    outputs = {"relevance": {"m": {"target": torch.zeros(2, 2, 2)}}, "logits": torch.tensor([[0.0, 1.0]] * 2)}
+    with pytest.raises(KeyError, match="index"):
+        cb.update(outputs, {"image": images, "label": labels}, BrightnessClassifier())
+    cb.update(outputs, {"image": images, "label": labels, "index": torch.tensor([0, 1])}, BrightnessClassifier())
+    assert cb.compute()["perturbation/m/positive/target/curve"] == [1.0, 0.0]
 
 
 def test_pixels_per_step_truncates_like_the_reference():
@@ -127,6 +158,8 @@ def test_token_maps_are_upsampled_bilinearly_and_normalised_per_sample():
 def test_bad_options_are_named():
     with pytest.raises(ValueError, match="masking"):
         PerturbationTest(masking="blur")
+    with pytest.raises(ValueError, match="tie-breaking"):
+        PerturbationTest(ties="first")
     with pytest.raises(ValueError, match="class_settings"):
         PerturbationTest(class_settings=["top"])
     with pytest.raises(ValueError, match="fractions"):
