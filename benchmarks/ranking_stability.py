@@ -133,6 +133,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
     args = parse_args(argv)
+    # the subprocesses run in the repository root: paths are taken relative to the caller's folder first
+    args.out = args.out.resolve()
+    args.train_config, args.eval_config = args.train_config.resolve(), args.eval_config.resolve()
     for path in (args.train_config, args.eval_config):
         if not path.is_file():
             raise SystemExit(f"config file not found: {path}")
@@ -146,8 +149,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, object]:
         for i, classifier in enumerate(args.classifiers):
             if not classifier.is_file():
                 raise SystemExit(f"classifier file not found: {classifier}")
+            classifier = classifier.resolve()
             name = f"{i}-{classifier.stem}"
-            runs[name] = evaluate(classifier.resolve(), args.out / name, args.eval_config, overrides(args.eval_set))
+            runs[name] = evaluate(classifier, args.out / name, args.eval_config, overrides(args.eval_set))
     table = compare_with_random(runs, args.setting)
     print(format_table(table))
     summary = {"runs": runs, "compare_with_random": table, "args": {k: str(v) for k, v in vars(args).items()}}

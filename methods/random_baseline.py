@@ -19,6 +19,18 @@ from .base import AttributionMethod
 from .registry import register_method
 
 
+def _seed_from(key: bytes) -> int:
+    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def random_token_scores(indices: Tensor, num_tokens: int, seed: int = 0) -> Tensor:
+    """``[B, num_tokens]`` float64 scores, uniform in [0, 1), of the samples with these dataset ``indices``:
+    the random baseline's map of each sample (a function of ``(seed, index)`` alone)."""
+    rows = [torch.rand(num_tokens, generator=torch.Generator().manual_seed(_seed_from(f"{seed}:index:{int(i)}".encode())),
+                       dtype=torch.float64) for i in indices.tolist()]
+    return torch.stack(rows) if rows else torch.empty(0, num_tokens, dtype=torch.float64)
+
+
 @register_method("random")
 class RandomBaseline(AttributionMethod):
     """Uniform random patch scores ``[B, P]`` (class-agnostic), seeded per sample (see the module docstring)."""
@@ -40,22 +52,20 @@ class RandomBaseline(AttributionMethod):
         finally:
             self._indices = previous
 
-    def _sample_seed(self, b: int, image: Tensor) -> int:
-        if self._indices is not None:
-            key = f"{self.seed}:index:{int(self._indices[b])}".encode()
-        else:
-            key = f"{self.seed}:pixels:".encode() + image.detach().cpu().float().numpy().tobytes()
-        return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & ((1 << 63) - 1)
-
     def attribute(self, adapter, inputs: Tensor, target) -> Tensor:
-        if self._indices is not None and len(self._indices) != inputs.shape[0]:
-            raise ValueError(f"random: {len(self._indices)} bound sample indices for a batch of {inputs.shape[0]}")
         h, w = adapter.grid_size(inputs)
-        rows = []
-        for b in range(inputs.shape[0]):
-            gen = torch.Generator().manual_seed(self._sample_seed(b, inputs[b]))
-            rows.append(torch.rand(h * w, generator=gen, dtype=torch.float64))
-        return torch.stack(rows).to(device=inputs.device, dtype=inputs.dtype)
+        if self._indices is not None:
+            if len(self._indices) != inputs.shape[0]:
+                raise ValueError(f"random: {len(self._indices)} bound sample indices for a batch of {inputs.shape[0]}")
+            scores = random_token_scores(self._indices, h * w, self.seed)
+        else:
+            rows = []
+            for image in inputs:
+                key = f"{self.seed}:pixels:".encode() + image.detach().cpu().float().numpy().tobytes()
+                rows.append(torch.rand(h * w, generator=torch.Generator().manual_seed(_seed_from(key)),
+                                       dtype=torch.float64))
+            scores = torch.stack(rows)
+        return scores.to(device=inputs.device, dtype=inputs.dtype)
 
     def __repr__(self) -> str:
         return f"RandomBaseline(seed={self.seed})"

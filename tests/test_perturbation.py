@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from callbacks.perturbation import (PerturbationCurve, PerturbationTest, masked_images, perturbation_auc,
-                                    pixels_per_step, random_tie_order, removal_ranks)
+                                    pixels_per_step, removal_ranks)
 from callbacks.pixel_maps import pixel_maps
 
 torch.set_num_threads(1)
@@ -21,35 +21,16 @@ def test_removal_ranks_break_ties_by_flat_index():
     assert removal_ranks(flat).tolist() == [list(range(9))]
 
 
-def test_random_tie_order_breaks_only_ties_and_depends_on_the_index_alone():
+def test_tie_breaker_orders_only_ties():
     maps = torch.tensor([[[0.5, 1.0], [0.5, 0.0]]])
-    order = torch.tensor([[3, 2, 1, 0]])           # ties go to the pixel earlier in this order
-    assert removal_ranks(maps, order).tolist() == [[2, 0, 1, 3]]
-    assert removal_ranks(-maps, order).tolist() == [[2, 3, 1, 0]]
-    # a constant map is removed in the tie order itself
-    flat = torch.zeros(2, 3, 3)
-    orders = random_tie_order(torch.tensor([7, 3]), 9, seed=1)
-    ranks = removal_ranks(flat, orders)
-    assert all(sorted(o) == list(range(9)) for o in orders.tolist())
-    assert torch.equal(ranks.gather(1, orders), torch.arange(9).expand(2, 9))
-    # per sample: the same index gives the same order in any batch; another seed or index another one
-    assert torch.equal(random_tie_order(torch.tensor([3]), 9, seed=1)[0], orders[1])
-    assert not torch.equal(random_tie_order(torch.tensor([3]), 9, seed=2)[0], orders[1])
-    assert not torch.equal(orders[0], orders[1])
-    # no ties: the order is irrelevant
+    breaker = torch.tensor([[[0.1, 0.9], [0.7, 0.3]]])   # the tie (flat 0 and 2) goes to the larger value: 2
+    assert removal_ranks(maps, breaker).tolist() == [[2, 0, 1, 3]]
+    assert removal_ranks(-maps, -breaker).tolist() == [[1, 3, 2, 0]]
+    # a constant map is removed in the breaker's own order; a map without ties ignores the breaker
+    breakers = torch.rand(2, 3, 3)
+    assert torch.equal(removal_ranks(torch.zeros(2, 3, 3), breakers), removal_ranks(breakers))
     distinct = torch.rand(2, 3, 3)
-    assert torch.equal(removal_ranks(distinct, orders), removal_ranks(distinct))
-
-
-def test_callback_random_ties_need_the_dataset_index():
-    cb = PerturbationTest(class_settings=["target"], fractions=(0.5,), ties="random")
-    cb._build(["m"])
-    images, labels = torch.ones(2, 3, 2, 2), torch.tensor([1, 1])
-    outputs = {"relevance": {"m": {"target": torch.zeros(2, 2, 2)}}, "logits": torch.tensor([[0.0, 1.0]] * 2)}
-    with pytest.raises(KeyError, match="index"):
-        cb.update(outputs, {"image": images, "label": labels}, BrightnessClassifier())
-    cb.update(outputs, {"image": images, "label": labels, "index": torch.tensor([0, 1])}, BrightnessClassifier())
-    assert cb.compute()["perturbation/m/positive/target/curve"] == [1.0, 0.0]
+    assert torch.equal(removal_ranks(distinct, breakers), removal_ranks(distinct))
 
 
 def test_pixels_per_step_truncates_like_the_reference():
@@ -107,13 +88,44 @@ class BrightnessClassifier:
         return (images.mean(dim=(1, 2, 3)) > 0.5).long()
 
 
+def test_random_ties_score_a_constant_map_exactly_like_the_random_baseline():
+    """ties='random': equal scores follow the random baseline's map of the sample (same seed), so a map that
+    ranks nothing gets the random method's curves, in both directions; the dataset index is required."""
+    from methods.random_baseline import random_token_scores
+
+    torch.manual_seed(0)
+    images = torch.rand(6, 3, 8, 8) * 0.4 + 0.35          # 8x8 images, a 2x2 token grid (patch 4)
+    labels = torch.randint(0, 2, (6,))
+    index = torch.tensor([5, 0, 9, 2, 7, 3])
+    module = BrightnessClassifier()
+    module.token_grid = lambda x: (2, 2)
+    # a classifier that depends on which pixels remain: the parity of the brightest pixel's position
+    module.classify = lambda x, batch_size=None: x[:, 0].flatten(1).argmax(dim=1) % 2
+    relevance = {"constant": torch.zeros(6, 4), "random": random_token_scores(index, 4, seed=0).float()}
+    outputs = {"relevance": {m: {"target": r} for m, r in relevance.items()},
+               "logits": torch.nn.functional.one_hot(module.classify(images), 2).float()}
+    cb = PerturbationTest(class_settings=["target"], fractions=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9))
+    assert cb.ties == "random"   # the default
+    cb._build(list(relevance))
+    with pytest.raises(KeyError, match="index"):
+        cb.update(outputs, {"image": images, "label": labels}, module)
+    cb.update(outputs, {"image": images, "label": labels, "index": index}, module)
+    res = cb.compute()
+    for direction in ("positive", "negative"):
+        key = "perturbation/{}/%s/target/curve" % direction
+        assert res[key.format("constant")] == res[key.format("random")]
+    # the index convention removes a constant map top to bottom instead
+    assert removal_ranks(pixel_maps(relevance["constant"], (8, 8)))[0].tolist() == list(range(64))
+
+
 def test_callback_curves_by_hand():
     # two 2x2 white images, both labelled 1 (clean prediction: 1 = correct)
     images = torch.ones(2, 3, 2, 2)
     labels = torch.tensor([1, 1])
     # pixel maps: sample 0 ranks pixels 3 > 2 > 1 > 0; sample 1 is constant (ties -> flat order 0, 1, 2, 3)
     rel = torch.stack([torch.tensor([[0.0, 1.0], [2.0, 3.0]]), torch.zeros(2, 2)])
-    cb = PerturbationTest(class_settings=["predicted", "target"], fractions=(0.25, 0.5, 0.75), auc="chefer")
+    cb = PerturbationTest(class_settings=["predicted", "target"], fractions=(0.25, 0.5, 0.75), auc="chefer",
+                          ties="index")
     module = BrightnessClassifier()
     cb._build(["m"])
     outputs = {"relevance": {"m": {"predicted": rel, "target": rel}}, "logits": torch.tensor([[0.0, 1.0], [0.0, 1.0]])}
@@ -132,7 +144,7 @@ def test_callback_direction_matters_and_step0_is_clean():
     images[..., 1] = 1.0
     labels = torch.tensor([0])
     rel = torch.tensor([[[0.0, 1.0], [0.0, 1.0]]])  # the white pixels are the relevant ones
-    cb = PerturbationTest(class_settings=["target"], fractions=(0.5,), masking="mean")
+    cb = PerturbationTest(class_settings=["target"], fractions=(0.5,), masking="mean", ties="index")
     cb._build(["m"])
     module = BrightnessClassifier()
     logits = torch.tensor([[5.0, 0.0]])  # clean prediction 0 = correct
