@@ -88,7 +88,8 @@ def removal_ranks(maps: Tensor, tie_breaker: Optional[Tensor] = None) -> Tensor:
     if tie_breaker is None:
         order = torch.sort(flat, dim=1, descending=True, stable=True).indices
     else:
-        first = torch.sort(tie_breaker.reshape(flat.shape).to(flat.device), dim=1, descending=True, stable=True).indices
+        breaker = tie_breaker.reshape(flat.shape).to(flat.device)
+        first = torch.sort(breaker, dim=1, descending=True, stable=True).indices      # the order among ties
         order = first.gather(1, torch.sort(flat.gather(1, first), dim=1, descending=True, stable=True).indices)
     ranks = torch.empty_like(order)
     positions = torch.arange(flat.shape[1], device=flat.device).expand_as(order)
