@@ -280,13 +280,13 @@ class AttributionEvaluationModule(pl.LightningModule):
         """[0, 1] images -> the model's input (``(x - mean) / std``)."""
         return (images - self._mean.to(images)) / self._std.to(images)
 
-    @torch.no_grad()
     def token_grid(self, images: Tensor) -> Tuple[int, int]:
         """The patch-token grid of the model for these images (e.g. for the random baseline's maps)."""
         from methods.adapters import adapter_for
 
         return tuple(adapter_for(self.model).grid_size(images))
 
+    @torch.no_grad()
     def classify(self, images: Tensor, batch_size: Optional[int] = None) -> Tensor:
         """Predicted classes ``[N]`` of [0, 1] images ``[N, 3, H, W]``, ``batch_size`` images per forward."""
         step = batch_size or self.hparams.forward_batch_size

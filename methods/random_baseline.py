@@ -19,15 +19,16 @@ from .base import AttributionMethod
 from .registry import register_method
 
 
-def _seed_from(key: bytes) -> int:
-    return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & ((1 << 63) - 1)
+def _uniform(key: bytes, n: int) -> Tensor:
+    """``n`` float64 uniforms in [0, 1) from a generator seeded by the sha256 of ``key``."""
+    seed = int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & ((1 << 63) - 1)
+    return torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 def random_token_scores(indices: Tensor, num_tokens: int, seed: int = 0) -> Tensor:
     """``[B, num_tokens]`` float64 scores, uniform in [0, 1), of the samples with these dataset ``indices``:
     the random baseline's map of each sample (a function of ``(seed, index)`` alone)."""
-    rows = [torch.rand(num_tokens, generator=torch.Generator().manual_seed(_seed_from(f"{seed}:index:{int(i)}".encode())),
-                       dtype=torch.float64) for i in indices.tolist()]
+    rows = [_uniform(f"{seed}:index:{int(i)}".encode(), num_tokens) for i in indices.tolist()]
     return torch.stack(rows) if rows else torch.empty(0, num_tokens, dtype=torch.float64)
 
 
@@ -59,12 +60,8 @@ class RandomBaseline(AttributionMethod):
                 raise ValueError(f"random: {len(self._indices)} bound sample indices for a batch of {inputs.shape[0]}")
             scores = random_token_scores(self._indices, h * w, self.seed)
         else:
-            rows = []
-            for image in inputs:
-                key = f"{self.seed}:pixels:".encode() + image.detach().cpu().float().numpy().tobytes()
-                rows.append(torch.rand(h * w, generator=torch.Generator().manual_seed(_seed_from(key)),
-                                       dtype=torch.float64))
-            scores = torch.stack(rows)
+            scores = torch.stack([_uniform(f"{self.seed}:pixels:".encode() + image.detach().cpu().float().numpy()
+                                           .tobytes(), h * w) for image in inputs])
         return scores.to(device=inputs.device, dtype=inputs.dtype)
 
     def __repr__(self) -> str:
