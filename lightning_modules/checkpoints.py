@@ -211,18 +211,31 @@ _DIST_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "LOCAL_WORLD_SIZE"
              "MASTER_PORT", "PL_GLOBAL_SEED", "PL_TRAINER_GPUS", "TORCHELASTIC_RUN_ID")
 
 
+def _config_file(path: PathLike) -> Path:
+    """``path`` as given if it exists, else relative to the repository (configs are named from the repo root)."""
+    path = Path(path)
+    if not path.is_file() and not path.is_absolute() and (REPO_ROOT / path).is_file():
+        path = REPO_ROOT / path
+    if not path.is_file():
+        raise FileNotFoundError(f"training config {str(path)!r} not found (needed to train the synthetic ViT)")
+    return path.resolve()
+
+
 def ensure_synthetic_classifier(cache_dir: Optional[PathLike] = None, config: PathLike = SYNTHETIC_CONFIG,
-                                extra_args: tuple = ()) -> Path:
+                                extra_args: tuple = (), overrides: Optional[PathLike] = None) -> Path:
     """Path of the trained small ViT of the synthetic benchmark, training it on first use.
 
-    The file is ``<cache>/synthetic_vit-<hash of the config>.pt`` (a changed config trains a new one). Training
-    runs ``python train.py --config <config>`` in a subprocess (single process, W&B offline unless
-    ``WANDB_MODE`` says otherwise) under a file lock, so concurrent callers (e.g. DDP ranks) train once.
+    The file is ``<cache>/synthetic_vit-<hash>.pt``, the hash taken over the config, the ``overrides`` file and
+    ``extra_args`` (a changed one trains a new model). Training runs ``python train.py --config <config>
+    [--config <overrides>] <extra_args>`` in a subprocess (single process, W&B offline unless ``WANDB_MODE``
+    says otherwise) under a file lock, so concurrent callers (e.g. DDP ranks) train once. ``overrides`` is a
+    YAML file of ``train.py`` keys applied over ``config`` (e.g. ``configs/train/synthetic_vit_avgpool.yaml``).
     """
-    config = Path(config)
-    if not config.is_file():
-        raise FileNotFoundError(f"training config {str(config)!r} not found (needed to train the synthetic ViT)")
-    digest = hashlib.sha256(config.read_bytes() + " ".join(extra_args).encode()).hexdigest()[:10]
+    config = _config_file(config)
+    files = [config] + ([_config_file(overrides)] if overrides is not None else [])
+    extra_args = tuple(a for f in files[1:] for a in ("--config", str(f))) + tuple(extra_args)
+    content = b"".join(f.read_bytes() for f in files)  # the overrides' content, not only their path, is hashed
+    digest = hashlib.sha256(content + " ".join(extra_args).encode()).hexdigest()[:10]
     root = resolve_cache_dir(cache_dir)
     target = root / f"synthetic_vit-{digest}.pt"
     with _file_lock(root / f".synthetic_vit-{digest}.lock"):
@@ -242,3 +255,17 @@ def ensure_synthetic_classifier(cache_dir: Optional[PathLike] = None, config: Pa
         if result.returncode != 0 or not target.is_file():
             raise RuntimeError(f"training the synthetic ViT failed (exit code {result.returncode}); command: {' '.join(cmd)}")
     return target
+
+
+def resolve_synthetic_spec(spec: str, cache_dir: Optional[PathLike] = None) -> Path:
+    """The classifier file that ``"synthetic"`` (the benchmark's default ViT) or ``"synthetic:<overrides.yaml>"``
+    (the default config with these ``train.py`` keys changed) names, trained and cached on first use."""
+    if spec == "synthetic":
+        return ensure_synthetic_classifier(cache_dir)
+    if spec.startswith("synthetic:") and spec[len("synthetic:"):]:
+        return ensure_synthetic_classifier(cache_dir, overrides=spec[len("synthetic:"):])
+    raise ValueError(f"{spec!r} is not 'synthetic' or 'synthetic:<overrides.yaml>'")
+
+
+def is_synthetic_spec(spec: Optional[str]) -> bool:
+    return isinstance(spec, str) and (spec == "synthetic" or spec.startswith("synthetic:"))

@@ -61,19 +61,20 @@ def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[
     """The classifier named by ``classifier``:
 
     * ``"synthetic"``: the small ViT of the synthetic benchmark (``ensure_synthetic_classifier``: trained on
-      first use, then cached) loaded with ``load_classifier``;
+      first use, then cached) loaded with ``load_classifier``; ``"synthetic:<overrides.yaml>"``: the same with
+      these ``train.py`` keys changed (e.g. ``configs/train/synthetic_vit_avgpool.yaml``);
     * a path to a file written by ``save_classifier``;
     * ``"timm:<name>"``: ``timm.create_model(name, pretrained=pretrained, **model_kwargs)`` (``pretrained=False``
       with ``model_kwargs`` gives a random model of any size, e.g. for tests). Offline, real weights come from a
       local file: ``model_kwargs={"pretrained_cfg_overlay": {"file": path}}`` (with ``num_classes`` the file's
       head is loaded, not re-initialised).
     """
-    from lightning_modules.checkpoints import ensure_synthetic_classifier, load_classifier
+    from lightning_modules.checkpoints import is_synthetic_spec, load_classifier, resolve_synthetic_spec
 
-    if classifier == "synthetic":
+    if is_synthetic_spec(classifier):
         if model_kwargs:
             raise ValueError("model_kwargs apply to 'timm:<name>' classifiers only")
-        return load_classifier(ensure_synthetic_classifier())
+        return load_classifier(resolve_synthetic_spec(classifier))
     if classifier.startswith("timm:"):
         import timm
 

@@ -13,7 +13,8 @@ Conventions
       ``VisionTransformer`` has no read-out that concatenates two poolings, so this probe cannot be exported
       to one (:meth:`to_timm` raises).
 * ``backbone_checkpoint``: a local weights file (state_dict, DINO / Lightning checkpoint, safetensors, or a
-  classifier file of ``train.py``; heads are dropped) or ``"synthetic"``: the synthetic benchmark's ViT.
+  classifier file of ``train.py``; heads are dropped) or ``"synthetic"``: the synthetic benchmark's ViT
+  (``"synthetic:<overrides.yaml>"``: trained with these ``train.py`` keys changed).
 * Frozen mode (``finetune=False``, default): backbone parameters have ``requires_grad=False`` and the
   backbone stays in eval mode during training (no dropout / drop-path), as in DINO's linear evaluation.
 * Recipe defaults (CDAM): Adam, lr 3e-4, no weight decay, no schedule; RandomResizedCrop + horizontal flip
@@ -81,10 +82,10 @@ class LinearProbe(pl.LightningModule):
         self.save_hyperparameters()
         kwargs = dict(_POOL[features])
         kwargs.update(backbone_kwargs or {})
-        if backbone_checkpoint == "synthetic":  # the synthetic benchmark's ViT (trained and cached on first use)
-            from .checkpoints import ensure_synthetic_classifier
+        from .checkpoints import is_synthetic_spec, resolve_synthetic_spec
 
-            backbone_checkpoint = str(ensure_synthetic_classifier())
+        if is_synthetic_spec(backbone_checkpoint):  # the synthetic benchmark's ViT (trained and cached on first use)
+            backbone_checkpoint = str(resolve_synthetic_spec(backbone_checkpoint))
         self.backbone = create_backbone(backbone, pretrained=pretrained, backbone_checkpoint=backbone_checkpoint, **kwargs)
         if not hasattr(self.backbone, "forward_features") or not hasattr(self.backbone, "num_prefix_tokens"):
             raise TypeError(f"timm model {backbone!r} is not a ViT-like model with tokens")

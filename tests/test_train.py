@@ -255,6 +255,24 @@ def test_ensure_synthetic_classifier_trains_once(tmp_path):
     assert os.environ.get("WANDB_MODE") == env_before
 
 
+def test_synthetic_classifier_overrides_train_their_own_model(tmp_path):
+    """'synthetic:<overrides.yaml>': train.py keys over the default config, cached under a hash of their content."""
+    args = tuple(TINY_ARGS) + ("--trainer.logger", "false")
+    overrides = tmp_path / "avgpool.yaml"
+    overrides.write_text("model:\n  features: mean_patch\n")
+    default = ck.ensure_synthetic_classifier(cache_dir=tmp_path, extra_args=args)
+    avg = ck.ensure_synthetic_classifier(cache_dir=tmp_path, extra_args=args, overrides=overrides)
+    assert avg != default
+    assert ck.load_classifier(default).global_pool == "token"  # the default config reads [CLS]
+    assert ck.load_classifier(avg).global_pool == "avg"
+    overrides.write_text("model:\n  features: cls\n")  # same path, new content: a new model
+    assert ck.ensure_synthetic_classifier(cache_dir=tmp_path, extra_args=args, overrides=overrides) not in (avg, default)
+    with pytest.raises(FileNotFoundError, match="no_such.yaml"):
+        ck.resolve_synthetic_spec("synthetic:no_such.yaml", cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="synthetic:<overrides.yaml>"):
+        ck.resolve_synthetic_spec("synthetic:", cache_dir=tmp_path)
+
+
 def test_train_py_ddp_two_cpu_processes(tmp_path):
     """2 CPU processes, DDP, launched as a subprocess (never inside pytest); ~35 s on 2 busy cores."""
     out = tmp_path / "ddp.pt"
