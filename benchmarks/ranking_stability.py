@@ -17,7 +17,7 @@ It then compares every method with the ``random`` method of the same run:
 * segmentation: ``miou`` minus random's — "above random" counts runs with a positive difference.
 
 The table (runs, count, mean, min and max of the difference) is printed and written to ``<out>/summary.json``
-with every run's numbers. On 2 CPU cores one seed of the default config takes about 7 minutes (training
+with every run's numbers. On 2 CPU cores one seed of the default config takes about 8 minutes (training
 included); the GPU is used where ``accelerator: auto`` finds one.
 """
 from __future__ import annotations

@@ -233,9 +233,9 @@ def ensure_synthetic_classifier(cache_dir: Optional[PathLike] = None, config: Pa
     """
     config = _config_file(config)
     files = [config] + ([_config_file(overrides)] if overrides is not None else [])
-    extra_args = tuple(a for f in files[1:] for a in ("--config", str(f))) + tuple(extra_args)
-    content = b"".join(f.read_bytes() for f in files)  # the overrides' content, not only their path, is hashed
+    content = b"".join(f.read_bytes() for f in files)  # contents, not paths: the same model from any checkout
     digest = hashlib.sha256(content + " ".join(extra_args).encode()).hexdigest()[:10]
+    extra_args = tuple(a for f in files[1:] for a in ("--config", str(f))) + tuple(extra_args)
     root = resolve_cache_dir(cache_dir)
     target = root / f"synthetic_vit-{digest}.pt"
     with _file_lock(root / f".synthetic_vit-{digest}.lock"):
