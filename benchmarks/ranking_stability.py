@@ -3,8 +3,8 @@
 
     python benchmarks/ranking_stability.py --seeds 0 1 2 --out runs/ranking_stability
     python benchmarks/ranking_stability.py --classifiers a.pt b.pt --out runs/ranking_stability   # no training
-    python benchmarks/ranking_stability.py --seeds 0 1 --train-set model.features=cls trainer.max_epochs=30 \
-        --eval-set data.init_args.test_size=512 --out runs/cls30
+    python benchmarks/ranking_stability.py --seeds 0 1 --train-set trainer.max_epochs=30 \
+        --eval-set data.init_args.test_size=512 --out runs/epochs30
 
 For every seed it trains a classifier with ``train.py`` (default config ``configs/train/synthetic_vit.yaml``,
 ``--seed_everything <seed>``, W&B off) and evaluates it with ``evaluate.py`` (default config
@@ -125,7 +125,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--train-config", type=Path, default=TRAIN_CONFIG)
     p.add_argument("--eval-config", type=Path, default=EVAL_CONFIG)
     p.add_argument("--train-set", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="train.py overrides, e.g. model.features=cls (passed as --model.features cls)")
+                   help="train.py overrides, e.g. trainer.max_epochs=30 (passed as --trainer.max_epochs 30)")
     p.add_argument("--eval-set", nargs="+", default=[], metavar="KEY=VALUE", help="evaluate.py overrides, likewise")
     p.add_argument("--setting", default="predicted", choices=("predicted", "target"))
     return p.parse_args(argv)
