@@ -2,7 +2,8 @@
 
     from methods import build_method, available_methods
     method = build_method("rollout", start_layer=0)
-    relevance = method(model, images, target=None)   # Tensor[B, P] (or [B, H, W] if method.pixel_level)
+    scores = method(model, inputs, target=None)   # [B, P] patch scores for images ([B, H, W] if pixel_level);
+                                                  # [B, N] per input position for token sequences
 """
 from .registry import available_methods, build_method, method_class, register_method  # noqa: F401
 from .base import AttributionMethod  # noqa: F401
@@ -10,5 +11,8 @@ from .maps import minmax_normalize, tokens_to_map  # noqa: F401
 
 # Importing the method modules registers them.
 from . import attention_methods  # noqa: F401,E402
+from . import gradient_methods  # noqa: F401,E402
+from . import beyond_intuition  # noqa: F401,E402
+from . import ablation_methods  # noqa: F401,E402
 from . import relevance_methods  # noqa: F401,E402
 from . import random_baseline  # noqa: F401,E402

@@ -1,44 +1,50 @@
-"""The call shape every attribution method shares: ``method(model, inputs, target=None)``."""
+"""The call shape every attribution method shares: ``method(model, inputs, target=None, sample_ids=None)``."""
 from __future__ import annotations
 
-from typing import Optional
-
-import torch
 from torch import Tensor, nn
 
-from .adapters import adapter_for
+from .adapters import ModelAdapter, ModelInputs, TokenSequence, adapter_for
 from .model_state import preserved_model_state
-from .targets import TargetType, resolve_target
+from .targets import TargetType
 
 
 class AttributionMethod:
     """Base class. Subclasses implement :meth:`attribute` and declare their kind.
 
     * ``class_specific``: whether the result depends on ``target``;
-    * ``pixel_level``: ``True`` when the method returns ``[B, H, W]`` pixel maps instead of ``[B, P]`` patch
-      scores in row-major grid order.
+    * ``pixel_level``: ``True`` when the method returns ``[B, H, W]`` pixel maps instead of token scores.
 
-    ``__call__`` validates the input, runs :meth:`attribute` with the model in eval mode inside
-    :func:`preserved_model_state` (so the model comes back exactly as it was) and returns the raw scores in the
-    input's dtype and on its device.
+    ``__call__(model, inputs, target=None, sample_ids=None)``:
+
+    * ``inputs``: a tensor (normalised images ``[B, 3, H, W]``) or a mapping of tensors as a tokenizer or
+      processor returns it (``{"pixel_values"}``, ``{"input_ids", "attention_mask", ...}``);
+    * ``target``: ``None`` (each sample's predicted class), an ``int`` or a ``LongTensor[B]``;
+    * ``sample_ids``: optional per-sample ids (``LongTensor[B]``, e.g. dataset indices), for methods whose
+      output is a function of the sample's identity (the random baseline).
+
+    It resolves the model's adapter (once per model), validates the inputs, runs :meth:`attribute` with the
+    model in eval mode and eager attention inside :func:`preserved_model_state` (the model comes back exactly as
+    it was), and returns raw scores in the layout of the inputs (``adapter.layout``): ``[B, P]`` patch scores
+    in row-major grid order for images, ``[B, N]`` per input position for sequences with padding exactly 0;
+    in the images' dtype (the model's for token ids) and on the inputs' device.
     """
 
     name: str = "?"
     class_specific: bool = True
     pixel_level: bool = False
-    families = None  # None: every adapter in methods.adapters.ADAPTERS
 
-    def __call__(self, model: nn.Module, inputs: Tensor, target: TargetType = None) -> Tensor:
-        if not isinstance(inputs, Tensor) or inputs.dim() != 4 or inputs.shape[1] != 3:
-            shape = tuple(inputs.shape) if isinstance(inputs, Tensor) else type(inputs).__name__
-            raise ValueError(f"{self.name}: expected a normalised image batch [B, 3, H, W], got {shape}")
-        adapter = adapter_for(model, self.families)
+    def __call__(self, model: nn.Module, inputs, target: TargetType = None, sample_ids=None) -> Tensor:
+        adapter = adapter_for(model)
+        batch = adapter.prepare_inputs(inputs, sample_ids=sample_ids)
         with preserved_model_state(model), adapter.eager_attention():
-            relevance = self.attribute(adapter, inputs.detach(), target)
-        return relevance.detach().to(dtype=inputs.dtype, device=inputs.device)
+            scores = self.attribute(adapter, batch, target)
+        layout = adapter.layout(batch)
+        if isinstance(layout, TokenSequence) and not self.pixel_level:
+            scores = layout.output(scores)  # padding exactly 0, whatever the method computed there
+        return scores.detach().to(dtype=batch.score_dtype, device=batch.device)
 
-    # Captum-style alias: method.attribute_model(model, inputs, target=...)
-    def attribute(self, adapter, inputs: Tensor, target: TargetType) -> Tensor:  # pragma: no cover - abstract
+    def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
+        """Raw scores of ``inputs`` (validated by the adapter) for ``target``; see :meth:`__call__`."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -51,8 +57,3 @@ def check_start_layer(start_layer: int, depth: int, name: str) -> int:
     if not -depth <= start_layer < depth:
         raise ValueError(f"{name}: start_layer={start_layer} is outside a model with {depth} blocks")
     return start_layer % depth
-
-
-def patch_tokens(x: Tensor, adapter) -> Tensor:
-    """Drop the prefix ([CLS], register) tokens along the last dimension."""
-    return x[..., adapter.num_prefix_tokens:]

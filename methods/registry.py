@@ -1,7 +1,7 @@
 """timm-style registry of attribution methods: ``build_method(name, **options)``."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Type
+from typing import Callable, Dict, List, Type
 
 _REGISTRY: Dict[str, type] = {}
 
@@ -19,16 +19,9 @@ def register_method(name: str) -> Callable[[Type], Type]:
     return decorator
 
 
-def available_methods(pixel_level: Optional[bool] = None, class_specific: Optional[bool] = None) -> List[str]:
-    """Sorted names of the registered methods, optionally filtered by the methods' declared kind."""
-    names = []
-    for name, cls in _REGISTRY.items():
-        if pixel_level is not None and bool(cls.pixel_level) != pixel_level:
-            continue
-        if class_specific is not None and bool(cls.class_specific) != class_specific:
-            continue
-        names.append(name)
-    return sorted(names)
+def available_methods() -> List[str]:
+    """Sorted names of the registered methods."""
+    return sorted(_REGISTRY)
 
 
 def method_class(name: str) -> type:

@@ -1,4 +1,4 @@
-"""Relevance-propagation (LRP) attribution methods of Chefer et al. (2021a) on stock timm Vision Transformers.
+"""Relevance-propagation (LRP) attribution methods of Chefer et al. (2021a) on stock Transformers.
 
 All methods run :class:`methods.lrp.LRPEngine` once per batch, with one target per sample: one forward with
 hooks, at most one ``torch.autograd.grad`` for the attention gradients, one batched relevance pass that stops
@@ -13,43 +13,31 @@ methods use the model as given.
 """
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from .base import AttributionMethod, check_start_layer
 from .lrp import LRPEngine
 from .lrp.rules import get_rules
+from .readout import check_readout, read_out
 from .registry import register_method
-
-
-def _readout(matrix: Tensor, adapter) -> Tensor:
-    """Patch columns of the [CLS] row of a ``[B, N, N]`` token relevance matrix; for models without a class
-    token (global average pooling) the mean over the patch rows."""
-    p = adapter.num_prefix_tokens
-    if adapter.has_class_token and adapter.global_pool == "token":
-        return matrix[:, 0, p:]
-    return matrix[:, p:, p:].mean(dim=1)
-
-
-def _rollout(mats, start: int, row_normalize: bool) -> Tensor:
-    """``J = (M_{L-1} + I) ... (M_s + I)`` (``ViT_LRP.py:38-49``); ``row_normalize`` divides each factor by
-    its row sums after adding the identity (the reference's commented-out line)."""
-    joint = None
-    for m in mats[start:]:
-        eye = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
-        m = m + eye
-        if row_normalize:
-            m = m / m.sum(dim=-1, keepdim=True)
-        joint = m if joint is None else torch.bmm(m, joint)
-    return joint
+from .rollout import rollout
 
 
 class _LRPMethod(AttributionMethod):
+    """Shared options: ``rules`` (rule set name) and ``readout`` (:func:`methods.readout.read_out`; ``auto``,
+    the default, is the model's own read-out: the [CLS] row, or the mean over the patch rows of an
+    average-pooled model)."""
+
     default_rules = "ours"
 
-    def __init__(self, rules: str = None):
+    def __init__(self, rules: str = None, readout: str = "auto"):
         self.rules = self.default_rules if rules is None else rules
         get_rules(self.rules)  # validate early
+        self.readout = check_readout(readout)
+
+    def _read_out(self, matrix: Tensor, adapter, inputs) -> Tensor:
+        layout = adapter.layout(inputs)
+        return layout.output(read_out(matrix, adapter, inputs, self.readout, layout))
 
 
 @register_method("lrp")
@@ -65,7 +53,10 @@ class FullLRP(_LRPMethod):
     pixel_level = True
     default_rules = "orig"
 
-    def attribute(self, adapter, inputs: Tensor, target) -> Tensor:
+    def __init__(self, rules: str = None):
+        super().__init__(rules)
+
+    def attribute(self, adapter, inputs, target) -> Tensor:
         res = LRPEngine(self.rules).run(adapter, inputs, target, to_input=True)
         return res.input_relevance.sum(dim=1)
 
@@ -81,10 +72,10 @@ class PartialLRP(_LRPMethod):
 
     default_rules = "orig"
 
-    def attribute(self, adapter, inputs: Tensor, target) -> Tensor:
+    def attribute(self, adapter, inputs, target) -> Tensor:
         last = adapter.depth - 1
         res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=[last])
-        return _readout(res.attn_cam[last].clamp(min=0).mean(dim=1), adapter)
+        return self._read_out(res.attn_cam[last].clamp(min=0).mean(dim=1), adapter, inputs)
 
 
 @register_method("transformer_attribution")
@@ -105,17 +96,17 @@ class TransformerAttribution(_LRPMethod):
     * ``rules``: default ``"ours"``.
     """
 
-    def __init__(self, start_layer: int = 0, row_normalize: bool = False, rules: str = None):
-        super().__init__(rules)
+    def __init__(self, start_layer: int = 0, row_normalize: bool = False, rules: str = None, readout: str = "auto"):
+        super().__init__(rules, readout)
         self.start_layer = start_layer
         self.row_normalize = row_normalize
 
-    def attribute(self, adapter, inputs: Tensor, target) -> Tensor:
+    def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter.depth, self.name)
         layers = list(range(start, adapter.depth))
         res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers, grad_layers=layers)
         mats = [(res.attn_grad[l] * res.attn_cam[l]).clamp(min=0).mean(dim=1) for l in layers]
-        return _readout(_rollout(mats, 0, self.row_normalize), adapter)
+        return self._read_out(rollout(mats, self.row_normalize), adapter, inputs)
 
 
 @register_method("lrp_rollout")
@@ -124,14 +115,14 @@ class LRPRollout(_LRPMethod):
     ``mean_h relu(R_A_l)`` with the identity added and no row normalisation, [CLS] row, patch columns.
     ``start_layer`` 0-based (default 0), ``rules`` default ``"ours"`` (the reference runs it on ViT_LRP)."""
 
-    def __init__(self, start_layer: int = 0, row_normalize: bool = False, rules: str = None):
-        super().__init__(rules)
+    def __init__(self, start_layer: int = 0, row_normalize: bool = False, rules: str = None, readout: str = "auto"):
+        super().__init__(rules, readout)
         self.start_layer = start_layer
         self.row_normalize = row_normalize
 
-    def attribute(self, adapter, inputs: Tensor, target) -> Tensor:
+    def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter.depth, self.name)
         layers = list(range(start, adapter.depth))
         res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers)
         mats = [res.attn_cam[l].clamp(min=0).mean(dim=1) for l in layers]
-        return _readout(_rollout(mats, 0, self.row_normalize), adapter)
+        return self._read_out(rollout(mats, self.row_normalize), adapter, inputs)

@@ -128,7 +128,7 @@ def test_recorded_forward_reproduces_logits(golden_run):
     dtype, z, model, images, targets, _ = golden_run
     adapter = TimmViTAdapter(model)
     with adapter.eager_attention():
-        res = LRPEngine("ours").run(adapter, images, targets, cam_layers=[3], grad_layers=[3])
+        res = LRPEngine("ours").run(adapter, adapter.prepare_inputs(images), targets, cam_layers=[3], grad_layers=[3])
         with torch.no_grad():
             ref = model(images)
     assert torch.equal(res.logits, ref)
@@ -182,8 +182,8 @@ def test_ours_relevance_conserved_through_network():
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     engine = LRPEngine("ours")
     from methods.adapters import ActivationRecorder
-    from methods.lrp import walk_for
-    walk = walk_for(adapter)
+    from methods.lrp import topology_for
+    walk = topology_for(adapter)
     with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
         walk.record(rec, range(3), to_input=True)
         logits = model(x)
@@ -272,17 +272,17 @@ def test_linear_rules_conservation():
 
 def test_token_sparse_block_pass_equals_the_dense_pass(monkeypatch):
     """The last block of a [CLS] model runs its token-wise rules on [CLS] only: same relevance as all tokens."""
-    from methods.lrp import walks
+    from methods.lrp import sublayers
 
     model = _small()
     x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
     t = torch.tensor([1, 4, 6])
     r = torch.zeros(2, 5, 4)
     r[1, 0, 2] = 1.0
-    assert walks._active_tokens(r).tolist() == [0] and walks._active_tokens(r + 1) is None
+    assert sublayers.active_tokens(r).tolist() == [0] and sublayers.active_tokens(r + 1) is None
     sparse = {n: build_method(n)(model, x, t) for n in ("transformer_attribution", "partial_lrp", "lrp")}
     calls = []
-    monkeypatch.setattr(walks, "_active_tokens", lambda r: calls.append(1))
+    monkeypatch.setattr(sublayers, "active_tokens", lambda r: calls.append(1))
     for name, value in sparse.items():
         dense = build_method(name)(model, x, t)
         assert torch.allclose(value, dense, rtol=1e-9, atol=1e-12 * dense.abs().max()), name

@@ -1,4 +1,6 @@
-"""Relevance propagation (LRP) on stock Transformers: rules keyed by layer type, per-family graph walks, engine."""
+"""Relevance propagation (LRP) on stock Transformers: rules keyed by layer type, shared sub-layers, one short
+topology per model family, and the engine that runs them."""
 from .engine import LRPEngine, LRPResult  # noqa: F401
 from .rules import RULE_SETS, RuleSet, get_rules, safe_divide  # noqa: F401
-from .walks import WALKS, TimmViTWalk, walk_for  # noqa: F401
+from .topology import TOPOLOGIES, register_topology, topology_for  # noqa: F401
+from . import timm_vit  # noqa: F401,E402  (registers the timm ViT topology)

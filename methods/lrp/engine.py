@@ -1,6 +1,7 @@
 """The LRP engine: one recorded forward, at most one ``autograd.grad``, one closed-form relevance pass.
 
-``LRPEngine(rules).run(adapter, images, target, ...)`` works on the stock model through its adapter: forward
+``LRPEngine(rules).run(adapter, inputs, target, ...)`` works on the stock model through its adapter and the
+family's topology (:mod:`methods.lrp.topology`): forward
 hooks record the inputs of every rule-bearing layer during the model's own forward pass (so the logits are the
 model's), the attention gradients ``d logit_target / d A_l`` come from a single ``torch.autograd.grad`` with
 respect to the recorded attention maps (never ``.backward()``: parameters never get ``.grad``), and the
@@ -16,10 +17,10 @@ from typing import Dict, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..adapters import ActivationRecorder
+from ..adapters import ActivationRecorder, ModelAdapter, ModelInputs
 from ..targets import class_score, resolve_target
 from .rules import RuleSet, get_rules
-from .walks import walk_for
+from .topology import topology_for
 
 
 @dataclass
@@ -28,7 +29,6 @@ class LRPResult:
     target: Tensor
     attn_cam: Dict[int, Tensor] = field(default_factory=dict)    # R_A (after the /2), [B, H, N, N]
     attn_grad: Dict[int, Tensor] = field(default_factory=dict)   # d logit_target / d A, [B, H, N, N]
-    attn: Dict[int, Tensor] = field(default_factory=dict)        # A (post-softmax), [B, H, N, N]
     input_relevance: Optional[Tensor] = None                     # [B, 3, H, W] at the patch-embedding input
 
 
@@ -38,28 +38,28 @@ class LRPEngine:
     def __init__(self, rules="ours"):
         self.rules: RuleSet = get_rules(rules)
 
-    def run(self, adapter, images: Tensor, target=None, cam_layers: Sequence[int] = (),
+    def run(self, adapter: ModelAdapter, inputs: ModelInputs, target=None, cam_layers: Sequence[int] = (),
             grad_layers: Sequence[int] = (), to_input: bool = False) -> LRPResult:
         """Relevance of the attention maps of ``cam_layers``, gradients of ``grad_layers`` and, with
-        ``to_input``, the relevance at the pixels.
+        ``to_input``, the relevance at the input (the pixels for images).
 
         Only the blocks from ``min(cam_layers)`` up are recorded and propagated through (the lowest one only
         down to its attention map) unless ``to_input`` asks for everything.
         """
-        walk = walk_for(adapter)
+        topology = topology_for(adapter)
         depth = adapter.depth
         cam_layers = sorted({int(l) for l in cam_layers})
         grad_layers = sorted({int(l) for l in grad_layers})
         lowest = 0 if to_input else min(cam_layers + grad_layers + [depth])
         blocks = list(range(lowest, depth))
         with ActivationRecorder() as rec:
-            walk.record(rec, blocks, to_input, grad_blocks=grad_layers,
+            topology.record(rec, blocks, to_input, grad_blocks=grad_layers,
                         layer_outputs=self.rules.linear_uses_output)
             if grad_layers:
-                logits = adapter.forward(images, grad_from_block=min(grad_layers))
+                logits = adapter.forward(inputs, grad_from_block=min(grad_layers))
             else:
                 with torch.no_grad():
-                    logits = adapter.forward(images, grad_from_block=depth)
+                    logits = adapter.forward(inputs, grad_from_block=depth)
             acts = dict(rec.outputs)
         target = resolve_target(logits, target)
         result = LRPResult(logits=logits.detach(), target=target)
@@ -68,16 +68,15 @@ class LRPEngine:
             grads = torch.autograd.grad(class_score(logits, target), attns)
             result.attn_grad = {l: g.detach() for l, g in zip(grad_layers, grads)}
         acts = {k: v.detach() for k, v in acts.items()}
-        result.attn = {l: acts[("attn", l)] for l in blocks}
         with torch.no_grad():
             relevance = torch.zeros_like(result.logits)
             relevance.scatter_(1, target[:, None], 1.0)
-            r = walk.head_relprop(self.rules, acts, relevance)
+            r = topology.head_relprop(self.rules, acts, relevance)
             for l in reversed(blocks):
                 need_below = to_input or l > lowest
-                r, cam = walk.block_relprop(self.rules, acts, l, r, need_below)
+                r, cam = topology.block_relprop(self.rules, acts, l, r, need_below)
                 if l in cam_layers:
                     result.attn_cam[l] = cam
             if to_input:
-                result.input_relevance = walk.input_relprop(self.rules, acts, r)
+                result.input_relevance = topology.input_relprop(self.rules, acts, r)
         return result

@@ -1,0 +1,54 @@
+"""Occlusion: the logit drop when one token is removed from the sequence."""
+from __future__ import annotations
+
+import torch
+
+from .adapters import PatchGrid
+from .base import AttributionMethod
+from .registry import register_method
+from .targets import resolve_target
+
+
+def ablated_positions(layout, num_positions: int, device) -> torch.Tensor:
+    """The positions that are removed one at a time: the content positions (patches for images; for
+    sequences every position that is content in some sample of the batch)."""
+    if isinstance(layout, PatchGrid):
+        return torch.arange(num_positions, device=device)[layout.content]
+    return layout.content.any(dim=0).nonzero().flatten().to(device)
+
+
+@register_method("token_ablation")
+class TokenAblation(AttributionMethod):
+    """Token ablation map (TAM; Brocki & Chung): ``TAM_i = f_c(x) - f_c(x without token i)``.
+
+    Content token ``i`` is dropped from the sequence after the embedding (so the other tokens keep their
+    positional embeddings; ``adapter.drop_positions`` also shortens the attention mask) and the shortened
+    sequence runs through all blocks, the final norm and the head; ``f_c`` is the target's logit (predicted
+    class by default, as in the CDAM notebook). Positions that are not removed (prefix tokens, padding) score
+    0. The ablated sequences are batched, at most ``batch_size`` sequences per forward.
+    """
+
+    def __init__(self, batch_size: int = 256):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+
+    @torch.no_grad()
+    def attribute(self, adapter, inputs, target):
+        context = adapter.context(inputs)
+        hidden = adapter.embed(inputs)
+        logits = adapter.head(adapter.run_blocks(hidden, context), context)
+        target = resolve_target(logits, target)
+        clean = logits.gather(1, target[:, None])
+        batch, n, _ = hidden.shape
+        layout = adapter.layout(inputs)
+        positions = ablated_positions(layout, n, hidden.device)
+        result = torch.zeros(batch, n, dtype=logits.dtype, device=logits.device)
+        per_forward = max(1, self.batch_size // batch)
+        for start in range(0, len(positions), per_forward):
+            removed = positions[start:start + per_forward]
+            shortened, short_context = adapter.drop_positions(hidden, context, removed)
+            out = adapter.head(adapter.run_blocks(shortened, short_context), short_context)
+            out = out.unflatten(0, (batch, len(removed)))
+            result[:, removed] = clean - out.gather(2, target[:, None, None].expand(-1, len(removed), 1))[..., 0]
+        return layout.output(result)

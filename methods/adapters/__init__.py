@@ -1,0 +1,26 @@
+"""Model adapters: one typed interface (:class:`ModelAdapter`), one file per model family.
+
+    from methods.adapters import adapter_for
+    adapter = adapter_for(model)          # resolved once per model object
+    inputs = adapter.prepare_inputs(images_or_tokenizer_batch)
+    adapter.layout(inputs)                # PatchGrid(rows, cols, prefix) or TokenSequence(masks)
+
+Importing a family's module registers it; the families shipped here are imported below.
+"""
+from .base import (  # noqa: F401
+    ADAPTERS,
+    READOUT_KINDS,
+    AttentionLinears,
+    Layout,
+    ModelAdapter,
+    ModelInputs,
+    PatchGrid,
+    SequenceContext,
+    TokenSequence,
+    adapter_for,
+    check_sample_ids,
+    forget_adapter,
+    register_adapter,
+)
+from .recorder import ActivationRecorder  # noqa: F401
+from .timm_vit import TimmViTAdapter  # noqa: F401

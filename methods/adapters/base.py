@@ -1,0 +1,338 @@
+"""The one interface every model family implements, in words that fit images, text and CLIP alike.
+
+An adapter never re-implements a model: it calls the model's own submodules in the order of the model's own
+``forward`` (so its logits are bit-identical to ``model(...)``) and says where the tensors that methods read
+live. Methods only ever talk to a :class:`ModelAdapter`; a new family (Hugging Face text classifiers, CLIP
+towers) is one new file in this package, registered with :func:`register_adapter`.
+
+Vocabulary
+----------
+* **positions**: the ``N`` entries of the token sequence that the blocks see (``[B, N, D]`` hidden states),
+  special tokens ([CLS], registers, [SEP], EOS) and padding included.
+* **content positions**: the positions a score is reported for: the image patches (not [CLS] or registers);
+  for text every real token of the input (padding excluded).
+* **read-out**: where the prediction reads the last hidden states: ``"class_token"`` (one fixed position,
+  e.g. [CLS] at 0), ``"mean_content"`` (the mean of the content positions: global average pooling) or
+  ``"position"`` (one position per sample, e.g. CLIP's EOS token).
+* **layout** (:class:`PatchGrid` or :class:`TokenSequence`): how the content positions map to the input, and
+  therefore the shape of a method's output: ``[B, P]`` patch scores in row-major grid order for images;
+  ``[B, N]`` scores aligned with the input positions for sequences, exactly 0 at padding.
+* **context** (:class:`SequenceContext`): what the blocks and the head need besides the hidden states: the
+  attention mask (``None`` when every position is real) and the per-sample read-out positions.
+"""
+from __future__ import annotations
+
+import abc
+import contextlib
+import weakref
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, List, Mapping, Optional, Tuple, Type, Union
+
+import torch
+from torch import Tensor, nn
+
+from .recorder import ActivationRecorder
+
+READOUT_KINDS = ("class_token", "mean_content", "position")
+
+
+# ------------------------------------------------------------------------------------------ inputs
+@dataclass(frozen=True)
+class ModelInputs:
+    """A validated batch as the adapter's model reads it.
+
+    ``tensors``: the model's input tensors by name (``{"pixel_values": [B, 3, H, W]}`` for images,
+    ``{"input_ids", "attention_mask", ...}`` for text), detached. ``sample_ids``: optional per-sample ids
+    (``LongTensor[B]``, e.g. dataset indices) given explicitly by the caller. ``score_dtype``: the dtype of the
+    scores a method returns (the images' dtype; the model's floating dtype for token ids).
+    """
+
+    tensors: Mapping[str, Tensor]
+    batch_size: int
+    score_dtype: torch.dtype
+    device: torch.device
+    sample_ids: Optional[Tensor] = None
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.tensors[name]
+
+    def with_tensors(self, **tensors: Tensor) -> "ModelInputs":
+        """The same batch with some tensors replaced (e.g. scaled pixels); the batch size follows them."""
+        merged = {**self.tensors, **tensors}
+        first = next(iter(tensors.values()))
+        return replace(self, tensors=merged, batch_size=int(first.shape[0]),
+                       sample_ids=self.sample_ids if int(first.shape[0]) == self.batch_size else None)
+
+
+def check_sample_ids(sample_ids, batch_size: int) -> Optional[Tensor]:
+    """``None`` or an integer ``LongTensor[B]`` of per-sample ids (a list is accepted)."""
+    if sample_ids is None:
+        return None
+    ids = torch.as_tensor(sample_ids)
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.dim() != 1:
+        raise ValueError(f"sample_ids must be one integer id per sample, got dtype {ids.dtype}, shape "
+                         f"{tuple(ids.shape)}")
+    if ids.shape[0] != batch_size:
+        raise ValueError(f"sample_ids has {ids.shape[0]} entries but the batch has {batch_size} samples")
+    return ids.long().cpu()
+
+
+# ------------------------------------------------------------------------------------------ layouts
+@dataclass(frozen=True)
+class PatchGrid:
+    """Image tokens: ``prefix`` special tokens ([CLS], registers), then a row-major ``rows x cols`` patch grid.
+
+    Content positions are ``prefix:``; a method's output is ``[B, rows * cols]``.
+    """
+
+    rows: int
+    cols: int
+    prefix: int
+
+    @property
+    def grid(self) -> Tuple[int, int]:
+        return self.rows, self.cols
+
+    @property
+    def content(self) -> slice:
+        return slice(self.prefix, None)
+
+    def output(self, scores: Tensor) -> Tensor:
+        """Per-position scores ``[..., N]`` -> the method's output ``[..., P]`` (patch positions only)."""
+        return scores[..., self.prefix:]
+
+
+@dataclass(frozen=True)
+class TokenSequence:
+    """Text tokens: ``attention_mask`` ``[B, N]`` (1 real, 0 padding) and ``content_mask`` ``[B, N]`` (bool, the
+    real tokens that are not special tokens). A method's output is ``[B, N]``, aligned with the input
+    positions, exactly 0 at padding; special tokens keep their scores."""
+
+    attention_mask: Tensor
+    content_mask: Tensor
+
+    @property
+    def content(self) -> Tensor:
+        return self.content_mask
+
+    def output(self, scores: Tensor) -> Tensor:
+        mask = self.attention_mask.to(dtype=torch.bool, device=scores.device)
+        return scores.masked_fill(~mask.reshape(mask.shape[:1] + (1,) * (scores.dim() - 2) + mask.shape[1:]), 0)
+
+
+Layout = Union[PatchGrid, TokenSequence]
+
+
+@dataclass(frozen=True)
+class SequenceContext:
+    """What blocks and head need besides the hidden states: the attention mask (``[B, N]``, 1 real / 0 padding;
+    ``None`` when all positions are real) and the read-out positions (``[B]``; ``None`` unless the read-out is
+    ``"position"``)."""
+
+    attention_mask: Optional[Tensor] = None
+    readout_positions: Optional[Tensor] = None
+
+    def repeat(self, times: int) -> "SequenceContext":
+        """The context of ``times`` copies of the batch, copy-major (``[c0 s0, c0 s1, ..., c1 s0, ...]``)."""
+        def rep(t):
+            return None if t is None else t.repeat((times,) + (1,) * (t.dim() - 1))
+        return SequenceContext(rep(self.attention_mask), rep(self.readout_positions))
+
+
+# ------------------------------------------------------------------------------------------ hook points
+@dataclass(frozen=True)
+class AttentionLinears:
+    """The linear layers of one attention sub-layer: a fused ``qkv`` projection (timm) or separate ``q``, ``k``,
+    ``v`` projections (Hugging Face), and the output projection ``out``."""
+
+    out: nn.Linear
+    qkv: Optional[nn.Linear] = None
+    q: Optional[nn.Linear] = None
+    k: Optional[nn.Linear] = None
+    v: Optional[nn.Linear] = None
+
+
+# ------------------------------------------------------------------------------------------ interface
+class ModelAdapter(abc.ABC):
+    """What a method may know about a model. Subclasses wrap one family of stock models.
+
+    Structure: ``depth`` blocks of ``num_heads`` attention heads and hidden width ``width``; ``readout`` (one of
+    :data:`READOUT_KINDS`); ``pre_norm`` (``True``: a block computes ``x + attn(norm(x))``; ``False``, post-norm
+    as in BERT: ``norm(x + attn(x))``).
+    """
+
+    #: a human-readable name of the family, used in error messages
+    family: str = "?"
+    readout: str = "class_token"
+    pre_norm: bool = True
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self._signature = self.signature_of(model)
+
+    # -------------------------------------------------------------- which models
+    @classmethod
+    @abc.abstractmethod
+    def supports(cls, model: nn.Module) -> Optional[str]:
+        """``None`` if this family adapts ``model``; else the reason it does not (for the error message)."""
+
+    @classmethod
+    def signature_of(cls, model: nn.Module) -> tuple:
+        """The structural facts an adapter reads once (read-out, depth, ...): a cached adapter whose model no
+        longer has them is resolved again."""
+        return ()
+
+    def signature(self) -> tuple:
+        return self._signature
+
+    # -------------------------------------------------------------- structure
+    @property
+    @abc.abstractmethod
+    def depth(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def num_heads(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def width(self) -> int: ...
+
+    @property
+    def has_class_token(self) -> bool:
+        return self.readout == "class_token"
+
+    # -------------------------------------------------------------- inputs, layout
+    @abc.abstractmethod
+    def prepare_inputs(self, inputs, sample_ids=None) -> ModelInputs:
+        """Validate a tensor or a mapping of tensors as a tokenizer/processor returns it; errors name the problem."""
+
+    @abc.abstractmethod
+    def layout(self, inputs: ModelInputs) -> Layout: ...
+
+    @abc.abstractmethod
+    def context(self, inputs: ModelInputs) -> SequenceContext: ...
+
+    # -------------------------------------------------------------- forward pieces (the model's own order)
+    @abc.abstractmethod
+    def embed(self, inputs: ModelInputs) -> Tensor:
+        """Hidden states entering block 0, ``[B, N, D]``."""
+
+    @abc.abstractmethod
+    def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
+                   stop: Optional[int] = None) -> Tensor: ...
+
+    @abc.abstractmethod
+    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """Final norm (if any), read-out and classifier: logits ``[B, C]`` (``pre_logits``: the latent the
+        classifier reads)."""
+
+    def forward(self, inputs: ModelInputs, grad_from_block: int = 0, pre_logits: bool = False) -> Tensor:
+        """The model's logits, with autograd recorded only from block ``grad_from_block`` on.
+
+        Everything before that block runs under ``torch.no_grad()``: methods that need gradients only down to
+        some block pay for no graph below it (``grad_from_block=depth``: no graph at all but the head's).
+        """
+        context = self.context(inputs)
+        with torch.no_grad():
+            hidden = self.run_blocks(self.embed(inputs), context, 0, grad_from_block)
+        with torch.enable_grad():
+            hidden = self.run_blocks(hidden, context, grad_from_block)
+            return self.head(hidden, context, pre_logits=pre_logits)
+
+    # -------------------------------------------------------------- integrated gradients, ablation
+    @abc.abstractmethod
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        """The inputs scaled towards the baseline by each ``alpha`` (``[S]``), ``S * B`` samples step-major:
+        pixels for images (the all-zero normalised image as baseline), embeddings for text."""
+
+    def drop_positions(self, hidden: Tensor, context: SequenceContext,
+                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
+        """``len(removed) * B`` sequences (sample-major: ``[s0 r0, s0 r1, ..., s1 r0, ...]``), each the hidden
+        states without one position of ``removed`` (the others keep their positional embedding), with the
+        matching context (attention mask shortened; read-out positions shifted)."""
+        batch, n = hidden.shape[:2]
+        r = len(removed)
+        keep = torch.arange(n, device=hidden.device)[None, :].expand(r, n)
+        keep = keep[keep != removed[:, None].to(hidden.device)].reshape(r, n - 1)
+        shortened = hidden[:, keep].flatten(0, 1)
+        mask = context.attention_mask
+        if mask is not None:
+            mask = mask[:, keep.to(mask.device)].flatten(0, 1)
+        positions = context.readout_positions
+        if positions is not None:
+            shift = (removed.to(positions.device)[None, :] < positions[:, None]).long()
+            positions = (positions[:, None] - shift).flatten()
+        return shortened, SequenceContext(mask, positions)
+
+    # -------------------------------------------------------------- where methods hook
+    @abc.abstractmethod
+    def record_attention(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False,
+                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """Record block ``layer``'s post-softmax attention ``[B, H, N, N]`` (after dropout: identity in eval), the
+        tensor the references hook; ``require_grad`` makes it differentiable for ``d logit / d A``."""
+
+    @abc.abstractmethod
+    def record_values(self, rec: ActivationRecorder, layer: int, key) -> None:
+        """Record block ``layer``'s value projection ``[B, N, D]`` (heads merged, bias included)."""
+
+    @abc.abstractmethod
+    def record_attention_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+        """Record the hidden states entering block ``layer``'s attention: the norm output in a pre-norm block,
+        the block input in a post-norm one."""
+
+    @abc.abstractmethod
+    def record_block_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+        """Record the residual stream entering block ``layer``."""
+
+    @abc.abstractmethod
+    def attention_linears(self, layer: int) -> AttentionLinears: ...
+
+    @abc.abstractmethod
+    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
+        """The MLP's two linear layers (up-projection, down-projection) of block ``layer``."""
+
+    # -------------------------------------------------------------- attention implementation
+    @abc.abstractmethod
+    def eager_attention(self) -> contextlib.AbstractContextManager:
+        """Context in which the attention probabilities are materialised (fused attention switched off),
+        restoring the model's setting on exit."""
+
+
+# ------------------------------------------------------------------------------------------ registry
+ADAPTERS: List[Type[ModelAdapter]] = []
+_RESOLVED: "weakref.WeakKeyDictionary[nn.Module, ModelAdapter]" = weakref.WeakKeyDictionary()
+
+
+def register_adapter(cls: Type[ModelAdapter]) -> Type[ModelAdapter]:
+    """Class decorator: make ``adapter_for`` consider this family."""
+    if cls not in ADAPTERS:
+        ADAPTERS.append(cls)
+    return cls
+
+
+def adapter_for(model: nn.Module) -> ModelAdapter:
+    """The adapter of ``model``, resolved once per model object and then reused.
+
+    ``TypeError`` naming the model class and the supported families (with each family's reason) otherwise.
+    """
+    cached = _RESOLVED.get(model)
+    if cached is not None and cached.signature() == cached.signature_of(model):
+        return cached
+    reasons: Dict[str, str] = {}
+    for adapter_cls in ADAPTERS:
+        reason = adapter_cls.supports(model)
+        if reason is None:
+            adapter = adapter_cls(model)
+            _RESOLVED[model] = adapter
+            return adapter
+        reasons[adapter_cls.family] = reason
+    raise TypeError(
+        f"model class {type(model).__module__}.{type(model).__name__} is not supported; supported families: "
+        f"{', '.join(a.family for a in ADAPTERS)} ({'; '.join(f'{k}: {v}' for k, v in reasons.items())})"
+    )
+
+
+def forget_adapter(model: nn.Module) -> None:
+    """Drop the cached adapter of ``model`` (after changing its structure, e.g. its read-out)."""
+    _RESOLVED.pop(model, None)

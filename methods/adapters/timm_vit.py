@@ -1,0 +1,154 @@
+"""Adapter for stock ``timm.models.vision_transformer.VisionTransformer`` classifiers."""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Mapping, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .base import (AttentionLinears, ModelAdapter, ModelInputs, PatchGrid, SequenceContext, check_sample_ids,
+                   register_adapter)
+from .recorder import ActivationRecorder
+
+SUPPORTED_POOLS = ("token", "avg")
+
+
+@register_adapter
+class TimmViTAdapter(ModelAdapter):
+    """Stock timm ``VisionTransformer``: pre-norm blocks ``x + attn(norm1(x))``, ``h + mlp(norm2(h))``, fused
+    ``qkv`` projection; read-out ``"class_token"`` (``global_pool='token'``) or ``"mean_content"``
+    (``global_pool='avg'``). Inputs: normalised images ``[B, 3, H, W]`` (a tensor, or ``{"pixel_values": ...}``).
+    Layout: a patch grid after the prefix tokens ([CLS], registers)."""
+
+    family = "timm VisionTransformer"
+    pre_norm = True
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.blocks = list(model.blocks)
+        self.num_prefix_tokens = int(model.num_prefix_tokens)
+        self.patch_size: Tuple[int, int] = tuple(model.patch_embed.patch_size)
+        self.readout = "class_token" if model.global_pool == "token" else "mean_content"
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> Optional[str]:
+        try:
+            from timm.models.vision_transformer import VisionTransformer
+        except ImportError:  # pragma: no cover - timm is a dependency
+            return "timm is not installed"
+        if not isinstance(model, VisionTransformer):
+            return f"{type(model).__name__} is not a timm VisionTransformer"
+        if model.global_pool not in SUPPORTED_POOLS:
+            return (f"timm VisionTransformer with global_pool={model.global_pool!r} is not supported; supported "
+                    f"read-outs: {', '.join(map(repr, SUPPORTED_POOLS))}")
+        return None
+
+    @classmethod
+    def signature_of(cls, model: nn.Module) -> tuple:
+        return (model.global_pool, len(model.blocks), int(model.num_prefix_tokens))
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def depth(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.blocks[0].attn.num_heads)
+
+    @property
+    def width(self) -> int:
+        return int(self.model.embed_dim)
+
+    @property
+    def has_class_token(self) -> bool:
+        m = self.model
+        return bool(getattr(m, "has_class_token", m.cls_token is not None))
+
+    # ------------------------------------------------------------------ inputs, layout
+    def prepare_inputs(self, inputs, sample_ids=None) -> ModelInputs:
+        images = inputs.get("pixel_values") if isinstance(inputs, Mapping) else inputs
+        if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != 3:
+            shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+            raise ValueError(f"expected a normalised image batch [B, 3, H, W] (a tensor or {{'pixel_values': ...}}), "
+                             f"got {shape}")
+        if not images.dtype.is_floating_point:
+            raise ValueError(f"expected normalised floating-point images, got dtype {images.dtype}")
+        ph, pw = self.patch_size
+        if images.shape[-2] % ph or images.shape[-1] % pw:
+            raise ValueError(f"image size {tuple(images.shape[-2:])} is not a multiple of the patch size {ph}x{pw}")
+        images = images.detach()
+        return ModelInputs({"pixel_values": images}, int(images.shape[0]), images.dtype, images.device,
+                           check_sample_ids(sample_ids, int(images.shape[0])))
+
+    def layout(self, inputs: ModelInputs) -> PatchGrid:
+        images = inputs["pixel_values"]
+        return PatchGrid(images.shape[-2] // self.patch_size[0], images.shape[-1] // self.patch_size[1],
+                         self.num_prefix_tokens)
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext()
+
+    # ------------------------------------------------------------------ forward pieces (the model's own order)
+    def embed(self, inputs: ModelInputs) -> Tensor:
+        """Patch embedding, prefix tokens + positional embedding, patch drop, norm_pre."""
+        m = self.model
+        x = m.patch_embed(inputs["pixel_values"])
+        x = m._pos_embed(x)
+        x = m.patch_drop(x)
+        return m.norm_pre(x)
+
+    def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
+                   stop: Optional[int] = None) -> Tensor:
+        for block in self.blocks[start:stop]:
+            hidden = block(hidden)
+        return hidden
+
+    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """Final norm, pooling, fc_norm and classifier: the model's own ``forward_head``."""
+        m = self.model
+        return m.forward_head(m.norm(hidden), pre_logits=pre_logits)
+
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        images = inputs["pixel_values"]
+        alphas = alphas.to(dtype=images.dtype, device=images.device)
+        return inputs.with_tensors(pixel_values=(alphas[:, None, None, None, None] * images[None]).flatten(0, 1))
+
+    # ------------------------------------------------------------------ where methods hook
+    def record_attention(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False,
+                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        rec.output(self.blocks[layer].attn.attn_drop, key, require_grad=require_grad, transform=transform)
+
+    def record_values(self, rec: ActivationRecorder, layer: int, key) -> None:
+        dim = self.width
+        rec.output(self.blocks[layer].attn.qkv, key, transform=lambda out: out[..., 2 * dim:3 * dim])
+
+    def record_attention_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+        rec.output(self.blocks[layer].norm1, key, require_grad=require_grad)
+
+    def record_block_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+        rec.input(self.blocks[layer], key, require_grad=require_grad)
+
+    def attention_linears(self, layer: int) -> AttentionLinears:
+        attn = self.blocks[layer].attn
+        return AttentionLinears(out=attn.proj, qkv=attn.qkv)
+
+    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
+        mlp = self.blocks[layer].mlp
+        return mlp.fc1, mlp.fc2
+
+    @contextlib.contextmanager
+    def eager_attention(self) -> Iterator[None]:
+        """Switch timm's fused attention off (it never materialises the attention matrix) and restore it."""
+        modules = [block.attn for block in self.blocks]
+        before = [getattr(m, "fused_attn", False) for m in modules]
+        for m in modules:
+            if hasattr(m, "fused_attn"):
+                m.fused_attn = False
+        try:
+            yield
+        finally:
+            for m, flag in zip(modules, before):
+                if hasattr(m, "fused_attn"):
+                    m.fused_attn = flag

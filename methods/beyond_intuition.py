@@ -1,0 +1,177 @@
+"""Beyond Intuition (Chen et al. 2023): attention perception times integrated-gradient reasoning feedback.
+
+Layer indices are 0-based: the authors' code counts from 1 for these methods; its ``start_layer=S`` is
+``start_layer=S-1`` here.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .adapters import ActivationRecorder
+from .attention_gradients import attention_and_gradients, check_gradient_of, target_score
+from .base import AttributionMethod, check_start_layer
+from .readout import check_readout, read_out
+from .registry import register_method
+from .rollout import accumulate_residual
+from .targets import resolve_target
+
+
+def attention_perception_headwise(attn: Tensor, grad: Tensor) -> Tensor:
+    """Head-wise perception ``Ã = Σ_h w_h A_h`` (Chen et al. 2023, §3.2, head importance).
+
+    As the authors' code computes it (``generate_ours``): ``I_h = mean_ij |(A_h^T ∇A_h)_ij|`` — the mean absolute
+    entry of the matrix product, not the paper's inner product ``<A_h, ∇A_h>`` — and ``w_h = I_h / Σ_h' I_h'``
+    normalised **per sample** (their code normalises over the whole batch because it runs batch size 1).
+    """
+    importance = (attn.transpose(-1, -2) @ grad).abs().mean(dim=(-1, -2))  # [B, H]
+    weights = importance / importance.sum(dim=1, keepdim=True)
+    return (weights[:, :, None, None] * attn).sum(dim=1)
+
+
+def attention_perception_tokenwise(attn: Tensor, block_input: Tensor, values: Tensor, out_weight: Tensor,
+                                   attention_input: Optional[Tensor] = None) -> Tensor:
+    """Token-wise perception ``Ā diag(s)`` (Chen et al. 2023, §3.2, token importance).
+
+    ``s_j = ||(v_j W_o^T)|| / ||z_j||`` with ``v`` the value projection of the attention input (heads merged,
+    bias included), ``W_o`` the attention output projection (its bias left out) and ``z`` the block input —
+    **before** the pre-norm, the code's choice (``generate_ours_c``). With ``attention_input`` given, the
+    denominator is the norm of the attention input instead (the same ``Z`` on both sides; identical to the
+    block input in a post-norm block).
+    """
+    vproj = values @ out_weight.transpose(0, 1)
+    denominator = block_input if attention_input is None else attention_input
+    scale = vproj.norm(dim=-1) / denominator.norm(dim=-1)  # [B, N]
+    return attn.mean(dim=1) * scale[:, None, :]
+
+
+class _BeyondIntuition(AttributionMethod):
+    """Shared machinery of Chen et al. 2023 ("Beyond Intuition"): ``T = F ⊙ P`` (eq. 8).
+
+    * attention perception ``P = Π_{l=L-1..start} (I + Ã_l)`` (``R = R + Ã_l R`` in forward order,
+      :func:`methods.rollout.accumulate_residual`, no row normalisation), ``Ã_l`` head-wise or token-wise;
+    * reasoning feedback ``F = E_h[( (1/K) Σ_k ∇A_{L-1}(α_k x) )^+]``: the mean over ``K = steps`` points
+      ``α_k = linspace(0, 1, K)`` (both ends included) of the gradient of the target's logit w.r.t. the **last**
+      block's post-softmax attention, clamped at 0 after the step mean and then averaged over heads
+      (``generate_ours`` lines 209-229). ``α_k x`` is the adapter's interpolation (``adapter.interpolate``): the
+      pixels for images, baseline the all-zero normalised image. The α = 1 point is the clean pass, reused. The
+      K-1 other points are batched (``ig_batch_size`` bounds the samples per forward to cap memory) and need
+      autograd only through the last block.
+    * read-out of ``F ⊙ P`` (``readout``, :func:`methods.readout.read_out`): the [CLS] row for [CLS] models, the
+      mean over the content rows (the code's ``mae`` read-out) for global average pooling (``auto``).
+    * ``reasoning_feedback=False`` returns ``|P|`` read out the same way (their ``ssl=True`` branch).
+    * ``gradient_of='probability'`` differentiates the softmax probability (InterpretDL's CV default) instead of
+      the logit (the authors' code).
+    """
+
+    def __init__(self, start_layer: int = 0, steps: int = 20, readout: str = "auto", reasoning_feedback: bool = True,
+                 gradient_of: str = "logit", ig_batch_size: Optional[int] = None):
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
+        self.start_layer = start_layer
+        self.steps = steps
+        self.readout = check_readout(readout)
+        self.reasoning_feedback = reasoning_feedback
+        self.gradient_of = check_gradient_of(gradient_of)
+        self.ig_batch_size = ig_batch_size
+
+    def perception_pass(self, adapter, inputs, target, start):  # pragma: no cover - abstract
+        """One clean pass: the perception updates ``Ã_l``, the last block's attention gradient, the targets."""
+        raise NotImplementedError
+
+    def _last_attention_gradients(self, adapter, inputs, target: Tensor):
+        """Sum over the α_k < 1 of ``∇A_{L-1}(α_k x)``, batched over steps and samples."""
+        last = adapter.depth - 1
+        alphas = torch.linspace(0, 1, self.steps, dtype=torch.float64)[:-1]
+        if len(alphas) == 0:
+            return 0
+        batch = inputs.batch_size
+        chunk_steps = len(alphas) if self.ig_batch_size is None else max(1, self.ig_batch_size // batch)
+        total = 0
+        for i in range(0, len(alphas), chunk_steps):
+            chunk = alphas[i:i + chunk_steps]
+            with ActivationRecorder() as rec:
+                adapter.record_attention(rec, last, "attn", require_grad=True)
+                logits = adapter.forward(adapter.interpolate(inputs, chunk), grad_from_block=last)
+            score = target_score(logits, target.repeat(len(chunk)), self.gradient_of)
+            (grad,) = torch.autograd.grad(score, rec["attn"])
+            total = total + grad.unflatten(0, (len(chunk), batch)).sum(dim=0)
+        return total
+
+    def attribute(self, adapter, inputs, target):
+        start = check_start_layer(self.start_layer, adapter.depth, self.name)
+        updates, last_grad, target = self.perception_pass(adapter, inputs, target, start)
+        perception = accumulate_residual(updates)
+        layout = adapter.layout(inputs)
+        if not self.reasoning_feedback:
+            return layout.output(read_out(perception, adapter, inputs, self.readout, layout)).abs()
+        feedback_sum = last_grad + self._last_attention_gradients(adapter, inputs, target)
+        feedback = (feedback_sum / self.steps).clamp(min=0).mean(dim=1)
+        return layout.output(read_out(feedback * perception, adapter, inputs, self.readout, layout))
+
+
+@register_method("beyond_intuition_head")
+class BeyondIntuitionHead(_BeyondIntuition):
+    __doc__ = (
+        "Beyond Intuition, head-wise (Chen et al. 2023, 'Ours-H'): ``Ã_l = Σ_h w_h A_h`` with gradient-based head\n"
+        "    weights (see ``attention_perception_headwise``) times the reasoning feedback.\n\n"
+        "    Default ``start_layer=3`` = the authors' 1-based 4 used by their perception test for ViT-B.\n\n    "
+        + _BeyondIntuition.__doc__
+    )
+
+    def __init__(self, start_layer: int = 3, **options):
+        super().__init__(start_layer=start_layer, **options)
+
+    def perception_pass(self, adapter, inputs, target, start):
+        layers = list(range(start, adapter.depth))
+        attns, grads, _, target = attention_and_gradients(adapter, inputs, target, layers, self.gradient_of)
+        updates = [attention_perception_headwise(a, g) for a, g in zip(attns, grads)]
+        return updates, grads[-1], target
+
+
+@register_method("beyond_intuition_token")
+class BeyondIntuitionToken(_BeyondIntuition):
+    __doc__ = (
+        "Beyond Intuition, token-wise (Chen et al. 2023, 'Ours-T'): ``Ã_l = mean_h A_h diag(s)`` with the value-norm\n"
+        "    token scale ``s`` (see ``attention_perception_tokenwise``) times the reasoning feedback.\n\n"
+        "    Default ``start_layer=6`` = the authors' 1-based 7 used by their perturbation test for ViT-B.\n"
+        "    ``token_scale_denominator='attention_input'`` (alias ``'norm1_output'``) divides by the norm of the\n"
+        "    attention input instead of the code's block input (``'block_input'``, default).\n\n    "
+        + _BeyondIntuition.__doc__
+    )
+
+    DENOMINATORS = ("block_input", "attention_input")
+    DENOMINATOR_ALIASES = {"norm1_output": "attention_input"}
+
+    def __init__(self, start_layer: int = 6, token_scale_denominator: str = "block_input", **options):
+        token_scale_denominator = self.DENOMINATOR_ALIASES.get(token_scale_denominator, token_scale_denominator)
+        if token_scale_denominator not in self.DENOMINATORS:
+            raise ValueError(f"token_scale_denominator must be one of {self.DENOMINATORS} (or 'norm1_output'), "
+                             f"got {token_scale_denominator!r}")
+        super().__init__(start_layer=start_layer, **options)
+        self.token_scale_denominator = token_scale_denominator
+
+    def perception_pass(self, adapter, inputs, target, start):
+        last = adapter.depth - 1
+        layers = list(range(start, adapter.depth))
+        use_attention_input = self.token_scale_denominator == "attention_input"
+        with ActivationRecorder() as rec:
+            for layer in layers:
+                adapter.record_block_input(rec, layer, ("z", layer))
+                adapter.record_values(rec, layer, ("v", layer))
+                if use_attention_input:
+                    adapter.record_attention_input(rec, layer, ("ln", layer))
+                adapter.record_attention(rec, layer, ("a", layer), require_grad=(layer == last))
+            logits = adapter.forward(inputs, grad_from_block=last)
+        target = resolve_target(logits, target)
+        (last_grad,) = torch.autograd.grad(target_score(logits, target, self.gradient_of), rec[("a", last)])
+        updates = [
+            attention_perception_tokenwise(
+                rec[("a", l)].detach(), rec[("z", l)].detach(), rec[("v", l)].detach(),
+                adapter.attention_linears(l).out.weight.detach(),
+                rec[("ln", l)].detach() if use_attention_input else None)
+            for l in layers
+        ]
+        return updates, last_grad, target

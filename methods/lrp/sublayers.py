@@ -1,0 +1,180 @@
+"""Relevance through the sub-layers every Transformer family shares, built from the rules of
+:mod:`methods.lrp.rules`: the attention core, the residual attention and residual MLP sub-layers, the embedding
+sum and the read-out. A family's topology (:mod:`methods.lrp.timm_vit`, ...) records the tensors named in
+:class:`BlockTensors` and calls these in the order of its graph.
+
+The active-token optimisation lives here too: tokens whose relevance is zero in every sample (all but [CLS]
+in the last block of a [CLS]-read model) stay zero through the token-wise part of a block (MLP, residual Adds,
+output projection) and select the query rows of the attention map and of ``q``, so all of these run on the
+tokens that carry relevance only; the attention spreads relevance to every token through ``k`` and ``v``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..adapters import AttentionLinears
+
+
+def attention_relprop(rules, q: Tensor, k: Tensor, v: Tensor, attn: Tensor, relevance_ctx: Tensor,
+                      need_qk: bool = True, ctx: Optional[Tensor] = None):
+    """Relevance through ``ctx = A @ v`` and ``A = softmax(q @ k^T * scale + mask)`` (``ViT_LRP.py:154-177``).
+
+    ``relevance_ctx`` is ``[B, H, n, d]`` (relevance of the attention output before the head merge, for the
+    ``n`` query rows of ``q`` and ``attn``). Returns ``(R_A, R_q, R_k, R_v)`` where ``R_A`` is the reference's
+    ``attn_cam`` (after the /2); the softmax, the scale and an additive mask are invisible to LRP (identity), so
+    ``R_A`` feeds ``q @ k^T`` directly. Gradient x input on both matmuls, each operand's relevance halved
+    (conserves ``sum R`` when the matmul rule does). ``need_qk=False`` stops after ``R_A``/``R_v``
+    (``R_q = R_k = None``). ``ctx``: the recorded ``A @ v`` (``[B, H, n, d]``), if any.
+    """
+    r_attn, r_v = rules["matmul"](attn, v, relevance_ctx, ab=ctx, scale=0.5)
+    if not need_qk:
+        return r_attn, None, None, r_v
+    r_q, r_kt = rules["matmul"](q, k.transpose(-2, -1), r_attn, scale=0.5)
+    return r_attn, r_q, r_kt.transpose(-2, -1), r_v
+
+
+# ------------------------------------------------------------------------------------------ active tokens
+def active_tokens(relevance: Tensor) -> Optional[Tensor]:
+    """Indices of the tokens (dim 1) with a nonzero relevance in some sample; ``None`` when that is all."""
+    active = relevance.ne(0).any(dim=2).any(dim=0)
+    if bool(active.all()):
+        return None
+    return active.nonzero().flatten()
+
+
+def scatter_tokens(values: Tensor, index: Tensor, tokens: int, dim: int = 1) -> Tensor:
+    """Zeros with ``tokens`` entries along ``dim``, ``values`` placed at ``index``."""
+    shape = list(values.shape)
+    shape[dim] = tokens
+    out = values.new_zeros(shape)
+    out.index_copy_(dim, index, values)
+    return out
+
+
+def _part(bias: Optional[Tensor], start: int, stop: Optional[int]) -> Optional[Tensor]:
+    return None if bias is None else bias[start:stop]
+
+
+# ------------------------------------------------------------------------------------------ one block
+@dataclass
+class BlockTensors:
+    """What a topology records for one block (inputs of the rule-bearing layers, and outputs the rules read).
+
+    ``x``: block input; ``attn_out``: the attention sub-layer's output (after its output projection);
+    ``mlp_in``: the stream the MLP residual adds to (``x + attn_out`` in a pre-norm block; the attention
+    LayerNorm's output in a post-norm block); ``mlp_out``: the MLP's output; ``fc1_in``, ``fc1_out`` (optional),
+    ``fc2_in``: the MLP linears' inputs/outputs; ``proj_in``: ``A @ v`` with heads merged (the output
+    projection's input); ``qkv_in``: the input of the q/k/v projections; ``qkv``: the fused projection's output;
+    ``attn``: the post-softmax attention ``[B, H, N, N]``. The relevance pass consumes them (a Linear rule may
+    overwrite a recorded output).
+    """
+
+    x: Tensor
+    attn_out: Tensor
+    mlp_in: Optional[Tensor]
+    mlp_out: Tensor
+    fc1_in: Tensor
+    fc1_out: Optional[Tensor]
+    fc2_in: Tensor
+    proj_in: Tensor
+    qkv_in: Tensor
+    qkv: Tensor
+    attn: Tensor
+
+
+def residual_mlp_relprop(rules, t: BlockTensors, fc1: nn.Linear, fc2: nn.Linear, relevance: Tensor,
+                         rows: Optional[Tensor]) -> Tensor:
+    """``y = h + mlp(h')`` (``h' = norm2(h)`` pre-norm, ``h`` post-norm; norms and activations identity): Add,
+    the two MLP linears, then the clone of ``h``. ``rows``: the active tokens (``None``: all). Returns the
+    relevance at ``h`` for the active rows."""
+    def act(tensor):
+        return tensor if rows is None or tensor is None else tensor[:, rows]
+
+    x, a, m_out = act(t.x), act(t.attn_out), act(t.mlp_out)
+    h = x + a if t.mlp_in is None else act(t.mlp_in)
+    r_h, r_m = rules["add"](h, m_out, relevance)
+    r_m = rules["linear"](act(t.fc2_in), fc2.weight, r_m, m_out, fc2.bias)
+    r_m = rules["linear"](act(t.fc1_in), fc1.weight, r_m, act(t.fc1_out), fc1.bias)
+    return rules["clone"](h, [r_h, r_m])
+
+
+def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears, heads: int, relevance: Tensor,
+                               rows: Optional[Tensor], need_below: bool) -> Tuple[Optional[Tensor], Tensor]:
+    """``y = x + attn(x')`` (``x' = norm1(x)`` pre-norm, ``x`` post-norm): Add, the output projection, the
+    attention core (:func:`attention_relprop`), the q/k/v projection and the clone of ``x``. ``relevance`` is
+    the relevance at ``y`` for the active ``rows`` (``None``: all tokens). Returns ``(R at the block input, dense
+    [B, N, D], or None when not ``need_below``; R_A [B, H, N, N], dense with zero rows off the active rows)``.
+    """
+    def act(tensor):
+        return tensor if rows is None else tensor[:, rows]
+
+    if linears.qkv is None:
+        raise TypeError("LRP needs a fused qkv projection here; separate q/k/v projections are not supported yet")
+    x, a = act(t.x), act(t.attn_out)
+    r_x, r_a = rules["add"](x, a, relevance)
+    ctx = act(t.proj_in)                           # A @ v (query rows of the active tokens), heads merged
+    out = linears.out
+    r_ctx = rules["linear"](ctx, out.weight, r_a, a, out.bias)
+    batch, tokens = t.x.shape[:2]
+    q, k, v = t.qkv.reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    query_rows = slice(None) if rows is None else rows
+
+    def heads_first(tensor: Tensor) -> Tensor:     # [B, n, H*d] -> [B, H, n, d]
+        return tensor.reshape(batch, tensor.shape[1], heads, -1).transpose(1, 2)
+
+    r_attn, r_q, r_k, r_v = attention_relprop(rules, q[:, :, query_rows], k, v, t.attn[:, :, query_rows],
+                                              heads_first(r_ctx), need_qk=need_below, ctx=heads_first(ctx))
+    if rows is not None:
+        r_attn = scatter_tokens(r_attn, rows, tokens, dim=2)
+        r_x = scatter_tokens(r_x, rows, tokens)
+    if not need_below:
+        return None, r_attn
+    x_in, weight, bias, qkv_out = t.qkv_in, linears.qkv.weight, linears.qkv.bias, t.qkv
+    if rows is None:
+        r_qkv = torch.stack([r.transpose(1, 2) for r in (r_q, r_k, r_v)], dim=2).reshape(batch, tokens, -1)
+        r_in = rules["linear"](x_in, weight, r_qkv, qkv_out, bias)
+    else:
+        # The Linear rule is a sum over output units: the q units (relevance on the active rows only) and the
+        # k, v units (every token) are two smaller applications of it.
+        dim = weight.shape[0] // 3
+        r_kv = torch.stack([r.transpose(1, 2) for r in (r_k, r_v)], dim=2).reshape(batch, tokens, -1)
+        r_in = rules["linear"](x_in, weight[dim:], r_kv, qkv_out[..., dim:], _part(bias, dim, None))
+        r_in[:, rows] += rules["linear"](x_in[:, rows], weight[:dim], r_q.transpose(1, 2).reshape(
+            batch, len(rows), -1), qkv_out[:, rows, :dim], _part(bias, 0, dim))
+    return rules["clone"](t.x, [r_x, r_in]), r_attn
+
+
+def block_relprop(rules, t: BlockTensors, linears: AttentionLinears, mlp: Tuple[nn.Linear, nn.Linear], heads: int,
+                  relevance: Tensor, need_below: bool) -> Tuple[Optional[Tensor], Tensor]:
+    """Relevance through one Transformer block (residual MLP, then residual attention), on the active tokens.
+    Returns ``(R at the block input or None, R_A [B, H, N, N])``."""
+    rows = active_tokens(relevance)
+    r = relevance if rows is None else relevance[:, rows]
+    r = residual_mlp_relprop(rules, t, mlp[0], mlp[1], r, rows)
+    return residual_attention_relprop(rules, t, linears, heads, r, rows, need_below)
+
+
+# ------------------------------------------------------------------------------------------ embeddings, read-out
+def embedding_sum_relprop(rules, tokens: Tensor, position: Tensor, relevance: Tensor) -> Tensor:
+    """``e = tokens + position``: the Add rule; the positional embedding's share is dropped (it is no input)."""
+    r_tokens, _ = rules["add"](tokens, position, relevance)
+    return r_tokens
+
+
+def readout_relprop(rules, hidden: Tensor, relevance_latent: Tensor, readout: str,
+                    content: slice = slice(None)) -> Tensor:
+    """Relevance of the final hidden states ``[B, N, D]`` from the relevance of the pooled latent ``[B, D]``:
+    ``class_token``: the selection rule onto position 0; ``mean_content``: the mean-pool rule over the
+    ``content`` positions."""
+    out = torch.zeros_like(hidden)
+    if readout == "class_token":
+        out[:, 0] = rules["select"](hidden[:, 0], relevance_latent)
+    elif readout == "mean_content":
+        out[:, content] = rules["mean_pool"](hidden[:, content], relevance_latent)
+    else:
+        raise TypeError(f"LRP has no read-out rule for {readout!r} yet")
+    return out

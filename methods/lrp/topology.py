@@ -1,0 +1,25 @@
+"""Registry of LRP topologies: one per adapter class (model family)."""
+from __future__ import annotations
+
+from typing import Callable, Dict, Type
+
+TOPOLOGIES: Dict[type, Type] = {}
+
+
+def register_topology(adapter_class: type) -> Callable[[Type], Type]:
+    """Class decorator: the topology used for models whose adapter is ``adapter_class``."""
+    def decorator(cls: Type) -> Type:
+        TOPOLOGIES[adapter_class] = cls
+        return cls
+    return decorator
+
+
+def topology_for(adapter):
+    """The LRP topology of ``adapter``'s family; ``TypeError`` naming the supported families otherwise."""
+    cls = TOPOLOGIES.get(type(adapter))
+    if cls is None:
+        raise TypeError(
+            f"no LRP topology for model class {type(adapter.model).__name__} ({adapter.family}); "
+            f"supported families: {', '.join(a.family for a in TOPOLOGIES)}"
+        )
+    return cls(adapter)

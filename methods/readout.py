@@ -1,0 +1,82 @@
+"""The read-out: which rows of a token-to-token relevance matrix stand for the prediction.
+
+A method that builds an ``[B, (H,) N, N]`` matrix (attention, rollout, relevance) reports, for every position,
+the entry in the row of the position the prediction reads: the class token's row for a [CLS] read-out, each
+sample's own row for a per-sample read-out position (CLIP's EOS), the mean over the content rows for a
+mean-pooled model. :func:`read_out` is that choice for every method; the method's output then keeps the content
+columns (``layout.output``).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .adapters import Layout, ModelAdapter, ModelInputs
+
+READOUTS = ("auto", "class_token", "mean_content", "position")
+#: earlier option values, still accepted
+READOUT_ALIASES = {"cls": "class_token", "mean_patches": "mean_content"}
+
+
+def check_readout(readout: str) -> str:
+    """The canonical name of a ``readout`` option value; ``ValueError`` listing the choices otherwise."""
+    readout = READOUT_ALIASES.get(readout, readout)
+    if readout not in READOUTS:
+        raise ValueError(f"readout must be one of {READOUTS} (or {tuple(READOUT_ALIASES)}), got {readout!r}")
+    return readout
+
+
+def resolve_readout(adapter: ModelAdapter, readout: str) -> str:
+    """``auto`` -> the model's own read-out; checks that the model has what the read-out needs."""
+    readout = check_readout(readout)
+    if readout == "auto":
+        readout = adapter.readout
+    if readout == "class_token" and not adapter.has_class_token:
+        raise ValueError("readout='class_token' (cls) needs a model with a class token")
+    if readout == "position" and adapter.readout != "position":
+        raise ValueError(f"readout='position' needs a model read out at a per-sample position ({adapter.family} "
+                         f"reads out with {adapter.readout!r})")
+    return readout
+
+
+def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout: str = "auto",
+             layout: Optional[Layout] = None) -> Tensor:
+    """The read-out rows of ``matrix`` ``[B, ..., N, N]`` (query rows, key columns): ``[B, ..., N]``.
+
+    * ``class_token``: row 0 (exactly ``matrix[..., 0, :]``);
+    * ``position``: each sample's read-out position (``adapter.context(inputs).readout_positions``);
+    * ``mean_content``: the mean over the content rows (``layout.content``: a slice for images, a per-sample
+      mask for text, where padding and special tokens are left out);
+    * ``auto``: the model's own read-out (:func:`resolve_readout`).
+    """
+    kind = resolve_readout(adapter, readout)
+    if kind == "class_token":
+        return matrix[..., 0, :]
+    if kind == "position":
+        positions = adapter.context(inputs).readout_positions.to(matrix.device)
+        index = positions.reshape((-1,) + (1,) * (matrix.dim() - 2)).expand(matrix.shape[:-2] + (1,))
+        return matrix.gather(-2, index[..., None].expand(matrix.shape[:-2] + (1, matrix.shape[-1])))[..., 0, :]
+    content = (layout or adapter.layout(inputs)).content
+    if isinstance(content, slice):
+        return matrix[..., content, :].mean(dim=-2)
+    weights = content.to(device=matrix.device, dtype=matrix.dtype)
+    weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1)
+    weights = weights.reshape(weights.shape[:1] + (1,) * (matrix.dim() - 3) + weights.shape[1:] + (1,))
+    return (matrix * weights).sum(dim=-2)
+
+
+def mean_over_content(values: Tensor, layout: Layout) -> Tensor:
+    """Mean of ``values`` ``[B, ..., N]`` over the content positions of the last dimension: ``[B, ...]``."""
+    content = layout.content
+    if isinstance(content, slice):
+        return values[..., content].mean(dim=-1)
+    weights = content.to(device=values.device, dtype=values.dtype)
+    weights = weights.reshape(weights.shape[:1] + (1,) * (values.dim() - 2) + weights.shape[1:])
+    return (values * weights).sum(dim=-1) / weights.sum(dim=-1).clamp_min(1)
+
+
+def identity_like(batch: int, tokens: int, like: Tensor) -> Tensor:
+    """``[batch, tokens, tokens]`` identity matrices in ``like``'s dtype and device."""
+    return torch.eye(tokens, dtype=like.dtype, device=like.device).expand(batch, tokens, tokens).clone()
