@@ -18,7 +18,8 @@ def minmax_normalize(maps: Tensor, eps: float = 0.0) -> Tensor:
     lo = flat.min(dim=1, keepdim=True).values
     hi = flat.max(dim=1, keepdim=True).values
     span = hi - lo
-    out = torch.where(span > 0, (flat - lo) / (span + eps).clamp_min(torch.finfo(flat.dtype).tiny), torch.zeros_like(flat))
+    scale = (span + eps).clamp_min(torch.finfo(flat.dtype).tiny)
+    out = torch.where(span > 0, (flat - lo) / scale, torch.zeros_like(flat))
     return out.reshape(maps.shape)
 
 

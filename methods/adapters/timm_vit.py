@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator, Mapping, Optional, Tuple
 
-import torch
 from torch import Tensor, nn
 
 from .base import (AttentionLinears, ModelAdapter, ModelInputs, PatchGrid, SequenceContext, check_sample_ids,

@@ -23,7 +23,7 @@ only ever call ``rules[layer_type](...)``; a new family reuses these rules, a ne
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -83,8 +83,7 @@ def linear_alpha1_beta0(x: Tensor, weight: Tensor, relevance: Tensor, out: Optio
     overwrites** ``out`` (callers pass activations they no longer need). Then ``Z = (x W^T + |x| |W|^T) / 2``
     — the same value as ``x+ W+^T + x- W-^T`` in exact arithmetic — costs one matrix product instead of two,
     and ``R_in = x * (S @ W/2) + |x| * (S @ |W|/2)`` (the same identity). Float rounding differs (an error of
-    order eps * (|x| |W|^T) instead of eps * Z): on the golden ViT the float64 results agree with the
-    reference to 1e-11 either way.
+    order eps * (|x| |W|^T) instead of eps * Z); the float64 golden tests hold for both forms.
     """
     if out is not None:
         return _linear_alpha1_beta0_from_output(x, weight, relevance, out, bias)
@@ -128,7 +127,8 @@ def linear_separate_groups(x: Tensor, weight: Tensor, relevance: Tensor, out: Op
     normalised *separately*: ``R_in = x+ * (safe_divide(R, x+W+^T) @ W+) + x- * (safe_divide(R, x-W-^T) @ W-)``.
 
     Does **not** conserve relevance: each group redistributes all of ``R``, so ``sum R`` roughly doubles per
-    Linear layer (the reference's baseline behaviour, kept on purpose). The bias is ignored; ``out`` and ``bias`` are unused.
+    Linear layer (the reference's baseline behaviour, kept on purpose). The bias is ignored; ``out`` and ``bias``
+    are unused.
     """
     xp, xn = _split(x)
     wp, wn = _split(weight)

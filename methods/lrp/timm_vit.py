@@ -62,8 +62,8 @@ class TimmViTTopology:
         if problems:
             raise TypeError(
                 f"LRP rules are not defined for this {type(m).__module__}.{type(m).__name__}: "
-                f"{'; '.join(problems[:6])}; supported families: {adapter.family} (stock pre-norm Block/Attention/Mlp, Identity layer scale "
-                f"and q/k norm, [CLS] or average pooling, Linear head)"
+                f"{'; '.join(problems[:6])}; supported families: {adapter.family} (stock pre-norm "
+                f"Block/Attention/Mlp, Identity layer scale and q/k norm, [CLS] or average pooling, Linear head)"
             )
 
     def __init__(self, adapter: TimmViTAdapter):

@@ -1,0 +1,190 @@
+"""The contract every registered method keeps on every registered model family.
+
+For each (family, method): the output shape and layout, exact zeros at padding positions, a batched call equal
+to per-sample calls (each sample alone, without padding), the model restored exactly (weights, train/eval
+flags, requires_grad, attention implementation, no hooks left) and no parameter ``.grad`` written.
+
+A new family adds one :class:`Family` to ``FAMILIES``: a tiny random model (float64, so that batched and
+per-sample calls can be compared tightly), a batch builder and the per-sample split.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from methods import available_methods, build_method, method_class
+from methods.adapters import ADAPTERS, adapter_for
+
+timm = pytest.importorskip("timm")
+
+
+@dataclass
+class Family:
+    """A model factory and how to batch and split its inputs.
+
+    ``inputs(batch)``: a batch as a user passes it (a tensor or a mapping); ``single(inputs, i)``: sample ``i``
+    alone, without padding; ``positions(inputs, i)``: the output positions of sample ``i`` inside the batched
+    output row (``slice(None)`` without padding); ``padding(inputs)``: a bool ``[B, N]`` mask of padded output
+    positions, or ``None``; ``shape(inputs, pixel_level)``: the expected output shape; ``options``: method
+    options the tiny model needs.
+    """
+
+    name: str
+    adapter: type
+    build: Callable[[], nn.Module]
+    inputs: Callable[[int], object]
+    single: Callable[[object, int], object]
+    shape: Callable[[object, bool], tuple]
+    positions: Callable[[object, int], slice] = lambda inputs, i: slice(None)
+    padding: Callable[[object], Optional[Tensor]] = lambda inputs: None
+    options: Optional[dict] = None
+
+
+def _tiny_vit(global_pool: str) -> nn.Module:
+    from timm.models.vision_transformer import VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=24, depth=3, num_heads=2, num_classes=5,
+                              global_pool=global_pool, class_token=True)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model.double()
+
+
+def _images(batch: int) -> Tensor:
+    return torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(batch), dtype=torch.float64)
+
+
+def _image_family(name: str, global_pool: str) -> Family:
+    from methods.adapters import TimmViTAdapter
+
+    return Family(
+        name=name, adapter=TimmViTAdapter, build=lambda: _tiny_vit(global_pool), inputs=_images,
+        single=lambda x, i: x[i:i + 1],
+        shape=lambda x, pixel_level: (x.shape[0], 32, 32) if pixel_level else (x.shape[0], 16),
+        options={"beyond_intuition_head": {"start_layer": 1, "steps": 4},
+                 "beyond_intuition_token": {"start_layer": 1, "steps": 4}},
+    )
+
+
+FAMILIES = [
+    _image_family("timm_vit_cls", "token"),
+    _image_family("timm_vit_avgpool", "avg"),
+]
+
+
+def test_every_registered_adapter_has_a_family_here():
+    assert {a for a in ADAPTERS} <= {f.adapter for f in FAMILIES}
+
+
+def _snapshot(model: nn.Module):
+    return {
+        "state": {k: v.clone() for k, v in model.state_dict().items()},
+        "training": {n: m.training for n, m in model.named_modules()},
+        "requires_grad": {n: p.requires_grad for n, p in model.named_parameters()},
+        "fused": {n: m.fused_attn for n, m in model.named_modules() if hasattr(m, "fused_attn")},
+        "hooks": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+                     for m in model.modules()),
+    }
+
+
+def _prepare(model: nn.Module) -> nn.Module:
+    """A model as a user may hand it over: training mode, fused attention on, part of it frozen."""
+    model.train()
+    for m in model.modules():
+        if hasattr(m, "fused_attn"):
+            m.fused_attn = True
+    first = next(model.parameters())
+    first.requires_grad_(False)
+    return model
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=lambda f: f.name)
+def family(request):
+    return request.param
+
+
+@pytest.mark.parametrize("name", available_methods())
+def test_method_contract(family, name):
+    model = _prepare(family.build())
+    before = _snapshot(model)
+    options = dict((family.options or {}).get(name, {}))
+    method = build_method(name, **options)
+    inputs = family.inputs(3)
+    targets = torch.tensor([1, 4, 0])
+    ids = torch.tensor([10, 11, 12])
+
+    out = method(model, inputs, target=targets, sample_ids=ids)
+
+    assert out.shape == family.shape(inputs, method.pixel_level), (name, tuple(out.shape))
+    assert torch.isfinite(out).all(), name
+    assert out.dtype == torch.float64
+    padding = family.padding(inputs)
+    if padding is not None and not method.pixel_level:
+        assert (out[padding] == 0).all(), f"{name}: padding positions are not exactly 0"
+
+    for i in range(3):
+        alone = method(model, family.single(inputs, i), target=targets[i:i + 1], sample_ids=ids[i:i + 1])
+        row = out[i:i + 1][..., family.positions(inputs, i)] if not method.pixel_level else out[i:i + 1]
+        torch.testing.assert_close(row, alone, rtol=1e-9, atol=1e-12 * max(1.0, float(alone.abs().max())),
+                                   msg=f"{name}: sample {i} differs between the batched and the per-sample call")
+
+    after = _snapshot(model)
+    assert after["hooks"] == before["hooks"] == 0
+    for key in ("training", "requires_grad", "fused"):
+        assert after[key] == before[key], f"{name}: {key} not restored"
+    for key, value in before["state"].items():
+        assert torch.equal(after["state"][key], value), f"{name}: {key} changed"
+    assert all(p.grad is None for p in model.parameters()), f"{name} wrote parameter .grad"
+    assert adapter_for(model) is adapter_for(model)
+
+
+@pytest.mark.parametrize("name", available_methods())
+def test_default_target_is_the_prediction(family, name):
+    model = family.build().eval()
+    options = dict((family.options or {}).get(name, {}))
+    method = build_method(name, **options)
+    inputs = family.inputs(2)
+    if not method_class(name).class_specific:
+        return
+    logits = model(inputs if isinstance(inputs, Tensor) else inputs["pixel_values"])
+    predicted = method(model, inputs, sample_ids=torch.tensor([0, 1]))
+    explicit = method(model, inputs, target=logits.argmax(-1), sample_ids=torch.tensor([0, 1]))
+    torch.testing.assert_close(predicted, explicit, rtol=0, atol=0)
+
+
+def test_mapping_inputs_equal_tensor_inputs():
+    model = _tiny_vit("token").eval()
+    x = _images(2)
+    for name in ("rollout", "gradcam", "transformer_attribution", "cdam"):
+        method = build_method(name)
+        torch.testing.assert_close(method(model, {"pixel_values": x}, target=1), method(model, x, target=1),
+                                   rtol=0, atol=0)
+
+
+def test_bad_inputs_and_ids_are_named():
+    model = _tiny_vit("token").eval()
+    method = build_method("gradcam")
+    with pytest.raises(ValueError, match=r"\[B, 3, H, W\]"):
+        method(model, torch.randn(2, 32, 32, dtype=torch.float64))
+    with pytest.raises(ValueError, match="multiple of the patch size"):
+        method(model, torch.randn(1, 3, 30, 32, dtype=torch.float64))
+    with pytest.raises(ValueError, match="sample_ids has 1 entries but the batch has 2"):
+        build_method("random")(model, _images(2), sample_ids=[4])
+    with pytest.raises(TypeError, match="Sequential.*supported families"):
+        method(nn.Sequential(nn.Linear(2, 2)), _images(1))
+
+
+def test_random_scores_follow_the_ids_not_the_batch():
+    model = _tiny_vit("token").eval()
+    method = build_method("random", seed=3)
+    x = _images(3)
+    batched = method(model, x, sample_ids=[7, 8, 9])
+    reordered = method(model, x.flip(0), sample_ids=[9, 8, 7])
+    torch.testing.assert_close(batched, reordered.flip(0), rtol=0, atol=0)
+    assert not torch.equal(batched[0], method(model, x[:1], sample_ids=[8])[0])
