@@ -208,7 +208,8 @@ class ModelAdapter(abc.ABC):
         """Validate a tensor or a mapping of tensors as a tokenizer/processor returns it; errors name the problem."""
 
     @abc.abstractmethod
-    def layout(self, inputs: ModelInputs) -> Layout: ...
+    def layout(self, inputs: ModelInputs) -> Layout:
+        """The layout of ``inputs`` (a :class:`ModelInputs`, or raw inputs, which are validated first)."""
 
     @abc.abstractmethod
     def context(self, inputs: ModelInputs) -> SequenceContext: ...

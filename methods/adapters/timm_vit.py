@@ -81,7 +81,9 @@ class TimmViTAdapter(ModelAdapter):
         return ModelInputs({"pixel_values": images}, int(images.shape[0]), images.dtype, images.device,
                            check_sample_ids(sample_ids, int(images.shape[0])))
 
-    def layout(self, inputs: ModelInputs) -> PatchGrid:
+    def layout(self, inputs) -> PatchGrid:
+        if not isinstance(inputs, ModelInputs):
+            inputs = self.prepare_inputs(inputs)
         images = inputs["pixel_values"]
         return PatchGrid(images.shape[-2] // self.patch_size[0], images.shape[-1] // self.patch_size[1],
                          self.num_prefix_tokens)
