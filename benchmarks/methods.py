@@ -54,7 +54,6 @@ import argparse
 import ctypes
 import gc
 import json
-import math
 import os
 import platform
 import statistics
@@ -339,7 +338,8 @@ def format_table(rows: List[dict]) -> str:
                      fmt(row["ratio"], ".2f"), "-" if row["target"] is None else f"<={row['target']}",
                      row["status"], fmt(row["peak_extra_mib"], ".0f")))
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-    lines.append("  ".join(h.ljust(w) if i in (0, 3, 7) else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
+    lines.append("  ".join(h.ljust(w) if i in (0, 3, 7) else h.rjust(w)
+                           for i, (h, w) in enumerate(zip(header, widths))))
     lines.append("  ".join("-" * w for w in widths))
     for b in body:
         lines.append("  ".join(c.ljust(w) if i in (0, 3, 7) else c.rjust(w) for i, (c, w) in enumerate(zip(b, widths))))
@@ -359,7 +359,8 @@ def _notes(args, results) -> List[str]:
         "beyond_intuition_*: anchor = 1 fwd+bwd + `steps` forwards (steps from the method's defaults). "
         "token_ablation: anchor = (number of patches) forwards of the full sequence.",
         f"token_ablation runs one forward per patch: timed only at batch sizes {args.token_ablation_batch_sizes} "
-        f"(--token-ablation-batch-sizes){'; skipped entirely (--skip-token-ablation)' if args.skip_token_ablation else ''}.",
+        "(--token-ablation-batch-sizes)"
+        f"{'; skipped entirely (--skip-token-ablation)' if args.skip_token_ablation else ''}.",
         "peak extra MiB: " + "; ".join(memory_notes) + ". Measured on the first call (which is also the first "
         "warm-up); CPU numbers include one-time library initialisation; relative to the model and inputs "
         "already allocated.",
@@ -423,7 +424,8 @@ def main(argv=None) -> dict:
     try:
         for batch in args.batch_sizes:
             for name in list(ANCHORS) + names:
-                if name == TOKEN_ABLATION and (args.skip_token_ablation or batch not in args.token_ablation_batch_sizes):
+                skipped = args.skip_token_ablation or batch not in args.token_ablation_batch_sizes
+                if name == TOKEN_ABLATION and skipped:
                     why = ("--skip-token-ablation" if args.skip_token_ablation else
                            f"token_ablation timed only at batch sizes {args.token_ablation_batch_sizes}")
                     skipped.append(dict(name=name, batch=batch, why=why))

@@ -49,7 +49,8 @@ def scan_split(folder: Path, images_per_class: Optional[int] = None, seed: int =
     samples: List[Tuple[str, int]] = []
     for entry in class_dirs:
         label = index[entry.name]
-        files = sorted(f.path for f in os.scandir(entry.path) if f.is_file() and f.name.lower().endswith(IMAGE_SUFFIXES))
+        files = sorted(f.path for f in os.scandir(entry.path)
+                       if f.is_file() and f.name.lower().endswith(IMAGE_SUFFIXES))
         if images_per_class is not None:
             rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), label])))
             keep = np.sort(rng.permutation(len(files))[:images_per_class])

@@ -40,7 +40,8 @@ def _interpolation(name: str):
     try:
         return InterpolationMode(name)
     except ValueError:
-        raise ValueError(f"unknown interpolation {name!r}; choose one of {[m.value for m in InterpolationMode]}") from None
+        choices = [m.value for m in InterpolationMode]
+        raise ValueError(f"unknown interpolation {name!r}; choose one of {choices}") from None
 
 
 def build_transform(preprocessing: str, image_size: int = 224, data_config: Optional[Dict[str, Any]] = None,
@@ -60,7 +61,8 @@ def build_transform(preprocessing: str, image_size: int = 224, data_config: Opti
         crop_pct = float(data_config.get("crop_pct", 0.875) or 1.0)
         interpolation = _interpolation(str(data_config.get("interpolation", "bilinear")))
         if data_config.get("crop_mode", "center") != "center":
-            raise ValueError(f"only timm's centre-crop eval transform is supported, got crop_mode={data_config['crop_mode']!r}")
+            raise ValueError("only timm's centre-crop eval transform is supported, "
+                             f"got crop_mode={data_config['crop_mode']!r}")
         return T.Compose([T.Resize(int(math.floor(size / crop_pct)), interpolation=interpolation),
                           T.CenterCrop(size), T.ToTensor()])
     raise ValueError(f"unknown preprocessing {preprocessing!r}; choose one of {PREPROCESSINGS}")

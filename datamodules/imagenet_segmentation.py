@@ -103,7 +103,8 @@ class ImageNetSegmentationDataset(Dataset):
             raise ValueError(f"{self.path!r}: sample {index} has target {wnid!r}, not an ImageNet-1k wnid")
         size = (self.image_size, self.image_size)
         img = T.ToTensor()(T.Resize(size)(Image.fromarray(np.ascontiguousarray(image.astype(np.uint8)))))
-        gt = T.Resize(size, interpolation=InterpolationMode.NEAREST)(Image.fromarray(np.ascontiguousarray(mask.astype(np.uint8))))
+        mask_image = Image.fromarray(np.ascontiguousarray(mask.astype(np.uint8)))
+        gt = T.Resize(size, interpolation=InterpolationMode.NEAREST)(mask_image)
         gt = torch.from_numpy((np.array(gt) > 0).astype(np.float32))
         return {"image": img, "mask": gt, "label": torch.tensor(self._class_index[wnid], dtype=torch.long),
                 "index": torch.tensor(index, dtype=torch.long)}
@@ -116,7 +117,8 @@ class ImageNetSegmentationDataModule(pl.LightningDataModule):
                  limit: Optional[int] = None) -> None:
         super().__init__()
         if batch_size < 1 or num_workers < 0 or (limit is not None and limit < 1):
-            raise ValueError(f"batch_size >= 1, num_workers >= 0 and limit >= 1 needed, got {batch_size}, {num_workers}, {limit}")
+            raise ValueError("batch_size >= 1, num_workers >= 0 and limit >= 1 needed, "
+                             f"got {batch_size}, {num_workers}, {limit}")
         self.save_hyperparameters()
         self.path = os.path.expanduser(path)
         self.image_size, self.batch_size, self.num_workers, self.limit = image_size, batch_size, num_workers, limit

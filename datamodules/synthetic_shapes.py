@@ -21,7 +21,7 @@ Conventions
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import pytorch_lightning as pl
@@ -94,7 +94,8 @@ class SyntheticShapesDataset(Dataset):
         if split not in SPLITS:
             raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
         if not 2 <= num_classes <= len(SHAPES):
-            raise ValueError(f"num_classes must be in [2, {len(SHAPES)}] (shapes: {', '.join(SHAPES)}), got {num_classes}")
+            raise ValueError(f"num_classes must be in [2, {len(SHAPES)}] (shapes: {', '.join(SHAPES)}), "
+                             f"got {num_classes}")
         if size < 0:
             raise ValueError(f"size must be >= 0, got {size}")
         if image_size < 16:
@@ -263,7 +264,8 @@ class SyntheticShapesDataModule(pl.LightningDataModule):
         return self.datasets[split]
 
     def setup(self, stage: Optional[str] = None) -> None:
-        splits = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",), None: tuple(SPLITS)}
+        splits = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",),
+                  None: tuple(SPLITS)}
         for split in splits.get(stage, tuple(SPLITS)):
             self.dataset(split)
 
