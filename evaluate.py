@@ -9,7 +9,9 @@ LightningCLI (``--config`` files, ``--key.sub value`` overrides); the run mode i
 ``lightning_modules.evaluation.AttributionEvaluationModule``, the data any LightningDataModule (batches
 ``{"image" in [0, 1], "label", "index", ["mask"], ...}``), the tests are ``EvaluationCallback``s in
 ``trainer.callbacks`` (``callbacks.perturbation.PerturbationTest``, ``callbacks.segmentation.SegmentationTest``,
-``callbacks.cdam_analysis.CDAMAnalysis``, ...).
+``callbacks.cdam_analysis.CDAMAnalysis``, ...; ``callbacks.accuracy.CleanAccuracyTest`` is added when not listed).
+The module explains the class settings the tests declare; every result leaves through one
+``callbacks.reporter.ResultsReporter``, which ``main`` adds and whose results it returns.
 
 On N processes every test sample is evaluated exactly once (``datamodules.unrepeated.UnrepeatedTestData``) and
 the metrics are torchmetrics states reduced across processes, so ``metrics.json`` matches a 1-process run.
@@ -24,59 +26,21 @@ from __future__ import annotations
 
 import datetime
 import os
-import sys
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Protocol, runtime_checkable
 
-os.environ.setdefault("WANDB_MODE", "offline")
+import pytorch_lightning as pl
 
-import pytorch_lightning as pl  # noqa: E402
-from pytorch_lightning.cli import LightningCLI  # noqa: E402
+from callbacks.accuracy import CleanAccuracyTest
+from callbacks.base import EvaluationCallback
+from callbacks.reporter import ResultsReporter
+from cli import EvaluateCLI, check_data_paths
+from datamodules.unrepeated import UnrepeatedTestData
 
-from callbacks.report import collect_results, log_curves, results_table, write_metrics_json  # noqa: E402
-from datamodules.unrepeated import UnrepeatedTestData  # noqa: E402
-from lightning_modules.evaluation import AttributionEvaluationModule  # noqa: E402
-
-# EvaluationCallback logs values that torchmetrics already reduced across processes: Lightning's advice to
+# ResultsReporter logs values that torchmetrics already reduced across processes: Lightning's advice to
 # add sync_dist=True (a second reduction) does not apply
 warnings.filterwarnings("ignore", message=r".*when logging on epoch level in distributed setting.*")
-
-ROOT = Path(__file__).resolve().parent
-DEFAULT_CONFIG = ROOT / "configs" / "evaluate" / "synthetic.yaml"
-
-
-def interactive() -> bool:
-    return sys.stdout.isatty() and not os.environ.get("CI")
-
-
-class EvaluateCLI(LightningCLI):
-    def add_arguments_to_parser(self, parser) -> None:
-        parser.add_argument("--output_dir", type=Optional[str], default=None,
-                            help="folder of metrics.json (default <trainer.default_root_dir>/evaluate/<date-time>)")
-
-    def before_instantiate_classes(self) -> None:
-        trainer = self.config["trainer"]
-        trainer["inference_mode"] = False  # the methods need autograd inside test_step
-        if trainer.get("enable_progress_bar") is None:
-            trainer["enable_progress_bar"] = interactive()
-        if trainer.get("default_root_dir") in (None, ""):
-            trainer["default_root_dir"] = "outputs"
-        root = trainer["default_root_dir"]
-        logger = trainer.get("logger")
-        for item in (logger if isinstance(logger, list) else [logger]):
-            if hasattr(item, "get") and "WandbLogger" in str(item.get("class_path", "")):
-                args = item["init_args"]
-                if args.get("save_dir") in (None, ".", ""):
-                    args["save_dir"] = str(root)
-                Path(args["save_dir"]).mkdir(parents=True, exist_ok=True)
-
-
-def _check_data(datamodule: pl.LightningDataModule) -> None:
-    for attr, what in (("root", "data folder"), ("path", "data file")):
-        value = getattr(datamodule, attr, None)
-        if isinstance(value, (str, os.PathLike)) and not Path(os.path.expanduser(str(value))).exists():
-            raise SystemExit(f"error: {what} {str(value)!r} does not exist; pass it with --data.init_args.{attr} PATH")
 
 
 def _output_dir(cli, trainer: pl.Trainer) -> Path:
@@ -91,43 +55,30 @@ def _output_dir(cli, trainer: pl.Trainer) -> Path:
     return out
 
 
-def _fractions(trainer: pl.Trainer) -> Optional[List[float]]:
-    for callback in trainer.callbacks:
-        if hasattr(callback, "fractions"):
-            return list(callback.fractions)
-    return None
+@runtime_checkable
+class UsesModelDataConfig(Protocol):
+    """A datamodule whose preprocessing follows the evaluated model (e.g. ImageNet with ``preprocessing='timm'``):
+    it is given the model's timm data config before its data is set up."""
+
+    def set_model_data_config(self, data_config: Dict[str, Any]) -> None: ...
 
 
 def main(args: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
-    from_argv = args is None
-    args = list(sys.argv[1:] if from_argv else args)
-    if not any(a in ("--config", "-c") or a.startswith("--config=") for a in args) and not {"-h", "--help"} & set(args):
-        args = ["--config", str(DEFAULT_CONFIG)] + args
-    if from_argv:  # LightningCLI reads sys.argv itself; DDP children re-run this same command line
-        sys.argv[1:] = args
-    cli = EvaluateCLI(
-        AttributionEvaluationModule, pl.LightningDataModule, subclass_mode_data=True, run=False,
-        args=None if from_argv else args, save_config_kwargs={"overwrite": True}, seed_everything_default=0,
-    )
+    cli = EvaluateCLI(args)  # config files + command line -> trainer, module, datamodule (cli.commands)
     trainer, module, datamodule = cli.trainer, cli.model, cli.datamodule
-    _check_data(datamodule)
-    if hasattr(datamodule, "set_model_data_config"):  # e.g. ImageNet with preprocessing="timm"
+    check_data_paths(datamodule)
+    if isinstance(datamodule, UsesModelDataConfig):  # model facts -> data
         datamodule.set_model_data_config(module.data_config())
+    # the tests declare the class settings they need; the module explains their union
+    module.add_class_settings(EvaluationCallback.declared_class_settings(trainer.callbacks))
+    if not any(isinstance(callback, CleanAccuracyTest) for callback in trainer.callbacks):
+        trainer.callbacks.append(CleanAccuracyTest())
+    reporter = ResultsReporter(_output_dir(cli, trainer))  # every result leaves through it (rank 0 writes)
+    trainer.callbacks.append(reporter)
     if trainer.logger is not None:
         trainer.logger.log_hyperparams(cli.config.as_dict())  # rank-zero only inside the logger
     trainer.test(module, datamodule=UnrepeatedTestData(datamodule), verbose=False)
-
-    results = collect_results(trainer, module)
-    if not trainer.is_global_zero:
-        return results
-    out = _output_dir(cli, trainer)
-    path = write_metrics_json(results, out / "metrics.json")
-    log_curves(trainer.logger, results, _fractions(trainer))
-    if trainer.logger is not None:
-        trainer.logger.save()
-    print(results_table(results))
-    print(f"\nmetrics written to {path}", flush=True)
-    return results
+    return reporter.results
 
 
 if __name__ == "__main__":

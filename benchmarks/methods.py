@@ -424,8 +424,8 @@ def main(argv=None) -> dict:
     try:
         for batch in args.batch_sizes:
             for name in list(ANCHORS) + names:
-                skipped = args.skip_token_ablation or batch not in args.token_ablation_batch_sizes
-                if name == TOKEN_ABLATION and skipped:
+                ablation_off = args.skip_token_ablation or batch not in args.token_ablation_batch_sizes
+                if name == TOKEN_ABLATION and ablation_off:
                     why = ("--skip-token-ablation" if args.skip_token_ablation else
                            f"token_ablation timed only at batch sizes {args.token_ablation_batch_sizes}")
                     skipped.append(dict(name=name, batch=batch, why=why))

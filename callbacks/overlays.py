@@ -1,20 +1,20 @@
 """Heatmap overlays of the first few test images per method, logged as images through ``trainer.logger``.
 
-Only the global-rank-0 process collects (its first ``num_images`` samples) and logs; maps are the
-protocols' pixel maps (bilinear upsampling, per-image min-max; :func:`callbacks.pixel_maps.pixel_maps`) of the
-``class_setting`` (default ``predicted``), blended 50/50 with the image through a jet-like colour map.
+Only the global-rank-0 process collects (its first ``num_images`` samples) and logs; maps are the protocols'
+pixel maps (bilinear upsampling from the model's patch grid, per-image min-max;
+:func:`evaluation.pixel_maps.pixel_maps`) of the ``class_setting`` (default ``predicted``), blended 50/50 with
+the image through a jet-like colour map.
 A logger without ``log_image`` (e.g. CSV) is skipped.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 import pytorch_lightning as pl
-import torch
 from torch import Tensor
 
-from .pixel_maps import pixel_maps
+from evaluation.pixel_maps import pixel_maps
 
 
 def jet(values: np.ndarray) -> np.ndarray:
@@ -59,11 +59,13 @@ class HeatmapOverlays(pl.Callback):
         for b in range(images.shape[0]):
             self._captions.append(f"label {int(batch['label'][b])}, predicted {int(preds[b])}")
         self._images += [img.cpu() for img in images]
+        layout = outputs.get("layout")
+        grid = None if layout is None else tuple(layout.grid)
         for method, per_setting in outputs["relevance"].items():
             rel = per_setting.get(self.class_setting)
             if rel is None:
                 continue
-            maps = pixel_maps(rel[:need], images.shape[-2:])
+            maps = pixel_maps(rel[:need], images.shape[-2:], grid)
             self._maps.setdefault(method, []).extend(m.cpu() for m in maps)
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:

@@ -14,11 +14,13 @@ Conventions
       to one (:meth:`to_timm` raises).
 * ``backbone_checkpoint``: a local weights file (state_dict, DINO / Lightning checkpoint, safetensors, or a
   classifier file of ``train.py``; heads are dropped) or ``"synthetic"``: the synthetic benchmark's ViT
-  (``"synthetic:<overrides.yaml>"``: trained with these ``train.py`` keys changed).
+  (``"synthetic:<overrides.yaml>"``: trained with these ``train.py`` keys changed). The file is read as tensors
+  and plain values; ``allow_pickle=True`` (``--model.allow_pickle true``) also unpickles objects (trusted files
+  only, :mod:`models.checkpoint_io`).
 * Frozen mode (``finetune=False``, default): backbone parameters have ``requires_grad=False`` and the
   backbone stays in eval mode during training (no dropout / drop-path), as in DINO's linear evaluation.
 * Recipe defaults (CDAM): Adam, lr 3e-4, no weight decay, no schedule; RandomResizedCrop + horizontal flip
-  (``augment="rrc+flip"``, batched on the input tensors, see :mod:`lightning_modules.augment`).
+  (``augment="rrc+flip"``, batched on the input tensors, see :mod:`datamodules.augment`).
 * Logged: ``train/loss``, ``train/acc`` (epoch means), ``val/loss``, ``val/acc``.
 * :meth:`to_timm` returns a stock timm ``VisionTransformer`` whose ``head`` is the trained layer and whose
   ``pretrained_cfg`` carries the normalisation: its logits equal the probe's on normalised inputs.
@@ -33,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .augment import AUGMENTATIONS, random_resized_crop_flip
-from .backbones import create_backbone
+from datamodules.augment import AUGMENTATIONS, random_resized_crop_flip
+from models.backbones import create_backbone
 
 FEATURES = ("cls", "mean_patch", "cls+mean_patch")
 _POOL = {"cls": dict(global_pool="token"), "mean_patch": dict(global_pool="avg", fc_norm=False),
@@ -71,6 +73,7 @@ class LinearProbe(pl.LightningModule):
         crop_scale: Tuple[float, float] = (0.08, 1.0),
         mean: Optional[Sequence[float]] = None,
         std: Optional[Sequence[float]] = None,
+        allow_pickle: bool = False,
     ) -> None:
         super().__init__()
         if features not in FEATURES:
@@ -82,11 +85,12 @@ class LinearProbe(pl.LightningModule):
         self.save_hyperparameters()
         kwargs = dict(_POOL[features])
         kwargs.update(backbone_kwargs or {})
-        from .checkpoints import is_synthetic_spec, resolve_synthetic_spec
+        from models.synthetic import is_synthetic_spec, resolve_synthetic_spec
 
         if is_synthetic_spec(backbone_checkpoint):  # the synthetic benchmark's ViT (trained and cached on first use)
             backbone_checkpoint = str(resolve_synthetic_spec(backbone_checkpoint))
-        self.backbone = create_backbone(backbone, pretrained=pretrained, backbone_checkpoint=backbone_checkpoint, **kwargs)
+        self.backbone = create_backbone(backbone, pretrained=pretrained, backbone_checkpoint=backbone_checkpoint,
+                                        allow_pickle=allow_pickle, **kwargs)
         if not hasattr(self.backbone, "forward_features") or not hasattr(self.backbone, "num_prefix_tokens"):
             raise TypeError(f"timm model {backbone!r} is not a ViT-like model with tokens")
         dim = self.backbone.num_features * (2 if features == "cls+mean_patch" else 1)
@@ -135,7 +139,8 @@ class LinearProbe(pl.LightningModule):
         if stage == "train":
             images = self._augment(images)
         logits = self(images)
-        loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing if stage == "train" else 0.0)
+        smoothing = self.hparams.label_smoothing if stage == "train" else 0.0
+        loss = F.cross_entropy(logits, labels, label_smoothing=smoothing)
         acc = (logits.argmax(dim=-1) == labels).float().mean()
         on_step = stage == "train"
         self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=stage != "train",

@@ -126,7 +126,7 @@ def test_ranking_study_on_a_given_classifier(ranking, tmp_path):
     import torch
     from timm.models.vision_transformer import VisionTransformer
 
-    from lightning_modules.checkpoints import save_classifier
+    from models.classifier_file import save_classifier
 
     torch.manual_seed(0)
     model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4).eval()

@@ -6,8 +6,9 @@ import pytest
 import torch
 from scipy import stats
 
-from callbacks.cdam_analysis import (CDAMAnalysis, MeanOverImages, PooledPearson, mask_to_map, positive_share,
-                                     sparsity_per_image)
+from callbacks.cdam_analysis import CDAMAnalysis
+from evaluation.cdam import mask_to_map, positive_share, sparsity_per_image
+from evaluation.metrics import MeanOverImages, PooledPearson
 
 
 def _batches(seed=0, n_batches=3, b=4, grid=4, patch=4):
@@ -82,6 +83,11 @@ def test_discrimination_shares_hand_computed():
     assert r[k + "other_share_on_target"] == pytest.approx(0.0)
     assert r[k + "other_share_on_other"] == pytest.approx(3 / 4)
     assert r[k + "pearson_target_other"] == pytest.approx(stats.pearsonr(tgt[0].numpy(), oth[0].numpy())[0])
+    # declared directions: a map's share on its own object is the goal, on the other object the opposite
+    better = cb.higher_is_better()
+    assert better[k + "target_share_on_target"] is True and better[k + "other_share_on_other"] is True
+    assert better[k + "target_share_on_other"] is False and better[k + "other_share_on_target"] is False
+    assert better[k + "pearson_target_other"] is None and set(better) == set(r)
     # equivalence with the nearest-upsampled pixel map
     up = tgt.view(1, 1, 2, 2).repeat_interleave(2, -1).repeat_interleave(2, -2)[0, 0].clamp_min(0)
     assert float((up * mask[0]).sum() / up.sum()) == pytest.approx(4 / 6)

@@ -55,6 +55,8 @@ def test_end_to_end_metrics_json(one_process):
     path = out / "run" / "metrics.json"
     assert f"metrics written to {path}" in result.stdout
     assert "perturbation AUC" in result.stdout and "segmentation" in result.stdout
+    # the table says which direction is better as the metrics declare it
+    assert any(line.split() == ["better", "lower", "higher", "lower", "higher"] for line in result.stdout.splitlines())
     metrics = load(path)
     methods = ["rollout", "gradcam", "random", "beyond_intuition_token"]
     for m in methods:
@@ -76,6 +78,22 @@ def test_end_to_end_metrics_json(one_process):
     assert any("overlays" in str(p) for p in media)
 
 
+def test_tiny_run_reproduces_the_reference_metrics(one_process):
+    """The tiny config's metrics.json equals, key for key within 1e-6, the one written by the evaluation code
+    before its refactor into callbacks + ``evaluation/`` protocols + one results reporter
+    (``tests/data/evaluate_tiny_metrics.json``: commit ab9c48c, same command line, CPU)."""
+    out, _ = one_process
+    new, reference = load(out / "run" / "metrics.json"), load(ROOT / "tests" / "data" / "evaluate_tiny_metrics.json")
+    assert sorted(new) == sorted(reference)
+    for key, expected in reference.items():
+        got = new[key]
+        if expected is None or (isinstance(expected, list) and None in expected):
+            assert got == expected, key
+            continue
+        a, b = torch.tensor(got, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-6, rtol=0), (key, got, expected)
+
+
 def test_two_processes_match_one_process_on_uneven_data(one_process, tmp_path):
     out_one, _ = one_process
     args = tiny_args(tmp_path) + ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu"]
@@ -86,6 +104,29 @@ def test_two_processes_match_one_process_on_uneven_data(one_process, tmp_path):
     for key in one:
         a, b = torch.tensor(one[key], dtype=torch.float64), torch.tensor(two[key], dtype=torch.float64)
         assert torch.allclose(a, b, atol=1e-6, rtol=0), (key, one[key], two[key])
+
+
+def test_reporting_uses_the_declared_directions_and_curve_axes(tmp_path):
+    from evaluation.reporting import curve_rows, results_table, write_metrics_json
+
+    results = {"accuracy": 0.5, "perturbation/m/positive/target/auc": 30.0, "perturbation/m/negative/target/auc": 40.0,
+               "perturbation/m/positive/target/curve": [0.5, 0.25], "segmentation/m/miou": 0.25,
+               "cdam_analysis/x": float("nan"), "cdam_analysis/y": 0.75}
+    better = {"accuracy": True, "perturbation/m/positive/target/auc": False,
+              "perturbation/m/negative/target/auc": True, "segmentation/m/miou": True, "cdam_analysis/y": False}
+    lines = results_table(results, better).splitlines()
+    header = lines.index("perturbation AUC")
+    assert lines[header + 1].split() == ["method", "positive/target", "negative/target"]
+    assert lines[header + 2].split() == ["better", "lower", "higher"]
+    assert lines[lines.index("segmentation") + 2].split() == ["better", "higher"]
+    assert any(line.startswith("cdam_analysis/y") and line.endswith("(lower is better)") for line in lines)
+    assert any(line.startswith("cdam_analysis/x") and line.endswith("nan") for line in lines)
+    # no declaration: the grid says so instead of guessing
+    assert results_table(results).splitlines()[header + 2].split() == ["better", "-", "-"]
+    assert curve_rows(results, {"perturbation/m/positive/target/curve": [0.0, 0.5]}) == [
+        ["perturbation/m/positive/target/curve", 0, 0.0, 0.5], ["perturbation/m/positive/target/curve", 1, 0.5, 0.25]]
+    written = load(write_metrics_json(results, tmp_path / "metrics.json"))
+    assert list(written) == sorted(results) and written["cdam_analysis/x"] is None
 
 
 def test_wrong_data_path_is_a_clear_error(tmp_path):
@@ -105,16 +146,16 @@ def test_module_contract_with_other_class_and_cdam_callback(tmp_path):
     """In-process single-device run: the 'other' setting is computed when a callback needs it."""
     import pytorch_lightning as pl
 
+    from callbacks.accuracy import CleanAccuracyTest
+    from callbacks.base import EvaluationCallback
     from callbacks.cdam_analysis import CDAMAnalysis
+    from callbacks.reporter import ResultsReporter
     from callbacks.segmentation import SegmentationTest
     from datamodules.synthetic_shapes import SyntheticShapesDataModule
     from datamodules.unrepeated import UnrepeatedTestData
     from lightning_modules.evaluation import AttributionEvaluationModule
 
     torch.set_num_threads(1)
-    kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
-    module = AttributionEvaluationModule("timm:vit_tiny_patch16_224", pretrained=False, model_kwargs=kwargs,
-                                         methods=["cdam", "rollout"])
     seen = {}
 
     class Spy(pl.Callback):
@@ -122,22 +163,35 @@ def test_module_contract_with_other_class_and_cdam_callback(tmp_path):
             seen["outputs"], seen["batch"] = outputs, batch
 
     cdam = CDAMAnalysis(methods=["cdam", "rollout"])
+    reporter = ResultsReporter(output_dir=None, print_results=False)
+    callbacks = [cdam, SegmentationTest(), CleanAccuracyTest(), Spy(), reporter]
+    # the callbacks declare the class settings they need; the module is built to explain their union
+    settings = EvaluationCallback.declared_class_settings(callbacks)
+    assert settings == ("predicted", "target", "other")
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
+    module = AttributionEvaluationModule("timm:vit_tiny_patch16_224", pretrained=False, model_kwargs=kwargs,
+                                         methods=["cdam", "rollout"], class_settings=settings)
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, inference_mode=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[cdam, SegmentationTest(), Spy()],
-                         default_root_dir=str(tmp_path))
+                         enable_model_summary=False, callbacks=callbacks, default_root_dir=str(tmp_path))
     data = SyntheticShapesDataModule(image_size=32, test_size=3, batch_size=3, two_objects=True)
     trainer.test(module, datamodule=UnrepeatedTestData(data), verbose=False)
     outputs, batch = seen["outputs"], seen["batch"]
     assert set(outputs["targets"]) == {"predicted", "target", "other"}
     assert torch.equal(outputs["targets"]["other"], batch["other_label"])
     assert outputs["relevance"]["cdam"]["target"].shape == (3, 16)
-    # class-agnostic rollout: one tensor shared by every setting
+    # class-agnostic rollout: one tensor shared by every setting, and declared so
     assert outputs["relevance"]["rollout"]["target"] is outputs["relevance"]["rollout"]["other"]
-    assert any(k.startswith("cdam_analysis/discrimination/cdam/") for k in cdam.results)
+    assert outputs["class_specific"] == {"cdam": True, "rollout": False}
+    # what the callbacks need besides the maps: the token grid and the one way to classify
+    assert tuple(outputs["layout"].grid) == (4, 4)
+    assert torch.equal(outputs["classifier"].predict(batch["image"]), outputs["logits"].argmax(dim=-1))
+    results = reporter.results
+    assert any(k.startswith("cdam_analysis/discrimination/cdam/") for k in results)
     # ... and no (trivial) target-vs-other discrimination rows for it; its other analyses stay
-    assert not any("/discrimination/rollout/" in k for k in cdam.results)
-    assert "cdam_analysis/sparsity/rollout" in cdam.results
-    assert 0 <= module.results["accuracy"] <= 1
+    assert not any("/discrimination/rollout/" in k for k in results)
+    assert "cdam_analysis/sparsity/rollout" in results
+    assert 0 <= results["accuracy"] <= 1 and reporter.higher_is_better["accuracy"] is True
+    assert reporter.higher_is_better["segmentation/cdam/miou"] is True
 
 
 def test_inference_mode_is_refused(tmp_path):

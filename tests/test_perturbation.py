@@ -1,13 +1,15 @@
 """Perturbation test: ordering and tie-breaking, masking, accuracy curves and both AUC conventions."""
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
 
-from callbacks.perturbation import (PerturbationCurve, PerturbationTest, masked_images, perturbation_auc,
-                                    pixels_per_step, removal_ranks)
-from callbacks.pixel_maps import pixel_maps
+from callbacks.perturbation import PerturbationTest
+from evaluation.auc import perturbation_auc
+from evaluation.metrics import NegativePerturbationCurve, PerturbationCurve, PositivePerturbationCurve
+from evaluation.perturbers import PixelPerturber, build_perturber, fill_pixels
+from evaluation.pixel_maps import pixel_maps
+from evaluation.ranking import removal_counts, removal_masks, removal_ranks
+from methods.adapters import PatchGrid
 
 torch.set_num_threads(1)
 
@@ -33,20 +35,38 @@ def test_tie_breaker_orders_only_ties():
     assert torch.equal(removal_ranks(distinct, breakers), removal_ranks(distinct))
 
 
-def test_pixels_per_step_truncates_like_the_reference():
-    assert pixels_per_step((0.1, 0.5, 0.9), 224 * 224) == [5017, 25088, 45158]
-    assert pixels_per_step((0.3, 0.7), 10) == [3, 7]
+def test_removal_counts_truncate_like_the_reference():
+    assert removal_counts((0.1, 0.5, 0.9), 224 * 224).tolist() == [5017, 25088, 45158]
+    assert removal_counts((0.3, 0.7), 10).tolist() == [3, 7]
+    # one number of units per sample (e.g. the real length of each text): [S, B]
+    assert removal_counts((0.3, 0.7), torch.tensor([10, 4])).tolist() == [[3, 1], [7, 2]]
+
+
+def test_units_that_may_not_be_removed_come_last():
+    scores = torch.tensor([[0.9, 0.1, 0.5, 0.7]])
+    removable = torch.tensor([[False, True, True, True]])   # e.g. padding or a special token at flat 0
+    assert removal_ranks(scores, removable=removable).tolist() == [[3, 2, 1, 0]]
+    assert removal_ranks(-scores, removable=removable).tolist() == [[3, 0, 1, 2]]
+    masks = removal_masks(removal_ranks(scores, removable=removable), torch.tensor([[1], [3]]))
+    assert masks.tolist() == [[[False, False, False, True]], [[False, True, True, True]]]
 
 
 def test_masked_images_zero_all_channels_before_normalisation():
     images = torch.ones(1, 3, 2, 2)
     ranks = torch.tensor([[1, 0, 2, 3]])
-    out = masked_images(images, ranks, [1, 3], torch.zeros(3))
+    out = fill_pixels(images, removal_masks(ranks, removal_counts([0.25, 0.75], 4)), torch.zeros(3))
     assert out.shape == (2, 1, 3, 2, 2)
     assert out[0, 0, :, 0, 1].tolist() == [0, 0, 0] and out[0].sum() == 9
     assert out[1, 0, 0].tolist() == [[0, 0], [0, 1]]
-    grey = masked_images(images, ranks, [1], torch.tensor([0.1, 0.2, 0.3]))
+    grey = fill_pixels(images, removal_masks(ranks, torch.tensor([1])), torch.tensor([0.1, 0.2, 0.3]))
     assert torch.allclose(grey[0, 0, :, 0, 1], torch.tensor([0.1, 0.2, 0.3]))
+    # the perturbers: 'chefer' fills 0 in [0, 1] space, 'mean' the classifier's mean colour; step-major output
+    removed = removal_masks(ranks, torch.tensor([1, 3]))
+    batch = {"image": images}
+    assert torch.equal(build_perturber("chefer").perturb(batch, removed, BrightnessClassifier()), out.flatten(0, 1))
+    mean = build_perturber("mean").perturb(batch, removed, BrightnessClassifier())
+    assert mean[0, :, 0, 1].tolist() == [0.5, 0.5, 0.5] and mean[0].sum() == 9 + 1.5
+    assert isinstance(build_perturber("mean"), PixelPerturber)
 
 
 def test_auc_conventions_by_hand():
@@ -72,18 +92,19 @@ def test_curve_metric_sums_and_divides():
     m.update(torch.tensor([[True, True, False], [True, False, False]]))
     m.update(torch.tensor([[False, True, True]]))
     assert m.compute().tolist() == pytest.approx([2 / 3, 2 / 3, 1 / 3])
+    # the direction each test's area declares
+    assert PositivePerturbationCurve.higher_is_better is False and NegativePerturbationCurve.higher_is_better is True
 
 
 class BrightnessClassifier:
-    """Fake evaluation module: class 1 iff the mean intensity of the [0, 1] image exceeds 0.5."""
+    """Fake classifier (``outputs["classifier"]``): class 1 iff the mean intensity of the [0, 1] image exceeds 0.5."""
 
     mean = (0.5, 0.5, 0.5)
-    method_names = ["m"]
 
     def __init__(self):
         self.calls = 0
 
-    def classify(self, images, batch_size=None):
+    def predict(self, images, batch_size=None):
         self.calls += 1
         return (images.mean(dim=(1, 2, 3)) > 0.5).long()
 
@@ -97,19 +118,19 @@ def test_random_ties_score_a_constant_map_exactly_like_the_random_baseline():
     images = torch.rand(6, 3, 8, 8) * 0.4 + 0.35          # 8x8 images, a 2x2 token grid (patch 4)
     labels = torch.randint(0, 2, (6,))
     index = torch.tensor([5, 0, 9, 2, 7, 3])
-    module = BrightnessClassifier()
-    module.token_grid = lambda x: (2, 2)
+    classifier = BrightnessClassifier()
     # a classifier that depends on which pixels remain: the parity of the brightest pixel's position
-    module.classify = lambda x, batch_size=None: x[:, 0].flatten(1).argmax(dim=1) % 2
+    classifier.predict = lambda x, batch_size=None: x[:, 0].flatten(1).argmax(dim=1) % 2
     relevance = {"constant": torch.zeros(6, 4), "random": random_token_scores(index, 4, seed=0).float()}
     outputs = {"relevance": {m: {"target": r} for m, r in relevance.items()},
-               "logits": torch.nn.functional.one_hot(module.classify(images), 2).float()}
+               "logits": torch.nn.functional.one_hot(classifier.predict(images), 2).float(),
+               "layout": PatchGrid(2, 2, 1), "classifier": classifier}
     cb = PerturbationTest(class_settings=["target"], fractions=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9))
     assert cb.ties == "random"   # the default
-    cb._build(list(relevance))
+    cb.build(list(relevance))
     with pytest.raises(KeyError, match="index"):
-        cb.update(outputs, {"image": images, "label": labels}, module)
-    cb.update(outputs, {"image": images, "label": labels, "index": index}, module)
+        cb.update(outputs, {"image": images, "label": labels})
+    cb.update(outputs, {"image": images, "label": labels, "index": index})
     res = cb.compute()
     for direction in ("positive", "negative"):
         key = "perturbation/{}/%s/target/curve" % direction
@@ -127,9 +148,10 @@ def test_callback_curves_by_hand():
     cb = PerturbationTest(class_settings=["predicted", "target"], fractions=(0.25, 0.5, 0.75), auc="chefer",
                           ties="index")
     module = BrightnessClassifier()
-    cb._build(["m"])
-    outputs = {"relevance": {"m": {"predicted": rel, "target": rel}}, "logits": torch.tensor([[0.0, 1.0], [0.0, 1.0]])}
-    cb.update(outputs, {"image": images, "label": labels}, module)
+    cb.build(["m"])
+    outputs = {"relevance": {"m": {"predicted": rel, "target": rel}}, "logits": torch.tensor([[0.0, 1.0], [0.0, 1.0]]),
+               "classifier": module}
+    cb.update(outputs, {"image": images, "label": labels})
     # mean after removing k of 4 white pixels: 1 - k/4 -> correct iff k/4 < 0.5, i.e. k = 1 only
     res = cb.compute()
     assert res["perturbation/m/positive/predicted/curve"] == pytest.approx([1.0, 1.0, 0.0, 0.0])
@@ -145,10 +167,11 @@ def test_callback_direction_matters_and_step0_is_clean():
     labels = torch.tensor([0])
     rel = torch.tensor([[[0.0, 1.0], [0.0, 1.0]]])  # the white pixels are the relevant ones
     cb = PerturbationTest(class_settings=["target"], fractions=(0.5,), masking="mean", ties="index")
-    cb._build(["m"])
+    cb.build(["m"])
     module = BrightnessClassifier()
     logits = torch.tensor([[5.0, 0.0]])  # clean prediction 0 = correct
-    cb.update({"relevance": {"m": {"target": rel}}, "logits": logits}, {"image": images, "label": labels}, module)
+    cb.update({"relevance": {"m": {"target": rel}}, "logits": logits, "classifier": module},
+              {"image": images, "label": labels})
     res = cb.compute()
     # 'mean' masking fills 0.5: positive removes the white pixels -> mean 0.25 -> class 0, correct
     assert res["perturbation/m/positive/target/curve"] == [1.0, 1.0]

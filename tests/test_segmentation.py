@@ -4,8 +4,8 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score, f1_score
 
-from callbacks.segmentation import (SegmentationMetrics, SegmentationTest, average_precision, binarize, f1_rows,
-                                    two_channel_ap)
+from callbacks.segmentation import SegmentationTest
+from evaluation.segmentation import SegmentationMetrics, average_precision, binarize, two_channel_ap
 
 torch.set_num_threads(1)
 EPS = np.spacing(1)
@@ -51,7 +51,8 @@ def test_metric_by_hand():
 def test_metric_against_direct_computation():
     gen = torch.Generator().manual_seed(1)
     maps = torch.rand(5, 8, 6, generator=gen) ** 2
-    maps = (maps - maps.amin((1, 2), keepdim=True)) / (maps.amax((1, 2), keepdim=True) - maps.amin((1, 2), keepdim=True))
+    low, high = maps.amin((1, 2), keepdim=True), maps.amax((1, 2), keepdim=True)
+    maps = (maps - low) / (high - low)
     gt = (torch.rand(5, 8, 6, generator=gen) > 0.6).float()
     gt[2] = 0  # an image without foreground
     m = SegmentationMetrics()
@@ -89,9 +90,7 @@ def test_two_channel_ap_is_per_image():
 
 def test_callback_upsamples_token_maps_and_needs_masks():
     cb = SegmentationTest(methods=["m"])
-    from callbacks.segmentation import SegmentationMetrics as SM
-
-    cb._metrics = {"m": SM()}
+    cb.build(["m"])
     rel = torch.tensor([[0.0, 0.0, 0.0, 1.0]])  # 2x2 tokens on a 4x4 image: the bottom-right patch
     gt = torch.zeros(1, 4, 4)
     gt[0, 2:, 2:] = 1
@@ -99,5 +98,6 @@ def test_callback_upsamples_token_maps_and_needs_masks():
     res = cb.compute()
     assert set(res) == {f"segmentation/m/{k}" for k in ("pixel_accuracy", "miou", "map", "f1", "f1_rows")}
     assert res["segmentation/m/map"] == pytest.approx(1.0)  # every foreground pixel outranks every background pixel
+    assert set(cb.higher_is_better().values()) == {True}   # every segmentation metric: higher is better
     with pytest.raises(KeyError, match="mask"):
         cb.update({"relevance": {"m": {"predicted": rel}}}, {"image": torch.zeros(1, 3, 4, 4)})

@@ -1,4 +1,5 @@
-"""LinearProbe, export to stock timm, classifier files, concepts, train.py end to end (subprocess)."""
+"""LinearProbe, export to stock timm, classifier files, concepts, train.py end to end (subprocess), the synthetic
+classifier cache (trained in-process)."""
 from __future__ import annotations
 
 import os
@@ -14,9 +15,10 @@ import pytorch_lightning as pl  # noqa: E402
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
 from datamodules.synthetic_shapes import SyntheticShapesDataModule, SyntheticShapesDataset  # noqa: E402
-from lightning_modules import checkpoints as ck  # noqa: E402
-from lightning_modules.concepts import ConceptHead, latents  # noqa: E402
 from lightning_modules.probe import LinearProbe  # noqa: E402
+from models import synthetic  # noqa: E402
+from models.classifier_file import load_classifier, save_classifier  # noqa: E402
+from models.concepts import ConceptHead, latents  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
@@ -91,8 +93,8 @@ def test_export_matches_probe_logits_and_reloads(tmp_path, features, pool):
         got = model(probe.normalise(x))
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     torch.testing.assert_close(model.head.weight, probe.head.weight)
-    path = ck.save_classifier(model, tmp_path / "sub" / "clf.pt", val_acc=0.5)
-    loaded = ck.load_classifier(path)
+    path = save_classifier(model, tmp_path / "sub" / "clf.pt", val_acc=0.5)
+    loaded = load_classifier(path)
     assert not loaded.training and type(loaded) is VisionTransformer
     with torch.no_grad():
         torch.testing.assert_close(loaded(probe.normalise(x)), want, rtol=0, atol=1e-5)
@@ -110,15 +112,15 @@ def test_cls_plus_mean_patch_cannot_export():
 
 def test_classifier_file_errors_name_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.pt"):
-        ck.load_classifier(tmp_path / "nope.pt")
+        load_classifier(tmp_path / "nope.pt")
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a torch file")
     with pytest.raises(RuntimeError, match="bad.pt"):
-        ck.load_classifier(bad)
+        load_classifier(bad)
     other = tmp_path / "other.pt"
     torch.save({"weights": 1}, other)
     with pytest.raises(RuntimeError, match="other.pt"):
-        ck.load_classifier(other)
+        load_classifier(other)
 
 
 def test_backbone_from_local_checkpoint_and_offline_error(tmp_path, monkeypatch):
@@ -154,7 +156,8 @@ def test_concept_vectors_are_mean_latents(tmp_path):
     model = _probe().to_timm()
     ds = SyntheticShapesDataset(40, image_size=32, split="val")
     head = ConceptHead.from_dataset(model, ds, classes=[0, 2], per_concept=5, names=["square", "triangle"])
-    mean, std = torch.tensor(model.pretrained_cfg["mean"]).view(1, 3, 1, 1), torch.tensor(model.pretrained_cfg["std"]).view(1, 3, 1, 1)
+    mean = torch.tensor(model.pretrained_cfg["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(model.pretrained_cfg["std"]).view(1, 3, 1, 1)
     for name, cls in (("square", 0), ("triangle", 2)):
         imgs = torch.stack([ds[i]["image"] for i in range(len(ds)) if ds[i]["label"] == cls][:5])
         with torch.no_grad():
@@ -181,7 +184,7 @@ def test_learned_concept_direction_separates(tmp_path):
     head = ConceptHead.from_folders(model, tmp_path, kind="cav")
     assert head.names == ["bright", "dark"]
     torch.testing.assert_close(head.vectors.norm(dim=1), torch.ones(2))
-    from lightning_modules.concepts import load_image_folder
+    from models.concepts import load_image_folder
 
     z_b = latents(model, load_image_folder(tmp_path / "bright", (32, 32)))
     z_d = latents(model, load_image_folder(tmp_path / "dark", (32, 32)))
@@ -216,24 +219,83 @@ def test_cdam_of_a_reloaded_concept_equals_a_direct_computation(tmp_path):
 
 
 def _env(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ck._DIST_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in synthetic._DIST_ENV}
     env.update(WANDB_MODE="offline", WANDB_SILENT="true", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
                HF_HUB_OFFLINE="1")
     return env
 
 
-def test_train_py_end_to_end(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_synthetic(tmp_path_factory):
+    """``ensure_synthetic_classifier`` with TINY_ARGS, called as rank 1 of a 2-process DDP run would call it (its
+    environment, Lightning's rank flag) and with subprocesses forbidden: what training saw and left behind."""
+    import models.training
+    from lightning_utilities.core.rank_zero import rank_zero_only
+
+    cache = tmp_path_factory.mktemp("synthetic_cache")
+    args = tuple(TINY_ARGS) + ("--trainer.logger", "false")
+    ddp_env = dict(LOCAL_RANK="1", RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29555")
+    seen = {}
+    real_fit_and_export = models.training.fit_and_export
+
+    def spy(trainer, *a, **kw):
+        seen.update(pid=os.getpid(), env={k: os.environ.get(k) for k in ddp_env}, rank=rank_zero_only.rank,
+                    devices=trainer.num_devices, world_size=trainer.world_size)
+        return real_fit_and_export(trainer, *a, **kw)
+
+    def no_subprocess(*a, **kw):
+        raise AssertionError(f"the synthetic classifier must train in-process, not via {a[:1]}")
+
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in ddp_env.items():
+            mp.setenv(key, value)
+        mp.setattr(rank_zero_only, "rank", 1)
+        mp.setattr(models.training, "fit_and_export", spy)
+        mp.setattr(subprocess, "run", no_subprocess)
+        mp.setattr(subprocess, "Popen", no_subprocess)
+        wandb_mode = os.environ.get("WANDB_MODE")
+        torch.manual_seed(123)
+        rng = torch.get_rng_state()
+        path = synthetic.ensure_synthetic_classifier(cache_dir=cache, extra_args=args)
+        after = dict(env={k: os.environ.get(k) for k in ddp_env}, rank=rank_zero_only.rank,
+                     rng_kept=torch.equal(rng, torch.get_rng_state()), wandb_mode=os.environ.get("WANDB_MODE"),
+                     wandb_mode_before=wandb_mode)
+    return dict(cache=cache, args=args, path=path, seen=seen, after=after, ddp_env=ddp_env)
+
+
+def test_ensure_synthetic_classifier_trains_in_process_once(tiny_synthetic):
+    path, seen, after = tiny_synthetic["path"], tiny_synthetic["seen"], tiny_synthetic["after"]
+    assert path.parent == tiny_synthetic["cache"] and path.is_file()
+    # one plain process on one device, although the caller was a DDP rank
+    assert seen["pid"] == os.getpid()
+    assert seen["env"] == {k: None for k in tiny_synthetic["ddp_env"]} and seen["rank"] == 0
+    assert seen["devices"] == 1 and seen["world_size"] == 1
+    # the caller's state is as before: environment, rank flag, random numbers, W&B mode
+    assert after["env"] == tiny_synthetic["ddp_env"] and after["rank"] == 1 and after["rng_kept"]
+    assert after["wandb_mode"] == after["wandb_mode_before"]
+    stamp = path.stat().st_mtime_ns
+    assert synthetic.ensure_synthetic_classifier(cache_dir=tiny_synthetic["cache"],
+                                                 extra_args=tiny_synthetic["args"]) == path
+    assert path.stat().st_mtime_ns == stamp  # cached, not retrained
+    assert isinstance(load_classifier(path), VisionTransformer)
+    torch.load(path, weights_only=True)  # plain values and tensors only
+
+
+def test_train_py_end_to_end(tmp_path, tiny_synthetic):
     out = tmp_path / "clf.pt"
     cmd = [sys.executable, str(ROOT / "train.py"), *TINY_ARGS, "--trainer.default_root_dir", str(tmp_path / "run"),
            "--output", str(out)]
     res = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert f"saved classifier: {out.resolve()}" in res.stdout
-    model = ck.load_classifier(out)
+    model = load_classifier(out)
     assert model.patch_embed.img_size == (32, 32) and model.head.out_features == 4
     assert "val/acc" in model.classifier_metadata["val_metrics"]
     assert list((tmp_path / "run").rglob("*.ckpt")), "best checkpoint kept"
     assert list((tmp_path / "run").rglob("wandb")), "W&B (offline) run written under default_root_dir"
+    # the same arguments trained in-process by the cache give bit-identical weights
+    cached = load_classifier(tiny_synthetic["path"]).state_dict()
+    assert all(torch.equal(value, cached[key]) for key, value in model.state_dict().items())
 
 
 def test_train_py_missing_data_or_weights_errors(tmp_path):
@@ -243,38 +305,70 @@ def test_train_py_missing_data_or_weights_errors(tmp_path):
     assert res.returncode != 0 and "backbone_checkpoint" in res.stderr, res.stderr[-2000:]
 
 
-def test_ensure_synthetic_classifier_trains_once(tmp_path):
-    args = tuple(TINY_ARGS) + ("--trainer.logger", "false")
-    env_before = os.environ.get("WANDB_MODE")
-    path = ck.ensure_synthetic_classifier(cache_dir=tmp_path, extra_args=args)
-    assert path.parent == tmp_path and path.is_file()
-    stamp = path.stat().st_mtime_ns
-    assert ck.ensure_synthetic_classifier(cache_dir=tmp_path, extra_args=args) == path
-    assert path.stat().st_mtime_ns == stamp  # cached, not retrained
-    assert isinstance(ck.load_classifier(path), VisionTransformer)
-    assert os.environ.get("WANDB_MODE") == env_before
-
-
-def test_synthetic_classifier_overrides_train_their_own_model(tmp_path):
+def test_synthetic_classifier_overrides_train_their_own_model(tiny_synthetic):
     """'synthetic:<overrides.yaml>': train.py keys over the default config, cached under a hash of their content."""
-    args = tuple(TINY_ARGS) + ("--trainer.logger", "false")
-    overrides = tmp_path / "avgpool.yaml"
+    cache, args, default = tiny_synthetic["cache"], tiny_synthetic["args"], tiny_synthetic["path"]
+    overrides = cache / "avgpool.yaml"
     overrides.write_text("model:\n  features: mean_patch\n")
-    default = ck.ensure_synthetic_classifier(cache_dir=tmp_path, extra_args=args)
-    avg = ck.ensure_synthetic_classifier(cache_dir=tmp_path, extra_args=args, overrides=overrides)
+    avg = synthetic.ensure_synthetic_classifier(cache_dir=cache, extra_args=args, overrides=overrides)
     assert avg != default
-    assert ck.load_classifier(default).global_pool == "token"  # the default config reads [CLS]
-    assert ck.load_classifier(avg).global_pool == "avg"
+    assert load_classifier(default).global_pool == "token"  # the default config reads [CLS]
+    assert load_classifier(avg).global_pool == "avg"
     overrides.write_text("model:\n  features: cls\n")  # same path, new content: a new model
-    assert ck.ensure_synthetic_classifier(cache_dir=tmp_path, extra_args=args, overrides=overrides) not in (avg, default)
+    again = synthetic.ensure_synthetic_classifier(cache_dir=cache, extra_args=args, overrides=overrides)
+    assert again not in (avg, default)
     with pytest.raises(FileNotFoundError, match="no_such.yaml"):
-        ck.resolve_synthetic_spec("synthetic:no_such.yaml", cache_dir=tmp_path)
+        synthetic.resolve_synthetic_spec("synthetic:no_such.yaml", cache_dir=cache)
     with pytest.raises(ValueError, match="synthetic:<overrides.yaml>"):
-        ck.resolve_synthetic_spec("synthetic:", cache_dir=tmp_path)
+        synthetic.resolve_synthetic_spec("synthetic:", cache_dir=cache)
+
+
+def test_cache_key_covers_the_files_a_config_builds_on(tmp_path):
+    """The key hashes the contents of every config file in the order they apply (bases first), then the extra
+    arguments: a standalone config keeps the key it always had; changing a base file changes it."""
+    import hashlib
+
+    base, config = tmp_path / "base.yaml", tmp_path / "config.yaml"
+    base.write_text("trainer:\n  max_epochs: 1\n")
+    config.write_text("model:\n  lr: 0.1\n")
+    standalone = synthetic.cache_key(config, extra_args=("--x", "1"))
+    assert standalone == hashlib.sha256(config.read_bytes() + b"--x 1").hexdigest()[:10]
+    config.write_text("base: base.yaml\nmodel:\n  lr: 0.1\n")
+    composed = synthetic.cache_key(config)
+    assert composed == hashlib.sha256(base.read_bytes() + config.read_bytes()).hexdigest()[:10]
+    base.write_text("trainer:\n  max_epochs: 2\n")
+    assert synthetic.cache_key(config) != composed
+    # the default: configs/base/wandb.yaml, configs/base/train.yaml, configs/train/synthetic_vit.yaml
+    files = [ROOT / "configs" / "base" / "wandb.yaml", ROOT / "configs" / "base" / "train.yaml",
+             synthetic.SYNTHETIC_CONFIG]
+    want = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:10]
+    assert synthetic.cache_key(synthetic.SYNTHETIC_CONFIG) == want
+
+
+def test_evaluate_trains_a_missing_synthetic_classifier_in_process(tmp_path, monkeypatch):
+    """evaluate.py with 'synthetic:<overrides.yaml>' and an empty cache: the classifier trains inside evaluate's
+    own command-line parsing (a command line within a command line), then the evaluation runs on it."""
+    import evaluate
+
+    overrides = tmp_path / "tiny.yaml"
+    overrides.write_text(
+        "trainer: {max_epochs: 1, logger: false}\n"
+        "model: {backbone_kwargs: {img_size: 32, patch_size: 8, embed_dim: 32, depth: 1, num_heads: 2}}\n"
+        "data: {init_args: {image_size: 32, train_size: 32, val_size: 16, batch_size: 16}}\n")
+    monkeypatch.setenv(synthetic.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("CI", "1")
+    monkeypatch.setenv("WANDB_MODE", os.environ.get("WANDB_MODE", "offline"))
+    results = evaluate.main([
+        "--model.classifier", f"synthetic:{overrides}", "--model.methods", "[rollout, random]",
+        "--data.init_args.image_size", "32", "--data.init_args.test_size", "4", "--data.init_args.batch_size", "2",
+        "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path),
+        "--output_dir", str(tmp_path / "run")])
+    assert len(list((tmp_path / "cache").glob("synthetic_vit-*.pt"))) == 1
+    assert "accuracy" in results and (tmp_path / "run" / "metrics.json").is_file()
 
 
 def test_train_py_ddp_two_cpu_processes(tmp_path):
-    """2 CPU processes, DDP, launched as a subprocess (never inside pytest); ~35 s on 2 busy cores."""
+    """2 CPU processes, DDP, launched as a subprocess (never inside pytest)."""
     out = tmp_path / "ddp.pt"
     cmd = [sys.executable, str(ROOT / "train.py"), *TINY_ARGS, "--trainer.devices", "2", "--trainer.accelerator",
            "cpu", "--trainer.strategy", "ddp", "--trainer.logger", "false",
@@ -282,7 +376,7 @@ def test_train_py_ddp_two_cpu_processes(tmp_path):
     res = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.stdout.count("saved classifier:") == 1
-    assert isinstance(ck.load_classifier(out), VisionTransformer)
+    assert isinstance(load_classifier(out), VisionTransformer)
 
 
 def test_train_py_builds_concepts_that_evaluate_py_explains(tmp_path):
@@ -301,7 +395,7 @@ def test_train_py_builds_concepts_that_evaluate_py_explains(tmp_path):
     files = {kind: out.with_name(f"concepts_{kind}.pt") for kind in ("mean", "cav")}
     for kind, path in files.items():
         assert f"saved {kind} concepts" in res.stdout and path.is_file()
-    model = ck.load_classifier(out)
+    model = load_classifier(out)
     mean_head, cav_head = ConceptHead.load(files["mean"]), ConceptHead.load(files["cav"])
     assert mean_head.names == list(SHAPES[:4]) and mean_head.kind == "mean" and cav_head.kind == "cav"
     # the mean concept = mean latent of the first 3 validation images of the class, computed here directly
@@ -336,7 +430,8 @@ def test_train_py_builds_concepts_that_evaluate_py_explains(tmp_path):
 
 
 def test_evaluation_module_resolves_concepts_and_names_errors(tmp_path):
-    from lightning_modules.evaluation import AttributionEvaluationModule, resolve_concept
+    from lightning_modules.evaluation import AttributionEvaluationModule
+    from models.loading import resolve_concept
     from methods import build_method
 
     kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
@@ -371,14 +466,15 @@ def test_evaluation_module_resolves_concepts_and_names_errors(tmp_path):
 def test_concept_heads_from_dataset_classes_with_random_negatives(tmp_path):
     from PIL import Image
 
-    from lightning_modules.concepts import ConceptsConfig, build_concept_heads, learned_direction, load_image_folder
+    from models.concepts import ConceptsConfig, build_concept_heads, learned_direction, load_image_folder
 
     model = _probe().to_timm()
     ds = SyntheticShapesDataset(24, image_size=32, split="val")
     (tmp_path / "random").mkdir()
     g = torch.Generator().manual_seed(0)
     for i in range(5):
-        Image.fromarray(torch.rand(32, 32, 3, generator=g).mul(255).byte().numpy()).save(tmp_path / "random" / f"{i}.png")
+        pixels = torch.rand(32, 32, 3, generator=g).mul(255).byte().numpy()
+        Image.fromarray(pixels).save(tmp_path / "random" / f"{i}.png")
     spec = ConceptsConfig(kinds=["mean", "cav"], classes=[0, 1], per_concept=3,
                           negatives_folder=str(tmp_path / "random"))
     heads = build_concept_heads(model, spec, dataset=ds, class_names=["square", "circle"])

@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from models.checkpoint_io import plain, read_checkpoint
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 KINDS = ("mean", "cav")
 FORMAT = "token_attributions.concepts/v1"
@@ -168,7 +170,8 @@ class ConceptHead(nn.Module):
             neg_all = latents(model, negatives) if negatives is not None else None
             rows = []
             for n in names:
-                neg = neg_all if neg_all is not None else torch.cat([lat[m] for m in names if m != n] or [torch.zeros(0)])
+                others = [lat[m] for m in names if m != n] or [torch.zeros(0)]
+                neg = neg_all if neg_all is not None else torch.cat(others)
                 if neg.numel() == 0:
                     raise ValueError("kind='cav' with a single concept needs negatives (random images)")
                 rows.append(learned_direction(lat[n], neg, c=c))
@@ -209,21 +212,18 @@ class ConceptHead(nn.Module):
 
     # -------------------------------------------------------------------------------- files
     def save(self, path: Union[str, os.PathLike], **metadata) -> Path:
+        """Write the concept file (plain values and tensors: ``torch.load(weights_only=True)`` reads it)."""
         path = Path(os.path.expanduser(str(path)))
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"format": FORMAT, "names": self.names, "kind": self.kind, "vectors": self.vectors.cpu(),
-                    "metadata": dict(metadata)}, path)
+        torch.save({"format": FORMAT, "names": list(self.names), "kind": self.kind, "vectors": self.vectors.cpu(),
+                    "metadata": plain(dict(metadata), "metadata")}, path)
         return path
 
     @classmethod
-    def load(cls, path: Union[str, os.PathLike]) -> "ConceptHead":
+    def load(cls, path: Union[str, os.PathLike], allow_pickle: bool = False) -> "ConceptHead":
+        """The concept file at ``path`` (``allow_pickle``: see :func:`models.checkpoint_io.read_checkpoint`)."""
         path = Path(os.path.expanduser(str(path)))
-        if not path.is_file():
-            raise FileNotFoundError(f"concept file {str(path)!r} does not exist")
-        try:
-            payload = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as err:
-            raise RuntimeError(f"concept file {str(path)!r} is corrupt: {err}") from err
+        payload = read_checkpoint(path, allow_pickle=allow_pickle, what="concept file")
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:
             raise RuntimeError(f"{str(path)!r} is not a concept file written by ConceptHead.save")
         head = cls(payload["names"], payload["vectors"], kind=payload["kind"])

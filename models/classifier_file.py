@@ -1,35 +1,29 @@
-"""Saving and loading trained classifiers as stock timm ``VisionTransformer`` models.
+"""The classifier file: a trained classifier stored as a stock timm ``VisionTransformer``.
 
-File format (``torch.save`` of a dict, ``format == "token_attributions.classifier/v1"``):
-``kwargs`` (the ``VisionTransformer`` constructor arguments, read off the model's own modules and checked by
-rebuilding it), ``state_dict``, ``pretrained_cfg`` (``mean``, ``std``, ``input_size``, ...), ``architecture``
-(the timm name when known) and free ``metadata`` (e.g. validation accuracy, config).
+File format (``torch.save`` of a dict of plain values and tensors, ``format == "token_attributions.classifier/v1"``,
+readable with ``torch.load(weights_only=True)``): ``kwargs`` (the ``VisionTransformer`` constructor arguments, read
+off the model's own modules and checked by rebuilding it), ``state_dict``, ``pretrained_cfg`` (``mean``, ``std``,
+``input_size``, ...), ``architecture`` (the timm name when known) and free ``metadata`` (e.g. validation metrics;
+plain values only, see :func:`models.checkpoint_io.plain`).
 
 ``load_classifier`` rebuilds the model, loads the weights strictly, sets ``model.pretrained_cfg`` so that
 ``timm.data.resolve_data_config({}, model=model)`` gives the saved normalisation, and returns it in eval mode.
-
-``ensure_synthetic_classifier`` returns the cached small ViT of the synthetic benchmark, training it on first use
-by running ``train.py`` with its default config (``configs/train/synthetic_vit.yaml``) in a subprocess.
+Files are read with :func:`models.checkpoint_io.read_checkpoint` (no unpickling unless ``allow_pickle=True``).
 """
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Union
 
 import torch
 from torch import nn
 
+from models.checkpoint_io import plain, read_checkpoint
+
 FORMAT = "token_attributions.classifier/v1"
-CACHE_ENV = "TOKEN_ATTRIBUTIONS_CACHE"
-DEFAULT_CACHE = "~/.cache/token_attributions"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SYNTHETIC_CONFIG = REPO_ROOT / "configs" / "train" / "synthetic_vit.yaml"
 PathLike = Union[str, os.PathLike]
+
 
 
 # ------------------------------------------------------------------------------------------ kwargs
@@ -114,7 +108,9 @@ def _normalisation(model: nn.Module) -> Dict[str, Any]:
 # ------------------------------------------------------------------------------------------ API
 def save_classifier(model: nn.Module, path: PathLike, **metadata: Any) -> Path:
     """Store a timm ``VisionTransformer`` classifier (constructor kwargs, weights, normalisation, ``metadata``)
-    at ``path`` (written atomically). Raises if the model cannot be rebuilt exactly from stock kwargs."""
+    at ``path`` (written atomically). Raises if the model cannot be rebuilt exactly from stock kwargs, or if
+    ``metadata`` holds values other than plain data (``Path`` and numpy scalars are converted)."""
+    metadata = plain(dict(metadata), "metadata")
     kwargs = vit_constructor_kwargs(model)
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     cfg = _normalisation(model)
@@ -146,7 +142,7 @@ def save_classifier(model: nn.Module, path: PathLike, **metadata: Any) -> Path:
         "kwargs": kwargs,
         "state_dict": state,
         "pretrained_cfg": cfg,
-        "metadata": dict(metadata),
+        "metadata": metadata,
     }
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     torch.save(payload, tmp)
@@ -154,15 +150,11 @@ def save_classifier(model: nn.Module, path: PathLike, **metadata: Any) -> Path:
     return path
 
 
-def read_classifier_file(path: PathLike) -> Dict[str, Any]:
-    """The raw payload of a classifier file, validated; errors name the file."""
+def read_classifier_file(path: PathLike, allow_pickle: bool = False) -> Dict[str, Any]:
+    """The raw payload of a classifier file, validated; errors name the file. ``allow_pickle``: see
+    :func:`models.checkpoint_io.read_checkpoint` (files written by :func:`save_classifier` never need it)."""
     path = Path(os.path.expanduser(str(path)))
-    if not path.is_file():
-        raise FileNotFoundError(f"classifier file {str(path)!r} does not exist")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:
-        raise RuntimeError(f"classifier file {str(path)!r} is corrupt or not a torch file: {err}") from err
+    payload = read_checkpoint(path, allow_pickle=allow_pickle, what="classifier file")
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise RuntimeError(
             f"classifier file {str(path)!r} is not a {FORMAT} file (written by save_classifier); "
@@ -174,10 +166,10 @@ def read_classifier_file(path: PathLike) -> Dict[str, Any]:
     return payload
 
 
-def load_classifier(path: PathLike) -> nn.Module:
+def load_classifier(path: PathLike, allow_pickle: bool = False) -> nn.Module:
     """The stock timm ``VisionTransformer`` saved at ``path``, in eval mode, on CPU, with ``pretrained_cfg``
     mean/std/input_size set (``timm.data.resolve_data_config({}, model=model)`` returns them)."""
-    payload = read_classifier_file(path)
+    payload = read_classifier_file(path, allow_pickle=allow_pickle)
     try:
         model = _rebuild(payload["kwargs"], payload["state_dict"])
     except Exception as err:
@@ -187,85 +179,3 @@ def load_classifier(path: PathLike) -> nn.Module:
     model.default_cfg = cfg  # older timm name of the same dict
     model.classifier_metadata = dict(payload.get("metadata", {}))
     return model.eval()
-
-
-def resolve_cache_dir(path: Optional[PathLike] = None) -> Path:
-    """``path``, else ``$TOKEN_ATTRIBUTIONS_CACHE``, else ``~/.cache/token_attributions``."""
-    return Path(os.path.expanduser(str(path or os.environ.get(CACHE_ENV) or DEFAULT_CACHE)))
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-_DIST_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-             "MASTER_PORT", "PL_GLOBAL_SEED", "PL_TRAINER_GPUS", "TORCHELASTIC_RUN_ID")
-
-
-def _config_file(path: PathLike) -> Path:
-    """``path`` as given if it exists, else relative to the repository (configs are named from the repo root)."""
-    path = Path(path)
-    if not path.is_file() and not path.is_absolute() and (REPO_ROOT / path).is_file():
-        path = REPO_ROOT / path
-    if not path.is_file():
-        raise FileNotFoundError(f"training config {str(path)!r} not found (needed to train the synthetic ViT)")
-    return path.resolve()
-
-
-def ensure_synthetic_classifier(cache_dir: Optional[PathLike] = None, config: PathLike = SYNTHETIC_CONFIG,
-                                extra_args: tuple = (), overrides: Optional[PathLike] = None) -> Path:
-    """Path of the trained small ViT of the synthetic benchmark, training it on first use.
-
-    The file is ``<cache>/synthetic_vit-<hash>.pt``, the hash taken over the config, the ``overrides`` file and
-    ``extra_args`` (a changed one trains a new model). Training runs ``python train.py --config <config>
-    [--config <overrides>] <extra_args>`` in a subprocess (single process, W&B offline unless ``WANDB_MODE``
-    says otherwise) under a file lock, so concurrent callers (e.g. DDP ranks) train once. ``overrides`` is a
-    YAML file of ``train.py`` keys applied over ``config`` (e.g. ``configs/train/synthetic_vit_avgpool.yaml``).
-    """
-    config = _config_file(config)
-    files = [config] + ([_config_file(overrides)] if overrides is not None else [])
-    content = b"".join(f.read_bytes() for f in files)  # contents, not paths: the same model from any checkout
-    digest = hashlib.sha256(content + " ".join(extra_args).encode()).hexdigest()[:10]
-    extra_args = tuple(a for f in files[1:] for a in ("--config", str(f))) + tuple(extra_args)
-    root = resolve_cache_dir(cache_dir)
-    target = root / f"synthetic_vit-{digest}.pt"
-    with _file_lock(root / f".synthetic_vit-{digest}.lock"):
-        if target.is_file():
-            try:
-                read_classifier_file(target)
-                return target
-            except RuntimeError:
-                target.unlink()  # corrupt cache entry: train again
-        env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
-        env.setdefault("WANDB_MODE", "offline")
-        run_dir = root / "runs" / f"synthetic_vit-{digest}"
-        cmd = [sys.executable, str(REPO_ROOT / "train.py"), "--config", str(config), "--output", str(target),
-               "--trainer.default_root_dir", str(run_dir), "--trainer.devices", "1", *extra_args]
-        print(f"[token_attributions] training the synthetic benchmark ViT (first use): {' '.join(cmd)}", flush=True)
-        result = subprocess.run(cmd, env=env, cwd=str(root))
-        if result.returncode != 0 or not target.is_file():
-            raise RuntimeError(f"training the synthetic ViT failed (exit code {result.returncode}); command: {' '.join(cmd)}")
-    return target
-
-
-def resolve_synthetic_spec(spec: str, cache_dir: Optional[PathLike] = None) -> Path:
-    """The classifier file that ``"synthetic"`` (the benchmark's default ViT) or ``"synthetic:<overrides.yaml>"``
-    (the default config with these ``train.py`` keys changed) names, trained and cached on first use."""
-    if spec == "synthetic":
-        return ensure_synthetic_classifier(cache_dir)
-    if spec.startswith("synthetic:") and spec[len("synthetic:"):]:
-        return ensure_synthetic_classifier(cache_dir, overrides=spec[len("synthetic:"):])
-    raise ValueError(f"{spec!r} is not 'synthetic' or 'synthetic:<overrides.yaml>'")
-
-
-def is_synthetic_spec(spec: Optional[str]) -> bool:
-    return isinstance(spec, str) and (spec == "synthetic" or spec.startswith("synthetic:"))

@@ -5,6 +5,9 @@ PROTOCOLS.md sections 1 and 3: a token map ``[B, P]`` (row-major patch grid) is 
 the reference's ``scale_factor=patch_size``) and min-max normalised **per sample**. A pixel-level map
 ``[B, h, w]`` is resized bilinearly (``align_corners=False``) only when its size differs from the image's, then
 normalised the same way. A constant map normalises to all zeros (``methods.minmax_normalize``).
+
+The patch grid of token scores is the model's layout (``grid_size``: ``layout.grid`` of the evaluation module's
+outputs); without it, the grid with the image's aspect ratio is inferred from the number of scores.
 """
 from __future__ import annotations
 

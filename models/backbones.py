@@ -1,7 +1,8 @@
 """Building a timm ViT backbone: by timm name, with pretrained weights from the hub cache or a local file.
 
 Errors for unreachable weights name the model and the ways to provide them (``backbone_checkpoint``, a populated
-Hugging Face cache, or ``pretrained=False``).
+Hugging Face cache, or ``pretrained=False``). Local files are read with
+:func:`models.checkpoint_io.read_checkpoint`: tensors and plain values only, unless ``allow_pickle=True``.
 """
 from __future__ import annotations
 
@@ -11,25 +12,18 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 from torch import nn
 
+from models.checkpoint_io import read_checkpoint
+
 _WRAPPER_KEYS = ("state_dict", "model", "teacher", "student", "module")
 _PREFIXES = ("module.", "backbone.", "model.", "_orig_mod.")
 
 
-def read_state_dict(path: str) -> Dict[str, torch.Tensor]:
+def read_state_dict(path: str, allow_pickle: bool = False) -> Dict[str, torch.Tensor]:
     """Tensors of a checkpoint file (plain state_dict, Lightning ``.ckpt``, DINO ``teacher`` dict, timm or
-    safetensors file), with wrapper prefixes (``module.``, ``backbone.``, ``model.``) removed."""
+    safetensors file), with wrapper prefixes (``module.``, ``backbone.``, ``model.``) removed. ``allow_pickle``:
+    see :func:`models.checkpoint_io.read_checkpoint` (only for trusted files that hold Python objects)."""
     path = os.path.expanduser(str(path))
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"backbone checkpoint {path!r} does not exist")
-    try:
-        if path.endswith(".safetensors"):
-            from safetensors.torch import load_file
-
-            obj: Any = load_file(path)
-        else:
-            obj = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # corrupt / unknown format
-        raise RuntimeError(f"could not read backbone checkpoint {path!r}: {err}") from err
+    obj: Any = read_checkpoint(path, allow_pickle=allow_pickle, what="backbone checkpoint")
     for _ in range(3):
         if isinstance(obj, Mapping) and not any(isinstance(v, torch.Tensor) for v in obj.values()):
             inner = next((obj[k] for k in _WRAPPER_KEYS if k in obj and isinstance(obj[k], Mapping)), None)
@@ -37,7 +31,8 @@ def read_state_dict(path: str) -> Dict[str, torch.Tensor]:
                 break
             obj = inner
     if not isinstance(obj, Mapping) or not any(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise RuntimeError(f"backbone checkpoint {path!r} holds no state_dict (keys: {list(obj)[:10] if isinstance(obj, Mapping) else type(obj).__name__})")
+        found = list(obj)[:10] if isinstance(obj, Mapping) else type(obj).__name__
+        raise RuntimeError(f"backbone checkpoint {path!r} holds no state_dict (keys: {found})")
     state = {}
     for key, value in obj.items():
         if not isinstance(value, torch.Tensor):
@@ -53,10 +48,12 @@ def create_backbone(
     name: str,
     pretrained: bool = False,
     backbone_checkpoint: Optional[str] = None,
+    allow_pickle: bool = False,
     **kwargs: Any,
 ) -> nn.Module:
     """``timm.create_model(name, num_classes=0, **kwargs)`` with weights from ``backbone_checkpoint`` (a local file,
-    preferred) or from the timm / Hugging Face hub when ``pretrained`` (fails clearly offline)."""
+    preferred; read without unpickling unless ``allow_pickle``) or from the timm / Hugging Face hub when
+    ``pretrained`` (fails clearly offline)."""
     import timm
 
     try:
@@ -79,7 +76,7 @@ def create_backbone(
             ) from err
         raise
     if backbone_checkpoint is not None:
-        state = read_state_dict(backbone_checkpoint)
+        state = read_state_dict(backbone_checkpoint, allow_pickle=allow_pickle)
         state = {k: v for k, v in state.items() if not k.startswith(("head.", "fc.", "classifier."))}
         own = model.state_dict()
         missing = [k for k in own if k not in state]

@@ -1,0 +1,90 @@
+"""The one way results leave an evaluation run: :class:`ResultsReporter`.
+
+Every :class:`~callbacks.base.EvaluationCallback` hands its computed results to the run's reporter at the end of
+the test epoch, on every process (the values are already reduced across processes), with the direction each
+metric declares (``higher_is_better``) and the x values of its curves. The reporter then
+
+* logs every scalar through Lightning (``pl_module.log``, no second reduction across processes);
+* at the end of the run, on global rank 0 only: writes ``metrics.json`` (sorted keys, NaN as ``null``;
+  :func:`evaluation.reporting.write_metrics_json`) when it has an ``output_dir``, logs the curves as one table
+  (``curves``) through the trainer's logger and saves the logger, prints the results table
+  (:func:`evaluation.reporting.results_table`) and ``metrics written to <path>``.
+
+``results``, ``higher_is_better`` and ``curve_x`` hold what it was handed (on every process).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import pytorch_lightning as pl
+
+from evaluation.reporting import log_curves, results_table, write_metrics_json
+
+
+class ResultsReporter(pl.Callback):
+    """Collects the evaluation callbacks' results; logs, writes and prints them (module docstring).
+
+    Args:
+        output_dir: folder of ``metrics.json`` (``None``: no file).
+        print_results: print the results table (and the path of ``metrics.json``) at the end.
+    """
+
+    METRICS_FILE = "metrics.json"
+
+    def __init__(self, output_dir: Optional[os.PathLike] = None, print_results: bool = True) -> None:
+        super().__init__()
+        self.output_dir = None if output_dir is None else Path(os.path.expanduser(str(output_dir)))
+        self.print_results = bool(print_results)
+        self.results: Dict[str, Any] = {}
+        self.higher_is_better: Dict[str, Optional[bool]] = {}
+        self.curve_x: Dict[str, List[float]] = {}
+
+    @property
+    def metrics_path(self) -> Optional[Path]:
+        return None if self.output_dir is None else self.output_dir / self.METRICS_FILE
+
+    @staticmethod
+    def of(trainer: pl.Trainer) -> "ResultsReporter":
+        """The trainer's reporter (an error naming the fix when it has none, or several)."""
+        found = [cb for cb in trainer.callbacks if isinstance(cb, ResultsReporter)]
+        if len(found) != 1:
+            raise RuntimeError(f"an evaluation run needs exactly one callbacks.reporter.ResultsReporter in the "
+                               f"trainer's callbacks (evaluate.py adds it); found {len(found)}")
+        return found[0]
+
+    # -------------------------------------------------------------------------------- collecting
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.results, self.higher_is_better, self.curve_x = {}, {}, {}
+
+    def report(self, results: Mapping[str, Any], higher_is_better: Optional[Mapping[str, Optional[bool]]] = None,
+               curve_x: Optional[Mapping[str, Sequence[float]]] = None,
+               pl_module: Optional[pl.LightningModule] = None) -> None:
+        """Take one callback's results (keys must be new); log the scalars through ``pl_module`` when given."""
+        overlap = set(self.results) & set(results)
+        if overlap:
+            raise ValueError(f"two evaluation callbacks report the same keys: {sorted(overlap)[:5]}")
+        self.results.update(results)
+        declared = dict(higher_is_better or {})
+        self.higher_is_better.update({key: declared.get(key) for key in results})
+        self.curve_x.update({key: list(x) for key, x in (curve_x or {}).items() if key in results})
+        if pl_module is not None:
+            for key, value in results.items():
+                if isinstance(value, (int, float)):
+                    # values are already reduced across ranks by torchmetrics: no second reduction
+                    pl_module.log(key, float(value), sync_dist=False, rank_zero_only=False)
+
+    # -------------------------------------------------------------------------------- writing
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        path = None if self.metrics_path is None else write_metrics_json(self.results, self.metrics_path)
+        logger = trainer.logger
+        log_curves(logger, self.results, self.curve_x)
+        if logger is not None:
+            logger.save()
+        if self.print_results:
+            print(results_table(self.results, self.higher_is_better))
+            if path is not None:
+                print(f"\nmetrics written to {path}", flush=True)

@@ -1,0 +1,158 @@
+"""The command line of ``train.py`` and ``evaluate.py``: one ``LightningCLI`` with this project's glue.
+
+:class:`ProjectCLI` (shared):
+
+* the entry point's default config when no ``--config`` is given (``-h``/``--help`` aside);
+* composed configs: ``--config FILE`` applies the files ``FILE`` names under ``base:`` first (:mod:`cli.config`);
+* W&B runs offline unless ``WANDB_MODE`` says otherwise; a ``WandbLogger`` without ``save_dir`` writes under
+  ``trainer.default_root_dir``;
+* the progress bar is shown in a terminal and hidden in CI (``CI`` set) or when stdout is not a TTY, unless
+  ``trainer.enable_progress_bar`` is given;
+* ``seed_everything`` defaults to 0; the resolved config is saved in the run folder (overwriting);
+* called with ``args=None`` it reads ``sys.argv`` and writes the completed command line back, because DDP
+  children re-run the same command line;
+* no subcommands (``run=False``): the entry point calls ``trainer.fit``/``trainer.test`` itself.
+
+:class:`TrainCLI` adds ``--output`` and ``--concepts`` and the mixed-precision default (``trainer.precision``
+unset: ``bf16-mixed``, ``16-mixed`` without bf16 support, on a CUDA accelerator; ``32-true`` otherwise).
+:class:`EvaluateCLI` adds ``--output_dir``, forces ``trainer.inference_mode=False`` (the attribution methods
+need autograd inside ``test_step``) and defaults ``trainer.default_root_dir`` to ``outputs``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, List, Optional, Sequence, Union
+
+import pytorch_lightning as pl
+from pytorch_lightning.cli import LightningCLI
+
+from cli.config import BASE_KEY, ComposedConfigFile
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN_CONFIG = ROOT / "configs" / "train" / "synthetic_vit.yaml"
+EVALUATE_CONFIG = ROOT / "configs" / "evaluate" / "synthetic.yaml"
+
+
+def interactive() -> bool:
+    """Whether a person watches the output: stdout is a terminal and ``CI`` is not set."""
+    return sys.stdout.isatty() and not os.environ.get("CI")
+
+
+def with_default_config(args: Sequence[str], default: Optional[Path]) -> List[str]:
+    """``args``, preceded by ``--config <default>`` when they give no config and ask for no help."""
+    args = list(args)
+    given = any(a in ("--config", "-c") or a.startswith("--config=") for a in args)
+    if default is not None and not given and not {"-h", "--help"} & set(args):
+        args = ["--config", str(default)] + args
+    return args
+
+
+def check_data_paths(datamodule: Any) -> None:
+    """Exit with a clear message when the datamodule's data folder (``root``, ``data_dir``) or file (``path``)
+    does not exist."""
+    for attr, what in (("root", "data folder"), ("data_dir", "data folder"), ("path", "data file")):
+        value = getattr(datamodule, attr, None)
+        if isinstance(value, (str, os.PathLike)) and not Path(os.path.expanduser(str(value))).exists():
+            raise SystemExit(f"error: {what} {str(value)!r} does not exist; pass it with --data.init_args.{attr} PATH")
+
+
+class ProjectCLI(LightningCLI):
+    """``LightningCLI(model_class, any LightningDataModule)`` with the glue shared by the entry points."""
+
+    #: the config applied when the command line gives none
+    default_config: Optional[Path] = None
+    #: ``trainer.default_root_dir`` when neither the config nor the command line gives one
+    default_root_dir: Optional[str] = None
+
+    def __init__(self, model_class: type, args: Optional[Sequence[str]] = None,
+                 datamodule_class: type = pl.LightningDataModule, **kwargs: Any) -> None:
+        os.environ.setdefault("WANDB_MODE", "offline")
+        from_argv = args is None
+        args = with_default_config(sys.argv[1:] if from_argv else args, self.default_config)
+        if from_argv:  # LightningCLI reads sys.argv itself; DDP children re-run this same command line
+            sys.argv[1:] = args
+        kwargs.setdefault("subclass_mode_data", True)
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("seed_everything_default", 0)
+        super().__init__(model_class, datamodule_class, run=False, args=None if from_argv else args, **kwargs)
+
+    def init_parser(self, **kwargs: Any):
+        kwargs.setdefault("dump_header", [f"pytorch_lightning=={pl.__version__}"])
+        parser = self.parser_class(**kwargs)
+        parser.add_argument("-c", "--config", action=ComposedConfigFile,
+                            help="Path to a configuration file in json or yaml format (its 'base:' files apply first).")
+        # the 'base:' key of config files, read by ComposedConfigFile; not an option of the run
+        parser.add_argument(f"--{BASE_KEY}", type=Optional[Union[str, List[str]]], default=None,
+                            help=argparse.SUPPRESS)
+        return parser
+
+    def before_instantiate_classes(self) -> None:
+        self.config.pop(BASE_KEY, None)
+        trainer = self.config["trainer"]
+        if trainer.get("enable_progress_bar") is None:
+            trainer["enable_progress_bar"] = interactive()
+        if self.default_root_dir is not None and trainer.get("default_root_dir") in (None, ""):
+            trainer["default_root_dir"] = self.default_root_dir
+        root = trainer.get("default_root_dir") or os.getcwd()
+        logger = trainer.get("logger")
+        for item in (logger if isinstance(logger, list) else [logger]):
+            if hasattr(item, "get") and "WandbLogger" in str(item.get("class_path", "")):
+                init_args = item["init_args"]
+                if init_args.get("save_dir") in (None, ".", ""):
+                    init_args["save_dir"] = str(root)
+                Path(init_args["save_dir"]).mkdir(parents=True, exist_ok=True)
+
+
+class TrainCLI(ProjectCLI):
+    """``train.py``'s command line: a :class:`~lightning_modules.probe.LinearProbe` and any datamodule."""
+
+    default_config = TRAIN_CONFIG
+
+    def __init__(self, args: Optional[Sequence[str]] = None, **kwargs: Any) -> None:
+        from lightning_modules.probe import LinearProbe
+
+        super().__init__(LinearProbe, args, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        from models.concepts import ConceptsConfig
+
+        parser.add_argument("--output", type=Optional[str], default=None,
+                            help="path of the exported classifier (save_classifier); "
+                                 "default <default_root_dir>/classifier.pt")
+        parser.add_argument("--concepts", type=Optional[ConceptsConfig], default=None,
+                            help="also build concept heads of the trained classifier (CDAM concepts), saved next to it")
+
+    def before_instantiate_classes(self) -> None:
+        import torch
+
+        super().before_instantiate_classes()
+        trainer = self.config["trainer"]
+        if trainer.get("precision") is None:
+            accel = str(trainer.get("accelerator") or "auto")
+            cuda = torch.cuda.is_available() and accel in ("auto", "gpu", "cuda")
+            mixed = "bf16-mixed" if cuda and torch.cuda.is_bf16_supported() else "16-mixed"
+            trainer["precision"] = mixed if cuda else "32-true"
+
+
+class EvaluateCLI(ProjectCLI):
+    """``evaluate.py``'s command line: an :class:`~lightning_modules.evaluation.AttributionEvaluationModule`
+    and any datamodule."""
+
+    default_config = EVALUATE_CONFIG
+    default_root_dir = "outputs"
+
+    def __init__(self, args: Optional[Sequence[str]] = None, **kwargs: Any) -> None:
+        from lightning_modules.evaluation import AttributionEvaluationModule
+
+        super().__init__(AttributionEvaluationModule, args, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument("--output_dir", type=Optional[str], default=None,
+                            help="folder of metrics.json (default <trainer.default_root_dir>/evaluate/<date-time>)")
+
+    def before_instantiate_classes(self) -> None:
+        self.config["trainer"]["inference_mode"] = False  # the methods need autograd inside test_step
+        super().before_instantiate_classes()

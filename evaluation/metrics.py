@@ -1,0 +1,142 @@
+"""torchmetrics states of the evaluation protocols, for any kind of input.
+
+Every state is a float64 sum reduced with ``sum`` across processes, so one process and N processes that see every
+sample exactly once give the same value (up to float64 summation order). Each metric declares
+``higher_is_better`` (torchmetrics' attribute: ``True``, ``False`` or ``None`` when neither direction is better);
+where the direction depends on what is measured, one subclass per direction declares it (a positive perturbation
+curve: lower is better; a negative one: higher is better), or the callback that names the result declares it for
+its key (e.g. a share of relevance on the target object vs on the other object).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+
+def _f64(x: Tensor) -> Tensor:
+    return x.detach().to(torch.float64)
+
+
+class CleanAccuracy(Metric):
+    """Top-1 accuracy: float64 sums of correct predictions and of samples."""
+
+    full_state_update = False
+    higher_is_better = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("correct", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("total", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, logits: Tensor, labels: Tensor) -> None:
+        self.correct += (logits.argmax(dim=-1) == labels).sum().to(torch.float64)
+        self.total += float(labels.numel())
+
+    def compute(self) -> Tensor:
+        return self.correct / self.total if self.total > 0 else torch.tensor(float("nan"), dtype=torch.float64)
+
+
+class PerturbationCurve(Metric):
+    """Accuracy per perturbation step: float64 sums of correct predictions per step and of samples.
+
+    The direction of its area depends on the test: :class:`PositivePerturbationCurve`,
+    :class:`NegativePerturbationCurve` (:func:`perturbation_curve` picks one by direction).
+    """
+
+    full_state_update = False
+    higher_is_better: Optional[bool] = None
+
+    def __init__(self, num_points: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_points = int(num_points)
+        self.add_state("correct", default=torch.zeros(self.num_points, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("total", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, correct: Tensor) -> None:
+        """``correct``: bool ``[B, num_points]`` (column 0: clean prediction)."""
+        if correct.dim() != 2 or correct.shape[1] != self.num_points:
+            raise ValueError(f"expected correctness [B, {self.num_points}], got {tuple(correct.shape)}")
+        self.correct += correct.to(torch.float64).sum(dim=0)
+        self.total += correct.shape[0]
+
+    def compute(self) -> Tensor:
+        if self.total == 0:
+            return torch.full((self.num_points,), float("nan"), dtype=torch.float64)
+        return self.correct / self.total
+
+
+class PositivePerturbationCurve(PerturbationCurve):
+    """Most relevant units removed first: a faithful map makes the accuracy drop early (lower is better)."""
+
+    higher_is_better = False
+
+
+class NegativePerturbationCurve(PerturbationCurve):
+    """Least relevant units removed first: a faithful map keeps the accuracy up (higher is better)."""
+
+    higher_is_better = True
+
+
+def perturbation_curve(direction: str, num_points: int) -> PerturbationCurve:
+    """The curve metric of a ``positive`` or ``negative`` perturbation test."""
+    classes = {"positive": PositivePerturbationCurve, "negative": NegativePerturbationCurve}
+    if direction not in classes:
+        raise ValueError(f"unknown direction {direction!r}; choose one of {tuple(classes)}")
+    return classes[direction](num_points)
+
+
+class PooledPearson(Metric):
+    """Pearson correlation of two score tensors pooled over everything passed to ``update`` (float64 sums)."""
+
+    full_state_update = False
+    higher_is_better = None
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        for name in ("sx", "sy", "sxx", "syy", "sxy", "n"):
+            self.add_state(name, default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, x: Tensor, y: Tensor) -> None:
+        if x.shape != y.shape:
+            raise ValueError(f"pearson: shapes differ {tuple(x.shape)} vs {tuple(y.shape)}")
+        x, y = _f64(x).flatten(), _f64(y).flatten()
+        self.sx += x.sum()
+        self.sy += y.sum()
+        self.sxx += (x * x).sum()
+        self.syy += (y * y).sum()
+        self.sxy += (x * y).sum()
+        self.n += x.numel()
+
+    def compute(self) -> Tensor:
+        n = self.n
+        cov = n * self.sxy - self.sx * self.sy
+        var = (n * self.sxx - self.sx ** 2) * (n * self.syy - self.sy ** 2)
+        if n < 2 or var <= 0:
+            return torch.tensor(float("nan"), dtype=torch.float64)
+        return cov / torch.sqrt(var)
+
+
+class MeanOverImages(Metric):
+    """Mean of per-sample values (float64 sum and count); NaN values are skipped."""
+
+    full_state_update = False
+    higher_is_better = None
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("total", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, values: Tensor) -> None:
+        values = _f64(values).flatten()
+        keep = ~torch.isnan(values)
+        self.total += values[keep].sum()
+        self.count += keep.sum()
+
+    def compute(self) -> Tensor:
+        if self.count == 0:
+            return torch.tensor(float("nan"), dtype=torch.float64)
+        return self.total / self.count

@@ -1,0 +1,130 @@
+"""Writing and printing the results of an evaluation run (used by :class:`callbacks.reporter.ResultsReporter`).
+
+Results are one flat dict keyed as the callbacks key them (``accuracy``,
+``perturbation/<method>/<direction>/<setting>/auc`` and ``.../curve``, ``segmentation/<method>/<metric>``,
+``cdam_analysis/...``), values a float or a curve (list of floats), with two declarations beside it:
+``higher_is_better`` (``{key: True | False | None}``, from the metrics) and ``curve_x`` (``{key: x values}`` of
+the curves).
+
+* :func:`write_metrics_json`: ``metrics.json``, sorted keys, NaN and infinities as ``null``;
+* :func:`curve_rows` / :func:`log_curves`: every curve as rows ``[key, step, x, y]`` of one logger table;
+* :func:`results_table`: the text table printed at the end of a run; each column and scalar says whether higher
+  or lower is better, as its metric declares.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+#: what the results table prints for a declared direction
+BETTER = {True: "higher", False: "lower", None: "-"}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def write_metrics_json(results: Mapping[str, Any], path: os.PathLike) -> Path:
+    """``results`` as JSON at ``path`` (sorted keys, non-finite floats as ``null``), written atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as handle:
+        json.dump({k: _jsonable(v) for k, v in sorted(results.items())}, handle, indent=2)
+    os.replace(tmp, path)
+    return path
+
+
+def curve_rows(results: Mapping[str, Any], curve_x: Optional[Mapping[str, Sequence[float]]] = None) -> List[list]:
+    """Rows ``[key, step, x, y]`` of every list-valued result (``x`` from ``curve_x[key]`` when its length fits,
+    else the step)."""
+    curve_x = curve_x or {}
+    rows = []
+    for key, value in sorted(results.items()):
+        if isinstance(value, (list, tuple)):
+            xs = curve_x.get(key)
+            xs = list(xs) if xs is not None and len(xs) == len(value) else None
+            for i, y in enumerate(value):
+                rows.append([key, i, float(xs[i]) if xs else float(i), _jsonable(float(y))])
+    return rows
+
+
+def log_curves(logger, results: Mapping[str, Any], curve_x: Optional[Mapping[str, Sequence[float]]] = None) -> None:
+    """The curves as one table ``curves`` (columns key, step, fraction, value) through ``logger.log_table``."""
+    rows = curve_rows(results, curve_x)
+    if logger is None or not rows or not hasattr(logger, "log_table"):
+        return
+    logger.log_table(key="curves", columns=["key", "step", "fraction", "value"], data=rows)
+
+
+def _direction(keys: Sequence[str], higher_is_better: Mapping[str, Optional[bool]]) -> str:
+    """``higher`` / ``lower`` when every key declares that direction, ``mixed`` when they disagree, ``-`` else."""
+    declared = {higher_is_better.get(k) for k in keys}
+    if len(declared) == 1:
+        return BETTER[declared.pop()]
+    return "mixed"
+
+
+def results_table(results: Mapping[str, Any], higher_is_better: Optional[Mapping[str, Optional[bool]]] = None) -> str:
+    """Readable text: clean accuracy, perturbation AUCs as a method x (direction/setting) grid, segmentation as
+    method x metric, then every other scalar; a ``better`` row under each grid's header (and a column beside the
+    other scalars) says which direction is better, as the metrics declare it (``higher_is_better``)."""
+    declared = dict(higher_is_better or {})
+    lines: List[str] = []
+    if "accuracy" in results:
+        lines.append(f"clean accuracy: {results['accuracy']:.4f}")
+
+    def grid(title: str, cells: Dict[str, Dict[str, float]], keys: Dict[str, List[str]], columns: List[str],
+             fmt: str) -> None:
+        if not cells:
+            return
+        width = max(len("method"), len("better"), *(len(m) for m in cells))
+        col_w = max(10, *(len(c) for c in columns))
+        lines.append("")
+        lines.append(title)
+        lines.append("method".ljust(width) + "".join(c.rjust(col_w + 2) for c in columns))
+        lines.append("better".ljust(width) + "".join(_direction(keys[c], declared).rjust(col_w + 2) for c in columns))
+        for method in sorted(cells):
+            row = cells[method]
+            cells_text = (format(row[c], fmt) if c in row and row[c] is not None and math.isfinite(row[c]) else "-"
+                          for c in columns)
+            lines.append(method.ljust(width) + "".join(text.rjust(col_w + 2) for text in cells_text))
+
+    pert: Dict[str, Dict[str, float]] = {}
+    pert_keys: Dict[str, List[str]] = {}
+    seg: Dict[str, Dict[str, float]] = {}
+    seg_keys: Dict[str, List[str]] = {}
+    other: Dict[str, float] = {}
+    for key, value in results.items():
+        parts = key.split("/")
+        if parts[0] == "perturbation" and len(parts) == 5 and parts[-1] == "auc":
+            column = f"{parts[2]}/{parts[3]}"
+            pert.setdefault(parts[1], {})[column] = value
+            pert_keys.setdefault(column, []).append(key)
+        elif parts[0] == "segmentation" and len(parts) == 3:
+            seg.setdefault(parts[1], {})[parts[2]] = value
+            seg_keys.setdefault(parts[2], []).append(key)
+        elif key != "accuracy" and isinstance(value, (int, float)) and parts[0] != "perturbation":
+            other[key] = float(value)
+    pert_cols = [c for c in ("positive/predicted", "negative/predicted", "positive/target", "negative/target")
+                 if c in pert_keys]
+    pert_cols += sorted(set(pert_keys) - set(pert_cols))
+    grid("perturbation AUC", pert, pert_keys, pert_cols, ".2f")
+    seg_cols = [c for c in ("pixel_accuracy", "miou", "map", "f1", "f1_rows") if c in seg_keys]
+    seg_cols += sorted(set(seg_keys) - set(seg_cols))
+    grid("segmentation", seg, seg_keys, seg_cols, ".4f")
+    if other:
+        lines.append("")
+        width = max(len(k) for k in other)
+        for key, value in sorted(other.items()):
+            better = declared.get(key)
+            note = "" if better is None else f"  ({BETTER[better]} is better)"
+            lines.append(f"{key.ljust(width)}  {value:.4f}{note}")
+    return "\n".join(lines)

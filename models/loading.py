@@ -1,0 +1,129 @@
+"""Loading the model to explain (by spec) and its concept heads.
+
+``load_model(spec)`` specs:
+
+* ``"synthetic"``: the small ViT of the synthetic benchmark (trained on first use, then cached;
+  :mod:`models.synthetic`); ``"synthetic:<overrides.yaml>"``: the same with these ``train.py`` keys changed
+  (e.g. ``configs/train/synthetic_vit_avgpool.yaml``);
+* ``"timm:<name>"``: ``timm.create_model(name, pretrained=pretrained, **model_kwargs)``;
+* ``"hf:<name or folder>"``: a Hugging Face ``AutoModelForSequenceClassification``, from a local folder or the
+  local Hugging Face cache only (``local_files_only=True``: never downloads);
+* a path to a classifier file written by :func:`models.classifier_file.save_classifier` (``train.py``).
+
+Every model is returned in eval mode.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Union
+
+from torch import Tensor, nn
+
+HF_PREFIX = "hf:"
+TIMM_PREFIX = "timm:"
+
+
+def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[Dict[str, Any]] = None,
+               allow_pickle: bool = False) -> nn.Module:
+    """The classifier named by ``classifier`` (see the module docstring for the specs), in eval mode.
+
+    * ``timm:<name>``: ``pretrained=False`` with ``model_kwargs`` gives a random model of any size (e.g. for
+      tests). Offline, real weights come from a local file: ``model_kwargs={"pretrained_cfg_overlay": {"file":
+      path}}`` (with ``num_classes`` the file's head is loaded, not re-initialised).
+    * ``hf:<name or folder>``: ``AutoModelForSequenceClassification.from_pretrained(name, local_files_only=True,
+      **model_kwargs)``; ``model_kwargs`` are its keyword arguments (e.g. ``{"num_labels": 3}``), ``pretrained=
+      False`` builds the same architecture with random weights. A folder without a sequence-classification head
+      (e.g. a sentence-embedding BERT such as all-MiniLM-L6-v2) loads its encoder and gets a *newly initialised*
+      head (``num_labels`` outputs, random until trained; transformers reports the missing keys): their names
+      are in ``model.newly_initialized_keys``.
+    * ``allow_pickle``: for classifier files only, see :func:`models.checkpoint_io.read_checkpoint`.
+    """
+    from models.classifier_file import load_classifier
+    from models.synthetic import is_synthetic_spec, resolve_synthetic_spec
+
+    if is_synthetic_spec(classifier):
+        if model_kwargs:
+            raise ValueError("model_kwargs apply to 'timm:<name>' and 'hf:<name>' classifiers only")
+        return load_classifier(resolve_synthetic_spec(classifier), allow_pickle=allow_pickle)
+    if classifier.startswith(TIMM_PREFIX):
+        return _load_timm(classifier[len(TIMM_PREFIX):], pretrained, model_kwargs)
+    if classifier.startswith(HF_PREFIX):
+        return load_hf_classifier(classifier[len(HF_PREFIX):], pretrained, model_kwargs)
+    path = os.path.expanduser(classifier)
+    if os.path.exists(path):
+        if model_kwargs:
+            raise ValueError("model_kwargs apply to 'timm:<name>' and 'hf:<name>' classifiers only")
+        return load_classifier(path, allow_pickle=allow_pickle)
+    raise FileNotFoundError(f"classifier {classifier!r} is neither 'synthetic', 'timm:<name>', 'hf:<name or folder>' "
+                            "nor an existing classifier file (save_classifier)")
+
+
+def _load_timm(name: str, pretrained: bool, model_kwargs: Optional[Dict[str, Any]]) -> nn.Module:
+    import timm
+
+    kwargs = dict(model_kwargs or {})
+    overlay = kwargs.get("pretrained_cfg_overlay")
+    if overlay and overlay.get("file") and "num_classes" in kwargs and "num_classes" not in overlay:
+        # timm silently re-initialises the head when num_classes differs from the pretrained config's: a local
+        # weights file of a fine-tuned classifier holds its own head, so declare it
+        kwargs["pretrained_cfg_overlay"] = {**overlay, "num_classes": kwargs["num_classes"]}
+    try:
+        return timm.create_model(name, pretrained=pretrained, **kwargs).eval()
+    except Exception as err:
+        raise ValueError(f"cannot create timm model {name!r} (pretrained={pretrained}): {err}") from err
+
+
+def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optional[Dict[str, Any]] = None) -> nn.Module:
+    """``AutoModelForSequenceClassification`` of ``name`` (a local folder or a Hugging Face name already in the
+    local cache), never downloading; eval mode. See :func:`load_model` (``hf:``)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    kwargs = dict(model_kwargs or {})
+    source = os.path.expanduser(name) if os.path.isdir(os.path.expanduser(name)) else name
+    try:
+        if pretrained:
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                source, local_files_only=True, output_loading_info=True, **kwargs)
+        else:
+            config = AutoConfig.from_pretrained(source, local_files_only=True, **kwargs)
+            model, info = AutoModelForSequenceClassification.from_config(config), {}
+    except (OSError, ValueError) as err:
+        raise ValueError(
+            f"cannot load Hugging Face model {name!r} as a sequence classifier from local files (a folder with "
+            f"config.json and weights, or a model already in the Hugging Face cache; nothing is downloaded): {err}"
+        ) from err
+    model.newly_initialized_keys = sorted(info.get("missing_keys", ())) if pretrained else None
+    return model.eval()
+
+
+def load_concept_heads(files: Union[None, str, List[str]], allow_pickle: bool = False) -> Dict[str, Any]:
+    """``{kind: ConceptHead}`` of concept files (one kind per file; a kind given twice is an error)."""
+    from models.concepts import ConceptHead
+
+    if files is None:
+        return {}
+    heads: Dict[str, Any] = {}
+    for path in [files] if isinstance(files, str) else list(files):
+        head = ConceptHead.load(path, allow_pickle=allow_pickle)
+        if head.kind in heads:
+            raise ValueError(f"two concept files of kind {head.kind!r} (second: {path!r}); give one per kind")
+        heads[head.kind] = head
+    return heads
+
+
+def resolve_concept(heads: Dict[str, Any], ref: str, method: str = "cdam") -> Tensor:
+    """The vector named ``ref`` (``<name>`` or ``<kind>:<name>``) in ``heads``; errors list what exists."""
+    if not heads:
+        raise ValueError(f"method {method!r} names concept {ref!r} but no concept file is given "
+                         "(--model.concepts FILE, written by train.py --concepts)")
+    kind, _, name = ref.rpartition(":")
+    if kind:
+        if kind not in heads:
+            raise KeyError(f"method {method!r}: no concept file of kind {kind!r} (loaded kinds: {sorted(heads)})")
+        return heads[kind].vector(name)
+    found = [k for k, head in heads.items() if name in head.names]
+    if len(found) != 1:
+        known = sorted(f"{k}:{n}" for k, head in heads.items() for n in head.names)
+        what = "is ambiguous, use <kind>:<name>" if found else "is unknown"
+        raise KeyError(f"method {method!r}: concept {name!r} {what}; concepts: {', '.join(known)}")
+    return heads[found[0]].vector(name)
