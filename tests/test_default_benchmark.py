@@ -7,8 +7,7 @@ is below the random map's, and the mIoU of every class-specific method is above 
 The default run is one trained model. How the comparison varies over training seeds is measured by
 ``benchmarks/ranking_stability.py`` and reported in ``benchmarks/README.md``: there, Grad-CAM and CDAM (read at
 the last block alone) are within a few AUC points of the random map on several seeds.
-
-Takes about 8 minutes on 2 CPU cores when the ViT is not cached yet, about 3 when it is.
+It trains the ViT first when it is not cached (timings: ``benchmarks/README.md``).
 """
 import json
 import os
