@@ -13,7 +13,8 @@
   children re-run the same command line;
 * no subcommands (``run=False``): the entry point calls ``trainer.fit``/``trainer.test`` itself.
 
-:class:`TrainCLI` adds ``--output`` and ``--concepts`` and the mixed-precision default (``trainer.precision``
+:class:`TrainCLI` adds ``--output``, ``--concepts``, the best-epoch checkpoint (``--checkpoint.*``: a
+``ModelCheckpoint`` on ``val/loss`` that every training run has, so configs do not list it) and the mixed-precision default (``trainer.precision``
 unset: ``bf16-mixed``, ``16-mixed`` without bf16 support, on a CUDA accelerator; ``32-true`` otherwise).
 :class:`EvaluateCLI` adds ``--output_dir``, forces ``trainer.inference_mode=False`` (the attribution methods
 need autograd inside ``test_step``) and defaults ``trainer.default_root_dir`` to ``outputs``.
@@ -124,6 +125,12 @@ class TrainCLI(ProjectCLI):
                                  "default <default_root_dir>/classifier.pt")
         parser.add_argument("--concepts", type=Optional[ConceptsConfig], default=None,
                             help="also build concept heads of the trained classifier (CDAM concepts), saved next to it")
+        # the best epoch (lowest validation loss) is what train.py reloads and exports: every run keeps it
+        from pytorch_lightning.callbacks import ModelCheckpoint
+
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.monitor": "val/loss", "checkpoint.mode": "min", "checkpoint.save_top_k": 1,
+                             "checkpoint.filename": "best-{epoch}"})
 
     def before_instantiate_classes(self) -> None:
         import torch
