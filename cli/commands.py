@@ -14,8 +14,9 @@
 * no subcommands (``run=False``): the entry point calls ``trainer.fit``/``trainer.test`` itself.
 
 :class:`TrainCLI` adds ``--output``, ``--concepts``, the best-epoch checkpoint (``--checkpoint.*``: a
-``ModelCheckpoint`` on ``val/loss`` that every training run has, so configs do not list it) and the mixed-precision default (``trainer.precision``
-unset: ``bf16-mixed``, ``16-mixed`` without bf16 support, on a CUDA accelerator; ``32-true`` otherwise).
+``ModelCheckpoint`` on ``val/loss`` that every training run has, so configs do not list it) and the
+mixed-precision default (``trainer.precision`` unset: ``bf16-mixed``, ``16-mixed`` without bf16 support, on a
+CUDA accelerator; ``32-true`` otherwise).
 :class:`EvaluateCLI` adds ``--output_dir``, forces ``trainer.inference_mode=False`` (the attribution methods
 need autograd inside ``test_step``) and defaults ``trainer.default_root_dir`` to ``outputs``.
 """
