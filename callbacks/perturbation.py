@@ -23,9 +23,9 @@ every map), negated in the negative test as the map is. So a map that ranks noth
 exactly like the ``random`` method with ``seed=tie_seed`` -- the null that "better than a random map" compares
 against -- and the order is the same on any number of processes. ``index``: among equal scores the unit with the
 smaller flat index (``y * W + x`` for pixels) first, in both directions; a constant map is then removed top to
-bottom, which scores unlike the random map (on the synthetic benchmark's ViT, Grad-CAM's positive AUC is 38.4
-with ``index`` and 30.9 with ``random``, random map 33.4: its ``relu`` leaves about half of the tokens, and whole
-images, at zero). (The references use ``torch.topk``, whose order among ties is unspecified.)
+bottom, which scores unlike the random map: it matters for maps with many equal scores, such as Grad-CAM's,
+whose ``relu`` can leave many tokens, and whole images, at zero (measured in ``benchmarks/README.md``). (The
+references use ``torch.topk``, whose order among ties is unspecified.)
 
 AUC conventions (:mod:`evaluation.auc`; the raw curve is always stored; both in percent of accuracy x fraction):
 
