@@ -24,8 +24,9 @@ class TokenAblation(AttributionMethod):
     Content token ``i`` is dropped from the sequence after the embedding (so the other tokens keep their
     positional embeddings; ``adapter.drop_positions`` also shortens the attention mask) and the shortened
     sequence runs through all blocks, the final norm and the head; ``f_c`` is the target's logit (predicted
-    class by default, as in the CDAM notebook). Positions that are not removed (prefix tokens, padding) score
-    0. The ablated sequences are batched, at most ``batch_size`` sequences per forward.
+    class by default, as in the CDAM notebook). Positions that are not removed (prefix tokens, padding; for
+    sequences every position that is not a content token of its sample: [CLS], [SEP]) score 0. The ablated
+    sequences are batched, at most ``batch_size`` sequences per forward.
     """
 
     def __init__(self, batch_size: int = 256):
@@ -51,4 +52,7 @@ class TokenAblation(AttributionMethod):
             out = adapter.head(adapter.run_blocks(shortened, short_context), short_context)
             out = out.unflatten(0, (batch, len(removed)))
             result[:, removed] = clean - out.gather(2, target[:, None, None].expand(-1, len(removed), 1))[..., 0]
+        if not isinstance(layout, PatchGrid):
+            # a position removed for the batch may be a special token or padding of some sample: 0 there
+            result = result * layout.content.to(device=result.device, dtype=result.dtype)
         return layout.output(result)

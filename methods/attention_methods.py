@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .adapters import ActivationRecorder
 from .base import AttributionMethod, check_start_layer
-from .readout import check_readout, read_out
+from .readout import check_class_token_score, check_readout, read_out, set_class_token_score
 from .registry import register_method
 from .rollout import rollout
 
@@ -25,13 +25,18 @@ class RawAttention(AttributionMethod):
     :func:`methods.readout.read_out`): ``auto`` (default: the model's own read-out, the [CLS] row for
     ``global_pool='token'``, the mean of the patch rows for ``'avg'``, whose prediction never reads [CLS]),
     ``class_token`` (alias ``cls``, the reference), ``mean_content`` (alias ``mean_patches``).
+
+    Sequences (text): ``[B, N]`` over all positions ([CLS], [SEP] included, padding 0);
+    ``class_token_score`` (:func:`methods.readout.set_class_token_score`): ``auto`` (default) = ``zero``, the
+    [CLS]->[CLS] entry set to 0 as TE's BERT ``generate_attn_last_layer`` does; ``keep`` leaves it.
     """
 
     class_specific = False
 
-    def __init__(self, layer: int = -1, readout: str = "auto"):
+    def __init__(self, layer: int = -1, readout: str = "auto", class_token_score: str = "auto"):
         self.layer = layer
         self.readout = check_readout(readout)
+        self.class_token_score = check_class_token_score(class_token_score)
 
     def attribute(self, adapter, inputs, target):
         layer = check_start_layer(self.layer, adapter.depth, self.name)
@@ -40,7 +45,8 @@ class RawAttention(AttributionMethod):
             adapter.forward(inputs, grad_from_block=adapter.depth)
             attention = rec["attn"].mean(dim=1)
         layout = adapter.layout(inputs)
-        return layout.output(read_out(attention, adapter, inputs, self.readout, layout))
+        row = read_out(attention, adapter, inputs, self.readout, layout)
+        return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
 
 
 @register_method("rollout")
@@ -52,14 +58,18 @@ class Rollout(AttributionMethod):
     ``ViT_explanation_generator.py`` ``compute_rollout_attention``). ``start_layer`` is 0-based (the TE
     evaluation scripts pass 1). ``row_normalize=False`` gives the unnormalised variant. Class-agnostic; with
     row normalisation the rows of the rolled-out matrix sum to one. ``readout`` as for ``raw_attention``.
+    Sequences: TE's BERT ``generate_rollout`` is the same computation (row-normalised, 0-based ``start_layer``)
+    with the [CLS]->[CLS] entry set to 0 (``class_token_score``, as for ``raw_attention``).
     """
 
     class_specific = False
 
-    def __init__(self, start_layer: int = 0, row_normalize: bool = True, readout: str = "auto"):
+    def __init__(self, start_layer: int = 0, row_normalize: bool = True, readout: str = "auto",
+                 class_token_score: str = "auto"):
         self.start_layer = start_layer
         self.row_normalize = row_normalize
         self.readout = check_readout(readout)
+        self.class_token_score = check_class_token_score(class_token_score)
 
     def rollout_matrix(self, adapter, inputs) -> Tensor:
         """The rolled-out ``[B, N, N]`` matrix (before the read-out)."""
@@ -73,4 +83,5 @@ class Rollout(AttributionMethod):
 
     def attribute(self, adapter, inputs, target):
         layout = adapter.layout(inputs)
-        return layout.output(read_out(self.rollout_matrix(adapter, inputs), adapter, inputs, self.readout, layout))
+        row = read_out(self.rollout_matrix(adapter, inputs), adapter, inputs, self.readout, layout)
+        return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))

@@ -12,7 +12,8 @@ class AttributionMethod:
     """Base class. Subclasses implement :meth:`attribute` and declare their kind.
 
     * ``class_specific``: whether the result depends on ``target``;
-    * ``pixel_level``: ``True`` when the method returns ``[B, H, W]`` pixel maps instead of token scores.
+    * ``pixel_level``: ``True`` when the method returns ``[B, H, W]`` pixel maps instead of patch scores for
+      images (on token sequences every method returns ``[B, N]`` position scores).
 
     ``__call__(model, inputs, target=None, sample_ids=None)``:
 
@@ -39,7 +40,7 @@ class AttributionMethod:
         with preserved_model_state(model), adapter.eager_attention():
             scores = self.attribute(adapter, batch, target)
         layout = adapter.layout(batch)
-        if isinstance(layout, TokenSequence) and not self.pixel_level:
+        if isinstance(layout, TokenSequence) and scores.dim() == 2:
             scores = layout.output(scores)  # padding exactly 0, whatever the method computed there
         return scores.detach().to(dtype=batch.score_dtype, device=batch.device)
 

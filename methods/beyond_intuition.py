@@ -13,20 +13,28 @@ from torch import Tensor
 from .adapters import ActivationRecorder
 from .attention_gradients import attention_and_gradients, check_gradient_of, target_score
 from .base import AttributionMethod, check_start_layer
-from .readout import check_readout, read_out
+from .readout import (check_class_token_score, check_readout, is_sequence, read_out, real_positions,
+                      set_class_token_score)
 from .registry import register_method
 from .rollout import accumulate_residual
 from .targets import resolve_target
 
 
-def attention_perception_headwise(attn: Tensor, grad: Tensor) -> Tensor:
+def attention_perception_headwise(attn: Tensor, grad: Tensor, positions: Optional[Tensor] = None) -> Tensor:
     """Head-wise perception ``Ã = Σ_h w_h A_h`` (Chen et al. 2023, §3.2, head importance).
 
     As the authors' code computes it (``generate_ours``): ``I_h = mean_ij |(A_h^T ∇A_h)_ij|`` — the mean absolute
     entry of the matrix product, not the paper's inner product ``<A_h, ∇A_h>`` — and ``w_h = I_h / Σ_h' I_h'``
     normalised **per sample** (their code normalises over the whole batch because it runs batch size 1).
+    ``positions`` (bool ``[B, N]``): the mean runs over the entries ``(i, j)`` with both positions in it (the
+    real tokens of a padded sequence); ``None``: all ``N x N``.
     """
-    importance = (attn.transpose(-1, -2) @ grad).abs().mean(dim=(-1, -2))  # [B, H]
+    product = (attn.transpose(-1, -2) @ grad).abs()
+    if positions is None:
+        importance = product.mean(dim=(-1, -2))  # [B, H]
+    else:
+        pairs = (positions[:, :, None] & positions[:, None, :])[:, None].to(product.dtype)
+        importance = (product * pairs).sum(dim=(-1, -2)) / pairs.sum(dim=(-1, -2))
     weights = importance / importance.sum(dim=1, keepdim=True)
     return (weights[:, :, None, None] * attn).sum(dim=1)
 
@@ -64,12 +72,24 @@ class _BeyondIntuition(AttributionMethod):
     * ``reasoning_feedback=False`` returns ``|P|`` read out the same way (their ``ssl=True`` branch).
     * ``gradient_of='probability'`` differentiates the softmax probability (InterpretDL's CV default) instead of
       the logit (the authors' code).
+
+    Sequences (the authors' BERT code, ``BERT/ExplanationGenerator.py``): ``α`` scales the embedding output
+    (after the embedding LayerNorm, ``BERT.py``: ``embedding_output = alpha * embedding_output``); the default
+    ``start_layer=None`` is the authors' per-modality default (images: the value named in each method; BERT:
+    the last block for head-wise, the last four for token-wise); ``class_token_score`` ``auto`` = ``zero`` (their
+    ``R[:, 0, 0] = 0``), ``keep``; ``include_padding`` (head-wise weights) as for ``gradcam``.
     """
 
-    def __init__(self, start_layer: int = 0, steps: int = 20, readout: str = "auto", reasoning_feedback: bool = True,
-                 gradient_of: str = "logit", ig_batch_size: Optional[int] = None):
+    #: 0-based start layer by default: (images, sequences as an offset from the end)
+    default_start_layers = (0, -1)
+
+    def __init__(self, start_layer: Optional[int] = None, steps: int = 20, readout: str = "auto",
+                 reasoning_feedback: bool = True, gradient_of: str = "logit", ig_batch_size: Optional[int] = None,
+                 class_token_score: str = "auto", include_padding: bool = False):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
+        self.class_token_score = check_class_token_score(class_token_score)
+        self.include_padding = bool(include_padding)
         self.start_layer = start_layer
         self.steps = steps
         self.readout = check_readout(readout)
@@ -100,16 +120,28 @@ class _BeyondIntuition(AttributionMethod):
             total = total + grad.unflatten(0, (len(chunk), batch)).sum(dim=0)
         return total
 
+    def resolved_start_layer(self, adapter, layout) -> int:
+        """The 0-based first block: ``start_layer``, or the modality's default (for sequences clipped to the
+        model: the last four blocks of a 3-block model are all three)."""
+        if self.start_layer is not None:
+            return check_start_layer(self.start_layer, adapter.depth, self.name)
+        image_default, sequence_default = self.default_start_layers
+        if is_sequence(layout):
+            return max(adapter.depth + sequence_default, 0)
+        return check_start_layer(image_default, adapter.depth, self.name)
+
     def attribute(self, adapter, inputs, target):
-        start = check_start_layer(self.start_layer, adapter.depth, self.name)
+        layout = adapter.layout(inputs)
+        start = self.resolved_start_layer(adapter, layout)
         updates, last_grad, target = self.perception_pass(adapter, inputs, target, start)
         perception = accumulate_residual(updates)
-        layout = adapter.layout(inputs)
         if not self.reasoning_feedback:
-            return layout.output(read_out(perception, adapter, inputs, self.readout, layout)).abs()
-        feedback_sum = last_grad + self._last_attention_gradients(adapter, inputs, target)
-        feedback = (feedback_sum / self.steps).clamp(min=0).mean(dim=1)
-        return layout.output(read_out(feedback * perception, adapter, inputs, self.readout, layout))
+            row = read_out(perception, adapter, inputs, self.readout, layout).abs()
+        else:
+            feedback_sum = last_grad + self._last_attention_gradients(adapter, inputs, target)
+            feedback = (feedback_sum / self.steps).clamp(min=0).mean(dim=1)
+            row = read_out(feedback * perception, adapter, inputs, self.readout, layout)
+        return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
 
 
 @register_method("beyond_intuition_head")
@@ -117,17 +149,21 @@ class BeyondIntuitionHead(_BeyondIntuition):
     __doc__ = (
         "Beyond Intuition, head-wise (Chen et al. 2023, 'Ours-H'): ``Ã_l = Σ_h w_h A_h`` with gradient-based head\n"
         "    weights (see ``attention_perception_headwise``) times the reasoning feedback.\n\n"
-        "    Default ``start_layer=3`` = the authors' 1-based 4 used by their perception test for ViT-B.\n\n    "
+        "    Default ``start_layer``: 3 for images = the authors' 1-based 4 used by their perception test for ViT-B;\n"
+        "    the last block for sequences (their BERT ``generate_ours``: ``blocks=[layer[-1]]``).\n\n    "
         + _BeyondIntuition.__doc__
     )
 
-    def __init__(self, start_layer: int = 3, **options):
-        super().__init__(start_layer=start_layer, **options)
+    default_start_layers = (3, -1)
 
     def perception_pass(self, adapter, inputs, target, start):
         layers = list(range(start, adapter.depth))
         attns, grads, _, target = attention_and_gradients(adapter, inputs, target, layers, self.gradient_of)
-        updates = [attention_perception_headwise(a, g) for a, g in zip(attns, grads)]
+        layout = adapter.layout(inputs)
+        positions = None
+        if is_sequence(layout) and not self.include_padding:
+            positions = real_positions(layout, attns[0])
+        updates = [attention_perception_headwise(a, g, positions) for a, g in zip(attns, grads)]
         return updates, grads[-1], target
 
 
@@ -136,7 +172,8 @@ class BeyondIntuitionToken(_BeyondIntuition):
     __doc__ = (
         "Beyond Intuition, token-wise (Chen et al. 2023, 'Ours-T'): ``Ã_l = mean_h A_h diag(s)`` with the value-norm\n"
         "    token scale ``s`` (see ``attention_perception_tokenwise``) times the reasoning feedback.\n\n"
-        "    Default ``start_layer=6`` = the authors' 1-based 7 used by their perturbation test for ViT-B.\n"
+        "    Default ``start_layer``: 6 for images = the authors' 1-based 7 used by their perturbation test for\n"
+        "    ViT-B; the last four blocks for sequences (their BERT ``generate_ours_c``: ``layer[-4:]``).\n"
         "    ``token_scale_denominator='attention_input'`` (alias ``'norm1_output'``) divides by the norm of the\n"
         "    attention input instead of the code's block input (``'block_input'``, default).\n\n    "
         + _BeyondIntuition.__doc__
@@ -145,7 +182,9 @@ class BeyondIntuitionToken(_BeyondIntuition):
     DENOMINATORS = ("block_input", "attention_input")
     DENOMINATOR_ALIASES = {"norm1_output": "attention_input"}
 
-    def __init__(self, start_layer: int = 6, token_scale_denominator: str = "block_input", **options):
+    default_start_layers = (6, -4)
+
+    def __init__(self, start_layer: Optional[int] = None, token_scale_denominator: str = "block_input", **options):
         token_scale_denominator = self.DENOMINATOR_ALIASES.get(token_scale_denominator, token_scale_denominator)
         if token_scale_denominator not in self.DENOMINATORS:
             raise ValueError(f"token_scale_denominator must be one of {self.DENOMINATORS} (or 'norm1_output'), "

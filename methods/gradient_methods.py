@@ -13,7 +13,8 @@ from torch import Tensor
 from .adapters import ActivationRecorder
 from .attention_gradients import attention_and_gradients
 from .base import AttributionMethod, check_start_layer
-from .readout import check_readout, mean_over_content, read_out
+from .readout import (check_class_token_score, check_readout, is_sequence, mean_over_content, read_out,
+                      real_positions, set_class_token_score)
 from .registry import register_method
 from .rollout import accumulate_residual
 from .targets import class_score, resolve_target
@@ -27,25 +28,77 @@ class AttentionGradCAM(AttributionMethod):
     columns of the read-out row ``r`` of ``dy_c/dA_{L-1}[h]`` (TE ``generate_cam_attn``): head mean **first**,
     clamp **after** (unlike Transformer Attribution / Generic Attribution). ``y_c`` is the pre-softmax logit.
     The reference min-max normalises inside the method (NaN for an all-zero map); this returns the raw clamped
-    values: an all-zero map stays all zeros.
+    values by default: an all-zero map stays all zeros.
 
     Read-out (``readout``, :func:`methods.readout.read_out`): ``class_token`` (alias ``cls``) is the reference.
     On a global-average-pooled model the [CLS] row of the last attention never reaches the logits (its gradient
     is zero, so that map is all zeros); ``mean_content`` (alias ``mean_patches``) uses the mean of the content
     query rows instead, for both the weights and the map. ``auto`` (default) is the model's own read-out.
+
+    Options for the authors' BERT variant (TE ``BERT/ExplanationGenerator.py`` ``generate_attn_gradcam``):
+
+    * ``gradient_mean``: ``"readout_row"`` (TE's ViT code, above), ``"matrix"`` (TE's BERT code: ``w_h`` = the
+      mean of ``dy_c/dA[h]`` over the whole ``N x N`` map, and the map ``relu(mean_h(w_h A_h))`` is read at the
+      read-out row afterwards), ``"auto"`` (default): ``"matrix"`` for token sequences, ``"readout_row"`` for
+      images.
+    * ``include_padding``: in ``"matrix"`` mode the mean (and the min-max) runs over the real positions only
+      (default ``False``: a padded sample gets the scores it gets alone); ``True`` takes all ``N x N`` entries,
+      padding included, as the authors' batch-1 code does on a padded input.
+    * ``minmax``: ``True`` min-max normalises as the reference does (over the whole map in ``"matrix"`` mode,
+      over the read-out row's content entries otherwise; NaN for a constant map); default ``False``.
+    * ``class_token_score`` (sequences): ``auto`` = ``zero`` (TE sets the [CLS]->[CLS] entry to 0), ``keep``.
     """
 
-    def __init__(self, layer: int = -1, readout: str = "auto"):
+    GRADIENT_MEANS = ("auto", "readout_row", "matrix")
+
+    def __init__(self, layer: int = -1, readout: str = "auto", gradient_mean: str = "auto",
+                 include_padding: bool = False, minmax: bool = False, class_token_score: str = "auto"):
+        if gradient_mean not in self.GRADIENT_MEANS:
+            raise ValueError(f"gradcam: gradient_mean must be one of {self.GRADIENT_MEANS}, got {gradient_mean!r}")
         self.layer = layer
         self.readout = check_readout(readout)
+        self.gradient_mean = gradient_mean
+        self.include_padding = bool(include_padding)
+        self.minmax = bool(minmax)
+        self.class_token_score = check_class_token_score(class_token_score)
 
     def attribute(self, adapter, inputs, target):
         layer = check_start_layer(self.layer, adapter.depth, self.name)
         (attn,), (grad,), _, _ = attention_and_gradients(adapter, inputs, target, [layer])
         layout = adapter.layout(inputs)
-        attn_rows = layout.output(read_out(attn, adapter, inputs, self.readout, layout))    # [B, H, P]
-        weights = mean_over_content(read_out(grad, adapter, inputs, self.readout, layout), layout)  # [B, H]
-        return (attn_rows * weights[..., None]).mean(dim=1).clamp(min=0)
+        mode = self.gradient_mean
+        if mode == "auto":
+            mode = "matrix" if is_sequence(layout) else "readout_row"
+        if mode == "matrix":
+            if is_sequence(layout):
+                positions = real_positions(layout, grad, self.include_padding)
+            else:
+                positions = torch.ones(grad.shape[0], grad.shape[-1], dtype=torch.bool, device=grad.device)
+            pairs = (positions[:, :, None] & positions[:, None, :])[:, None].to(grad.dtype)   # [B, 1, N, N]
+            weights = (grad * pairs).sum(dim=(-1, -2)) / pairs.sum(dim=(-1, -2))             # [B, H]
+            cam = (attn * weights[..., None, None]).mean(dim=1).clamp(min=0)                  # [B, N, N]
+            if self.minmax:
+                inside = pairs[:, 0].bool()
+                low = cam.masked_fill(~inside, float("inf")).amin(dim=(-1, -2), keepdim=True)
+                high = cam.masked_fill(~inside, float("-inf")).amax(dim=(-1, -2), keepdim=True)
+                cam = (cam - low) / (high - low)
+            row = read_out(cam, adapter, inputs, self.readout, layout)
+        else:
+            attn_rows = read_out(attn, adapter, inputs, self.readout, layout)                   # [B, H, N]
+            weights = mean_over_content(read_out(grad, adapter, inputs, self.readout, layout), layout)  # [B, H]
+            row = (attn_rows * weights[..., None]).mean(dim=1).clamp(min=0)
+            if self.minmax:
+                content = layout.content
+                if isinstance(content, slice):
+                    inside = torch.zeros_like(row, dtype=torch.bool)
+                    inside[:, content] = True
+                else:
+                    inside = content.to(row.device)
+                low = row.masked_fill(~inside, float("inf")).amin(dim=-1, keepdim=True)
+                high = row.masked_fill(~inside, float("-inf")).amax(dim=-1, keepdim=True)
+                row = (row - low) / (high - low)
+        row = set_class_token_score(row, adapter, layout, self.class_token_score, "zero")
+        return layout.output(row)
 
 
 HEAD_REDUCTIONS = ("clamp_then_mean", "mean_then_clamp")
@@ -70,22 +123,28 @@ class GenericAttribution(AttributionMethod):
     ``generate_genattr`` takes the head mean before the clamp: ``head_reduction='mean_then_clamp'``. No row
     normalisation. ``∇A`` is the gradient of the target's pre-softmax logit, so the logit scale matters when
     more than one block is used. Read-out row, content columns (``readout`` as for ``raw_attention``).
-    ``start_layer`` is 0-based (MM uses all blocks: 0; BI's 1-based ``start_layer=2`` is 1).
+    ``start_layer`` is 0-based (MM uses all blocks: 0; BI's 1-based ``start_layer=2`` is 1). Beyond
+    Intuition's BERT ``generate_genattr`` reads the last layer only with the head mean first:
+    ``start_layer=-1, head_reduction='mean_then_clamp'``. Sequences: ``class_token_score`` ``auto`` = ``zero``
+    (the [CLS]->[CLS] entry set to 0, as BI's BERT code does), ``keep``.
     """
 
-    def __init__(self, start_layer: int = 0, head_reduction: str = "clamp_then_mean", readout: str = "auto"):
+    def __init__(self, start_layer: int = 0, head_reduction: str = "clamp_then_mean", readout: str = "auto",
+                 class_token_score: str = "auto"):
         if head_reduction not in HEAD_REDUCTIONS:
             raise ValueError(f"head_reduction must be one of {HEAD_REDUCTIONS}, got {head_reduction!r}")
         self.start_layer = start_layer
         self.head_reduction = head_reduction
         self.readout = check_readout(readout)
+        self.class_token_score = check_class_token_score(class_token_score)
 
     def attribute(self, adapter, inputs, target):
         start = check_start_layer(self.start_layer, adapter.depth, self.name)
         attns, grads, _, _ = attention_and_gradients(adapter, inputs, target, range(start, adapter.depth))
         relevance = accumulate_residual([generic_update(a, g, self.head_reduction) for a, g in zip(attns, grads)])
         layout = adapter.layout(inputs)
-        return layout.output(read_out(relevance, adapter, inputs, self.readout, layout))
+        row = read_out(relevance, adapter, inputs, self.readout, layout)
+        return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
 
 
 @register_method("cdam")

@@ -35,7 +35,8 @@ def random_token_scores(indices: Tensor, num_tokens: int, seed: int = 0) -> Tens
 class RandomBaseline(AttributionMethod):
     """Uniform random scores in the layout of the inputs (class-agnostic), seeded per sample (module docstring).
 
-    Images: ``[B, P]``, one score per patch. Sequences: ``[B, N]``, one score per position (padding 0).
+    Images: ``[B, P]``, one score per patch. Sequences: ``[B, N]``, one score per position (padding 0); without
+    ids a sequence is seeded by its real tokens, so padding changes nothing.
     """
 
     class_specific = False
@@ -53,10 +54,13 @@ class RandomBaseline(AttributionMethod):
             scores = random_token_scores(inputs.sample_ids, count, self.seed)
         else:
             name = next(iter(inputs.tensors))
+            samples = list(inputs[name])
+            if not isinstance(layout, PatchGrid):   # the real tokens only: padding does not change the seed
+                samples = [s[m.bool()] for s, m in zip(samples, layout.attention_mask)]
             scores = torch.stack([
                 seeded_uniform(f"{self.seed}:pixels:".encode() + sample.detach().cpu().float().numpy().tobytes(),
                                count)
-                for sample in inputs[name]])
+                for sample in samples])
         return scores.to(device=inputs.device, dtype=inputs.score_dtype)
 
     def __repr__(self) -> str:

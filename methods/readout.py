@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .adapters import Layout, ModelAdapter, ModelInputs
+from .adapters import Layout, ModelAdapter, ModelInputs, TokenSequence
 
 READOUTS = ("auto", "class_token", "mean_content", "position")
 #: earlier option values, still accepted
@@ -80,3 +80,45 @@ def mean_over_content(values: Tensor, layout: Layout) -> Tensor:
 def identity_like(batch: int, tokens: int, like: Tensor) -> Tensor:
     """``[batch, tokens, tokens]`` identity matrices in ``like``'s dtype and device."""
     return torch.eye(tokens, dtype=like.dtype, device=like.device).expand(batch, tokens, tokens).clone()
+
+
+# ------------------------------------------------------------------------------------------ sequences
+CLASS_TOKEN_SCORES = ("auto", "keep", "zero", "row_min")
+
+
+def check_class_token_score(value: str) -> str:
+    if value not in CLASS_TOKEN_SCORES:
+        raise ValueError(f"class_token_score must be one of {CLASS_TOKEN_SCORES}, got {value!r}")
+    return value
+
+
+def is_sequence(layout: Layout) -> bool:
+    """Whether ``layout`` is a token sequence (text), where the authors' BERT conventions apply."""
+    return isinstance(layout, TokenSequence)
+
+
+def real_positions(layout: Layout, like: Tensor, include_padding: bool = False) -> Tensor:
+    """Bool ``[B, N]``: the positions that enter per-sample statistics (means, minima) of a sequence: the real
+    tokens, or every position with ``include_padding`` (what the authors' batch-1 code does on a padded input)."""
+    mask = layout.attention_mask.to(device=like.device).bool()
+    return torch.ones_like(mask) if include_padding else mask
+
+
+def set_class_token_score(scores: Tensor, adapter: ModelAdapter, layout: Layout, mode: str, auto: str,
+                          include_padding: bool = False) -> Tensor:
+    """The [CLS] entry (position 0) of a read-out row ``[B, N]`` of a sequence read at [CLS]: kept (``keep``),
+    set to 0 (``zero``: TE's BERT ``ExplanationGenerator`` for every method but Transformer Attribution, and
+    Beyond Intuition's for all) or to the row minimum (``row_min``: TE's BERT Transformer Attribution,
+    ``J[:, 0, 0] = J[:, 0].min()``, the minimum over the real positions of the row, [CLS] included; every
+    position with ``include_padding``). ``auto``: the method's default ``auto``. Images: unchanged (the [CLS]
+    column is not part of the output)."""
+    mode = auto if check_class_token_score(mode) == "auto" else mode
+    if not is_sequence(layout) or adapter.readout != "class_token" or mode == "keep":
+        return scores
+    scores = scores.clone()
+    if mode == "zero":
+        scores[:, 0] = 0
+    else:
+        positions = real_positions(layout, scores, include_padding)
+        scores[:, 0] = scores.masked_fill(~positions, float("inf")).min(dim=1).values
+    return scores

@@ -18,26 +18,32 @@ from torch import Tensor
 from .base import AttributionMethod, check_start_layer
 from .lrp import LRPEngine
 from .lrp.rules import get_rules
-from .readout import check_readout, read_out
+from .readout import check_class_token_score, check_readout, is_sequence, read_out, set_class_token_score
 from .registry import register_method
 from .rollout import rollout
 
 
 class _LRPMethod(AttributionMethod):
-    """Shared options: ``rules`` (rule set name) and ``readout`` (:func:`methods.readout.read_out`; ``auto``,
+    """Shared options: ``rules`` (rule set name), ``readout`` (:func:`methods.readout.read_out`; ``auto``,
     the default, is the model's own read-out: the [CLS] row, or the mean over the patch rows of an
-    average-pooled model)."""
+    average-pooled model) and, for sequences, ``class_token_score``
+    (:func:`methods.readout.set_class_token_score`; ``auto``: what TE's BERT code does for the method)."""
 
     default_rules = "ours"
+    default_class_token_score = "zero"
 
-    def __init__(self, rules: str = None, readout: str = "auto"):
+    def __init__(self, rules: str = None, readout: str = "auto", class_token_score: str = "auto"):
         self.rules = self.default_rules if rules is None else rules
         get_rules(self.rules)  # validate early
         self.readout = check_readout(readout)
+        self.class_token_score = check_class_token_score(class_token_score)
 
-    def _read_out(self, matrix: Tensor, adapter, inputs) -> Tensor:
+    def _read_out(self, matrix: Tensor, adapter, inputs, include_padding: bool = False) -> Tensor:
         layout = adapter.layout(inputs)
-        return layout.output(read_out(matrix, adapter, inputs, self.readout, layout))
+        row = read_out(matrix, adapter, inputs, self.readout, layout)
+        row = set_class_token_score(row, adapter, layout, self.class_token_score, self.default_class_token_score,
+                                    include_padding)
+        return layout.output(row)
 
 
 @register_method("lrp")
@@ -48,16 +54,31 @@ class FullLRP(_LRPMethod):
     Relevance from the one-hot target through head, [CLS] selection, all blocks, the positional-embedding Add
     (its share dropped) and the patch-embedding convolution (z^B rule), summed over RGB: ``[B, H, W]``.
     ``rules="orig"`` (default, the paper's baseline, ``ViT_orig_LRP.py``) or ``"ours"``.
+
+    Sequences (TE's BERT ``generate_full_lrp``): the relevance at the encoder input (the embedding LayerNorm's
+    output; TE never propagates into the embeddings) summed over the hidden dimension: ``[B, N]`` (not a pixel
+    map), with the [CLS] entry set to 0 (``class_token_score``: ``auto`` = ``zero``, or ``keep``).
+    ``text_input="word_embeddings"`` continues through the embedding sum (Add rules) to the word embeddings'
+    share (the position and token-type shares dropped); default ``"encoder_input"`` (the reference).
     """
 
-    pixel_level = True
+    pixel_level = True   # images; on token sequences the output is [B, N] (padding set to 0 by the base call)
     default_rules = "orig"
 
-    def __init__(self, rules: str = None):
-        super().__init__(rules)
+    def __init__(self, rules: str = None, class_token_score: str = "auto", text_input: str = "encoder_input"):
+        from .lrp.hf_text import INPUT_POINTS
+
+        super().__init__(rules, class_token_score=class_token_score)
+        if text_input not in INPUT_POINTS:
+            raise ValueError(f"lrp: text_input must be one of {INPUT_POINTS}, got {text_input!r}")
+        self.text_input = text_input
 
     def attribute(self, adapter, inputs, target) -> Tensor:
-        res = LRPEngine(self.rules).run(adapter, inputs, target, to_input=True)
+        res = LRPEngine(self.rules, input_point=self.text_input).run(adapter, inputs, target, to_input=True)
+        layout = adapter.layout(inputs)
+        if is_sequence(layout):
+            row = res.input_relevance.sum(dim=-1)
+            return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
         return res.input_relevance.sum(dim=1)
 
 
@@ -67,7 +88,8 @@ class PartialLRP(_LRPMethod):
 
     ``mean_h relu(R_A)`` of the last block, [CLS] row, patch columns, where ``R_A`` is the LRP relevance of the
     attention map (``attn_cam``, after the /2 of the matmul rule). Default ``rules="orig"`` (the paper's
-    baseline). Only the last block is propagated through (down to its attention map).
+    baseline). Only the last block is propagated through (down to its attention map). Sequences (TE's BERT
+    ``generate_LRP_last_layer``): ``class_token_score`` ``auto`` = ``zero``.
     """
 
     default_rules = "orig"
@@ -93,30 +115,47 @@ class TransformerAttribution(_LRPMethod):
     * ``row_normalize``: the ViT reference does **not** row-normalise (the line is commented out,
       ``ViT_LRP.py:44-45``) — default ``False``; ``True`` divides each ``Abar_l + I`` by its row sums (as
       attention rollout and TE's BERT variant do).
-    * ``rules``: default ``"ours"``.
+    * ``rules``: default ``"ours"`` (TE's BERT pipeline too; Beyond Intuition's BERT pipeline runs the same
+      function on its ``"orig"``-rules model).
+
+    Sequences (TE ``BERT/ExplanationGenerator.py`` ``generate_LRP``): ``row_normalize=None`` (default) means
+    ``True`` for token sequences (TE's BERT rollout row-normalises) and ``False`` for images; the [CLS]->[CLS]
+    entry is set to the row minimum (``class_token_score``: ``auto`` = ``row_min``; Beyond Intuition's copy sets
+    it to 0: ``zero``; ``keep``); the minimum is over the real positions (``include_padding=True``: over all
+    ``N``, as the authors' batch-1 code does on a padded input). TE's BERT default ``start_layer=11`` is the
+    last block of BERT-base (``start_layer=-1`` here); the default here stays 0.
     """
 
-    def __init__(self, start_layer: int = 0, row_normalize: bool = False, rules: str = None, readout: str = "auto"):
-        super().__init__(rules, readout)
+    default_class_token_score = "row_min"
+
+    def __init__(self, start_layer: int = 0, row_normalize: bool = None, rules: str = None, readout: str = "auto",
+                 class_token_score: str = "auto", include_padding: bool = False):
+        super().__init__(rules, readout, class_token_score)
         self.start_layer = start_layer
         self.row_normalize = row_normalize
+        self.include_padding = bool(include_padding)
 
     def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter.depth, self.name)
         layers = list(range(start, adapter.depth))
         res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers, grad_layers=layers)
         mats = [(res.attn_grad[l] * res.attn_cam[l]).clamp(min=0).mean(dim=1) for l in layers]
-        return self._read_out(rollout(mats, self.row_normalize), adapter, inputs)
+        normalize = self.row_normalize
+        if normalize is None:
+            normalize = is_sequence(adapter.layout(inputs))
+        return self._read_out(rollout(mats, normalize), adapter, inputs, self.include_padding)
 
 
 @register_method("lrp_rollout")
 class LRPRollout(_LRPMethod):
     """LRP-rollout (``ViT_LRP.py:345-354``, ``method="rollout"``; not a paper baseline): rollout of
     ``mean_h relu(R_A_l)`` with the identity added and no row normalisation, [CLS] row, patch columns.
-    ``start_layer`` 0-based (default 0), ``rules`` default ``"ours"`` (the reference runs it on ViT_LRP)."""
+    ``start_layer`` 0-based (default 0), ``rules`` default ``"ours"`` (the reference runs it on ViT_LRP).
+    Sequences: ``class_token_score`` ``auto`` = ``zero``."""
 
-    def __init__(self, start_layer: int = 0, row_normalize: bool = False, rules: str = None, readout: str = "auto"):
-        super().__init__(rules, readout)
+    def __init__(self, start_layer: int = 0, row_normalize: bool = False, rules: str = None, readout: str = "auto",
+                 class_token_score: str = "auto"):
+        super().__init__(rules, readout, class_token_score)
         self.start_layer = start_layer
         self.row_normalize = row_normalize
 

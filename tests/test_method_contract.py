@@ -42,6 +42,7 @@ class Family:
     positions: Callable[[object, int], slice] = lambda inputs, i: slice(None)
     padding: Callable[[object], Optional[Tensor]] = lambda inputs: None
     options: Optional[dict] = None
+    logits: Callable[[nn.Module, object], Tensor] = lambda model, inputs: model(inputs)
 
 
 def _tiny_vit(global_pool: str) -> nn.Module:
@@ -72,9 +73,88 @@ def _image_family(name: str, global_pool: str) -> Family:
     )
 
 
+def _tiny_text(kind: str = "bert", seed: int = 0) -> nn.Module:
+    """A tiny random ``transformers`` classifier (3 blocks, 2 heads, width 16, 5 labels, [PAD] = 0)."""
+    transformers = pytest.importorskip("transformers")
+    if kind == "distilbert":
+        config = transformers.DistilBertConfig(vocab_size=40, dim=16, n_layers=3, n_heads=2, hidden_dim=32,
+                                               max_position_embeddings=32, num_labels=5, pad_token_id=0)
+        model_class = transformers.DistilBertForSequenceClassification
+    else:
+        config_class, model_class = {
+            "bert": (transformers.BertConfig, transformers.BertForSequenceClassification),
+            "roberta": (transformers.RobertaConfig, transformers.RobertaForSequenceClassification),
+        }[kind]
+        config = config_class(vocab_size=40, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                              intermediate_size=32, max_position_embeddings=32, type_vocab_size=2, num_labels=5,
+                              pad_token_id=0)
+    torch.manual_seed(seed)
+    model = model_class(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            sharp = any(k in name for k in (".query.", ".key.", ".q_lin.", ".k_lin."))
+            p.add_((3.0 if sharp else 0.3) * torch.randn_like(p))
+    return model.double()
+
+
+def _tiny_bert(seed: int = 0) -> nn.Module:
+    return _tiny_text("bert", seed)
+
+
+#: real lengths of the samples of a text batch (the last one is padded)
+TEXT_LENGTHS = (9, 9, 6)
+
+
+def _token_batch(batch: int, with_types: bool, with_special: bool = None) -> dict:
+    gen = torch.Generator().manual_seed(100 + batch)
+    lengths = TEXT_LENGTHS[:batch] if batch <= len(TEXT_LENGTHS) else (9,) * batch
+    n = max(lengths)
+    ids = torch.randint(3, 40, (batch, n), generator=gen)
+    mask = torch.zeros(batch, n, dtype=torch.long)
+    special = torch.zeros(batch, n, dtype=torch.long)
+    for i, length in enumerate(lengths):
+        mask[i, :length] = 1
+        ids[i, 0], ids[i, length - 1] = 1, 2          # [CLS] ... [SEP]
+        ids[i, length:] = 0                            # [PAD]
+        special[i, 0] = special[i, length - 1] = 1
+        special[i, length:] = 1
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if with_types:
+        types = torch.zeros(batch, n, dtype=torch.long)
+        types[:, 4:] = 1
+        inputs.update(token_type_ids=types * mask)
+    if with_types if with_special is None else with_special:
+        inputs.update(special_tokens_mask=special)
+    return inputs
+
+
+def _text_family(name: str, kind: str, with_types: bool, with_special: bool = None) -> Family:
+    from methods.adapters import HFBertAdapter, HFDistilBertAdapter, HFRobertaAdapter
+
+    adapter = {"bert": HFBertAdapter, "roberta": HFRobertaAdapter, "distilbert": HFDistilBertAdapter}[kind]
+
+    def length(inputs, i):
+        return int(inputs["attention_mask"][i].sum())
+
+    return Family(
+        name=name, adapter=adapter, build=lambda: _tiny_text(kind),
+        inputs=lambda b: _token_batch(b, with_types, with_special),
+        single=lambda x, i: {k: v[i:i + 1, :length(x, i)] for k, v in x.items()},
+        positions=lambda x, i: slice(0, length(x, i)),
+        padding=lambda x: x["attention_mask"] == 0,
+        shape=lambda x, pixel_level: tuple(x["input_ids"].shape),
+        options={"beyond_intuition_head": {"steps": 4}, "beyond_intuition_token": {"steps": 4}},
+        logits=lambda model, x: model(**{k: v for k, v in x.items() if k != "special_tokens_mask"}).logits,
+    )
+
+
 FAMILIES = [
     _image_family("timm_vit_cls", "token"),
     _image_family("timm_vit_avgpool", "avg"),
+    _text_family("hf_bert", "bert", with_types=False),
+    _text_family("hf_bert_types_special", "bert", with_types=True),
+    _text_family("hf_roberta_types", "roberta", with_types=True, with_special=False),
+    _text_family("hf_distilbert_special", "distilbert", with_types=False, with_special=True),
 ]
 
 
@@ -88,6 +168,8 @@ def _snapshot(model: nn.Module):
         "training": {n: m.training for n, m in model.named_modules()},
         "requires_grad": {n: p.requires_grad for n, p in model.named_parameters()},
         "fused": {n: m.fused_attn for n, m in model.named_modules() if hasattr(m, "fused_attn")},
+        "attn_implementation": {n: m.config._attn_implementation for n, m in model.named_modules()
+                                if hasattr(getattr(m, "config", None), "_attn_implementation")},
         "hooks": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
                      for m in model.modules()),
     }
@@ -125,18 +207,18 @@ def test_method_contract(family, name):
     assert torch.isfinite(out).all(), name
     assert out.dtype == torch.float64
     padding = family.padding(inputs)
-    if padding is not None and not method.pixel_level:
-        assert (out[padding] == 0).all(), f"{name}: padding positions are not exactly 0"
+    if padding is not None and out.shape == padding.shape:
+        assert padding.any() and (out[padding] == 0).all(), f"{name}: padding positions are not exactly 0"
 
     for i in range(3):
         alone = method(model, family.single(inputs, i), target=targets[i:i + 1], sample_ids=ids[i:i + 1])
-        row = out[i:i + 1][..., family.positions(inputs, i)] if not method.pixel_level else out[i:i + 1]
+        row = out[i:i + 1][..., family.positions(inputs, i)]
         torch.testing.assert_close(row, alone, rtol=1e-9, atol=1e-12 * max(1.0, float(alone.abs().max())),
                                    msg=f"{name}: sample {i} differs between the batched and the per-sample call")
 
     after = _snapshot(model)
     assert after["hooks"] == before["hooks"] == 0
-    for key in ("training", "requires_grad", "fused"):
+    for key in ("training", "requires_grad", "fused", "attn_implementation"):
         assert after[key] == before[key], f"{name}: {key} not restored"
     for key, value in before["state"].items():
         assert torch.equal(after["state"][key], value), f"{name}: {key} changed"
@@ -152,7 +234,7 @@ def test_default_target_is_the_prediction(family, name):
     inputs = family.inputs(2)
     if not method_class(name).class_specific:
         return
-    logits = model(inputs if isinstance(inputs, Tensor) else inputs["pixel_values"])
+    logits = family.logits(model, inputs)
     predicted = method(model, inputs, sample_ids=torch.tensor([0, 1]))
     explicit = method(model, inputs, target=logits.argmax(-1), sample_ids=torch.tensor([0, 1]))
     torch.testing.assert_close(predicted, explicit, rtol=0, atol=0)

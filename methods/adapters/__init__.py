@@ -24,3 +24,4 @@ from .base import (  # noqa: F401
 )
 from .recorder import ActivationRecorder  # noqa: F401
 from .timm_vit import TimmViTAdapter  # noqa: F401
+from .hf_text import HFBertAdapter, HFDistilBertAdapter, HFRobertaAdapter, HFTextAdapter  # noqa: F401

@@ -20,9 +20,17 @@ class ActivationRecorder:
         self._handles: List[Any] = []
 
     def output(self, module: nn.Module, key: Hashable, require_grad: bool = False,
-               transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+               transform: Optional[Callable[[Tensor], Tensor]] = None, index: Optional[int] = None) -> None:
+        """Keep ``module``'s output (element ``index`` of a tuple output when given). With ``index``, the kept
+        tensor has already been used by the module, so ``require_grad`` cannot make it a point to differentiate
+        to: it must already be part of the autograd graph (``RuntimeError`` otherwise)."""
         def hook(_module, _inputs, out):
-            if require_grad and not out.requires_grad:
+            if index is not None:
+                out = out[index]
+                if require_grad and not out.requires_grad:
+                    raise RuntimeError(f"recorded output {key!r} of {type(_module).__name__} is not differentiable: "
+                                       "autograd must be recorded from an earlier point of the forward")
+            elif require_grad and not out.requires_grad:
                 out.requires_grad_(True)
             self.outputs[key] = out if transform is None else transform(out)
 

@@ -35,8 +35,18 @@ class LRPResult:
 class LRPEngine:
     """Relevance propagation with a named rule set (``"ours"`` or ``"orig"``, see :mod:`methods.lrp.rules`)."""
 
-    def __init__(self, rules="ours"):
+    def __init__(self, rules="ours", mask_value: str = "dtype_min", input_point: str = "encoder_input"):
         self.rules: RuleSet = get_rules(rules)
+        self.mask_value = mask_value
+        self.input_point = input_point
+
+    def topology(self, adapter: ModelAdapter):
+        """The family's topology, with this engine's options."""
+        topology = topology_for(adapter)
+        if hasattr(topology, "mask_value"):   # text families: the mask in the Add rule, where full LRP stops
+            topology.mask_value = self.mask_value
+            topology.input_point = self.input_point
+        return topology
 
     def run(self, adapter: ModelAdapter, inputs: ModelInputs, target=None, cam_layers: Sequence[int] = (),
             grad_layers: Sequence[int] = (), to_input: bool = False) -> LRPResult:
@@ -46,7 +56,7 @@ class LRPEngine:
         Only the blocks from ``min(cam_layers)`` up are recorded and propagated through (the lowest one only
         down to its attention map) unless ``to_input`` asks for everything.
         """
-        topology = topology_for(adapter)
+        topology = self.topology(adapter)
         depth = adapter.depth
         cam_layers = sorted({int(l) for l in cam_layers})
         grad_layers = sorted({int(l) for l in grad_layers})
@@ -68,6 +78,9 @@ class LRPEngine:
             grads = torch.autograd.grad(class_score(logits, target), attns)
             result.attn_grad = {l: g.detach() for l, g in zip(grad_layers, grads)}
         acts = {k: v.detach() for k, v in acts.items()}
+        mask = adapter.context(inputs).attention_mask
+        if mask is not None:
+            acts["attention_mask"] = mask
         with torch.no_grad():
             relevance = torch.zeros_like(result.logits)
             relevance.scatter_(1, target[:, None], 1.0)

@@ -20,20 +20,29 @@ from ..adapters import AttentionLinears
 
 
 def attention_relprop(rules, q: Tensor, k: Tensor, v: Tensor, attn: Tensor, relevance_ctx: Tensor,
-                      need_qk: bool = True, ctx: Optional[Tensor] = None):
+                      need_qk: bool = True, ctx: Optional[Tensor] = None, mask: Optional[Tensor] = None,
+                      scale: Optional[float] = None):
     """Relevance through ``ctx = A @ v`` and ``A = softmax(q @ k^T * scale + mask)`` (``ViT_LRP.py:154-177``).
 
     ``relevance_ctx`` is ``[B, H, n, d]`` (relevance of the attention output before the head merge, for the
     ``n`` query rows of ``q`` and ``attn``). Returns ``(R_A, R_q, R_k, R_v)`` where ``R_A`` is the reference's
-    ``attn_cam`` (after the /2); the softmax, the scale and an additive mask are invisible to LRP (identity), so
-    ``R_A`` feeds ``q @ k^T`` directly. Gradient x input on both matmuls, each operand's relevance halved
-    (conserves ``sum R`` when the matmul rule does). ``need_qk=False`` stops after ``R_A``/``R_v``
-    (``R_q = R_k = None``). ``ctx``: the recorded ``A @ v`` (``[B, H, n, d]``), if any.
+    ``attn_cam`` (after the /2); the softmax and the scale are invisible to LRP (identity). Without ``mask``
+    ``R_A`` feeds ``q @ k^T`` directly (the ViT graph). With an additive ``mask`` (broadcastable to
+    ``[B, H, n, N]``; 0 at real keys) the Add rule first splits ``R_A`` between the scaled scores
+    ``q @ k^T / sqrt(d)`` (``scale`` = ``sqrt(d)``, the divisor of TE's BERT) and the mask, whose share is dropped
+    (TE ``BERT.py`` ``BertSelfAttention.relprop``: ``add.relprop`` after ``save_attn_cam``). Gradient x input on
+    both matmuls, each operand's relevance halved (conserves ``sum R`` when the matmul rule does).
+    ``need_qk=False`` stops after ``R_A``/``R_v`` (``R_q = R_k = None``). ``ctx``: the recorded ``A @ v``
+    (``[B, H, n, d]``), if any.
     """
     r_attn, r_v = rules["matmul"](attn, v, relevance_ctx, ab=ctx, scale=0.5)
     if not need_qk:
         return r_attn, None, None, r_v
-    r_q, r_kt = rules["matmul"](q, k.transpose(-2, -1), r_attn, scale=0.5)
+    r_scores = r_attn
+    if mask is not None:
+        scores = torch.matmul(q, k.transpose(-2, -1)) / scale
+        r_scores, _ = rules["add"](scores, mask, r_attn)
+    r_q, r_kt = rules["matmul"](q, k.transpose(-2, -1), r_scores, scale=0.5)
     return r_attn, r_q, r_kt.transpose(-2, -1), r_v
 
 
@@ -68,8 +77,11 @@ class BlockTensors:
     ``mlp_in``: the stream the MLP residual adds to (``x + attn_out`` in a pre-norm block; the attention
     LayerNorm's output in a post-norm block); ``mlp_out``: the MLP's output; ``fc1_in``, ``fc1_out`` (optional),
     ``fc2_in``: the MLP linears' inputs/outputs; ``proj_in``: ``A @ v`` with heads merged (the output
-    projection's input); ``qkv_in``: the input of the q/k/v projections; ``qkv``: the fused projection's output;
-    ``attn``: the post-softmax attention ``[B, H, N, N]``. The relevance pass consumes them (a Linear rule may
+    projection's input); ``qkv_in``: the input of the q/k/v projections; ``qkv``: the fused projection's output
+    (``None`` with separate projections, whose outputs are ``q``, ``k``, ``v``, each ``[B, N, D]``);
+    ``attn``: the post-softmax attention ``[B, H, N, N]``; ``mask``: the additive attention mask that enters
+    LRP's Add rule (broadcastable to ``[B, H, N, N]``, 0 at real keys; ``None``: no Add, the ViT graph) and
+    ``scale`` its scores' divisor ``sqrt(head_dim)``. The relevance pass consumes them (a Linear rule may
     overwrite a recorded output).
     """
 
@@ -82,8 +94,13 @@ class BlockTensors:
     fc2_in: Tensor
     proj_in: Tensor
     qkv_in: Tensor
-    qkv: Tensor
+    qkv: Optional[Tensor]
     attn: Tensor
+    q: Optional[Tensor] = None
+    k: Optional[Tensor] = None
+    v: Optional[Tensor] = None
+    mask: Optional[Tensor] = None
+    scale: Optional[float] = None
 
 
 def residual_mlp_relprop(rules, t: BlockTensors, fc1: nn.Linear, fc2: nn.Linear, relevance: Tensor,
@@ -112,28 +129,50 @@ def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears
     def act(tensor):
         return tensor if rows is None else tensor[:, rows]
 
-    if linears.qkv is None:
-        raise TypeError("LRP needs a fused qkv projection here; separate q/k/v projections are not supported yet")
     x, a = act(t.x), act(t.attn_out)
     r_x, r_a = rules["add"](x, a, relevance)
     ctx = act(t.proj_in)                           # A @ v (query rows of the active tokens), heads merged
     out = linears.out
     r_ctx = rules["linear"](ctx, out.weight, r_a, a, out.bias)
     batch, tokens = t.x.shape[:2]
-    q, k, v = t.qkv.reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-    query_rows = slice(None) if rows is None else rows
+    fused = linears.qkv is not None
 
     def heads_first(tensor: Tensor) -> Tensor:     # [B, n, H*d] -> [B, H, n, d]
         return tensor.reshape(batch, tensor.shape[1], heads, -1).transpose(1, 2)
 
+    if fused:
+        q, k, v = t.qkv.reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    else:
+        q, k, v = heads_first(t.q), heads_first(t.k), heads_first(t.v)
+    query_rows = slice(None) if rows is None else rows
+    mask = t.mask
+    if mask is not None and rows is not None and mask.shape[-2] != 1:
+        mask = mask[..., rows, :]
     r_attn, r_q, r_k, r_v = attention_relprop(rules, q[:, :, query_rows], k, v, t.attn[:, :, query_rows],
-                                              heads_first(r_ctx), need_qk=need_below, ctx=heads_first(ctx))
+                                              heads_first(r_ctx), need_qk=need_below, ctx=heads_first(ctx),
+                                              mask=mask, scale=t.scale)
     if rows is not None:
         r_attn = scatter_tokens(r_attn, rows, tokens, dim=2)
         r_x = scatter_tokens(r_x, rows, tokens)
     if not need_below:
         return None, r_attn
-    x_in, weight, bias, qkv_out = t.qkv_in, linears.qkv.weight, linears.qkv.bias, t.qkv
+    x_in = t.qkv_in
+    if not fused:
+        # The Linear rule per projection (TE's BERT: query, key, value relprops, then their clone), summed.
+        def merged(r: Tensor) -> Tensor:           # [B, H, n, d] -> [B, n, H*d]
+            return r.transpose(1, 2).reshape(batch, r.shape[2], -1)
+
+        r_in = rules["linear"](x_in, linears.k.weight, merged(r_k), t.k, linears.k.bias)
+        r_in += rules["linear"](x_in, linears.v.weight, merged(r_v), t.v, linears.v.bias)
+        q_in = x_in if rows is None else x_in[:, rows]
+        q_out = t.q if rows is None else t.q[:, rows]
+        r_q_in = rules["linear"](q_in, linears.q.weight, merged(r_q), q_out, linears.q.bias)
+        if rows is None:
+            r_in += r_q_in
+        else:
+            r_in[:, rows] += r_q_in
+        return rules["clone"](t.x, [r_x, r_in]), r_attn
+    weight, bias, qkv_out = linears.qkv.weight, linears.qkv.bias, t.qkv
     if rows is None:
         r_qkv = torch.stack([r.transpose(1, 2) for r in (r_q, r_k, r_v)], dim=2).reshape(batch, tokens, -1)
         r_in = rules["linear"](x_in, weight, r_qkv, qkv_out, bias)

@@ -1,0 +1,380 @@
+"""Adapters for stock Hugging Face ``transformers`` text classifiers: ``BertForSequenceClassification`` (any
+BERT checkpoint: BERT, MiniLM, ...), ``RobertaForSequenceClassification``, ``DistilBertForSequenceClassification``.
+
+An adapter calls the model's own submodules in the order of the model's ``forward`` (embeddings, the additive
+attention mask built by ``transformers.masking_utils.create_bidirectional_mask`` exactly as the model builds it,
+each block, the head), so its logits are the model's.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Mapping, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .base import (AttentionLinears, ModelAdapter, ModelInputs, SequenceContext, TokenSequence, check_sample_ids,
+                   register_adapter)
+from .recorder import ActivationRecorder
+
+#: the tensors a tokenizer returns that the adapter reads (others are ignored)
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask")
+#: an extra per-sample tensor set by :meth:`HFBertAdapter.interpolate`: the factor on the embedding output
+EMBEDDING_SCALE = "embedding_scale"
+
+
+def _check_ids_like(name: str, tensor, shape) -> Tensor:
+    if not isinstance(tensor, Tensor):
+        raise ValueError(f"{name} must be a tensor [B, N], got {type(tensor).__name__}")
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+        raise ValueError(f"{name} must hold integers (or bools for masks), got dtype {tensor.dtype}")
+    if shape is None and tensor.dim() != 2:
+        raise ValueError(f"{name} must be [B, N] (a batch of token ids as a tokenizer returns it with "
+                         f"return_tensors='pt'), got shape {tuple(tensor.shape)}")
+    if shape is not None and tuple(tensor.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)} but input_ids has {tuple(shape)}")
+    return tensor.detach()
+
+
+def special_positions(attention_mask: Tensor) -> Tensor:
+    """Without a ``special_tokens_mask``: [CLS] at position 0 and each sample's last real token ([SEP])."""
+    special = torch.zeros_like(attention_mask, dtype=torch.bool)
+    special[:, 0] = True
+    lengths = attention_mask.long().sum(dim=1)
+    last = (attention_mask.long() * torch.arange(1, attention_mask.shape[1] + 1, device=attention_mask.device)
+            ).argmax(dim=1)
+    special[torch.arange(attention_mask.shape[0], device=attention_mask.device)[lengths > 0], last[lengths > 0]] = True
+    return special
+
+
+class HFTextAdapter(ModelAdapter):
+    """Shared machinery of stock ``transformers`` encoder classifiers read at position 0 ([CLS] / ``<s>``) with
+    post-norm blocks and separate query/key/value projections; a family subclass names its submodules.
+
+    Inputs: a mapping as a tokenizer returns it (``input_ids`` ``[B, N]``, ``attention_mask``, optional
+    ``token_type_ids``, optional ``special_tokens_mask``), or an ``input_ids`` tensor. Layout: a
+    :class:`TokenSequence` whose content positions are the real tokens that are not special tokens (from
+    ``special_tokens_mask`` when given, else position 0 and each sample's last real token).
+    """
+
+    pre_norm = False
+    readout = "class_token"
+    #: the model class (a name in ``transformers``) and the attribute holding its encoder
+    model_class = "?"
+    base_attr = "?"
+    uses_token_types = True
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.base = getattr(model, self.base_attr)
+        self.blocks = list(self.block_list(self.base))
+
+    @staticmethod
+    def block_list(base: nn.Module):
+        return base.encoder.layer
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> Optional[str]:
+        try:
+            import transformers
+        except ImportError:  # pragma: no cover - a dependency
+            return "transformers is not installed"
+        model_class = getattr(transformers, cls.model_class)
+        if not isinstance(model, model_class):
+            return f"{type(model).__name__} is not a transformers {cls.model_class}"
+        if getattr(model.config, "is_decoder", False):
+            return f"{cls.model_class} configured as a decoder (causal mask) is not supported"
+        return None
+
+    @classmethod
+    def signature_of(cls, model: nn.Module) -> tuple:
+        return (len(cls.block_list(getattr(model, cls.base_attr))), cls.num_heads_of(model.config))
+
+    @staticmethod
+    def num_heads_of(config) -> int:
+        return int(config.num_attention_heads)
+
+    def max_length(self) -> int:
+        """The longest sequence the position embeddings cover."""
+        return int(self.model.config.max_position_embeddings)
+
+    def self_attention(self, layer: int) -> nn.Module:
+        """The module returning ``(attn_output, attn_weights)`` in eager mode."""
+        return self.blocks[layer].attention.self
+
+    def attention_norm(self, layer: int) -> nn.Module:
+        """The module whose output is the attention sub-layer's LayerNorm output (the MLP's input)."""
+        return self.blocks[layer].attention.output
+
+    def head_linears(self) -> Tuple[nn.Linear, ...]:
+        """The Linear layers of the head, from the read-out token to the logits (activations, dropout between)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def depth(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_heads_of(self.model.config)
+
+    @property
+    def width(self) -> int:
+        return int(self.model.get_input_embeddings().weight.shape[1])
+
+    @property
+    def has_class_token(self) -> bool:
+        return True
+
+    # ------------------------------------------------------------------ inputs, layout
+    def prepare_inputs(self, inputs, sample_ids=None) -> ModelInputs:
+        if isinstance(inputs, Tensor):
+            inputs = {"input_ids": inputs}
+        if not isinstance(inputs, Mapping):
+            raise ValueError(f"expected token ids [B, N] or a mapping as a tokenizer returns it "
+                             f"({{'input_ids', 'attention_mask', ...}}), got {type(inputs).__name__}")
+        if inputs.get("input_ids") is None:
+            given = ", ".join(map(repr, inputs.keys())) or "nothing"
+            raise ValueError(f"{self.family} needs 'input_ids' [B, N] (got {given}); inputs_embeds are not supported")
+        ids = _check_ids_like("input_ids", inputs["input_ids"], None)
+        if ids.dtype == torch.bool:
+            raise ValueError("input_ids must hold integers, got dtype torch.bool")
+        shape = ids.shape
+        if shape[1] == 0 or shape[0] == 0:
+            raise ValueError(f"input_ids must hold at least one sample and one token, got shape {tuple(shape)}")
+        vocab = int(self.model.config.vocab_size)
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ValueError(f"input_ids must lie in [0, {vocab}) (the model's vocabulary), got values in "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+        max_len = self.max_length()
+        if shape[1] > max_len:
+            raise ValueError(f"sequences of {shape[1]} tokens exceed the model's {max_len} positions")
+        tensors = {"input_ids": ids.long()}
+        mask = inputs.get("attention_mask")
+        if mask is None:
+            mask = torch.ones_like(tensors["input_ids"])
+        mask = _check_ids_like("attention_mask", mask, shape)
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError("attention_mask must hold 0 (padding) and 1 (real token) only")
+        mask = mask.long()
+        if not bool(mask[:, 0].all()):
+            raise ValueError("attention_mask: position 0 ([CLS], the read-out) must be a real token in every sample "
+                             "(left padding is not supported)")
+        tensors["attention_mask"] = mask
+        for name in ("token_type_ids", "special_tokens_mask"):
+            value = inputs.get(name)
+            if value is not None:
+                tensors[name] = _check_ids_like(name, value, shape).long()
+        types = tensors.get("token_type_ids")
+        if types is not None and not self.uses_token_types:
+            if bool(types.any()):
+                raise ValueError(f"{self.family} has no token-type embeddings: token_type_ids must be 0 or absent")
+            del tensors["token_type_ids"]
+        elif types is not None and (int(types.min()) < 0
+                                    or int(types.max()) >= int(self.model.config.type_vocab_size)):
+            raise ValueError(f"token_type_ids must lie in [0, {self.model.config.type_vocab_size})")
+        dtype = self.model.get_input_embeddings().weight.dtype
+        return ModelInputs(tensors, int(shape[0]), dtype, ids.device, check_sample_ids(sample_ids, int(shape[0])))
+
+    def layout(self, inputs) -> TokenSequence:
+        if not isinstance(inputs, ModelInputs):
+            inputs = self.prepare_inputs(inputs)
+        mask = inputs["attention_mask"]
+        special = inputs.tensors.get("special_tokens_mask")
+        special = special.bool() if special is not None else special_positions(mask)
+        return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special)
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext(attention_mask=inputs["attention_mask"])
+
+    # ------------------------------------------------------------------ forward pieces (the model's own order)
+    def embeddings(self, inputs: ModelInputs) -> Tensor:
+        """The model's embedding module on the inputs."""
+        return self.base.embeddings(input_ids=inputs["input_ids"], token_type_ids=inputs.tensors.get("token_type_ids"))
+
+    def embed(self, inputs: ModelInputs) -> Tensor:
+        """The model's embeddings (word + token-type + position, LayerNorm, dropout); times the per-sample
+        ``embedding_scale`` when :meth:`interpolate` set one (Beyond Intuition's ``alpha * embedding_output``)."""
+        hidden = self.embeddings(inputs)
+        scale = inputs.tensors.get(EMBEDDING_SCALE)
+        if scale is not None:
+            hidden = scale.to(hidden.dtype)[:, None, None] * hidden
+        return hidden
+
+    def extended_mask(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
+        """The attention mask as ``BertModel`` builds it for the current attention implementation (additive
+        ``[B, 1, N, N]`` with the dtype minimum at padding in eager mode; ``None`` when every position is real)."""
+        if context.attention_mask is None:
+            return None
+        from transformers.masking_utils import create_bidirectional_mask
+
+        return create_bidirectional_mask(config=self.model.config, inputs_embeds=hidden,
+                                         attention_mask=context.attention_mask.to(hidden.device))
+
+    def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
+                   stop: Optional[int] = None) -> Tensor:
+        blocks = self.blocks[start:stop]
+        if not blocks:
+            return hidden
+        mask = self.extended_mask(hidden, context)
+        for block in blocks:
+            hidden = block(hidden, mask)
+        return hidden
+
+    def forward(self, inputs: ModelInputs, grad_from_block: int = 0, pre_logits: bool = False) -> Tensor:
+        """As :meth:`ModelAdapter.forward`; the hidden states entering block ``grad_from_block`` are made to
+        require grad, so that the attention probabilities (an output of ``eager_attention_forward``, not of a
+        module whose output could be replaced) are differentiable even when every parameter is frozen."""
+        context = self.context(inputs)
+        with torch.no_grad():
+            hidden = self.run_blocks(self.embed(inputs), context, 0, grad_from_block)
+        with torch.enable_grad():
+            if grad_from_block < self.depth:
+                hidden = hidden.detach().requires_grad_(True)
+            hidden = self.run_blocks(hidden, context, grad_from_block)
+            return self.head(hidden, context, pre_logits=pre_logits)
+
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        """``S * B`` samples, step-major, whose embedding output (after the embedding LayerNorm) is multiplied by
+        ``alpha`` (Beyond Intuition's BERT, ``BERT.py``: ``embedding_output = alpha * embedding_output``)."""
+        steps = len(alphas)
+        repeated = {name: t.repeat(steps, 1) for name, t in inputs.tensors.items() if name != EMBEDDING_SCALE}
+        scale = alphas.to(device=inputs.device, dtype=inputs.score_dtype).repeat_interleave(inputs.batch_size)
+        return inputs.with_tensors(**repeated, **{EMBEDDING_SCALE: scale})
+
+    # ------------------------------------------------------------------ where methods hook
+    def record_attention(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False,
+                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The probabilities returned by ``BertSelfAttention`` (``(attn_output, attn_weights)`` in eager mode;
+        after dropout, identity in eval). ``require_grad`` needs autograd recorded from this block on (see
+        :meth:`forward`)."""
+        rec.output(self.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
+
+    def record_values(self, rec: ActivationRecorder, layer: int, key) -> None:
+        rec.output(self.attention_linears(layer).v, key)
+
+    def record_attention_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+        rec.input(self.blocks[layer], key, require_grad=require_grad)   # post-norm: the block input
+
+    def record_block_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+        rec.input(self.blocks[layer], key, require_grad=require_grad)
+
+    def attention_linears(self, layer: int) -> AttentionLinears:
+        attention = self.blocks[layer].attention
+        return AttentionLinears(out=attention.output.dense, q=attention.self.query, k=attention.self.key,
+                                v=attention.self.value)
+
+    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
+        block = self.blocks[layer]
+        return block.intermediate.dense, block.output.dense
+
+    @contextlib.contextmanager
+    def eager_attention(self) -> Iterator[None]:
+        """``config._attn_implementation = "eager"`` (SDPA/flash attention never materialise the probabilities),
+        restored on exit."""
+        config = self.model.config
+        before = config._attn_implementation
+        config._attn_implementation = "eager"
+        try:
+            yield
+        finally:
+            config._attn_implementation = before
+
+
+@register_adapter
+class HFBertAdapter(HFTextAdapter):
+    """Stock ``transformers`` ``BertForSequenceClassification`` (BERT, MiniLM and other BERT checkpoints):
+    ``BertLayer`` blocks ``LN(x + dense(attn(x)))``, ``LN(h + mlp(h))``; head: pooler ``tanh(dense(h[:, 0]))``,
+    dropout, classifier."""
+
+    family = "transformers BertForSequenceClassification"
+    model_class = "BertForSequenceClassification"
+    base_attr = "bert"
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> Optional[str]:
+        reason = super().supports(model)
+        if reason is None and getattr(model.bert, "pooler", None) is None:
+            return "BertForSequenceClassification without a pooler is not supported"
+        return reason
+
+    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """Pooler (``tanh(dense(h[:, 0]))``), dropout, classifier (``pre_logits``: the pooled latent)."""
+        pooled = self.model.dropout(self.base.pooler(hidden))
+        return pooled if pre_logits else self.model.classifier(pooled)
+
+    def head_linears(self) -> Tuple[nn.Linear, ...]:
+        return self.base.pooler.dense, self.model.classifier
+
+
+@register_adapter
+class HFRobertaAdapter(HFTextAdapter):
+    """Stock ``transformers`` ``RobertaForSequenceClassification``: BERT's blocks; position ids from the
+    ``input_ids`` (``padding_idx + cumsum``, by the model's own embeddings); head ``RobertaClassificationHead``:
+    dropout, ``tanh(dense(h[:, 0]))``, dropout, ``out_proj``."""
+
+    family = "transformers RobertaForSequenceClassification"
+    model_class = "RobertaForSequenceClassification"
+    base_attr = "roberta"
+
+    def max_length(self) -> int:
+        """RoBERTa's positions start after the padding index (``padding_idx + 1``)."""
+        return int(self.model.config.max_position_embeddings) - int(self.model.config.pad_token_id) - 1
+
+    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """``RobertaClassificationHead.forward`` step by step (``pre_logits``: the input of ``out_proj``)."""
+        head = self.model.classifier
+        x = head.dropout(hidden[:, 0, :])
+        x = torch.tanh(head.dense(x))
+        x = head.dropout(x)
+        return x if pre_logits else head.out_proj(x)
+
+    def head_linears(self) -> Tuple[nn.Linear, ...]:
+        return self.model.classifier.dense, self.model.classifier.out_proj
+
+
+@register_adapter
+class HFDistilBertAdapter(HFTextAdapter):
+    """Stock ``transformers`` ``DistilBertForSequenceClassification``: ``TransformerBlock`` blocks
+    ``sa_layer_norm(x + out_lin(attn(x)))``, ``output_layer_norm(h + ffn(h))`` (``q_lin``/``k_lin``/``v_lin``),
+    no token types; head: ``pre_classifier`` on ``h[:, 0]``, ReLU, dropout, ``classifier``."""
+
+    family = "transformers DistilBertForSequenceClassification"
+    model_class = "DistilBertForSequenceClassification"
+    base_attr = "distilbert"
+    uses_token_types = False
+
+    @staticmethod
+    def block_list(base: nn.Module):
+        return base.transformer.layer
+
+    @staticmethod
+    def num_heads_of(config) -> int:
+        return int(config.n_heads)
+
+    def embeddings(self, inputs: ModelInputs) -> Tensor:
+        return self.base.embeddings(inputs["input_ids"])
+
+    def self_attention(self, layer: int) -> nn.Module:
+        return self.blocks[layer].attention
+
+    def attention_norm(self, layer: int) -> nn.Module:
+        return self.blocks[layer].sa_layer_norm
+
+    def attention_linears(self, layer: int) -> AttentionLinears:
+        attention = self.blocks[layer].attention
+        return AttentionLinears(out=attention.out_lin, q=attention.q_lin, k=attention.k_lin, v=attention.v_lin)
+
+    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
+        ffn = self.blocks[layer].ffn
+        return ffn.lin1, ffn.lin2
+
+    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """``DistilBertForSequenceClassification.forward``'s head (``pre_logits``: the classifier's input)."""
+        m = self.model
+        pooled = m.dropout(nn.functional.relu(m.pre_classifier(hidden[:, 0])))
+        return pooled if pre_logits else m.classifier(pooled)
+
+    def head_linears(self) -> Tuple[nn.Linear, ...]:
+        return self.model.pre_classifier, self.model.classifier

@@ -1,0 +1,155 @@
+"""LRP topology of stock ``transformers`` text classifiers (BERT, RoBERTa, DistilBERT): TE
+``BERT_explainability``'s graph of BERT, which the other two share up to names.
+
+Graph (forward order): embeddings (word + token-type + position, LayerNorm, dropout) -> blocks (post-norm:
+``h = LN1(x + dense(attn(x)))``, ``y = LN2(h + fc2(act(fc1(h))))``; separate ``query``/``key``/``value``
+projections; the attention scores ``q k^T / sqrt(d)`` plus the additive mask through an Add) -> head on
+``y[:, 0]``: the [CLS] selection and the head's Linear layers (BERT: pooler ``dense`` then ``classifier``;
+RoBERTa: ``dense`` then ``out_proj``; DistilBERT: ``pre_classifier`` then ``classifier``), with tanh / ReLU /
+dropout between them identity for LRP (TE's rules).
+
+As in TE's ``BertModel.relprop``, the relevance pass ends at the encoder input (the embedding LayerNorm's
+output; LayerNorm is identity for LRP, so this is also the relevance of the embedding sum): ``input_relprop``
+returns it as ``[B, N, D]``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..adapters import ActivationRecorder, HFBertAdapter, HFDistilBertAdapter, HFRobertaAdapter, HFTextAdapter
+from .sublayers import BlockTensors, block_relprop, readout_relprop
+from .topology import register_topology
+
+#: the additive mask values the LRP Add rule can see at padded keys
+MASK_VALUES = ("dtype_min", "transformers_3")
+#: where full LRP stops on a text model
+INPUT_POINTS = ("encoder_input", "word_embeddings")
+
+
+def additive_mask(attention_mask: Tensor, dtype: torch.dtype, mask_value: str) -> Tensor:
+    """``[B, 1, 1, N]``: 0 at real keys; at padded keys the dtype minimum (what transformers >= 4.3x adds, and
+    what the model ran with here) or ``-10000`` (``"transformers_3"``: transformers 3.5.1's
+    ``(1 - mask) * -10000``, which the reference code ran with)."""
+    if mask_value not in MASK_VALUES:
+        raise ValueError(f"mask_value must be one of {MASK_VALUES}, got {mask_value!r}")
+    fill = torch.finfo(dtype).min if mask_value == "dtype_min" else -10000.0
+    padded = (1 - attention_mask.to(dtype))[:, None, None, :]
+    return padded * fill
+
+
+@register_topology(HFDistilBertAdapter)
+@register_topology(HFRobertaAdapter)
+@register_topology(HFBertAdapter)
+class HFTextTopology:
+    """Relevance pass over a stock text classifier through its :class:`~methods.adapters.HFTextAdapter`."""
+
+    mask_value = "dtype_min"
+    input_point = "encoder_input"
+
+    @staticmethod
+    def check(adapter: HFTextAdapter) -> None:
+        """Raise ``TypeError`` naming what has no LRP rule here."""
+        m = adapter.model
+        problems = []
+        for lin in adapter.head_linears():
+            if not isinstance(lin, nn.Linear):
+                problems.append(f"head layer {type(lin).__name__} (need nn.Linear)")
+        for i, block in enumerate(adapter.blocks):
+            if getattr(block, "add_cross_attention", False):
+                problems.append(f"layer {i} cross-attention")
+            linears = adapter.attention_linears(i)
+            if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
+                problems.append(f"layer {i} attention projections are not nn.Linear")
+        if problems:
+            raise TypeError(f"LRP rules are not defined for this {type(m).__name__}: {'; '.join(problems[:6])}")
+
+    def __init__(self, adapter: HFTextAdapter):
+        self.check(adapter)
+        self.adapter = adapter
+        self.model = adapter.model
+
+    # ------------------------------------------------------------------ recording
+    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
+               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
+        """Hooks for the rule inputs of ``blocks`` (see :meth:`TimmViTTopology.record`)."""
+        adapter = self.adapter
+        for l in blocks:
+            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
+        for i, lin in enumerate(adapter.head_linears()):
+            rec.input(lin, ("head_in", i))
+        rec.output(adapter.blocks[-1], "last_hidden")
+        for l in blocks:
+            linears = adapter.attention_linears(l)
+            fc1, fc2 = adapter.mlp_linears(l)
+            adapter.record_block_input(rec, l, ("x", l))
+            rec.input(linears.q, ("qkv_in", l))
+            rec.output(linears.q, ("q", l))
+            rec.output(linears.k, ("k", l))
+            rec.output(linears.v, ("v", l))
+            rec.input(linears.out, ("proj_in", l))
+            rec.output(linears.out, ("attn_out", l))
+            rec.output(adapter.attention_norm(l), ("mlp_in", l))
+            rec.input(fc1, ("fc1_in", l))
+            if layer_outputs:
+                rec.output(fc1, ("fc1_out", l))
+            rec.input(fc2, ("fc2_in", l))
+            rec.output(fc2, ("mlp_out", l))
+        if to_input and self.input_point == "word_embeddings":
+            embeddings = adapter.base.embeddings
+            for name in ("word_embeddings", "token_type_embeddings", "position_embeddings"):
+                if isinstance(getattr(embeddings, name, None), nn.Module):
+                    rec.output(getattr(embeddings, name), name)
+
+    # ------------------------------------------------------------------ relevance pass
+    @torch.no_grad()
+    def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
+        """Relevance at the last hidden states ``[B, N, D]``: the head's Linear layers in reverse (activations
+        and dropout identity), then the [CLS] selection (TE ``BertForSequenceClassification.relprop``,
+        ``BertPooler.relprop``)."""
+        r = relevance_logits
+        for i, lin in reversed(list(enumerate(self.adapter.head_linears()))):
+            r = rules["linear"](acts[("head_in", i)], lin.weight, r)
+        return readout_relprop(rules, acts["last_hidden"], r, "class_token")
+
+    @torch.no_grad()
+    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
+        """Relevance through layer ``layer``: ``(R at the layer input or None, R_A [B, H, N, N])``."""
+        def get(key):
+            return acts.get((key, layer))
+
+        x = get("x")
+        mask = acts.get("lrp_mask")
+        if mask is None:
+            mask = additive_mask(acts["attention_mask"].to(x.device), x.dtype, self.mask_value)
+            acts["lrp_mask"] = mask
+        head_dim = self.adapter.width // self.adapter.num_heads
+        tensors = BlockTensors(x=x, attn_out=get("attn_out"), mlp_in=get("mlp_in"), mlp_out=get("mlp_out"),
+                               fc1_in=get("fc1_in"), fc1_out=get("fc1_out"), fc2_in=get("fc2_in"),
+                               proj_in=get("proj_in"), qkv_in=get("qkv_in"), qkv=None, attn=get("attn"),
+                               q=get("q"), k=get("k"), v=get("v"), mask=mask, scale=math.sqrt(head_dim))
+        return block_relprop(rules, tensors, self.adapter.attention_linears(layer), self.adapter.mlp_linears(layer),
+                             self.adapter.num_heads, relevance, need_below)
+
+    @torch.no_grad()
+    def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
+        """``[B, N, D]``: the relevance at the encoder input (``input_point="encoder_input"``, TE: its
+        ``BertModel.relprop`` never calls ``embeddings.relprop``), or that of the word embeddings
+        (``"word_embeddings"``): through the embedding LayerNorm (identity) and the embedding sum
+        ``(word + token_type) + position`` (two Add rules, in the model's order; the position and token-type
+        shares are dropped, as the positional embedding's share of a ViT)."""
+        if self.input_point not in INPUT_POINTS:
+            raise ValueError(f"input_point must be one of {INPUT_POINTS}, got {self.input_point!r}")
+        if self.input_point == "encoder_input":
+            return relevance
+        word = acts["word_embeddings"]
+        types = acts.get("token_type_embeddings")
+        tokens = word if types is None else word + types
+        r_tokens, _ = rules["add"](tokens, acts["position_embeddings"], relevance)
+        if types is None:
+            return r_tokens
+        r_word, _ = rules["add"](word, types, r_tokens)
+        return r_word
