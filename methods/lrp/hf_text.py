@@ -21,8 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters import ActivationRecorder, HFBertAdapter, HFDistilBertAdapter, HFRobertaAdapter, HFTextAdapter
-from .sublayers import BlockTensors, block_relprop, readout_relprop
-from .topology import register_topology
+from .sublayers import block_relprop, block_tensors, readout_relprop, record_block
+from .topology import Topology, register_topology
 
 #: the additive mask values the LRP Add rule can see at padded keys
 MASK_VALUES = ("dtype_min", "transformers_3")
@@ -44,7 +44,7 @@ def additive_mask(attention_mask: Tensor, dtype: torch.dtype, mask_value: str) -
 @register_topology(HFDistilBertAdapter)
 @register_topology(HFRobertaAdapter)
 @register_topology(HFBertAdapter)
-class HFTextTopology:
+class HFTextTopology(Topology):
     """Relevance pass over a stock text classifier through its :class:`~methods.adapters.HFTextAdapter`."""
 
     mask_value = "dtype_min"
@@ -67,11 +67,6 @@ class HFTextTopology:
         if problems:
             raise TypeError(f"LRP rules are not defined for this {type(m).__name__}: {'; '.join(problems[:6])}")
 
-    def __init__(self, adapter: HFTextAdapter):
-        self.check(adapter)
-        self.adapter = adapter
-        self.model = adapter.model
-
     # ------------------------------------------------------------------ recording
     def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
                grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
@@ -83,21 +78,8 @@ class HFTextTopology:
             rec.input(lin, ("head_in", i))
         rec.output(adapter.blocks[-1], "last_hidden")
         for l in blocks:
-            linears = adapter.attention_linears(l)
-            fc1, fc2 = adapter.mlp_linears(l)
-            adapter.record_block_input(rec, l, ("x", l))
-            rec.input(linears.q, ("qkv_in", l))
-            rec.output(linears.q, ("q", l))
-            rec.output(linears.k, ("k", l))
-            rec.output(linears.v, ("v", l))
-            rec.input(linears.out, ("proj_in", l))
-            rec.output(linears.out, ("attn_out", l))
+            record_block(rec, adapter, l, layer_outputs)
             rec.output(adapter.attention_norm(l), ("mlp_in", l))
-            rec.input(fc1, ("fc1_in", l))
-            if layer_outputs:
-                rec.output(fc1, ("fc1_out", l))
-            rec.input(fc2, ("fc2_in", l))
-            rec.output(fc2, ("mlp_out", l))
         if to_input and self.input_point == "word_embeddings":
             embeddings = adapter.base.embeddings
             for name in ("word_embeddings", "token_type_embeddings", "position_embeddings"):
@@ -118,19 +100,14 @@ class HFTextTopology:
     @torch.no_grad()
     def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
         """Relevance through layer ``layer``: ``(R at the layer input or None, R_A [B, H, N, N])``."""
-        def get(key):
-            return acts.get((key, layer))
-
-        x = get("x")
+        x = acts[("x", layer)]
         mask = acts.get("lrp_mask")
         if mask is None:
             mask = additive_mask(acts["attention_mask"].to(x.device), x.dtype, self.mask_value)
             acts["lrp_mask"] = mask
         head_dim = self.adapter.width // self.adapter.num_heads
-        tensors = BlockTensors(x=x, attn_out=get("attn_out"), mlp_in=get("mlp_in"), mlp_out=get("mlp_out"),
-                               fc1_in=get("fc1_in"), fc1_out=get("fc1_out"), fc2_in=get("fc2_in"),
-                               proj_in=get("proj_in"), qkv_in=get("qkv_in"), qkv=None, attn=get("attn"),
-                               q=get("q"), k=get("k"), v=get("v"), mask=mask, scale=math.sqrt(head_dim))
+        tensors = block_tensors(acts, layer, mlp_in=acts.get(("mlp_in", layer)), mask=mask,
+                                scale=math.sqrt(head_dim))
         return block_relprop(rules, tensors, self.adapter.attention_linears(layer), self.adapter.mlp_linears(layer),
                              self.adapter.num_heads, relevance, need_below)
 

@@ -103,6 +103,43 @@ class BlockTensors:
     scale: Optional[float] = None
 
 
+def record_block(rec, adapter, layer: int, layer_outputs: bool) -> None:
+    """Hooks for the rule inputs of block ``layer``, from the adapter's hook points and linears (a fused ``qkv``
+    or separate ``q``/``k``/``v`` projections): the keys :func:`block_tensors` reads. ``layer_outputs``: also
+    the output of ``fc1``, which only rule sets whose Linear rule reads outputs need
+    (:attr:`RuleSet.linear_uses_output`)."""
+    linears = adapter.attention_linears(layer)
+    fc1, fc2 = adapter.mlp_linears(layer)
+    adapter.record_block_input(rec, layer, ("x", layer))
+    if linears.qkv is not None:
+        rec.input(linears.qkv, ("qkv_in", layer))
+        rec.output(linears.qkv, ("qkv", layer))
+    else:
+        rec.input(linears.q, ("qkv_in", layer))
+        for name in ("q", "k", "v"):
+            rec.output(getattr(linears, name), (name, layer))
+    rec.input(linears.out, ("proj_in", layer))
+    rec.output(linears.out, ("attn_out", layer))
+    rec.input(fc1, ("fc1_in", layer))
+    if layer_outputs:
+        rec.output(fc1, ("fc1_out", layer))
+    rec.input(fc2, ("fc2_in", layer))
+    rec.output(fc2, ("mlp_out", layer))
+
+
+def block_tensors(acts, layer: int, **extra) -> BlockTensors:
+    """The :class:`BlockTensors` of block ``layer`` from what :func:`record_block` recorded (``extra``: the
+    fields a topology adds, e.g. ``mlp_in``, ``mask``, ``scale``)."""
+    def get(key):
+        return acts.get((key, layer))
+
+    fields = dict(x=get("x"), attn_out=get("attn_out"), mlp_in=None, mlp_out=get("mlp_out"), fc1_in=get("fc1_in"),
+                  fc1_out=get("fc1_out"), fc2_in=get("fc2_in"), proj_in=get("proj_in"), qkv_in=get("qkv_in"),
+                  qkv=get("qkv"), attn=get("attn"), q=get("q"), k=get("k"), v=get("v"))
+    fields.update(extra)
+    return BlockTensors(**fields)
+
+
 def residual_mlp_relprop(rules, t: BlockTensors, fc1: nn.Linear, fc2: nn.Linear, relevance: Tensor,
                          rows: Optional[Tensor]) -> Tensor:
     """``y = h + mlp(h')`` (``h' = norm2(h)`` pre-norm, ``h`` post-norm; norms and activations identity): Add,

@@ -13,12 +13,12 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters import ActivationRecorder, TimmViTAdapter
-from .sublayers import BlockTensors, block_relprop, embedding_sum_relprop, readout_relprop
-from .topology import register_topology
+from .sublayers import block_relprop, block_tensors, embedding_sum_relprop, readout_relprop, record_block
+from .topology import Topology, register_topology
 
 
 @register_topology(TimmViTAdapter)
-class TimmViTTopology:
+class TimmViTTopology(Topology):
     """Relevance pass over a stock timm ViT through its :class:`~methods.adapters.TimmViTAdapter`."""
 
     @staticmethod
@@ -66,11 +66,6 @@ class TimmViTTopology:
                 f"Block/Attention/Mlp, Identity layer scale and q/k norm, [CLS] or average pooling, Linear head)"
             )
 
-    def __init__(self, adapter: TimmViTAdapter):
-        self.check(adapter)
-        self.adapter = adapter
-        self.model = adapter.model
-
     # ------------------------------------------------------------------ recording
     def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
                grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
@@ -81,21 +76,9 @@ class TimmViTTopology:
         m, adapter = self.model, self.adapter
         for l in blocks:
             adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
+            record_block(rec, adapter, l, layer_outputs)
         rec.input(m.head, "head_in")
         rec.output(m.norm, "norm_out")
-        for l in blocks:
-            linears = adapter.attention_linears(l)
-            fc1, fc2 = adapter.mlp_linears(l)
-            adapter.record_block_input(rec, l, ("x", l))
-            rec.input(linears.qkv, ("qkv_in", l))
-            rec.output(linears.qkv, ("qkv", l))
-            rec.input(linears.out, ("proj_in", l))
-            rec.output(adapter.blocks[l].attn, ("attn_out", l))
-            rec.input(fc1, ("fc1_in", l))
-            if layer_outputs:
-                rec.output(fc1, ("fc1_out", l))
-            rec.input(fc2, ("fc2_in", l))
-            rec.output(adapter.blocks[l].mlp, ("mlp_out", l))
         if to_input:
             rec.input(m.patch_embed.proj, "pixels")
             rec.output(m.patch_embed, "patch_tokens")
@@ -112,12 +95,7 @@ class TimmViTTopology:
     @torch.no_grad()
     def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
         """Relevance through block ``layer``: ``(R at the block input or None, R_A [B, H, N, N])``."""
-        def get(key):
-            return acts.get((key, layer))
-
-        tensors = BlockTensors(x=get("x"), attn_out=get("attn_out"), mlp_in=None, mlp_out=get("mlp_out"),
-                               fc1_in=get("fc1_in"), fc1_out=get("fc1_out"), fc2_in=get("fc2_in"),
-                               proj_in=get("proj_in"), qkv_in=get("qkv_in"), qkv=get("qkv"), attn=get("attn"))
+        tensors = block_tensors(acts, layer)
         return block_relprop(rules, tensors, self.adapter.attention_linears(layer), self.adapter.mlp_linears(layer),
                              self.adapter.num_heads, relevance, need_below)
 

@@ -14,6 +14,24 @@ def register_topology(adapter_class: type) -> Callable[[Type], Type]:
     return decorator
 
 
+class Topology:
+    """Base of the per-family topologies: validates the model (``check``) and keeps its adapter.
+
+    A topology implements ``record(rec, blocks, to_input, grad_blocks, layer_outputs)``, ``head_relprop``,
+    ``block_relprop`` and ``input_relprop`` (see :class:`methods.lrp.engine.LRPEngine`), mostly by calling the
+    shared sub-layers of :mod:`methods.lrp.sublayers`.
+    """
+
+    @staticmethod
+    def check(adapter) -> None:
+        """Raise ``TypeError`` naming what has no LRP rule in this model."""
+
+    def __init__(self, adapter):
+        self.check(adapter)
+        self.adapter = adapter
+        self.model = adapter.model
+
+
 def topology_for(adapter):
     """The LRP topology of ``adapter``'s family; ``TypeError`` naming the supported families otherwise."""
     cls = TOPOLOGIES.get(type(adapter))
