@@ -1,0 +1,436 @@
+"""Shared pieces of the text datamodules (Movie Reviews, 20 Newsgroups, SST-2): documents as words, archive
+extraction to the cache, tokenization with exact word alignment, truncation or sliding windows, dynamic padding.
+
+Documents
+---------
+A document is a list of **words** (:class:`TextDocument`): ERASER's whitespace tokens for Movie Reviews (the
+tokens its evidence spans index), :func:`whitespace_words` of the text for the other datasets. Every word index
+in a batch (``word_ids``, ``rationale``, ``word_offset``, ``num_words``) refers to this list.
+
+Tokenization
+------------
+A Hugging Face *fast* tokenizer (a folder or a name in the local cache, loaded with
+``AutoTokenizer.from_pretrained(..., local_files_only=True)``: nothing is downloaded) runs on the pre-split words
+(``is_split_into_words=True``), so every token knows the word it came from; a word that tokenizes to ``[UNK]``
+keeps its word index, and a word made only of characters the tokenizer deletes (control characters) has no token.
+For BERT tokenizers the token ids equal those of the raw text (:func:`whitespace_words` splits exactly where
+BERT's normaliser sees whitespace).
+
+* ``stride=None`` (default): one sample per document, truncated to ``max_length`` tokens with the special tokens
+  (the head of the document is kept: Chefer's Movie Reviews pipeline, ``max_length=512, truncation=True``, no
+  windowing). :meth:`TokenizedTextDataset.coverage` gives, per document, the fraction of its words that
+  survive the truncation.
+* ``stride=S``: sliding windows that cover the whole document. A window holds whole words, as many as fit in
+  ``max_length`` minus the special tokens (a single word longer than that is cut: the only case where a word
+  loses tokens); the next window starts at the first word at least ``S`` tokens after the current start, moved
+  back if needed so that no word is skipped. Each window is one sample with its ``document_index`` and
+  ``word_offset`` (the document index of its first word).
+
+Batches (:func:`collate_text`, padded to the longest sample of the batch, on the right)
+--------------------------------------------------------------------------------------
+``input_ids``, ``attention_mask``, ``token_type_ids`` (when the tokenizer gives them), ``special_tokens_mask``
+(1 at special tokens and padding, as Hugging Face pads it): ``LongTensor[B, N]``; ``word_ids``:
+``LongTensor[B, N]``, the document word index of each position, ``-1`` at special tokens and padding;
+``label``, ``index`` (the sample's dataset index: seeds per-sample random baselines and splits evaluation over
+processes exactly, see ``datamodules/unrepeated.py``), ``document_index``, ``word_offset``, ``num_words`` (words of
+the whole document): ``LongTensor[B]``; where the dataset has rationales, ``rationale``: ``BoolTensor[B, W]``, the
+document's word-level human rationale, padded with False to the batch's largest ``num_words``.
+The batch can be passed to a method as it is (``methods`` read only the tokenizer's keys).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+PathLike = Union[str, os.PathLike]
+
+#: keys of a batch that a model (and ``methods``) reads
+MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask")
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".zip")
+
+#: the characters :func:`whitespace_words` splits on: Python's whitespace minus the control characters other
+#: than tab, newline and carriage return (``\x0b``, ``\x0c``, ``\x1c``-``\x1f``, ``\x85``), which BERT's
+#: normaliser deletes instead of treating them as spaces
+WORD_SEPARATORS = ("\t\n\r \xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+                   "\u2028\u2029\u202f\u205f\u3000")
+_SEPARATOR_RE = re.compile("[" + re.escape(WORD_SEPARATORS) + "]+")
+
+
+def whitespace_words(text: str) -> List[str]:
+    """The words of ``text``: maximal runs of characters between :data:`WORD_SEPARATORS`."""
+    return [w for w in _SEPARATOR_RE.split(text) if w]
+
+
+# ------------------------------------------------------------------------------------------------- files
+def existing_path(path: PathLike, what: str, expected: str) -> Path:
+    """``path`` (``~`` expanded) if it exists, else a ``FileNotFoundError`` naming it and what was expected."""
+    resolved = Path(os.path.expanduser(str(path)))
+    if not resolved.exists():
+        raise FileNotFoundError(f"{what} {str(resolved)!r} does not exist; expected {expected}")
+    return resolved
+
+
+def is_archive(path: Path) -> bool:
+    return path.is_file() and path.name.lower().endswith(ARCHIVE_SUFFIXES)
+
+
+def data_cache_dir(cache_dir: Optional[PathLike] = None) -> Path:
+    """``cache_dir``, else ``$TOKEN_ATTRIBUTIONS_CACHE``, else ``~/.cache/token_attributions``."""
+    from models.synthetic import resolve_cache_dir
+
+    return resolve_cache_dir(cache_dir)
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def _safe_members(archive: tarfile.TarFile, path: Path) -> List[tarfile.TarInfo]:
+    """The archive's directories and regular files; refuses absolute paths, ``..`` and links (names the file)."""
+    members = []
+    for member in archive.getmembers():
+        name = Path(member.name)
+        if name.is_absolute() or ".." in name.parts:
+            raise ValueError(f"archive {str(path)!r} holds an unsafe path {member.name!r}; refusing to extract it")
+        if member.isdir() or member.isfile():
+            members.append(member)
+    return members
+
+
+def _make_writable(func, target, _exc) -> None:
+    os.chmod(target, 0o700)
+    func(target)
+
+
+def _remove_tree(path: Path) -> None:
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=_make_writable)
+    else:
+        shutil.rmtree(path, onerror=_make_writable)
+
+
+def extract_archive(path: PathLike, cache_dir: Optional[PathLike] = None) -> Path:
+    """The folder where the archive ``path`` (tar, tar.gz/bz2/xz or zip) is extracted, under
+    ``<cache>/datasets/<archive name>-<sha256 of its content>/``; extracted once.
+
+    Safe under concurrent processes: each extracts into its own temporary folder beside the target and renames
+    it into place (atomic); a process that finds the target already there discards its copy.
+    """
+    path = existing_path(path, "archive", "a .tar.gz, .tar or .zip file")
+    stem = path.name
+    for suffix in ARCHIVE_SUFFIXES:
+        if stem.lower().endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    root = data_cache_dir(cache_dir) / "datasets"
+    target = root / f"{stem}-{_file_digest(path)}"
+    if target.is_dir():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{stem}-", dir=root))
+    try:
+        try:
+            if path.name.lower().endswith(".zip"):
+                with zipfile.ZipFile(path) as archive:
+                    for name in archive.namelist():
+                        if Path(name).is_absolute() or ".." in Path(name).parts:
+                            raise ValueError(f"archive {str(path)!r} holds an unsafe path {name!r}; "
+                                             "refusing to extract it")
+                    archive.extractall(tmp)
+            else:
+                with tarfile.open(path) as archive:
+                    members = _safe_members(archive, path)
+                    if hasattr(tarfile, "data_filter"):
+                        archive.extractall(tmp, members=members, filter="data")
+                    else:  # pragma: no cover - Python without extraction filters
+                        archive.extractall(tmp, members=members)
+        except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as err:
+            raise ValueError(f"cannot extract archive {str(path)!r} (corrupt or not an archive): {err}") from err
+        for folder, dirs, _ in os.walk(tmp):  # members may be read-only folders: keep the copy removable
+            for name in dirs:
+                os.chmod(os.path.join(folder, name), 0o755)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.is_dir():
+                raise
+    finally:
+        if tmp.exists():
+            _remove_tree(tmp)
+    return target
+
+
+# --------------------------------------------------------------------------------------------- documents
+@dataclass
+class TextDocument:
+    """One document: its words, class index, optional word-level rationale (bool ``[len(words)]``), ids."""
+
+    words: List[str]
+    label: int
+    docid: str
+    rationale: Optional[np.ndarray] = None
+    annotation_id: Optional[str] = None
+
+
+def load_tokenizer(tokenizer: Any):
+    """A fast tokenizer from a folder or a name in the local Hugging Face cache (never downloaded); an already
+    built tokenizer is returned as it is."""
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        if not getattr(tokenizer, "is_fast", False):
+            raise ValueError(f"a fast (Rust) tokenizer is needed for word alignment, got {type(tokenizer).__name__}")
+        return tokenizer
+    from transformers import AutoTokenizer
+
+    name = os.path.expanduser(str(tokenizer))
+    try:
+        loaded = AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise FileNotFoundError(
+            f"cannot load the tokenizer {name!r} offline: expected a folder with tokenizer files (tokenizer.json or "
+            f"vocab.txt and tokenizer_config.json) or a name already in the local Hugging Face cache ({err})"
+        ) from err
+    if not getattr(loaded, "is_fast", False):
+        raise ValueError(f"tokenizer {name!r} has no fast (Rust) version; one is needed for word alignment")
+    return loaded
+
+
+class TokenizedTextDataset(Dataset):
+    """Tokenized samples of a list of :class:`TextDocument` (truncation or sliding windows, see the module
+    docstring). Items are dicts of Python lists and ints; :func:`collate_text` pads and stacks them."""
+
+    def __init__(self, documents: Sequence[TextDocument], tokenizer: Any, max_length: int = 512,
+                 stride: Optional[int] = None) -> None:
+        self.documents = list(documents)
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.max_length = int(max_length)
+        specials = int(self.tokenizer.num_special_tokens_to_add(pair=False))
+        self.capacity = self.max_length - specials
+        if self.capacity < 1:
+            raise ValueError(f"max_length must leave room for at least one token besides the {specials} special "
+                             f"tokens, got {max_length}")
+        self.stride = None if stride is None else int(stride)
+        if self.stride is not None and not 1 <= self.stride <= self.capacity:
+            raise ValueError(f"stride must lie in [1, max_length - {specials} = {self.capacity}] tokens so that the "
+                             f"windows cover every word, got {stride}")
+        self.has_rationale = any(doc.rationale is not None for doc in self.documents)
+        if self.stride is None:
+            self.windows: List[Tuple[int, int, int]] = [(d, 0, len(doc.words)) for d, doc in enumerate(self.documents)]
+        else:
+            self.windows = self._sliding_windows()
+
+    def word_token_counts(self) -> List[np.ndarray]:
+        """Per document, the number of tokens of each word (without special tokens, untruncated)."""
+        counts: List[np.ndarray] = []
+        chunk = 256
+        for start in range(0, len(self.documents), chunk):
+            docs = self.documents[start:start + chunk]
+            nonempty = [doc.words for doc in docs if doc.words]
+            enc = (self.tokenizer(nonempty, is_split_into_words=True, add_special_tokens=False, verbose=False)
+                   if nonempty else None)
+            k = 0
+            for doc in docs:
+                if not doc.words:
+                    counts.append(np.zeros(0, dtype=np.int64))
+                    continue
+                ids = [w for w in enc.word_ids(k) if w is not None]
+                counts.append(np.bincount(np.asarray(ids, dtype=np.int64), minlength=len(doc.words)))
+                k += 1
+        return counts
+
+    def _sliding_windows(self) -> List[Tuple[int, int, int]]:
+        windows = []
+        for d, counts in enumerate(self.word_token_counts()):
+            n = len(counts)
+            starts = np.concatenate([[0], np.cumsum(counts)])  # token offset of each word, and the total
+            s = 0
+            while True:
+                e = int(np.searchsorted(starts, starts[s] + self.capacity, side="right")) - 1
+                e = min(max(e, s + 1), n) if n else 0
+                windows.append((d, s, e))
+                if e >= n:
+                    break
+                nxt = int(np.searchsorted(starts, starts[s] + self.stride, side="left"))
+                s = min(max(nxt, s + 1), e)
+        return windows
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def encode(self, words: Sequence[str]) -> Dict[str, List[int]]:
+        """The tokenizer's encoding of ``words`` (truncated to ``max_length``) with ``word_ids`` (-1: special)."""
+        if words:
+            enc = self.tokenizer(list(words), is_split_into_words=True, truncation=True, max_length=self.max_length,
+                                 return_special_tokens_mask=True)
+            word_ids = [-1 if w is None else int(w) for w in enc.word_ids()]
+        else:
+            enc = self.tokenizer("", truncation=True, max_length=self.max_length, return_special_tokens_mask=True)
+            word_ids = [-1] * len(enc["input_ids"])
+        out = {key: list(enc[key]) for key in MODEL_INPUT_KEYS if key in enc}
+        out.setdefault("attention_mask", [1] * len(out["input_ids"]))
+        out["word_ids"] = word_ids
+        return out
+
+    def __getitem__(self, index: int) -> Dict[str, Any]:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} out of range for {len(self)} samples")
+        index = index % len(self)
+        d, start, end = self.windows[index]
+        doc = self.documents[d]
+        item: Dict[str, Any] = self.encode(doc.words[start:end])
+        item["word_ids"] = [w + start if w >= 0 else -1 for w in item["word_ids"]]
+        item.update(label=int(doc.label), index=index, document_index=d, word_offset=start,
+                    num_words=len(doc.words))
+        if self.has_rationale:
+            item["rationale"] = (doc.rationale if doc.rationale is not None
+                                 else np.zeros(len(doc.words), dtype=bool))
+        return item
+
+    def coverage(self) -> np.ndarray:
+        """Per document (truncation mode), the fraction of its words that survive truncation: words up to and
+        including the last word with a token in the input (a word cut inside counts); 1 for an empty document."""
+        if self.stride is not None:
+            raise ValueError("coverage is defined for truncation (stride=None); sliding windows cover every word")
+        out = np.ones(len(self.documents), dtype=np.float64)
+        for d, counts in enumerate(self.word_token_counts()):
+            if len(counts) == 0:
+                continue
+            tokens = np.cumsum(counts)  # tokens up to and including each word
+            first_cut = int(np.searchsorted(tokens, self.capacity, side="left"))  # last word with a kept token
+            kept = min(first_cut + 1, len(counts)) if tokens[-1] > self.capacity else len(counts)
+            out[d] = kept / len(counts)
+        return out
+
+
+def collate_text(items: Sequence[Dict[str, Any]], pad_token_id: int = 0) -> Dict[str, torch.Tensor]:
+    """Pads the items of :class:`TokenizedTextDataset` to the batch's longest (right padding) and stacks them
+    (keys and shapes: module docstring)."""
+    if not items:
+        raise ValueError("cannot collate an empty batch")
+    b = len(items)
+    n = max(len(item["input_ids"]) for item in items)
+    pad_values = {"input_ids": int(pad_token_id), "attention_mask": 0, "token_type_ids": 0,
+                  "special_tokens_mask": 1, "word_ids": -1}
+    batch: Dict[str, torch.Tensor] = {}
+    for key, value in pad_values.items():
+        if key not in items[0]:
+            continue
+        out = torch.full((b, n), value, dtype=torch.long)
+        for i, item in enumerate(items):
+            out[i, : len(item[key])] = torch.as_tensor(item[key], dtype=torch.long)
+        batch[key] = out
+    for key in ("label", "index", "document_index", "word_offset", "num_words"):
+        batch[key] = torch.tensor([int(item[key]) for item in items], dtype=torch.long)
+    if "rationale" in items[0]:
+        w = int(batch["num_words"].max())
+        mask = torch.zeros((b, w), dtype=torch.bool)
+        for i, item in enumerate(items):
+            r = np.asarray(item["rationale"], dtype=bool)
+            mask[i, : len(r)] = torch.from_numpy(r)
+        batch["rationale"] = mask
+    return batch
+
+
+class TextCollator:
+    """Picklable ``collate_fn`` (worker processes) that pads with the tokenizer's pad id."""
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad_token_id = int(pad_token_id)
+
+    def __call__(self, items: Sequence[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
+        return collate_text(items, self.pad_token_id)
+
+
+# ------------------------------------------------------------------------------------------- datamodule
+class TextDataModule(pl.LightningDataModule):
+    """Train/val/test splits of a text dataset as :class:`TokenizedTextDataset` batches. A subclass sets
+    ``classes`` and implements :meth:`load_documents`; ``eval_split`` is the split that ``test_dataloader``
+    and ``predict_dataloader`` serve."""
+
+    classes: Tuple[str, ...] = ()
+    splits: Tuple[str, ...] = ("train", "val", "test")
+
+    def __init__(self, tokenizer: str, max_length: int = 512, stride: Optional[int] = None, batch_size: int = 16,
+                 num_workers: int = 0, eval_split: str = "test") -> None:
+        super().__init__()
+        if batch_size < 1 or num_workers < 0:
+            raise ValueError(f"batch_size must be >= 1 and num_workers >= 0, got {batch_size}, {num_workers}")
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2 tokens, got {max_length}")
+        self.tokenizer_spec = tokenizer
+        self.max_length, self.stride = int(max_length), stride
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.eval_split = eval_split
+        self._tokenizer = None
+        self._documents: Dict[str, List[TextDocument]] = {}
+        self.datasets: Dict[str, TokenizedTextDataset] = {}
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.tokenizer_spec)
+        return self._tokenizer
+
+    def load_documents(self, split: str) -> List[TextDocument]:
+        raise NotImplementedError
+
+    def has_split(self, split: str) -> bool:
+        """Whether ``split`` can be loaded (``setup()`` without a stage loads the splits that can)."""
+        return True
+
+    def documents(self, split: str) -> List[TextDocument]:
+        if split not in self._documents:
+            self._documents[split] = self.load_documents(split)
+        return self._documents[split]
+
+    def dataset(self, split: str) -> TokenizedTextDataset:
+        if split not in self.datasets:
+            self.datasets[split] = TokenizedTextDataset(self.documents(split), self.tokenizer, self.max_length,
+                                                        self.stride)
+        return self.datasets[split]
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        needed = {"fit": ("train", "val"), "validate": ("val",), "test": (self.eval_split,),
+                  "predict": (self.eval_split,)}.get(stage)
+        if needed is None:
+            needed = [s for s in ("train", "val", self.eval_split) if self.has_split(s)]
+        for split in needed:
+            self.dataset(split)
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        return DataLoader(self.dataset(split), batch_size=self.batch_size, shuffle=shuffle,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0, drop_last=False,
+                          collate_fn=TextCollator(self.tokenizer.pad_token_id or 0))
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.eval_split, shuffle=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.eval_split, shuffle=False)
