@@ -6,8 +6,11 @@ metric declares (``higher_is_better``) and the x values of its curves. The repor
 
 * logs every scalar through Lightning (``pl_module.log``, no second reduction across processes);
 * at the end of the run, on global rank 0 only: writes ``metrics.json`` (sorted keys, NaN as ``null``;
-  :func:`evaluation.reporting.write_metrics_json`) when it has an ``output_dir``, logs the curves as one table
-  (``curves``) through the trainer's logger and saves the logger, prints the results table
+  :func:`evaluation.reporting.write_metrics_json`) when it has an ``output_dir``, and beside it the resolved
+  config ``config.yaml`` that LightningCLI saved (its ``SaveConfigCallback``; the one in the log dir is
+  overwritten by the next run), logs the curves as one table (``curves``) and one table per test with a row per
+  method (``<test>_by_method``, :func:`method_tables`) through the trainer's logger and saves the logger, prints
+  the results table
   (:func:`evaluation.reporting.results_table`) and ``metrics written to <path>``.
 
 ``results``, ``higher_is_better`` and ``curve_x`` hold what it was handed (on every process).
@@ -32,6 +35,7 @@ class ResultsReporter(pl.Callback):
     """
 
     METRICS_FILE = "metrics.json"
+    CONFIG_FILE = "config.yaml"
 
     def __init__(self, output_dir: Optional[os.PathLike] = None, print_results: bool = True) -> None:
         super().__init__()
@@ -80,11 +84,51 @@ class ResultsReporter(pl.Callback):
         if not trainer.is_global_zero:
             return
         path = None if self.metrics_path is None else write_metrics_json(self.results, self.metrics_path)
+        if path is not None:
+            write_resolved_config(trainer, path.parent / self.CONFIG_FILE)
         logger = trainer.logger
         log_curves(logger, self.results, self.curve_x)
+        if logger is not None and hasattr(logger, "log_table"):
+            for key, (columns, rows) in method_tables(self.results).items():
+                logger.log_table(key=key, columns=columns, data=rows)
         if logger is not None:
             logger.save()
         if self.print_results:
             print(results_table(self.results, self.higher_is_better))
             if path is not None:
                 print(f"\nmetrics written to {path}", flush=True)
+
+
+def method_tables(results: Mapping[str, Any]) -> Dict[str, tuple]:
+    """``{"<test>_by_method": (columns, rows)}``: per test, one row per method (for the CDAM analysis' Pearson
+    correlations, per method pair ``a__vs__b``) and one column per metric (``None`` where a method has none)."""
+    cells: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for key, value in sorted(results.items()):
+        parts = key.split("/")
+        if len(parts) < 3 or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if parts[0] == "cdam_analysis" and parts[1] != "discrimination":
+            method, metric = parts[2], parts[1]                 # sparsity/<method>, pearson/<a>__vs__<b>
+        elif parts[0] == "cdam_analysis":
+            method, metric = parts[2], "/".join(parts[1:2] + parts[3:])
+        else:
+            method, metric = parts[1], "/".join(parts[2:])
+        cells.setdefault(parts[0], {}).setdefault(method, {})[metric] = float(value)
+    tables = {}
+    for test, by_method in cells.items():
+        metrics = sorted({m for row in by_method.values() for m in row})
+        tables[f"{test}_by_method"] = (["method"] + metrics,
+                                       [[method] + [row.get(m) for m in metrics] for method, row in by_method.items()])
+    return tables
+
+
+def write_resolved_config(trainer: pl.Trainer, path: Path) -> Optional[Path]:
+    """The resolved config of a LightningCLI run (its ``SaveConfigCallback``'s) at ``path``; ``None`` when the run
+    was not started from a LightningCLI."""
+    from pytorch_lightning.cli import SaveConfigCallback
+
+    saver = next((cb for cb in trainer.callbacks if isinstance(cb, SaveConfigCallback)), None)
+    if saver is None:
+        return None
+    path.write_text(saver.parser.dump(saver.config, skip_none=False))
+    return path

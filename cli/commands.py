@@ -23,6 +23,7 @@ need autograd inside ``test_step``) and defaults ``trainer.default_root_dir`` to
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -164,3 +165,51 @@ class EvaluateCLI(ProjectCLI):
     def before_instantiate_classes(self) -> None:
         self.config["trainer"]["inference_mode"] = False  # the methods need autograd inside test_step
         super().before_instantiate_classes()
+        logger = self.config["trainer"].get("logger")
+        for item in (logger if isinstance(logger, list) else [logger]):
+            if hasattr(item, "get") and "WandbLogger" in str(item.get("class_path", "")):
+                group, tags = run_group_and_tags(self.config)
+                init_args = item["init_args"]
+                if not init_args.get("group"):
+                    init_args["group"] = group
+                if not init_args.get("tags"):
+                    init_args["tags"] = tags
+
+
+def _name(value: Any) -> str:
+    """A short name of a classifier or datamodule spec: the class name, the file stem or the model name."""
+    text = str(value)
+    last = text.rsplit(".", 1)[-1]
+    if "." in text and not set("/:") & set(text) and last[:1].isupper():   # a class path
+        return last.replace("DataModule", "")
+    text = text.split(":", 1)[-1] if ":" in text.split("/", 1)[0] else text   # timm:<name>, hf:<name>, synthetic:...
+    return Path(text).stem if text.endswith((".pt", ".pth", ".bin", ".safetensors", ".yaml")) else text
+
+
+def run_group_and_tags(config: Any) -> tuple:
+    """The W&B group (``<dataset>/<model>``) and tags (dataset, model, method set, the tests' conventions) of an
+    evaluate run, from its resolved config; each tag ``<what>:<value>``, at most 64 characters (W&B's limit)."""
+    data = config.get("data") or {}
+    dataset = _name(data.get("class_path") if hasattr(data, "get") else data)
+    model = config.get("model") or {}
+    classifier = _name(model.get("classifier"))
+    methods = model.get("methods")
+    if isinstance(methods, str):
+        methods = [methods]
+    elif methods is not None and not isinstance(methods, (list, tuple, dict)):   # a Namespace of named methods
+        methods = vars(methods)
+    names = "all" if not methods else "+".join(sorted(methods))
+    if len(names) > 55:   # W&B's 64 characters: the count and a digest of the names
+        names = f"{len(methods)}-{hashlib.sha1(names.encode()).hexdigest()[:8]}"
+    tags = [f"dataset:{dataset}", f"model:{classifier}", f"methods:{names}"]
+    callbacks = config["trainer"].get("callbacks") or []
+    for item in (callbacks if isinstance(callbacks, list) else [callbacks]):
+        if not hasattr(item, "get"):
+            continue
+        kind, args = str(item.get("class_path", "")).rsplit(".", 1)[-1], item.get("init_args") or {}
+        if kind == "PerturbationTest":
+            tags += [f"{name}:{args.get(name)}" for name in ("auc", "masking", "ties") if args.get(name) is not None]
+        elif kind in ("SegmentationTest", "CDAMAnalysis"):
+            tags.append(f"{'segmentation' if kind == 'SegmentationTest' else 'cdam_analysis'}:"
+                        f"{args.get('class_setting') or 'predicted'}")
+    return f"{dataset}/{classifier}"[:128], [tag[:64] for tag in tags]

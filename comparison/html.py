@@ -1,0 +1,175 @@
+"""The self-contained HTML dashboard: one file that opens from disk with no server and no network.
+
+Plotly's JavaScript is embedded once in the page (``plotly.offline.get_plotlyjs``), every figure is a ``div`` with
+its data inline, the styles are inline; nothing is loaded from elsewhere (no ``src``/``href`` to http(s)).
+Sections: the runs (source, kind, group, tags, reference), the settings and config differences, then per test
+its tables (best of each row in bold, the run's random map in grey, the delta to the reference coloured by whether
+it is better or worse in the metric's declared direction, missing values shaded) and its figures.
+"""
+from __future__ import annotations
+
+import html
+import math
+from typing import List, Optional, Sequence
+
+from comparison.configs import config_differences, config_summary
+from comparison.figures import Figure, color
+from comparison.runs import Run
+from comparison.tables import Table, direction_text, table_title
+
+STYLE = """
+body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 0 1.5em 3em; color: #222; }
+h1 { margin-bottom: 0.2em; } h2 { border-bottom: 2px solid #ddd; padding-top: 0.6em; } h3 { margin-bottom: 0.3em; }
+table { border-collapse: collapse; margin: 0.4em 0 1.2em; font-size: 13px; }
+th, td { border: 1px solid #ddd; padding: 3px 7px; text-align: right; vertical-align: top; }
+th { background: #f4f4f4; } td.name, th.name { text-align: left; white-space: nowrap; }
+td.best .v { font-weight: bold; } td.best { background: #eef7ee; }
+td.missing { background: repeating-linear-gradient(45deg, #fff0f0, #fff0f0 6px, #fbe0e0 6px, #fbe0e0 12px);
+             color: #b00; font-style: italic; text-align: center; }
+.rnd { color: #888; font-size: 11px; } .better { color: #187a18; } .worse { color: #b81c1c; } .zero { color: #888; }
+.note { color: #555; font-size: 13px; } .differs { background: #fff6d8; }
+pre.cfg { white-space: pre-wrap; text-align: left; margin: 0; font-size: 11px; max-width: 36em; }
+nav a { margin-right: 1em; } .figure { margin: 0.5em 0 1.5em; border: 1px solid #eee; }
+.swatch { display: inline-block; width: 0.9em; height: 0.9em; margin-right: 0.3em; vertical-align: middle; }
+"""
+
+
+def esc(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _num(value: Optional[float], fmt: str, signed: bool = False) -> str:
+    if value is None or not math.isfinite(value):
+        return ""
+    return format(value, ("+" if signed else "") + fmt)
+
+
+def runs_section(runs: Sequence[Run], reference: str) -> str:
+    rows = []
+    for i, run in enumerate(runs):
+        ref = " (reference)" if run.name == reference else ""
+        scalars = sum(1 for v in run.metrics.values() if not isinstance(v, list))
+        rows.append(f"<tr><td class='name'><span class='swatch' style='background:{color(i)}'></span>"
+                    f"{esc(run.name)}{ref}</td><td class='name'>{esc(run.kind)}</td><td class='name'>"
+                    f"{esc(run.source)}</td><td class='name'>{esc(run.group or '')}</td><td class='name'>"
+                    f"{esc(', '.join(run.tags))}</td><td>{scalars}</td><td>{'yes' if run.config else 'no'}</td></tr>")
+    return ("<table><tr><th class='name'>run</th><th class='name'>kind</th><th class='name'>source</th>"
+            "<th class='name'>group</th><th class='name'>tags</th><th>scalars</th><th>config</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def config_section(runs: Sequence[Run]) -> str:
+    names = [run.name for run in runs]
+    head = "".join(f"<th class='name'>{esc(n)}</th>" for n in names)
+    rows = []
+    for section, label, texts, differs in config_summary(runs):
+        cls = " class='differs'" if differs else ""
+        cells = "".join(f"<td><pre class='cfg'>{esc(texts[n])}</pre></td>" for n in names)
+        rows.append(f"<tr{cls}><td class='name'>{esc(section)}</td><td class='name'>{esc(label)}"
+                    f"{' <b>(differs)</b>' if differs else ''}</td>{cells}</tr>")
+    out = ["<h3>settings that explain results</h3>",
+           "<p class='note'>highlighted: the runs differ in this setting</p>",
+           f"<table><tr><th class='name'>section</th><th class='name'>setting</th>{head}</tr>{''.join(rows)}</table>",
+           "<h3>every config key that differs</h3>"]
+    diffs = config_differences(runs)
+    if not diffs:
+        out.append("<p class='note'>" + ("none: the configs are equal" if any(r.config for r in runs) else
+                                          "no run has a config") + "</p>")
+    else:
+        body = "".join(f"<tr><td class='name'>{esc(key)}</td>"
+                       + "".join(f"<td><pre class='cfg'>{esc(texts[n])}</pre></td>" for n in names) + "</tr>"
+                       for key, texts in diffs)
+        out.append(f"<table id='config-differences'><tr><th class='name'>key</th>{head}</tr>{body}</table>")
+    return "\n".join(out)
+
+
+def changes_section(tables: Sequence[Table], reference: str, limit: int = 40) -> str:
+    """Per run, the values that differ from the reference run's (and those only one of them has)."""
+    out = []
+    for run in (tables[0].runs if tables else []):
+        if run == reference:
+            continue
+        changed, gaps, compared = [], [], 0
+        for table in tables:
+            for row in table.rows:
+                cell, ref = table.cell(row, run), table.cell(row, reference)
+                if cell.missing != ref.missing:
+                    where = f"missing in {run}" if cell.missing else f"only in {run}"
+                    gaps.append(f"{table_title(table)}: {row} ({where})")
+                elif cell.delta is not None:
+                    compared += 1
+                    if cell.delta != 0:
+                        changed.append((table, row, cell, ref))
+        head = (f"<h3>{esc(run)} vs {esc(reference)}</h3><p class='note'>{len(changed)} of {compared} values differ"
+                f"{'; ' + str(len(gaps)) + ' present in only one of the two' if gaps else ''}</p>")
+        rows = []
+        for table, row, cell, ref in changed[:limit]:
+            hib = table.higher_is_better.get(row)
+            good = None if hib is None else (cell.delta > 0) == hib
+            cls = {True: "better", False: "worse", None: ""}[good]
+            rows.append(f"<tr><td class='name'>{esc(table_title(table))}</td><td class='name'>{esc(row)}</td>"
+                        f"<td>{_num(ref.value, table.fmt)}</td><td>{_num(cell.value, table.fmt)}</td>"
+                        f"<td class='{cls}'>{_num(cell.delta, table.fmt, signed=True)}</td></tr>")
+        more = f"<p class='note'>and {len(changed) - limit} more (tables below)</p>" if len(changed) > limit else ""
+        table_html_ = (f"<table class='changes'><tr><th class='name'>table</th><th class='name'>method</th>"
+                       f"<th>{esc(reference)}</th><th>{esc(run)}</th><th>Δ</th></tr>{''.join(rows)}</table>"
+                       if rows else "")
+        gap_html = "".join(f"<li>{esc(g)}</li>" for g in gaps[:limit])
+        out.append(head + table_html_ + more + (f"<ul class='note'>{gap_html}</ul>" if gaps else ""))
+    return "\n".join(out)
+
+
+def table_html(table: Table) -> str:
+    head = "".join(f"<th>{esc(run)}{' (reference)' if run == table.reference else ''}</th>" for run in table.runs)
+    body = []
+    for row in table.rows:
+        hib = table.higher_is_better.get(row)
+        cells = []
+        for run in table.runs:
+            cell = table.cell(row, run)
+            if cell.missing:
+                cells.append("<td class='missing' data-missing='1'>missing</td>")
+                continue
+            parts = [f"<span class='v'>{_num(cell.value, table.fmt)}</span>"]
+            if cell.random is not None:
+                parts.append(f" <span class='rnd'>(random {_num(cell.random, table.fmt)})</span>")
+            if cell.delta is not None:
+                good = None if hib is None or cell.delta == 0 else (cell.delta > 0) == hib
+                cls = "zero" if cell.delta == 0 else {True: "better", False: "worse", None: ""}[good]
+                delta = "0" if cell.delta == 0 else _num(cell.delta, table.fmt, signed=True)
+                parts.append(f"<br><span class='{cls}'>Δ {delta}</span>")
+            cls = "best" if cell.best else ""
+            cells.append(f"<td class='{cls}' data-value='{cell.value!r}'>{''.join(parts)}</td>")
+        body.append(f"<tr><td class='name'>{esc(row)}</td>{''.join(cells)}</tr>")
+    return (f"<h3>{esc(table_title(table))}</h3><p class='note'>{esc(direction_text(table.direction()))}; bold: "
+            f"best run of the row; grey: the same run's random map; Δ: difference to {esc(table.reference)} "
+            f"(green better, red worse)</p><table class='metrics' data-title='{esc(table_title(table))}'>"
+            f"<tr><th class='name'>method</th>{head}</tr>{''.join(body)}</table>")
+
+
+def figure_html(figure: Figure) -> str:
+    div = figure.plotly.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{figure.name}",
+                                config={"displaylogo": False, "responsive": True})
+    return f"<div class='figure' data-figure='{esc(figure.name)}'>{div}</div>"
+
+
+def dashboard(runs: Sequence[Run], tables: Sequence[Table], figures: Sequence[Figure], reference: str,
+              title: str = "run comparison") -> str:
+    """The whole page (module docstring)."""
+    from plotly.offline import get_plotlyjs
+
+    sections: List[str] = []
+    tests = list(dict.fromkeys([t.test for t in tables] + [f.section for f in figures]))
+    for test in tests:
+        parts = [f"<h2 id='{esc(test)}'>{esc(test)}</h2>"]
+        parts += [table_html(t) for t in tables if t.test == test]
+        parts += [figure_html(f) for f in figures if f.section == test]
+        sections.append("\n".join(parts))
+    nav = "".join(f"<a href='#{esc(t)}'>{esc(t)}</a>" for t in ["runs", "changes", "config"] + tests)
+    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{esc(title)}</title>"
+            f"<style>{STYLE}</style>\n<script type='text/javascript'>{get_plotlyjs()}</script>\n</head><body>"
+            f"<h1>{esc(title)}</h1><nav>{nav}</nav>"
+            f"<h2 id='runs'>runs</h2>{runs_section(runs, reference)}"
+            f"<h2 id='changes'>what differs from {esc(reference)}</h2>{changes_section(tables, reference)}"
+            f"<h2 id='config'>config differences</h2>{config_section(runs)}"
+            + "\n".join(sections) + "</body></html>\n")
