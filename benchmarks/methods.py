@@ -79,6 +79,14 @@ MODEL_SIZES = {
     "base": dict(img_size=224, patch_size=16, embed_dim=768, depth=12, num_heads=12, num_classes=1000),
     "tiny": dict(img_size=64, patch_size=16, embed_dim=64, depth=2, num_heads=2, num_classes=1000),
 }
+#: ``--family bert``: a randomly initialised ``BertForSequenceClassification`` (BERT-base's shape, or tiny)
+TEXT_SIZES = {
+    "base": dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072, max_position_embeddings=512, num_labels=2),
+    "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                 max_position_embeddings=128, num_labels=2),
+}
+FAMILIES = ("vit", "bert")
 
 # method -> (kind of anchor, target ratio or None); PROTOCOLS.md section 7 and the issue's targets
 COSTS = {
@@ -101,10 +109,31 @@ TOKEN_ABLATION = "token_ablation"
 
 
 # ----------------------------------------------------------------------------------------------- the worker
-def build_model(size: str, device: str) -> torch.nn.Module:
+def build_model(size: str, device: str, family: str = "vit") -> torch.nn.Module:
+    if family == "bert":
+        from transformers import BertConfig, BertForSequenceClassification
+
+        return BertForSequenceClassification(BertConfig(**TEXT_SIZES[size])).to(device).eval()
     from timm.models.vision_transformer import VisionTransformer
 
     return VisionTransformer(global_pool="token", **MODEL_SIZES[size]).to(device).eval()
+
+
+def build_inputs(family: str, size: str, batch: int, seq_len: int, gen: torch.Generator, device: str):
+    """``(inputs, targets, tokens removed one at a time by token_ablation)``: images ``[B, 3, H, W]``; or token
+    batches of ``seq_len`` positions (``[CLS]``, random word ids, ``[SEP]``; no padding) as a tokenizer returns
+    them."""
+    if family == "bert":
+        cfg = TEXT_SIZES[size]
+        ids = torch.randint(200, cfg["vocab_size"], (batch, seq_len), generator=gen)   # not a special id
+        ids[:, 0], ids[:, -1] = 101, 102
+        inputs = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
+        targets = torch.randint(0, cfg["num_labels"], (batch,), generator=gen, dtype=torch.long).to(device)
+        return inputs, targets, seq_len - 2
+    cfg = MODEL_SIZES[size]
+    images = torch.randn(batch, 3, cfg["img_size"], cfg["img_size"], generator=gen).to(device)
+    targets = torch.randint(0, cfg["num_classes"], (batch,), generator=gen, dtype=torch.long).to(device)
+    return images, targets, (cfg["img_size"] // cfg["patch_size"]) ** 2
 
 
 def anchors_needed(name: str) -> List[str]:
@@ -119,15 +148,23 @@ def anchors_needed(name: str) -> List[str]:
 
 
 def _anchor_fn(name: str, model, images, targets) -> Callable[[], object]:
+    """Images: ``model(x)``, and the gradient w.r.t. the pixels. Token batches: ``model(**inputs).logits``, and
+    the gradient w.r.t. the word embeddings (``inputs_embeds``: the backward runs through the whole encoder and
+    the embedding sum and LayerNorm). Attention as the model ships (timm's fused attention, Hugging Face's sdpa)."""
+    text = isinstance(images, dict)
     if name == FORWARD:
         def forward():
             with torch.no_grad():
-                return model(images)
+                return model(**images).logits if text else model(images)
         return forward
 
     def forward_backward():
-        x = images.detach().requires_grad_(True)
-        logits = model(x)
+        if text:
+            x = model.get_input_embeddings()(images["input_ids"]).detach().requires_grad_(True)
+            logits = model(inputs_embeds=x, attention_mask=images["attention_mask"]).logits
+        else:
+            x = images.detach().requires_grad_(True)
+            logits = model(x)
         (grad,) = torch.autograd.grad(logits.gather(1, targets[:, None]).sum(), x)
         return grad
     return forward_backward
@@ -205,12 +242,12 @@ def run_worker(spec: dict) -> dict:
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     torch.manual_seed(spec["seed"])
-    model = build_model(spec["model_size"], device)
-    cfg = MODEL_SIZES[spec["model_size"]]
+    family = spec.get("family", "vit")
+    model = build_model(spec["model_size"], device, family)
     batch = int(spec["batch"])
     gen = torch.Generator().manual_seed(spec["seed"])
-    images = torch.randn(batch, 3, cfg["img_size"], cfg["img_size"], generator=gen).to(device)
-    targets = torch.randint(0, cfg["num_classes"], (batch,), generator=gen, dtype=torch.long).to(device)
+    images, targets, num_tokens = build_inputs(family, spec["model_size"], batch, int(spec.get("seq_len", 256)),
+                                               gen, device)
 
     name = spec["name"]
     info = {}
@@ -220,7 +257,9 @@ def run_worker(spec: dict) -> dict:
         from methods import build_method
 
         method = build_method(name)
-        depth = len(model.blocks)
+        from methods.adapters import adapter_for
+
+        depth = adapter_for(model).depth
         start_layer = getattr(method, "start_layer", None)
         if start_layer is None and hasattr(method, "default_start_layers"):
             start_layer = method.default_start_layers[0]      # the image default (None: per modality)
@@ -249,7 +288,7 @@ def run_worker(spec: dict) -> dict:
             samples[a].append(_timed(afn, device))
         samples[name].append(_timed(fn, device))
     return dict(name=name, batch=batch, first_call_s=first_s, peak_extra_mib=peak_mib, memory_note=memory_note,
-                samples=samples, num_patches=int(model.patch_embed.num_patches), threads=torch.get_num_threads(),
+                samples=samples, num_patches=int(num_tokens), threads=torch.get_num_threads(),
                 **info)
 
 
@@ -354,12 +393,17 @@ def _notes(args, results) -> List[str]:
     return ([f"options changed from the defaults to fit the model: {'; '.join(adjusted)}"] if adjusted else []) + [
         "ms/image: median over the repeats of one call's wall time divided by the batch size; ratio = method "
         "median / anchor built from the anchor medians taken in the same process, interleaved with the method.",
-        "[forward]: model(images) under torch.no_grad(), fused attention as timm ships it. [forward+backward]: "
-        "model(x) then torch.autograd.grad(sum of the target logits, x) with x = images.requires_grad_(): the "
-        "backward runs through the whole network (fused attention). Methods switch to eager attention themselves "
-        "(they need the attention matrices); that overhead is part of their ratio.",
+        ("[forward]: model(**tokens).logits under torch.no_grad(), sdpa attention as transformers ships it. "
+         "[forward+backward]: model(inputs_embeds=x, attention_mask=...) then torch.autograd.grad(sum of the target "
+         "logits, x) with x = the word embeddings of the ids: the backward runs through the whole encoder. "
+         if args.family == "bert" else
+         "[forward]: model(images) under torch.no_grad(), fused attention as timm ships it. [forward+backward]: "
+         "model(x) then torch.autograd.grad(sum of the target logits, x) with x = images.requires_grad_(): the "
+         "backward runs through the whole network (fused attention). ")
+        + "Methods switch to eager attention themselves (they need the attention matrices); that overhead is part "
+        "of their ratio.",
         "beyond_intuition_*: anchor = 1 fwd+bwd + `steps` forwards (steps from the method's defaults). "
-        "token_ablation: anchor = (number of patches) forwards of the full sequence.",
+        "token_ablation: anchor = (number of patches, or of content tokens) forwards of the full sequence.",
         f"token_ablation runs one forward per patch: timed only at batch sizes {args.token_ablation_batch_sizes} "
         "(--token-ablation-batch-sizes)"
         f"{'; skipped entirely (--skip-token-ablation)' if args.skip_token_ablation else ''}.",
@@ -385,6 +429,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads; default: the number of CPU cores available to this process")
     p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="base")
+    p.add_argument("--family", choices=FAMILIES, default="vit",
+                   help="vit (default): a timm ViT on images; bert: a BertForSequenceClassification on token batches")
+    p.add_argument("--seq-len", type=int, default=256, help="--family bert: positions per sequence (default 256)")
     p.add_argument("--token-ablation-batch-sizes", type=int, nargs="+", default=[1])
     p.add_argument("--skip-token-ablation", action="store_true")
     p.add_argument("--isolation", choices=("subprocess", "none"), default="subprocess",
@@ -433,7 +480,8 @@ def main(argv=None) -> dict:
                     skipped.append(dict(name=name, batch=batch, why=why))
                     print(f"skip  {name:<24} batch {batch:>3}: {why}", file=sys.stderr, flush=True)
                     continue
-                spec = dict(name=name, batch=batch, model_size=args.model_size, device=args.device,
+                spec = dict(name=name, batch=batch, model_size=args.model_size, family=args.family,
+                            seq_len=args.seq_len, device=args.device,
                             repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed,
                             cpu_memory=isolated)
                 t0 = time.perf_counter()
@@ -448,7 +496,9 @@ def main(argv=None) -> dict:
 
     rows = make_rows(results, skipped)
     notes = _notes(args, results)
-    config = dict(model_size=args.model_size, model=MODEL_SIZES[args.model_size], global_pool="token",
+    model_cfg = TEXT_SIZES[args.model_size] if args.family == "bert" else MODEL_SIZES[args.model_size]
+    config = dict(model_size=args.model_size, family=args.family, model=model_cfg,
+                  seq_len=args.seq_len if args.family == "bert" else None, global_pool="token",
                   device=args.device, threads=args.threads, batch_sizes=args.batch_sizes, repeats=args.repeats,
                   warmup=args.warmup, isolation=args.isolation, seed=args.seed, torch=torch.__version__,
                   python=platform.python_version(), platform=platform.platform(),
@@ -463,7 +513,8 @@ def main(argv=None) -> dict:
         config["gpu"] = torch.cuda.get_device_name()
 
     table = format_table(rows)
-    print(f"attribution method cost: {args.model_size} ViT ({MODEL_SIZES[args.model_size]}), device {args.device}, "
+    what = f"BERT, {args.seq_len} positions" if args.family == "bert" else "ViT"
+    print(f"attribution method cost: {args.model_size} {what} ({model_cfg}), device {args.device}, "
           f"{args.threads} threads, torch {torch.__version__}, {args.repeats} repeats, warm-up {args.warmup}")
     print(table)
     print()

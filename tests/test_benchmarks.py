@@ -67,6 +67,21 @@ def test_tiny_run_rows_and_json(bench, tmp_path, capsys):
     assert saved["config"]["model"]["depth"] == 2 and saved["config"]["batch_sizes"] == [1, 2]
 
 
+def test_tiny_text_run(bench, capsys):
+    """--family bert: token batches through a BertForSequenceClassification; token_ablation's anchor counts the
+    content tokens (seq_len - 2)."""
+    result = bench.main(["--family", "bert", "--model-size", "tiny", "--seq-len", "12", "--isolation", "none",
+                         "--threads", "1", "--device", "cpu", "--methods", "gradcam", "token_ablation",
+                         "--batch-sizes", "2", "--token-ablation-batch-sizes", "2", "--repeats", "1"])
+    printed = capsys.readouterr().out
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"forward", "forward+backward", "gradcam", "token_ablation"}
+    assert rows["gradcam"]["anchor"] == "1 fwd+bwd" and _positive(rows["gradcam"]["ratio"])
+    assert rows["token_ablation"]["anchor"] == "10 fwd" and _positive(rows["token_ablation"]["ratio"])
+    assert result["config"]["family"] == "bert" and result["config"]["seq_len"] == 12
+    assert "BERT, 12 positions" in printed and "inputs_embeds" in " ".join(result["notes"])
+
+
 def test_anchor_arithmetic(bench):
     """Ratios use the anchor each method fundamentally needs (PROTOCOLS.md section 7)."""
     fwd, fb = 0.5, 1.5
