@@ -11,24 +11,13 @@ outputs); without it, the grid with the image's aspect ratio is inferred from th
 """
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from methods import minmax_normalize, tokens_to_map
-
-
-def token_grid(num_tokens: int, image_hw: Tuple[int, int]) -> Tuple[int, int]:
-    """The ``h x w`` patch grid with ``h * w == num_tokens`` and the image's aspect ratio."""
-    height, width = image_hw
-    h = int(round(math.sqrt(num_tokens * height / width)))
-    w = num_tokens // max(h, 1)
-    if h < 1 or h * w != num_tokens:
-        raise ValueError(f"{num_tokens} token scores do not form a grid with the aspect of a {height}x{width} image")
-    return h, w
+from methods.maps import infer_grid, minmax_normalize, tokens_to_map
 
 
 def pixel_maps(relevance: Tensor, image_hw: Tuple[int, int], grid_size: Optional[Tuple[int, int]] = None) -> Tensor:
@@ -38,7 +27,7 @@ def pixel_maps(relevance: Tensor, image_hw: Tuple[int, int], grid_size: Optional
     if not rel.dtype.is_floating_point or rel.dtype in (torch.float16, torch.bfloat16):
         rel = rel.float()
     if rel.dim() == 2:
-        grid = grid_size or token_grid(rel.shape[1], (height, width))
+        grid = grid_size or infer_grid(rel.shape[1], (height, width))
         maps = tokens_to_map(rel, grid_size=tuple(grid), image_size=(height, width), mode="bilinear")
     elif rel.dim() == 3:
         maps = rel

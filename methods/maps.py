@@ -23,6 +23,18 @@ def minmax_normalize(maps: Tensor, eps: float = 0.0) -> Tensor:
     return out.reshape(maps.shape)
 
 
+def infer_grid(num_tokens: int, image_hw: Tuple[int, int] = (1, 1)) -> Tuple[int, int]:
+    """The row-major ``h x w`` patch grid with ``h * w == num_tokens`` and the aspect ratio of an
+    ``image_hw`` image (square by default); ``ValueError`` when there is none (then pass the grid)."""
+    height, width = image_hw
+    h = int(round(math.sqrt(num_tokens * height / width)))
+    w = num_tokens // max(h, 1)
+    if h < 1 or h * w != num_tokens:
+        shape = "square grid" if height == width else f"grid with the aspect of a {height}x{width} image"
+        raise ValueError(f"{num_tokens} token scores do not form a {shape}: pass grid_size=(h, w)")
+    return h, w
+
+
 def tokens_to_map(
     relevance: Tensor,
     grid_size: Optional[Tuple[int, int]] = None,
@@ -41,10 +53,7 @@ def tokens_to_map(
         raise ValueError(f"expected token scores of shape [B, P], got {tuple(relevance.shape)}")
     batch, num_patches = relevance.shape
     if grid_size is None:
-        side = int(round(math.sqrt(num_patches)))
-        if side * side != num_patches:
-            raise ValueError(f"{num_patches} tokens do not form a square grid: pass grid_size=(h, w)")
-        grid_size = (side, side)
+        grid_size = infer_grid(num_patches)
     h, w = grid_size
     if h * w != num_patches:
         raise ValueError(f"grid {h}x{w} does not hold {num_patches} tokens")
