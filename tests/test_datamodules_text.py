@@ -140,7 +140,9 @@ def test_collate_pads_dynamically(tokenizer):
     batch = collate_text([ds[i] for i in range(3)], tokenizer.pad_token_id)
     n = max(len(ds[i]["input_ids"]) for i in range(3))
     assert set(batch) == {"input_ids", "attention_mask", "token_type_ids", "special_tokens_mask", "word_ids", "label",
-                          "index", "document_index", "word_offset", "num_words", "rationale"}
+                          "index", "document_index", "word_offset", "num_words", "rationale", "docid",
+                          "annotation_id"}
+    assert batch["docid"] == [docs[i].docid for i in range(3)]
     for key in ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask", "word_ids"):
         assert batch[key].shape == (3, n) and batch[key].dtype == torch.long
     assert batch["input_ids"][1].tolist()[:2] == [tokenizer.cls_token_id, tokenizer.sep_token_id]
