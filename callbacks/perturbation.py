@@ -5,13 +5,16 @@ and direction, on every batch:
 
 1. the masking convention's perturber (:mod:`evaluation.perturbers`) turns the raw relevance into unit scores:
    for images, pixel maps (bilinear upsampling, ``align_corners=False``, to the image size from the model's patch
-   grid ``outputs["layout"].grid``, min-max normalisation **per sample**);
+   grid ``outputs["layout"].grid``, min-max normalisation **per sample**); for texts, the token scores clamped
+   at 0 (Beyond Intuition's scripts);
 2. ``positive`` removes the most relevant units first, ``negative`` negates the scores first (least relevant
    removed first) (:mod:`evaluation.ranking`);
 3. for each fraction ``p`` in ``fractions`` (default 0.1, ..., 0.9) the top ``k = int(p * N)`` units are removed;
    masking ``chefer`` (default): a removed pixel is 0 in [0, 1] space **before** the model's normalisation
    (black) in all three channels; ``mean``: the model's mean colour, i.e. 0 **after** normalisation (Beyond
-   Intuition's CLIP test);
+   Intuition's CLIP test). Texts: ``pad`` (Beyond Intuition): a removed token gets input id [PAD] and attention
+   mask 0; ``N`` is each sample's number of real non-special tokens (``masking_options: {fraction_of: padded}``:
+   the padded length, BI's 20 Newsgroups script); special tokens are never removed by default;
 4. every perturbed input is re-classified by ``outputs["classifier"]`` (``forward_batch_size`` inputs per forward)
    and scored by top-1 accuracy **against the ground-truth label**, whatever class was explained; step 0 is the
    clean accuracy (:func:`evaluation.perturbation.perturbation_correctness`).
@@ -66,8 +69,12 @@ class PerturbationTest(EvaluationCallback):
         fractions: fractions of the units removed (step 0, the clean input, is always added).
         auc: AUC convention reported as ``.../auc``: ``chefer`` (default) or ``bi``.
         masking: how units are removed, a registered masking convention (:mod:`evaluation.perturbers`):
-            ``chefer`` (pixels set to 0 in [0, 1] space before normalisation, default) or ``mean`` (pixels set to
-            the model's mean colour).
+            images: ``chefer`` (pixels set to 0 in [0, 1] space before normalisation, default) or ``mean`` (pixels
+            set to the model's mean colour); texts: ``pad`` (input id [PAD], attention mask 0: Beyond Intuition),
+            ``mask`` ([MASK]) or ``delete`` (tokens taken out).
+        masking_options: options of the masking convention's perturber, e.g. for texts ``{fraction_of: padded}``
+            (Beyond Intuition's 20 Newsgroups), ``{remove_special_tokens: true}``, ``{clamp: false}``
+            (:class:`evaluation.perturbers.TokenPerturber`).
         forward_batch_size: inputs per forward of the perturbed inputs (default: the classifier's batch size,
             the module's ``forward_batch_size``).
         ties: order among equal scores, ``random`` (default: the random baseline's map with ``seed=tie_seed``,
@@ -79,7 +86,7 @@ class PerturbationTest(EvaluationCallback):
                  class_settings: Sequence[str] = ("predicted", "target"),
                  directions: Sequence[str] = DIRECTIONS, fractions: Sequence[float] = DEFAULT_FRACTIONS,
                  auc: str = "chefer", masking: str = "chefer", forward_batch_size: Optional[int] = None,
-                 ties: str = "random", tie_seed: int = 0) -> None:
+                 ties: str = "random", tie_seed: int = 0, masking_options: Optional[Dict[str, Any]] = None) -> None:
         super().__init__()
         bad = [s for s in class_settings if s not in CLASS_SETTINGS]
         if bad or not class_settings:
@@ -91,7 +98,8 @@ class PerturbationTest(EvaluationCallback):
         if auc not in AUC_CONVENTIONS:
             raise ValueError(f"unknown AUC convention {auc!r}; choose one of {AUC_CONVENTIONS}")
         self.fractions = check_fractions(fractions, auc)
-        self.perturber = build_perturber(masking)
+        self.masking_options = dict(masking_options or {})
+        self.perturber = build_perturber(masking, **self.masking_options)
         if ties not in TIES:
             raise ValueError(f"unknown tie-breaking convention {ties!r}; choose one of {TIES}")
         self.methods: Optional[List[str]] = list(methods) if methods is not None else None

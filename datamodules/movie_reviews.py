@@ -136,11 +136,11 @@ class MovieReviewsDataModule(TextDataModule):
 
     classes = ("NEG", "POS")
 
-    def __init__(self, path: str, tokenizer: str, eval_split: str = "test", max_length: int = 512,
+    def __init__(self, path: str, tokenizer: Optional[str] = None, eval_split: str = "test", max_length: int = 512,
                  stride: Optional[int] = None, batch_size: int = 16, num_workers: int = 0,
-                 cache_dir: Optional[str] = None) -> None:
+                 cache_dir: Optional[str] = None, eval_subset: Optional[int] = None) -> None:
         super().__init__(tokenizer, max_length=max_length, stride=stride, batch_size=batch_size,
-                         num_workers=num_workers, eval_split=eval_split)
+                         num_workers=num_workers, eval_split=eval_split, eval_subset=eval_subset)
         self.save_hyperparameters()
         for part in eval_split.split("+"):
             if part not in SPLIT_FILES:

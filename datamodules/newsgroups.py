@@ -146,13 +146,13 @@ class TwentyNewsgroupsDataModule(TextDataModule):
 
     classes = NEWSGROUPS
 
-    def __init__(self, path: str, tokenizer: str, remove: Tuple[str, ...] = REMOVABLE,
+    def __init__(self, path: str, tokenizer: Optional[str] = None, remove: Tuple[str, ...] = REMOVABLE,
                  split_fractions: Tuple[float, float, float] = (0.8, 0.1, 0.1), val_fraction: float = 0.1,
                  split_seed: int = 0, test_subset: Optional[int] = None, test_subset_seed: int = BI_TEST_SEED,
                  max_length: int = 512, stride: Optional[int] = None, batch_size: int = 16, num_workers: int = 0,
-                 cache_dir: Optional[str] = None) -> None:
+                 cache_dir: Optional[str] = None, eval_subset: Optional[int] = None) -> None:
         super().__init__(tokenizer, max_length=max_length, stride=stride, batch_size=batch_size,
-                         num_workers=num_workers, eval_split="test")
+                         num_workers=num_workers, eval_split="test", eval_subset=eval_subset)
         self.save_hyperparameters()
         bad = [r for r in remove if r not in REMOVABLE]
         if bad:

@@ -78,11 +78,11 @@ class SST2DataModule(TextDataModule):
 
     classes = ("negative", "positive")
 
-    def __init__(self, path: str, tokenizer: str, train_path: Optional[str] = None, val_path: Optional[str] = None,
-                 max_length: int = 512, stride: Optional[int] = None, batch_size: int = 32,
-                 num_workers: int = 0) -> None:
+    def __init__(self, path: str, tokenizer: Optional[str] = None, train_path: Optional[str] = None,
+                 val_path: Optional[str] = None, max_length: int = 512, stride: Optional[int] = None,
+                 batch_size: int = 32, num_workers: int = 0, eval_subset: Optional[int] = None) -> None:
         super().__init__(tokenizer, max_length=max_length, stride=stride, batch_size=batch_size,
-                         num_workers=num_workers, eval_split="test")
+                         num_workers=num_workers, eval_split="test", eval_subset=eval_subset)
         self.save_hyperparameters()
         self.paths = {"train": train_path, "val": val_path, "test": path}
 

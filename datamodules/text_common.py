@@ -34,8 +34,9 @@ Batches (:func:`collate_text`, padded to the longest sample of the batch, on the
 ``label``, ``index`` (the sample's dataset index: seeds per-sample random baselines and splits evaluation over
 processes exactly, see ``datamodules/unrepeated.py``), ``document_index``, ``word_offset``, ``num_words`` (words of
 the whole document): ``LongTensor[B]``; ``docid`` and ``annotation_id`` (the document's id and its annotation's
-id, ERASER's for Movie Reviews, else the document id): ``List[str]``; where the dataset has rationales, ``rationale``: ``BoolTensor[B, W]``, the
-document's word-level human rationale, padded with False to the batch's largest ``num_words``.
+id, ERASER's for Movie Reviews, else the document id): ``List[str]``; where the dataset has rationales,
+``rationale``: ``BoolTensor[B, W]``, the document's word-level human rationale, padded with False to the batch's
+largest ``num_words``.
 The batch can be passed to a method as it is (``methods`` read only the tokenizer's keys).
 """
 from __future__ import annotations
@@ -364,17 +365,34 @@ class TextCollator:
 
 
 # ------------------------------------------------------------------------------------------- datamodule
+def evenly_spaced(n: int, m: int) -> List[int]:
+    """``m`` distinct indices of ``range(n)`` spread evenly, first and last included (``m <= n``)."""
+    if m >= n:
+        return list(range(n))
+    if m == 1:
+        return [0]
+    return sorted({int(round(i * (n - 1) / (m - 1))) for i in range(m)})
+
+
 class TextDataModule(pl.LightningDataModule):
     """Train/val/test splits of a text dataset as :class:`TokenizedTextDataset` batches. A subclass sets
     ``classes`` and implements :meth:`load_documents`; ``eval_split`` is the split that ``test_dataloader``
-    and ``predict_dataloader`` serve."""
+    and ``predict_dataloader`` serve.
+
+    ``eval_subset=M`` evaluates M documents of the eval split, evenly spaced in its order (document
+    ``round(i * (n - 1) / (M - 1))`` for ``i < M``: both classes of a split stored class by class, the same
+    documents on every run and process count); ``None`` (default) the whole split."""
 
     classes: Tuple[str, ...] = ()
     splits: Tuple[str, ...] = ("train", "val", "test")
 
-    def __init__(self, tokenizer: str, max_length: int = 512, stride: Optional[int] = None, batch_size: int = 16,
-                 num_workers: int = 0, eval_split: str = "test") -> None:
+    def __init__(self, tokenizer: Optional[str] = None, max_length: int = 512, stride: Optional[int] = None,
+                 batch_size: int = 16, num_workers: int = 0, eval_split: str = "test",
+                 eval_subset: Optional[int] = None) -> None:
         super().__init__()
+        if eval_subset is not None and eval_subset < 1:
+            raise ValueError(f"eval_subset must be >= 1 documents or None (the whole split), got {eval_subset}")
+        self.eval_subset = eval_subset
         if batch_size < 1 or num_workers < 0:
             raise ValueError(f"batch_size must be >= 1 and num_workers >= 0, got {batch_size}, {num_workers}")
         if max_length < 2:
@@ -394,8 +412,18 @@ class TextDataModule(pl.LightningDataModule):
     @property
     def tokenizer(self):
         if self._tokenizer is None:
+            if self.tokenizer_spec is None:
+                raise ValueError(f"{type(self).__name__} has no tokenizer: give one (--data.init_args.tokenizer "
+                                 "<folder or name>), or evaluate a Hugging Face classifier saved with its tokenizer "
+                                 "(evaluate.py then uses the model's)")
             self._tokenizer = load_tokenizer(self.tokenizer_spec)
         return self._tokenizer
+
+    def set_model_data_config(self, data_config: Dict[str, Any]) -> None:
+        """The evaluated model's data facts (``evaluate.py`` hands them over before setup): its tokenizer is used
+        when the datamodule was given none; a tokenizer given explicitly is kept."""
+        if self.tokenizer_spec is None and data_config.get("tokenizer") is not None:
+            self.tokenizer_spec = data_config["tokenizer"]
 
     def load_documents(self, split: str) -> List[TextDocument]:
         raise NotImplementedError
@@ -406,7 +434,10 @@ class TextDataModule(pl.LightningDataModule):
 
     def documents(self, split: str) -> List[TextDocument]:
         if split not in self._documents:
-            self._documents[split] = self.load_documents(split)
+            documents = self.load_documents(split)
+            if split == self.eval_split and self.eval_subset is not None and self.eval_subset < len(documents):
+                documents = [documents[i] for i in evenly_spaced(len(documents), self.eval_subset)]
+            self._documents[split] = documents
         return self._documents[split]
 
     def dataset(self, split: str) -> TokenizedTextDataset:

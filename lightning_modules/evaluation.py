@@ -1,16 +1,22 @@
 """The LightningModule that runs attribution methods on a classifier for the evaluation callbacks.
 
-``AttributionEvaluationModule`` holds a classifier (a stock timm ``VisionTransformer`` today) and the methods to
-evaluate. Its ``test_step`` takes a batch ``{"image": [B, 3, H, W] in [0, 1] (NOT normalised), "label": [B],
-"index": [B], ...}``, normalises the images with the model's own mean/std, explains them with every method and
-returns the contract of ``callbacks/base.py``::
+``AttributionEvaluationModule`` holds a classifier (a stock timm ``VisionTransformer`` or a Hugging Face sequence
+classifier) and the methods to evaluate. Its ``test_step`` takes a batch
+
+* images: ``{"image": [B, 3, H, W] in [0, 1] (NOT normalised), "label": [B], "index": [B], ...}``; the images
+  are normalised with the model's own mean/std;
+* texts: the text datamodules' batches ``{"input_ids", "attention_mask", ["token_type_ids"],
+  "special_tokens_mask": [B, N], "label", "index", ...}`` (``datamodules/text_common.py``), passed to the
+  methods as they are;
+
+explains them with every method and returns the contract of ``callbacks/base.py``::
 
     {"relevance":      {method_name: {class_setting: Tensor}},  # raw: [B, P] tokens or [B, H, W] pixels
      "targets":        {class_setting: LongTensor[B]},
      "logits":         Tensor[B, C],                              # clean logits
      "class_specific": {method_name: bool},
      "layout":         the model's layout of the token scores (methods.adapters: ``.grid`` for images),
-     "classifier":     evaluation.classifier.Classifier}          # normalisation + forward in chunks
+     "classifier":     evaluation.classifier.Classifier | TextClassifier}   # forwards in chunks
 
 Class settings (``evaluation.method_specs.CLASS_SETTINGS``): ``predicted`` (argmax of the clean logits),
 ``target`` (``batch["label"]``) and ``other`` (``batch["other_label"]``, two-object data). The module explains its
@@ -33,7 +39,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
-from evaluation.classifier import Classifier
+from evaluation.classifier import Classifier, TextClassifier, model_logits
 from evaluation.method_specs import CLASS_SETTINGS, MethodsSpec, check_class_settings, method_specs
 from methods import build_method
 from models.loading import load_concept_heads, load_model, resolve_concept
@@ -52,14 +58,16 @@ class AttributionEvaluationModule(pl.LightningModule):
     """Classifier + attribution methods; ``test_step`` returns raw maps per method and class setting.
 
     Args:
-        classifier: ``"synthetic"``, a ``save_classifier`` file or ``"timm:<name>"`` (``models.loading.load_model``).
+        classifier: ``"synthetic"``, a ``save_classifier`` file, ``"timm:<name>"`` or ``"hf:<name or folder>"``
+            (``models.loading.load_model``).
         pretrained: for ``timm:`` classifiers.
         model_kwargs: extra ``timm.create_model`` arguments for ``timm:`` classifiers.
         methods: what to evaluate (``evaluation.method_specs.parse_methods``); default every registered method.
         method_options: options per *registered* method name, merged under the options given in ``methods``
             (e.g. ``{beyond_intuition_token: {start_layer: 2}}`` for a 4-block model with ``methods: null``).
         class_settings: settings always explained (the run adds the ones its callbacks declare).
-        mean, std: normalisation override (default: the model's ``pretrained_cfg`` via timm's data config).
+        mean, std: normalisation override of an image classifier (default: the model's ``pretrained_cfg`` via
+            timm's data config).
         forward_batch_size: images per plain forward of the :class:`~evaluation.classifier.Classifier` (the
             callbacks' forwards of perturbed images).
         method_batch_size: images per method call (default: the whole batch).
@@ -91,14 +99,19 @@ class AttributionEvaluationModule(pl.LightningModule):
         self.method_specs = method_specs(methods, method_options, self.concept_heads, concept_methods)
         self.methods = self._build_methods(self.method_specs)
         cfg = self.data_config()
-        self.classifier = Classifier(self.model, mean if mean is not None else cfg["mean"],
-                                     std if std is not None else cfg["std"], forward_batch_size)
+        if self.modality == "text":
+            self.classifier = TextClassifier(self.model, cfg["pad_token_id"], cfg["mask_token_id"],
+                                             forward_batch_size)
+        else:
+            self.classifier = Classifier(self.model, mean if mean is not None else cfg["mean"],
+                                         std if std is not None else cfg["std"], forward_batch_size)
 
     # -------------------------------------------------------------------------------- set-up
     def _build_methods(self, specs: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
         from methods.adapters import adapter_for
 
-        adapter_for(self.model)  # every method runs on every supported family; TypeError names the families
+        # every method runs on every supported family; TypeError names the families
+        self.modality = adapter_for(self.model).modality
         built = {}
         for name, options in specs.items():
             options = dict(options)
@@ -115,10 +128,33 @@ class AttributionEvaluationModule(pl.LightningModule):
         return built
 
     def data_config(self) -> Dict[str, Any]:
-        """timm's data config of the classifier (input size, interpolation, crop, mean/std)."""
+        """What the data must know of the model: for images timm's data config of the classifier (input size,
+        interpolation, crop, mean/std); for texts ``{"tokenizer": the model's folder or name, "pad_token_id",
+        "mask_token_id"}`` (the tokenizer saved with the model, when there is one)."""
+        if self.modality == "text":
+            return self._text_config()
         from timm.data import resolve_data_config
 
         return resolve_data_config({}, model=self.model)
+
+    def _text_config(self) -> Dict[str, Any]:
+        if getattr(self, "_text_cfg", None) is None:
+            source = getattr(self.model, "name_or_path", None) or None
+            tokenizer = None
+            if source:
+                from datamodules.text_common import load_tokenizer
+
+                try:
+                    tokenizer = load_tokenizer(source)
+                except (FileNotFoundError, ValueError):
+                    tokenizer = None  # a model saved without its tokenizer: the datamodule names one
+            pad = getattr(tokenizer, "pad_token_id", None)
+            if pad is None:
+                pad = getattr(self.model.config, "pad_token_id", None)
+            self._text_cfg = {"tokenizer": source if tokenizer is not None else None,
+                              "pad_token_id": 0 if pad is None else int(pad),
+                              "mask_token_id": getattr(tokenizer, "mask_token_id", None)}
+        return dict(self._text_cfg)
 
     def add_class_settings(self, settings: Sequence[str]) -> None:
         """Also explain ``settings`` (the union the run's evaluation callbacks declare, handed over by whoever
@@ -133,15 +169,33 @@ class AttributionEvaluationModule(pl.LightningModule):
         return settings
 
     # -------------------------------------------------------------------------------- forward
-    def forward(self, images: Tensor) -> Tensor:
-        return self.model(self.classifier.normalize(images))
+    def forward(self, inputs: Any) -> Tensor:
+        """Logits of [0, 1] images, or of a text batch (a mapping of token tensors)."""
+        if self.modality == "text":
+            return model_logits(self.model, inputs)
+        return self.model(self.classifier.normalize(inputs))
 
-    def _attribute(self, method, inputs: Tensor, target: Optional[Tensor], sample_ids: Optional[Tensor]) -> Tensor:
-        step = self.hparams.method_batch_size or inputs.shape[0]
+    def model_inputs(self, batch: Dict[str, Any]) -> Union[Tensor, Dict[str, Tensor]]:
+        """What the methods and the model read of a batch: normalised images, or the token tensors."""
+        if self.modality == "text":
+            inputs = TextClassifier.inputs_of(batch)
+            if isinstance(batch.get("special_tokens_mask"), Tensor):  # the adapter's content positions
+                inputs["special_tokens_mask"] = batch["special_tokens_mask"]
+            return inputs
+        if "image" not in batch:
+            raise KeyError(f"evaluation batches of an image classifier need 'image'; got keys {sorted(batch)}")
+        return self.classifier.normalize(batch["image"])
+
+    def _attribute(self, method, inputs: Union[Tensor, Dict[str, Tensor]], target: Optional[Tensor],
+                   sample_ids: Optional[Tensor]) -> Tensor:
+        size = len(next(iter(inputs.values()))) if isinstance(inputs, dict) else inputs.shape[0]
+        step = self.hparams.method_batch_size or size
         parts = []
-        for start in range(0, inputs.shape[0], step):
+        for start in range(0, size, step):
             stop = start + step
-            parts.append(method(self.model, inputs[start:stop], target=None if target is None else target[start:stop],
+            chunk = ({k: v[start:stop] for k, v in inputs.items()} if isinstance(inputs, dict)
+                     else inputs[start:stop])
+            parts.append(method(self.model, chunk, target=None if target is None else target[start:stop],
                                 sample_ids=None if sample_ids is None else sample_ids[start:stop]))
         return torch.cat(parts)
 
@@ -152,13 +206,18 @@ class AttributionEvaluationModule(pl.LightningModule):
                                "(evaluate.py does; --trainer.inference_mode false)")
 
     def test_step(self, batch: Dict[str, Any], batch_idx: int) -> Dict[str, Any]:
-        for key in ("image", "label"):
-            if key not in batch:
-                raise KeyError(f"evaluation batches need {key!r}; got keys {sorted(batch)}")
-        images, labels = batch["image"], batch["label"]
-        inputs = self.classifier.normalize(images)
+        if "label" not in batch:
+            raise KeyError(f"evaluation batches need 'label'; got keys {sorted(batch)}")
+        labels = batch["label"]
+        inputs = self.model_inputs(batch)
         with torch.no_grad():
-            logits = self.model(inputs)
+            logits = model_logits(self.model, inputs)
+        num_classes = logits.shape[-1]
+        bad = (labels < 0) | (labels >= num_classes)
+        if bool(bad.any()):
+            where = batch["index"][bad].tolist() if isinstance(batch.get("index"), Tensor) else bad.nonzero().tolist()
+            raise ValueError(f"labels {labels[bad].tolist()} (samples {where}) lie outside the classifier's "
+                             f"{num_classes} classes: the data and the model do not match")
         targets = {"predicted": logits.argmax(dim=-1), "target": labels}
         settings = self._settings_for(batch)
         if "other" in settings:

@@ -158,13 +158,15 @@ class ModelAdapter(abc.ABC):
 
     Structure: ``depth`` blocks of ``num_heads`` attention heads and hidden width ``width``; ``readout`` (one of
     :data:`READOUT_KINDS`); ``pre_norm`` (``True``: a block computes ``x + attn(norm(x))``; ``False``, post-norm
-    as in BERT: ``norm(x + attn(x))``).
+    as in BERT: ``norm(x + attn(x))``). ``modality``: what the model reads (``image``: pixel values; ``text``:
+    token ids), which says how an evaluation feeds and perturbs its inputs.
     """
 
     #: a human-readable name of the family, used in error messages
     family: str = "?"
     readout: str = "class_token"
     pre_norm: bool = True
+    modality: str = "image"
 
     def __init__(self, model: nn.Module):
         self.model = model

@@ -58,6 +58,7 @@ class HFTextAdapter(ModelAdapter):
     """
 
     pre_norm = False
+    modality = "text"
     readout = "class_token"
     #: the model class (a name in ``transformers``) and the attribute holding its encoder
     model_class = "?"
