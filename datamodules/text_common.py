@@ -34,7 +34,8 @@ Batches (:func:`collate_text`, padded to the longest sample of the batch, on the
 ``label``, ``index`` (the sample's dataset index: seeds per-sample random baselines and splits evaluation over
 processes exactly, see ``datamodules/unrepeated.py``), ``document_index``, ``word_offset``, ``num_words`` (words of
 the whole document): ``LongTensor[B]``; ``docid`` and ``annotation_id`` (the document's id and its annotation's
-id, ERASER's for Movie Reviews, else the document id): ``List[str]``; where the dataset has rationales,
+id, ERASER's for Movie Reviews, else the document id): ``List[str]``; ``words``: ``List[List[str]]``, the words
+of each sample (its window's words: document words ``word_offset ...``); where the dataset has rationales,
 ``rationale``: ``BoolTensor[B, W]``, the document's word-level human rationale, padded with False to the batch's
 largest ``num_words``.
 The batch can be passed to a method as it is (``methods`` read only the tokenizer's keys).
@@ -299,7 +300,7 @@ class TokenizedTextDataset(Dataset):
         item: Dict[str, Any] = self.encode(doc.words[start:end])
         item["word_ids"] = [w + start if w >= 0 else -1 for w in item["word_ids"]]
         item.update(label=int(doc.label), index=index, document_index=d, word_offset=start,
-                    num_words=len(doc.words), docid=str(doc.docid),
+                    num_words=len(doc.words), words=list(doc.words[start:end]), docid=str(doc.docid),
                     annotation_id=str(doc.annotation_id if doc.annotation_id is not None else doc.docid))
         if self.has_rationale:
             item["rationale"] = (doc.rationale if doc.rationale is not None
@@ -344,6 +345,8 @@ def collate_text(items: Sequence[Dict[str, Any]], pad_token_id: int = 0) -> Dict
     for key in ("docid", "annotation_id"):
         if key in items[0]:
             batch[key] = [str(item[key]) for item in items]
+    if "words" in items[0]:
+        batch["words"] = [list(item["words"]) for item in items]
     if "rationale" in items[0]:
         w = int(batch["num_words"].max())
         mask = torch.zeros((b, w), dtype=torch.bool)

@@ -24,7 +24,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 from methods.words import WordAttribution, WordAttributions
 
-Results = Union[WordAttribution, WordAttributions, Mapping[str, Union[WordAttribution, WordAttributions]]]
+Results = Union[WordAttribution, WordAttributions,
+                Mapping[str, Union[WordAttribution, WordAttributions, Sequence[WordAttribution]]]]
 
 POSITIVE = (178, 24, 43)    # red (ColorBrewer RdBu end)
 NEGATIVE = (33, 102, 172)   # blue (ColorBrewer RdBu end)
@@ -156,7 +157,8 @@ def _rows_by_example(results: Results) -> List[Dict[str, WordAttribution]]:
         return [{f"scores ({s.reduction})": s} for s in results.samples]
     if not isinstance(results, Mapping):
         raise TypeError("results must be a WordAttribution, a WordAttributions or a mapping of method names to them")
-    per_method = {str(name): ([r] if isinstance(r, WordAttribution) else list(r.samples))
+    per_method = {str(name): ([r] if isinstance(r, WordAttribution)
+                              else list(r.samples) if isinstance(r, WordAttributions) else list(r))
                   for name, r in results.items()}
     sizes = {len(v) for v in per_method.values()}
     if len(sizes) > 1:
@@ -198,7 +200,8 @@ def text_heatmap_html(
 ) -> str:
     """An HTML fragment (with its own ``<style>``) of ``results``: a :class:`~methods.words.WordAttribution` (one
     example), a :class:`~methods.words.WordAttributions` (one example per sample) or a mapping of method names to
-    either (one row per method, the examples aligned by index and on the same texts).
+    either or to a list of :class:`~methods.words.WordAttribution` (one row per method, the examples aligned by
+    index and on the same texts).
 
     ``titles``, ``labels``, ``predictions``: optional per-example values (integers are named by
     ``class_names``); ``scale``: ``"row"``, ``"example"`` or a positive number (see the module docstring).

@@ -141,7 +141,8 @@ def test_collate_pads_dynamically(tokenizer):
     n = max(len(ds[i]["input_ids"]) for i in range(3))
     assert set(batch) == {"input_ids", "attention_mask", "token_type_ids", "special_tokens_mask", "word_ids", "label",
                           "index", "document_index", "word_offset", "num_words", "rationale", "docid",
-                          "annotation_id"}
+                          "annotation_id", "words"}
+    assert batch["words"] == [docs[i].words for i in range(3)]
     assert batch["docid"] == [docs[i].docid for i in range(3)]
     for key in ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask", "word_ids"):
         assert batch[key].shape == (3, n) and batch[key].dtype == torch.long

@@ -1,0 +1,143 @@
+"""Text heatmaps of the first few test documents per method: HTML in the run folder and in the logger.
+
+Only the global-rank-0 process collects (its first ``num_examples`` samples). Each sample's token scores of the
+``class_setting`` (default ``target``) become word scores over the sample's words (``batch["words"]``, the text
+datamodules' whitespace / ERASER words; a word's tokens are the positions whose ``word_ids`` point at it) with
+the ``reduction`` of :mod:`methods.words` (``max``, as Chefer et al.'s Movie Reviews code). A word without a token
+in the input (the truncated tail) is shown as not scored. The page is :func:`evaluation.text_heatmap.
+text_heatmap_html` (every word HTML-escaped, one row per method, diverging colours, each row on its own scale),
+written to ``<run folder>/text_heatmaps.html`` and logged as ``text_heatmaps`` (``wandb.Html``) by a W&B logger.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor
+
+from evaluation.text_heatmap import page_html, text_heatmap_html
+from methods.words import REDUCTIONS, WordAttribution
+
+
+def sample_word_attribution(token_scores: Tensor, word_ids: Tensor, words: List[str], word_offset: int,
+                            reduction: str = "max") -> WordAttribution:
+    """The :class:`~methods.words.WordAttribution` of one sample: ``token_scores`` ``[N]``, ``word_ids`` ``[N]``
+    (document word index per position, -1 at special tokens and padding), ``words`` the sample's words (document
+    words ``word_offset, word_offset + 1, ...``)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
+    local = word_ids.long() - int(word_offset)
+    tokens: List[List[int]] = [[] for _ in words]
+    for position in (word_ids >= 0).nonzero().flatten().tolist():
+        w = int(local[position])
+        if not 0 <= w < len(words):
+            raise ValueError(f"token {position} points at word {w + word_offset} outside the sample's "
+                             f"{len(words)} words (offset {word_offset})")
+        tokens[w].append(position)
+    scores = torch.full((len(words),), float("nan"), dtype=torch.float64)
+    values = token_scores.detach().double().cpu()
+    for w, positions in enumerate(tokens):
+        if positions:
+            v = values[positions]
+            if reduction == "max":
+                scores[w] = v.max()
+            elif reduction == "sum":
+                scores[w] = v.sum()
+            elif reduction == "mean":
+                scores[w] = v.mean()
+            else:
+                hi, lo = v.max(), v.min()
+                scores[w] = hi if hi >= -lo else lo
+    spans, start = [], 0
+    for word in words:
+        spans.append((start, start + len(word)))
+        start += len(word) + 1
+    return WordAttribution(text=" ".join(words), words=list(words), spans=spans, scores=scores,
+                           covered=~torch.isnan(scores), tokens=tokens, reduction=reduction,
+                           word_definition="whitespace")
+
+
+class TextHeatmaps(pl.Callback):
+    """``num_examples`` text heatmaps, one row per method (module docstring).
+
+    Args:
+        num_examples: documents shown (the first ones rank 0 evaluates).
+        class_setting: which explained class to show (``target`` or ``predicted``).
+        reduction: token scores -> word score (``max``, ``sum``, ``mean``, ``absmax``).
+        max_words: words shown per document (the head; ``None``: all).
+        class_names: names of the classes for the header (default: the datamodule's ``classes``).
+    """
+
+    FILE = "text_heatmaps.html"
+
+    def __init__(self, num_examples: int = 4, class_setting: str = "target", reduction: str = "max",
+                 max_words: Optional[int] = 400, class_names: Optional[List[str]] = None) -> None:
+        super().__init__()
+        if num_examples < 0:
+            raise ValueError(f"num_examples must be >= 0, got {num_examples}")
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
+        if max_words is not None and max_words < 1:
+            raise ValueError(f"max_words must be >= 1 or None, got {max_words}")
+        self.num_examples, self.class_setting, self.reduction = int(num_examples), class_setting, reduction
+        self.max_words, self.class_names = max_words, class_names
+        self._rows: Dict[str, List[WordAttribution]] = {}
+        self._titles: List[str] = []
+        self._labels: List[int] = []
+        self._predictions: List[int] = []
+        self.html: Optional[str] = None
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._rows, self._titles, self._labels, self._predictions, self.html = {}, [], [], [], None
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        need = self.num_examples - len(self._titles)
+        if not trainer.is_global_zero or need <= 0 or not outputs:
+            return
+        for key in ("words", "word_ids", "word_offset"):
+            if key not in batch:
+                raise KeyError(f"text heatmaps need batch[{key!r}] (the text datamodules give it); got keys "
+                               f"{sorted(batch)}")
+        count = min(need, len(batch["words"]))
+        preds = outputs["logits"].argmax(dim=-1)
+        for i in range(count):
+            words = list(batch["words"][i])
+            if self.max_words is not None:
+                words = words[: self.max_words]
+            offset = int(batch["word_offset"][i])
+            ids = batch["word_ids"][i].clone()
+            ids[ids - offset >= len(words)] = -1  # tokens of words beyond the shown head
+            for method, per_setting in outputs["relevance"].items():
+                rel = per_setting.get(self.class_setting)
+                if rel is None:
+                    continue
+                self._rows.setdefault(method, []).append(
+                    sample_word_attribution(rel[i], ids, words, offset, self.reduction))
+            ident = batch.get("annotation_id", batch.get("docid"))
+            self._titles.append(str(ident[i]) if ident is not None else f"sample {int(batch['index'][i])}")
+            self._labels.append(int(batch["label"][i]))
+            self._predictions.append(int(preds[i]))
+
+    def on_test_epoch_end(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero or not self._titles:
+            return
+        names = self.class_names or list(getattr(trainer.datamodule, "classes", None) or []) or None
+        self.html = text_heatmap_html(self._rows, titles=self._titles, labels=self._labels,
+                                      predictions=self._predictions, class_names=names)
+        from .reporter import ResultsReporter
+
+        try:
+            folder = ResultsReporter.of(trainer).output_dir
+        except (LookupError, ValueError, RuntimeError):
+            folder = None
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            title = f"Token attributions ({self.class_setting} class, word = {self.reduction} over its tokens)"
+            (folder / self.FILE).write_text(page_html(self.html, title), encoding="utf-8")
+        logger = trainer.logger
+        experiment = getattr(logger, "experiment", None) if logger is not None else None
+        if experiment is not None and type(logger).__name__ == "WandbLogger":
+            import wandb
+
+            experiment.log({"text_heatmaps": wandb.Html(page_html(self.html))})

