@@ -140,3 +140,29 @@ class MeanOverImages(Metric):
         if self.count == 0:
             return torch.tensor(float("nan"), dtype=torch.float64)
         return self.total / self.count
+
+
+class PerStepMean(Metric):
+    """Mean over samples of a value per step (e.g. a probability drop per perturbation bin): float64 sums of the
+    values ``[B, num_points]`` and of the number of samples."""
+
+    full_state_update = False
+    higher_is_better: Optional[bool] = None
+
+    def __init__(self, num_points: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_points = int(num_points)
+        self.add_state("total", default=torch.zeros(self.num_points, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, values: Tensor) -> None:
+        """``values``: ``[B, num_points]``."""
+        if values.dim() != 2 or values.shape[1] != self.num_points:
+            raise ValueError(f"expected values [B, {self.num_points}], got {tuple(values.shape)}")
+        self.total += _f64(values).sum(dim=0)
+        self.count += values.shape[0]
+
+    def compute(self) -> Tensor:
+        if self.count == 0:
+            return torch.full((self.num_points,), float("nan"), dtype=torch.float64)
+        return self.total / self.count

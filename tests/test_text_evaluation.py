@@ -236,3 +236,44 @@ def test_evaluate_movie_reviews_end_to_end(tiny_bert_dir, tmp_path, monkeypatch)
     assert len(curve) == 3 and curve[0] == results["accuracy"]
     html = (tmp_path / "run" / "text_heatmaps.html").read_text(encoding="utf-8")
     assert html.count('class="ta-example"') == 2 and "gradcam" in html
+
+
+# ----------------------------------------------------------------------------------------------- ERASER faithfulness
+def test_eraser_faithfulness_matches_a_direct_computation(batch, tokenizer, tiny_bert):
+    """comprehensiveness@q = p(y|x) - p(y|x without the top int(q*n) tokens), sufficiency@q = p(y|x) - p(y|top
+    tokens alone), computed here by writing the shortened texts out and classifying each alone."""
+    from callbacks.faithfulness import ERASERFaithfulnessTest
+
+    clf = classifier_for(tiny_bert, tokenizer)
+    torch.manual_seed(1)
+    scores = torch.rand(batch["input_ids"].shape) * batch["attention_mask"]
+    logits = model_logits(tiny_bert, batch)
+    targets = logits.argmax(dim=1)
+    test = ERASERFaithfulnessTest(bins=[0.2, 0.5], ties="index")
+    outputs = {"relevance": {"m": {"predicted": scores}}, "targets": {"predicted": targets}, "logits": logits,
+               "classifier": clf, "layout": None}
+    test.update(outputs, batch)
+    results = test.compute()
+    comp, suff = torch.zeros(2), torch.zeros(2)
+    for b in range(3):
+        real = (batch["attention_mask"][b].bool() & ~batch["special_tokens_mask"][b].bool()).nonzero().flatten()
+        ids = batch["input_ids"][b]
+        n = len(real)
+        order = real[torch.sort(scores[b, real], descending=True, stable=True).indices]
+        p = torch.softmax(logits[b].double(), 0)[targets[b]]
+        for j, q in enumerate([0.2, 0.5]):
+            top = set(order[: int(q * n)].tolist())
+            length = int(batch["attention_mask"][b].sum())
+            without = [int(ids[i]) for i in range(length) if i not in top]
+            alone = [int(ids[i]) for i in range(length) if i in top or i not in set(real.tolist())]
+            for kept, acc in ((without, comp), (alone, suff)):
+                with torch.no_grad():
+                    probs = torch.softmax(tiny_bert(input_ids=torch.tensor([kept])).logits[0].double(), 0)
+                acc[j] += float(p - probs[targets[b]]) / 3
+    for j, q in enumerate([0.2, 0.5]):
+        assert results[f"eraser/m/predicted/comprehensiveness@{q:g}"] == pytest.approx(float(comp[j]), abs=1e-5)
+        assert results[f"eraser/m/predicted/sufficiency@{q:g}"] == pytest.approx(float(suff[j]), abs=1e-5)
+    assert results["eraser/m/predicted/aopc_comprehensiveness"] == pytest.approx(float(comp.mean()), abs=1e-5)
+    declared = test.higher_is_better()
+    assert declared["eraser/m/predicted/aopc_comprehensiveness"] is True
+    assert declared["eraser/m/predicted/aopc_sufficiency"] is False
