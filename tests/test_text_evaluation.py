@@ -2,6 +2,7 @@
 evaluation module on text batches and evaluate.py end to end on a tiny BERT over Movie Reviews documents."""
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ from evaluation.ranking import removal_counts, removal_masks, removal_ranks
 torch.set_num_threads(1)
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 MOVIES = DATA / "eraser_movies" / "movies.tar.gz"
+#: evaluation callbacks of the rationale test added to the 1-vs-2-process run
+RATIONALE_CALLBACKS = ({"class_path": "callbacks.rationale.RationaleTest",
+                        "init_args": {"class_settings": ["target", "predicted"], "ks": [5, 10, 20]}},)
 
 
 @pytest.fixture(scope="module")
@@ -31,19 +35,21 @@ def tokenizer(tokenizer_path):
     return load_tokenizer(tokenizer_path)
 
 
-@pytest.fixture(scope="module")
-def tiny_bert_dir(tmp_path_factory, tokenizer):
+def save_tiny_bert(folder, tokenizer, num_labels=2):
     """A random 2-layer BERT classifier saved with the MiniLM tokenizer (save_pretrained layout)."""
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128, num_labels=2)
-    model = BertForSequenceClassification(config).eval()
-    folder = tmp_path_factory.mktemp("tiny_bert")
-    model.save_pretrained(folder)
+                        intermediate_size=64, max_position_embeddings=128, num_labels=num_labels)
+    BertForSequenceClassification(config).eval().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dir(tmp_path_factory, tokenizer):
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +253,8 @@ def test_eraser_faithfulness_matches_a_direct_computation(batch, tokenizer, tiny
     clf = classifier_for(tiny_bert, tokenizer)
     torch.manual_seed(1)
     scores = torch.rand(batch["input_ids"].shape) * batch["attention_mask"]
-    logits = model_logits(tiny_bert, batch)
+    with torch.no_grad():
+        logits = model_logits(tiny_bert, batch)
     targets = logits.argmax(dim=1)
     test = ERASERFaithfulnessTest(bins=[0.2, 0.5], ties="index")
     outputs = {"relevance": {"m": {"predicted": scores}}, "targets": {"predicted": targets}, "logits": logits,
@@ -277,3 +284,82 @@ def test_eraser_faithfulness_matches_a_direct_computation(batch, tokenizer, tiny
     declared = test.higher_is_better()
     assert declared["eraser/m/predicted/aopc_comprehensiveness"] is True
     assert declared["eraser/m/predicted/aopc_sufficiency"] is False
+
+
+# ----------------------------------------------------------------------------------------------- 1 vs 2 processes
+def text_config(path, tiny_bert_dir, extra_callbacks=()):
+    callbacks = [
+        {"class_path": "callbacks.perturbation.PerturbationTest",
+         "init_args": {"class_settings": ["target", "predicted"], "masking": "pad", "fractions": [0.2, 0.5]}},
+        {"class_path": "callbacks.faithfulness.ERASERFaithfulnessTest",
+         "init_args": {"class_settings": ["predicted"], "bins": [0.1, 0.5]}},
+        *extra_callbacks,
+    ]
+    path.write_text(json.dumps({
+        "base": str(Path(__file__).resolve().parent.parent / "configs" / "base" / "evaluate.yaml"),
+        "trainer": {"logger": False, "callbacks": callbacks},
+        "model": {"classifier": f"hf:{tiny_bert_dir}", "methods": ["gradcam", "random", "transformer_attribution"]},
+        "data": {"class_path": "datamodules.movie_reviews.MovieReviewsDataModule",
+                 "init_args": {"path": str(MOVIES), "max_length": 48, "eval_subset": 5, "batch_size": 2}},
+    }))
+    return path
+
+
+def test_text_metrics_on_two_processes_match_one_process(tiny_bert_dir, tmp_path):
+    """5 documents (uneven over 2 processes, batches padded differently): every metric equal within 1e-6."""
+    if not MOVIES.is_file():
+        pytest.skip(f"{MOVIES} not found")
+    from tests.test_evaluate import load, run_evaluate
+
+    config = text_config(tmp_path / "text.yaml", tiny_bert_dir, RATIONALE_CALLBACKS)
+    runs = {}
+    for n in (1, 2):
+        out = tmp_path / f"p{n}"
+        args = ["--config", str(config), "--output_dir", str(out), "--trainer.default_root_dir", str(tmp_path)]
+        if n == 2:
+            args += ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu"]
+        result = run_evaluate(args, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        runs[n] = load(out / "metrics.json")
+    assert sorted(runs[1]) == sorted(runs[2])
+    assert any(k.startswith("eraser/") for k in runs[1]) and any(k.startswith("perturbation/") for k in runs[1])
+    for key in runs[1]:
+        a = torch.tensor(runs[1][key], dtype=torch.float64)
+        b = torch.tensor(runs[2][key], dtype=torch.float64)
+        assert torch.allclose(a, b, atol=1e-6, rtol=0, equal_nan=True), (key, runs[1][key], runs[2][key])
+
+
+@pytest.mark.parametrize("dataset", ["newsgroups", "sst2"])
+def test_newsgroups_and_sst2_end_to_end(dataset, tokenizer, tmp_path, monkeypatch):
+    """evaluate.py on a few documents of the real 20 Newsgroups release (20 classes, BI's seeded test subset)
+    and of SST-2's validation parquet, with the perturbation test in BI's padded-length convention for 20NG."""
+    data = {"newsgroups": DATA / "20newsgroups" / "20news-19997.tar.gz", "sst2": DATA / "sst2" / "SST-2-val.parquet"}
+    if not data[dataset].is_file():
+        pytest.skip(f"{data[dataset]} not found")
+    import evaluate
+
+    monkeypatch.setenv("TOKEN_ATTRIBUTIONS_CACHE", str(tmp_path / "cache"))
+    num_labels = 20 if dataset == "newsgroups" else 2
+    model_dir = save_tiny_bert(tmp_path / "bert", tokenizer, num_labels)
+    if dataset == "newsgroups":
+        data_cfg = {"class_path": "datamodules.newsgroups.TwentyNewsgroupsDataModule",
+                    "init_args": {"path": str(data[dataset]), "test_subset": 3, "max_length": 64, "batch_size": 2}}
+        options = {"fraction_of": "padded"}
+    else:
+        data_cfg = {"class_path": "datamodules.sst2.SST2DataModule",
+                    "init_args": {"path": str(data[dataset]), "eval_subset": 3, "max_length": 64, "batch_size": 2}}
+        options = {}
+    config = tmp_path / "cfg.yaml"
+    config.write_text(json.dumps({
+        "base": str(Path(evaluate.__file__).parent / "configs" / "base" / "evaluate.yaml"),
+        "trainer": {"logger": False, "callbacks": [
+            {"class_path": "callbacks.perturbation.PerturbationTest",
+             "init_args": {"class_settings": ["target"], "masking": "pad", "masking_options": options,
+                           "fractions": [0.3, 0.6]}}]},
+        "model": {"classifier": f"hf:{model_dir}", "methods": ["rollout", "random"]},
+        "data": data_cfg,
+    }))
+    results = evaluate.main(["--config", str(config), "--output_dir", str(tmp_path / "run")])
+    curve = results["perturbation/rollout/positive/target/curve"]
+    assert len(curve) == 3 and curve[0] == pytest.approx(results["accuracy"])
+    assert math.isclose(results["accuracy"] * 3, round(results["accuracy"] * 3), abs_tol=1e-9)
