@@ -16,7 +16,9 @@ def declared_directions(keys: Iterable[str]) -> Dict[str, Optional[bool]]:
     """``{key: True | False | None}`` for ``keys`` (metrics.json keys), from the callbacks' declarations."""
     from callbacks.accuracy import CleanAccuracyTest
     from callbacks.cdam_analysis import CDAMAnalysis
+    from callbacks.faithfulness import ERASERFaithfulnessTest
     from callbacks.perturbation import PerturbationTest
+    from callbacks.rationale import RationaleTest
     from callbacks.segmentation import SegmentationTest
 
     keys = list(keys)
@@ -48,5 +50,23 @@ def declared_directions(keys: Iterable[str]) -> Dict[str, Optional[bool]]:
         if methods:
             test = CDAMAnalysis(pairs=pairs)
             test.build(methods)
+            declared.update(test.higher_is_better())
+    rationale = [k.split("/") for k in keys if k.startswith("rationale/") and len(k.split("/")) == 4]
+    if rationale:
+        settings = sorted({p[2] for p in rationale} & {"predicted", "target"})
+        suffixes = {p[3].rsplit("@", 1)[1] for p in rationale if "@" in p[3]}
+        ks = sorted(int(k) for k in suffixes if k.isdigit())
+        if settings:
+            test = RationaleTest(class_settings=settings, **({"ks": ks} if ks else {}))
+            test.build(sorted({p[1] for p in rationale}))
+            declared.update(test.higher_is_better())
+
+    eraser = [k.split("/") for k in keys if k.startswith("eraser/") and len(k.split("/")) == 4]
+    if eraser:
+        settings = sorted({p[2] for p in eraser} & {"predicted", "target"})
+        bins = sorted({float(p[3].rsplit("@", 1)[1]) for p in eraser if "@" in p[3]})
+        if settings:
+            test = ERASERFaithfulnessTest(class_settings=settings, **({"bins": bins} if bins else {}))
+            test.build(sorted({p[1] for p in eraser}))
             declared.update(test.higher_is_better())
     return {key: declared.get(key) for key in keys}

@@ -323,6 +323,13 @@ def test_text_metrics_on_two_processes_match_one_process(tiny_bert_dir, tmp_path
         runs[n] = load(out / "metrics.json")
     assert sorted(runs[1]) == sorted(runs[2])
     assert any(k.startswith("eraser/") for k in runs[1]) and any(k.startswith("perturbation/") for k in runs[1])
+    assert "rationale/gradcam/target/token_f1@10" in runs[1]
+    from comparison.directions import declared_directions
+
+    declared = declared_directions(runs[1])   # what compare.py marks as best, as the callbacks declare it
+    assert declared["rationale/gradcam/target/token_f1@10"] is True
+    assert declared["eraser/gradcam/predicted/aopc_sufficiency"] is False
+    assert declared["perturbation/gradcam/positive/target/auc"] is False
     for key in runs[1]:
         a = torch.tensor(runs[1][key], dtype=torch.float64)
         b = torch.tensor(runs[2][key], dtype=torch.float64)
