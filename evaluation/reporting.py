@@ -74,8 +74,11 @@ def _direction(keys: Sequence[str], higher_is_better: Mapping[str, Optional[bool
 
 def results_table(results: Mapping[str, Any], higher_is_better: Optional[Mapping[str, Optional[bool]]] = None) -> str:
     """Readable text: clean accuracy, perturbation AUCs as a method x (direction/setting) grid, segmentation as
-    method x metric, then every other scalar; a ``better`` row under each grid's header (and a column beside the
-    other scalars) says which direction is better, as the metrics declare it (``higher_is_better``)."""
+    method x metric, the rationale test's instance-macro token-F1 as method x (setting/k) with its AUPRC and
+    IOU-F1, ERASER's AOPCs as method x (setting/score), then every other scalar (the rationale test's micro
+    token-F1 per k and ERASER's per-bin values are in ``metrics.json`` only); a ``better`` row under each grid's
+    header (and a column beside the other scalars) says which direction is better, as the metrics declare it
+    (``higher_is_better``)."""
     declared = dict(higher_is_better or {})
     lines: List[str] = []
     if "accuracy" in results:
@@ -101,9 +104,25 @@ def results_table(results: Mapping[str, Any], higher_is_better: Optional[Mapping
     pert_keys: Dict[str, List[str]] = {}
     seg: Dict[str, Dict[str, float]] = {}
     seg_keys: Dict[str, List[str]] = {}
+    rat: Dict[str, Dict[str, float]] = {}
+    rat_keys: Dict[str, List[str]] = {}
+    eraser: Dict[str, Dict[str, float]] = {}
+    eraser_keys: Dict[str, List[str]] = {}
     other: Dict[str, float] = {}
     for key, value in results.items():
         parts = key.split("/")
+        if parts[0] == "rationale" and len(parts) == 4 and isinstance(value, (int, float)):
+            if parts[3].startswith("token_f1@") or parts[3] in ("auprc", "iou_f1"):
+                column = f"{parts[2]}/{parts[3].replace('token_f1@', 'f1@')}"
+                rat.setdefault(parts[1], {})[column] = value
+                rat_keys.setdefault(column, []).append(key)
+            continue
+        if parts[0] == "eraser" and len(parts) == 4 and isinstance(value, (int, float)):
+            if parts[3].startswith("aopc_"):
+                column = f"{parts[2]}/{parts[3][len('aopc_'):]}"
+                eraser.setdefault(parts[1], {})[column] = value
+                eraser_keys.setdefault(column, []).append(key)
+            continue
         if parts[0] == "perturbation" and len(parts) == 5 and parts[-1] == "auc":
             column = f"{parts[2]}/{parts[3]}"
             pert.setdefault(parts[1], {})[column] = value
@@ -120,6 +139,15 @@ def results_table(results: Mapping[str, Any], higher_is_better: Optional[Mapping
     seg_cols = [c for c in ("pixel_accuracy", "miou", "map", "f1", "f1_rows") if c in seg_keys]
     seg_cols += sorted(set(seg_keys) - set(seg_cols))
     grid("segmentation", seg, seg_keys, seg_cols, ".4f")
+
+    def rationale_order(column: str):
+        setting, name = column.split("/", 1)
+        k = int(name[3:]) if name.startswith("f1@") and name[3:].isdigit() else 10 ** 6 + len(name)
+        return setting, k, name
+
+    grid("rationale: token F1 (instance macro) of the top-k words, AUPRC", rat, rat_keys,
+         sorted(rat_keys, key=rationale_order), ".3f")
+    grid("ERASER faithfulness: AOPC (mean over bins)", eraser, eraser_keys, sorted(eraser_keys), ".4f")
     if other:
         lines.append("")
         width = max(len(k) for k in other)
