@@ -150,9 +150,11 @@ class TwentyNewsgroupsDataModule(TextDataModule):
                  split_fractions: Tuple[float, float, float] = (0.8, 0.1, 0.1), val_fraction: float = 0.1,
                  split_seed: int = 0, test_subset: Optional[int] = None, test_subset_seed: int = BI_TEST_SEED,
                  max_length: int = 512, stride: Optional[int] = None, batch_size: int = 16, num_workers: int = 0,
-                 cache_dir: Optional[str] = None, eval_subset: Optional[int] = None) -> None:
+                 cache_dir: Optional[str] = None, eval_subset: Optional[int] = None,
+                 pad_to_max_length: bool = False) -> None:
         super().__init__(tokenizer, max_length=max_length, stride=stride, batch_size=batch_size,
-                         num_workers=num_workers, eval_split="test", eval_subset=eval_subset)
+                         num_workers=num_workers, eval_split="test", eval_subset=eval_subset,
+                         pad_to_max_length=pad_to_max_length)
         self.save_hyperparameters()
         bad = [r for r in remove if r not in REMOVABLE]
         if bad:

@@ -194,15 +194,18 @@ class TextDocument:
 
 
 def load_tokenizer(tokenizer: Any):
-    """A fast tokenizer from a folder or a name in the local Hugging Face cache (never downloaded); an already
-    built tokenizer is returned as it is."""
+    """A fast tokenizer from a folder, a name in the local Hugging Face cache (never downloaded) or a packaged
+    model's alias (``minilm``: :func:`models.loading.resolve_hf_source`; an ``hf:`` prefix is allowed); an
+    already built tokenizer is returned as it is."""
     if not isinstance(tokenizer, (str, os.PathLike)):
         if not getattr(tokenizer, "is_fast", False):
             raise ValueError(f"a fast (Rust) tokenizer is needed for word alignment, got {type(tokenizer).__name__}")
         return tokenizer
     from transformers import AutoTokenizer
 
-    name = os.path.expanduser(str(tokenizer))
+    from models.loading import resolve_hf_source
+
+    name = resolve_hf_source(tokenizer)  # hf: prefix dropped, packaged aliases (minilm), ~ expanded
     try:
         loaded = AutoTokenizer.from_pretrained(name, local_files_only=True)
     except (OSError, ValueError) as err:
@@ -323,13 +326,18 @@ class TokenizedTextDataset(Dataset):
         return out
 
 
-def collate_text(items: Sequence[Dict[str, Any]], pad_token_id: int = 0) -> Dict[str, Any]:
-    """Pads the items of :class:`TokenizedTextDataset` to the batch's longest (right padding) and stacks them
-    (keys and shapes: module docstring)."""
+def collate_text(items: Sequence[Dict[str, Any]], pad_token_id: int = 0, pad_to: Optional[int] = None
+                 ) -> Dict[str, Any]:
+    """Pads the items of :class:`TokenizedTextDataset` to the batch's longest, or to ``pad_to`` positions (right
+    padding), and stacks them (keys and shapes: module docstring)."""
     if not items:
         raise ValueError("cannot collate an empty batch")
     b = len(items)
     n = max(len(item["input_ids"]) for item in items)
+    if pad_to is not None:
+        if pad_to < n:
+            raise ValueError(f"cannot pad to {pad_to} positions a batch whose longest sample has {n} tokens")
+        n = int(pad_to)
     pad_values = {"input_ids": int(pad_token_id), "attention_mask": 0, "token_type_ids": 0,
                   "special_tokens_mask": 1, "word_ids": -1}
     batch: Dict[str, torch.Tensor] = {}
@@ -360,11 +368,12 @@ def collate_text(items: Sequence[Dict[str, Any]], pad_token_id: int = 0) -> Dict
 class TextCollator:
     """Picklable ``collate_fn`` (worker processes) that pads with the tokenizer's pad id."""
 
-    def __init__(self, pad_token_id: int) -> None:
+    def __init__(self, pad_token_id: int, pad_to: Optional[int] = None) -> None:
         self.pad_token_id = int(pad_token_id)
+        self.pad_to = pad_to
 
-    def __call__(self, items: Sequence[Dict[str, Any]]) -> Dict[str, torch.Tensor]:
-        return collate_text(items, self.pad_token_id)
+    def __call__(self, items: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+        return collate_text(items, self.pad_token_id, self.pad_to)
 
 
 # ------------------------------------------------------------------------------------------- datamodule
@@ -384,15 +393,18 @@ class TextDataModule(pl.LightningDataModule):
 
     ``eval_subset=M`` evaluates M documents of the eval split, evenly spaced in its order (document
     ``round(i * (n - 1) / (M - 1))`` for ``i < M``: both classes of a split stored class by class, the same
-    documents on every run and process count); ``None`` (default) the whole split."""
+    documents on every run and process count); ``None`` (default) the whole split. ``pad_to_max_length``: every
+    batch padded to ``max_length`` positions (Beyond Intuition's 20 Newsgroups inputs) instead of to its longest
+    sample."""
 
     classes: Tuple[str, ...] = ()
     splits: Tuple[str, ...] = ("train", "val", "test")
 
     def __init__(self, tokenizer: Optional[str] = None, max_length: int = 512, stride: Optional[int] = None,
                  batch_size: int = 16, num_workers: int = 0, eval_split: str = "test",
-                 eval_subset: Optional[int] = None) -> None:
+                 eval_subset: Optional[int] = None, pad_to_max_length: bool = False) -> None:
         super().__init__()
+        self.pad_to_max_length = bool(pad_to_max_length)
         if eval_subset is not None and eval_subset < 1:
             raise ValueError(f"eval_subset must be >= 1 documents or None (the whole split), got {eval_subset}")
         self.eval_subset = eval_subset
@@ -460,7 +472,8 @@ class TextDataModule(pl.LightningDataModule):
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         return DataLoader(self.dataset(split), batch_size=self.batch_size, shuffle=shuffle,
                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0, drop_last=False,
-                          collate_fn=TextCollator(self.tokenizer.pad_token_id or 0))
+                          collate_fn=TextCollator(self.tokenizer.pad_token_id or 0,
+                                                  self.max_length if self.pad_to_max_length else None))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

@@ -123,6 +123,15 @@ def test_delete_removal_equals_the_shortened_text_alone(batch, tokenizer, tiny_b
     assert int(out["attention_mask"][2].sum()) == int(batch["attention_mask"][2].sum()) - 3
 
 
+def test_collate_pads_to_a_fixed_length(tokenizer):
+    docs = [TextDocument(words="one two".split(), label=0, docid="x")]
+    dataset = TokenizedTextDataset(docs, tokenizer, max_length=16)
+    batch = collate_text([dataset[0]], tokenizer.pad_token_id, pad_to=16)
+    assert batch["input_ids"].shape == (1, 16) and int(batch["attention_mask"].sum()) == 4
+    with pytest.raises(ValueError, match="cannot pad to 3"):
+        collate_text([dataset[0]], tokenizer.pad_token_id, pad_to=3)
+
+
 def test_padded_fraction_counts_the_padded_length(batch):
     perturber = TokenPerturber("pad", fraction_of="padded")
     n = batch["input_ids"].shape[1]
@@ -350,7 +359,8 @@ def test_newsgroups_and_sst2_end_to_end(dataset, tokenizer, tmp_path, monkeypatc
     model_dir = save_tiny_bert(tmp_path / "bert", tokenizer, num_labels)
     if dataset == "newsgroups":
         data_cfg = {"class_path": "datamodules.newsgroups.TwentyNewsgroupsDataModule",
-                    "init_args": {"path": str(data[dataset]), "test_subset": 3, "max_length": 64, "batch_size": 2}}
+                    "init_args": {"path": str(data[dataset]), "test_subset": 3, "max_length": 64, "batch_size": 2,
+                                  "pad_to_max_length": True}}
         options = {"fraction_of": "padded"}
     else:
         data_cfg = {"class_path": "datamodules.sst2.SST2DataModule",
