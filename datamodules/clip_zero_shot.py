@@ -1,0 +1,290 @@
+"""CLIP zero-shot classification data: images plus the prompt set the zero-shot classifier is built from.
+
+Images (batches as the other image datamodules give them: ``{"image": [B, 3, H, W] in [0, 1], NOT normalised,
+"label": [B], "index": [B], ...}``; CLIP's own mean/std, :data:`CLIP_MEAN` / :data:`CLIP_STD`, are the
+datamodule's ``mean`` / ``std`` for the model to normalise with):
+
+* ``images="imagenet"``: ImageNet class folders ``<root>/<split>/<wnid>/*.JPEG`` (standard 1000-class labels,
+  :mod:`datamodules.imagenet`); ``preprocessing="clip"`` is CLIP's own eval transform (shorter side resized to
+  ``image_size`` with bicubic interpolation, centre crop, Radford et al. 2021 / ``CLIPProcessor``), ``"chefer"``
+  the squash of the ViT tests. ``subset_index``: a ``.npy`` file of indices into the full validation list in
+  torchvision's ``ImageNet(split="val")`` order (class folders sorted by wnid, files sorted within each: the
+  order :func:`datamodules.imagenet.scan_split` gives); ``"bi"`` is Beyond Intuition's fixed 5,000-image subset
+  (the authors' ``pert_index.npy``, ``../shared/data/bi_clip/``), kept in the file's order.
+  ``images_per_class`` draws a per-class subset instead (see :class:`datamodules.imagenet.ImageNetDataModule`).
+* ``images="synthetic"``: the synthetic shapes benchmark's test split (with its ground-truth masks), class names
+  the shape names.
+
+Prompt sets (``prompts``):
+
+* ``"openai"`` (default): OpenAI's 80 ImageNet templates (Radford et al. 2021, the prompt-engineering notebook);
+  for ImageNet with OpenAI's 1,000 curated class names. Both lists are read from ``open_clip``'s zero-shot
+  metadata (``pip install open_clip_torch``; read from the installed package's file, without importing
+  ``open_clip``). The classifier averages the normalised embeddings of a class's 80 prompts and normalises again
+  (:meth:`models.clip.ZeroShotClassifier.from_prompts`).
+* ``"simple"``: ``open_clip``'s 7 "simple" ImageNet templates (a subset of the 80), same class names.
+* ``"bi_legacy"``: Beyond Intuition's CLIP test (``CLIP/CLIP/visualisation.py``): one template
+  ``"a photo of a {}"`` over torchvision's ImageNet class entries, which are *tuples* of WordNet lemmas, so a
+  prompt reads ``"a photo of a ('tench', 'Tinca tinca')"``. torchvision builds the tuples from the devkit's
+  ``words`` (split at ``", "``); the same lemma lists ship with timm (``ImageNetInfo``), read from there. On the
+  synthetic images: the one template over the shape names.
+* ``"custom"``: ``classnames`` and ``templates`` given (a list of templates, one template, or ``classnames`` a
+  dict of per-class prompts).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+#: CLIP's normalisation (OpenAI's preprocessing; ``CLIPImageProcessor``'s image_mean / image_std)
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+IMAGE_SOURCES = ("imagenet", "synthetic")
+PROMPT_SETS = ("openai", "simple", "bi_legacy", "custom")
+PREPROCESSINGS = ("clip", "chefer")
+BI_TEMPLATE = "a photo of a {}"
+#: Beyond Intuition's 5,000-image subset, beside the checkout (``../shared/data/bi_clip/pert_index.npy``)
+BI_SUBSET_FILE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "bi_clip" / "pert_index.npy"
+
+
+# ------------------------------------------------------------------------------------------ prompt sets
+def open_clip_zero_shot_metadata() -> ModuleType:
+    """``open_clip/zero_shot_metadata.py`` of the installed ``open_clip_torch`` (plain lists; loaded from its file so
+    that ``open_clip``'s own imports are not needed). ``ImportError`` naming the package otherwise."""
+    spec = importlib.util.find_spec("open_clip")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = next((Path(f) / "zero_shot_metadata.py" for f in folders if (Path(f) / "zero_shot_metadata.py").is_file()),
+                None)
+    if path is None:
+        raise ImportError("OpenAI's ImageNet class names and templates are read from open_clip's zero-shot metadata: "
+                          "pip install open_clip_torch")
+    module_spec = importlib.util.spec_from_file_location("_open_clip_zero_shot_metadata", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def openai_imagenet_classnames() -> List[str]:
+    """OpenAI's 1,000 curated ImageNet class names, in the standard class order."""
+    names = list(open_clip_zero_shot_metadata().IMAGENET_CLASSNAMES)
+    if len(names) != 1000:
+        raise RuntimeError(f"open_clip's IMAGENET_CLASSNAMES has {len(names)} entries, expected 1000")
+    return names
+
+
+def openai_templates(simple: bool = False) -> List[Callable[[str], str]]:
+    """OpenAI's 80 ImageNet templates (``simple``: open_clip's 7-template subset), as callables."""
+    meta = open_clip_zero_shot_metadata()
+    return list(meta.SIMPLE_IMAGENET_TEMPLATES if simple else meta.OPENAI_IMAGENET_TEMPLATES)
+
+
+def torchvision_imagenet_classnames() -> List[str]:
+    """torchvision's ImageNet class entries as Beyond Intuition formats them: ``str`` of the tuple of WordNet
+    lemmas (``"('tench', 'Tinca tinca')"``, ``"('stingray',)"``), in the standard class order."""
+    from timm.data import ImageNetInfo
+
+    info = ImageNetInfo()
+    return [str(tuple(info.index_to_description(i).split(", "))) for i in range(1000)]
+
+
+class PromptSet:
+    """Class names and their prompts: ``prompts[c]`` is the list of prompts of class ``c``."""
+
+    def __init__(self, name: str, classnames: Sequence[str], prompts: Sequence[Sequence[str]]):
+        if len(classnames) != len(prompts):
+            raise ValueError(f"{len(classnames)} class names but prompts for {len(prompts)} classes")
+        self.name = name
+        self.classnames = list(classnames)
+        self.prompts = [list(p) for p in prompts]
+
+    def __len__(self) -> int:
+        return len(self.classnames)
+
+    def __repr__(self) -> str:
+        counts = sorted({len(p) for p in self.prompts})
+        return f"PromptSet({self.name!r}, classes={len(self)}, prompts per class={counts})"
+
+    def zero_shot_classifier(self, clip, tokenizer, batch_size: int = 256):
+        """:class:`models.clip.ZeroShotClassifier` of these prompts (OpenAI's recipe)."""
+        from models.clip import ZeroShotClassifier
+
+        return ZeroShotClassifier.from_prompts(clip, tokenizer, dict(zip(self.classnames, self.prompts)),
+                                               batch_size=batch_size)
+
+
+def _fill_all(classnames: Sequence[str], templates) -> List[List[str]]:
+    from models.clip import fill_template
+
+    if isinstance(templates, str) or callable(templates):
+        templates = [templates]
+    templates = list(templates)
+    if not templates:
+        raise ValueError("templates is empty")
+    return [[fill_template(t, name) for t in templates] for name in classnames]
+
+
+def build_prompt_set(prompts: str, default_classnames: Optional[Sequence[str]] = None,
+                     classnames: Union[None, Sequence[str], Mapping[str, Sequence[str]]] = None,
+                     templates=None, imagenet: bool = True) -> PromptSet:
+    """The prompt set ``prompts`` (module docstring). ``default_classnames``: the image source's class names when it
+    is not ImageNet (the synthetic shapes); ``classnames`` overrides the class names of any set."""
+    if prompts not in PROMPT_SETS:
+        raise ValueError(f"prompts must be one of {PROMPT_SETS}, got {prompts!r}")
+    if prompts == "custom":
+        if classnames is None:
+            raise ValueError("prompts='custom' needs classnames (and templates, unless classnames is a dict of "
+                             "per-class prompts)")
+        if isinstance(classnames, Mapping):
+            if templates is not None:
+                raise ValueError("give templates or a dict of per-class prompts, not both")
+            return PromptSet("custom", list(classnames),
+                             [[p] if isinstance(p, str) else list(p) for p in classnames.values()])
+        if templates is None:
+            raise ValueError("prompts='custom' with a list of classnames needs templates")
+        return PromptSet("custom", classnames, _fill_all(classnames, templates))
+    if templates is not None:
+        raise ValueError(f"templates are given by the prompt set {prompts!r}; use prompts='custom' for your own")
+    if classnames is None:
+        if imagenet:
+            classnames = torchvision_imagenet_classnames() if prompts == "bi_legacy" else openai_imagenet_classnames()
+        else:
+            classnames = list(default_classnames)
+    if prompts == "bi_legacy":
+        return PromptSet(prompts, classnames, _fill_all(classnames, BI_TEMPLATE))
+    return PromptSet(prompts, classnames, _fill_all(classnames, openai_templates(simple=prompts == "simple")))
+
+
+# ------------------------------------------------------------------------------------------ images
+def clip_transform(image_size: int = 224, preprocessing: str = "clip"):
+    """PIL RGB -> FloatTensor[3, S, S] in [0, 1]: ``clip`` = resize the shorter side to ``image_size`` (bicubic),
+    centre crop (CLIP's own preprocessing, before its normalisation); ``chefer`` = ``Resize((S, S))``."""
+    from torchvision import transforms as T
+
+    if preprocessing == "clip":
+        return T.Compose([T.Resize(image_size, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(image_size),
+                          T.ToTensor()])
+    if preprocessing == "chefer":
+        return T.Compose([T.Resize((image_size, image_size)), T.ToTensor()])
+    raise ValueError(f"unknown preprocessing {preprocessing!r}; choose one of {PREPROCESSINGS}")
+
+
+def subset_by_index(samples: list, index_file: Union[str, Path], folder: Union[str, Path]) -> list:
+    """``samples`` (the full split in torchvision's order) at the indices of ``index_file`` (``.npy``, integers),
+    in the file's order; errors name the file and the folder."""
+    path = Path(index_file).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"subset index file {str(path)!r} does not exist")
+    indices = np.load(path, allow_pickle=False)
+    if indices.ndim != 1 or not np.issubdtype(indices.dtype, np.integer):
+        raise ValueError(f"subset index file {str(path)!r} must hold a 1-d integer array, got {indices.dtype} "
+                         f"{indices.shape}")
+    if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= len(samples)):
+        raise ValueError(f"subset index file {str(path)!r} indexes images up to {int(indices.max())}, but "
+                         f"{str(folder)!r} holds {len(samples)} images: the indices refer to the full split in "
+                         f"torchvision's order (the 50,000-image ImageNet validation set for Beyond Intuition's file)")
+    return [samples[int(i)] for i in indices]
+
+
+class CLIPZeroShotDataModule(pl.LightningDataModule):
+    """Images and a prompt set for CLIP zero-shot classification (module docstring).
+
+    ``prompt_set``: the :class:`PromptSet`; ``classnames``; ``zero_shot_classifier(clip, tokenizer)``: the
+    :class:`models.clip.ZeroShotClassifier` built from it; ``mean`` / ``std``: CLIP's normalisation. The test,
+    validation and predict loaders give the evaluated images; ``index`` is the position in the evaluated list.
+    """
+
+    def __init__(self, images: str = "imagenet", root: Optional[str] = None, split: str = "val",
+                 prompts: str = "openai", classnames: Union[None, Sequence[str], Dict[str, Any]] = None,
+                 templates: Union[None, str, Sequence[str]] = None, subset_index: Optional[str] = None,
+                 images_per_class: Optional[int] = None, subset_seed: int = 0, image_size: int = 224,
+                 preprocessing: str = "clip", num_classes: int = 4, test_size: int = 512, two_objects: bool = False,
+                 seed: int = 0, batch_size: int = 16, num_workers: int = 0,
+                 synthetic_options: Optional[Dict[str, Any]] = None) -> None:
+        super().__init__()
+        if images not in IMAGE_SOURCES:
+            raise ValueError(f"images must be one of {IMAGE_SOURCES}, got {images!r}")
+        if preprocessing not in PREPROCESSINGS:
+            raise ValueError(f"unknown preprocessing {preprocessing!r}; choose one of {PREPROCESSINGS}")
+        if images == "imagenet" and root is None:
+            raise ValueError("images='imagenet' needs root (the folder holding <split>/<wnid>/*.JPEG)")
+        if images == "synthetic" and (subset_index is not None or images_per_class is not None):
+            raise ValueError("subset_index and images_per_class select ImageNet images; the synthetic benchmark "
+                             "takes test_size")
+        if subset_index is not None and images_per_class is not None:
+            raise ValueError("give subset_index or images_per_class, not both")
+        if batch_size < 1 or num_workers < 0:
+            raise ValueError(f"batch_size must be >= 1 and num_workers >= 0, got {batch_size}, {num_workers}")
+        self.save_hyperparameters()
+        self.images, self.root, self.split = images, (os.path.expanduser(root) if root else None), split
+        self.subset_index = str(BI_SUBSET_FILE) if subset_index == "bi" else subset_index
+        self.images_per_class, self.subset_seed = images_per_class, subset_seed
+        self.image_size, self.preprocessing = image_size, preprocessing
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.mean, self.std = CLIP_MEAN, CLIP_STD
+        self._synthetic = None
+        if images == "synthetic":
+            from .synthetic_shapes import SyntheticShapesDataModule
+
+            self._synthetic = SyntheticShapesDataModule(
+                image_size=image_size, num_classes=num_classes, test_size=test_size, two_objects=two_objects,
+                seed=seed, batch_size=batch_size, num_workers=num_workers, **(synthetic_options or {}))
+        shape_names = list(self._synthetic.classes) if self._synthetic is not None else None
+        self.prompt_set = build_prompt_set(prompts, shape_names, classnames, templates, imagenet=images == "imagenet")
+        self._dataset: Optional[Dataset] = None
+
+    @property
+    def classnames(self) -> List[str]:
+        return self.prompt_set.classnames
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.prompt_set)
+
+    def zero_shot_classifier(self, clip, tokenizer, batch_size: int = 256):
+        return self.prompt_set.zero_shot_classifier(clip, tokenizer, batch_size)
+
+    def dataset(self) -> Dataset:
+        if self._dataset is None:
+            if self._synthetic is not None:
+                self._dataset = self._synthetic.dataset("test")
+            else:
+                from .imagenet import LAYOUT, ImageFolderDataset, scan_split
+
+                if not Path(self.root).is_dir():
+                    raise FileNotFoundError(f"ImageNet root {self.root!r} does not exist; expected layout {LAYOUT}")
+                folder = Path(self.root) / self.split
+                samples = scan_split(folder, self.images_per_class, self.subset_seed)
+                if self.subset_index is not None:
+                    samples = subset_by_index(samples, self.subset_index, folder)
+                self._dataset = ImageFolderDataset(samples, clip_transform(self.image_size, self.preprocessing))
+        return self._dataset
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        self.dataset()
+
+    def _loader(self) -> DataLoader:
+        return DataLoader(self.dataset(), batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0, drop_last=False)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """``[B, 3, H, W]`` in [0, 1] -> CLIP-normalised pixels."""
+        mean = torch.tensor(self.mean, dtype=images.dtype, device=images.device)[:, None, None]
+        std = torch.tensor(self.std, dtype=images.dtype, device=images.device)[:, None, None]
+        return (images - mean) / std

@@ -1,0 +1,404 @@
+"""Adapters for the two towers of a stock Hugging Face ``transformers.CLIPModel``.
+
+A ``CLIPModel`` has no class logits of its own: it scores image-text pairs. A method explains a CLIP tower
+through a *scorer* module that holds the ``CLIPModel`` and turns one tower's embedding into logits against fixed
+embeddings of the other modality (``models.clip.ZeroShotClassifier``: images -> classes; ``models.clip.PromptScorer``:
+texts -> images). The adapters read that protocol, not the wrapper classes:
+
+* ``model.clip``: the ``transformers.CLIPModel``;
+* ``model.clip_tower``: ``"vision"`` (inputs are images) or ``"text"`` (inputs are token ids);
+* ``model.logits_from_embeddings(z)``: logits ``[B, C]`` from the tower's projected, unnormalised embedding
+  ``z`` ``[B, projection_dim]`` (``visual_projection`` / ``text_projection`` output).
+
+Both towers are pre-norm (``x + attn(layer_norm1(x))``, ``h + mlp(layer_norm2(h))``) with separate
+``q_proj``/``k_proj``/``v_proj`` projections; the adapters call the model's own submodules in the order of
+``CLIPVisionModel.forward`` / ``CLIPTextModel.forward``, so their logits are the wrapper's.
+
+* **Vision tower**: embeddings ([CLS] + patches + positions), ``pre_layrnorm``, the blocks; read-out
+  ``"class_token"``: ``post_layernorm`` of the [CLS] token, ``visual_projection``. Layout: a patch grid after
+  the [CLS] token.
+* **Text tower**: token + position embeddings, the blocks under the causal mask combined with the padding mask
+  (``transformers.masking_utils.create_causal_mask``, as the model builds it); read-out ``"position"``: each
+  sample's EOS position, ``final_layer_norm``, ``text_projection``. The EOS position is found as the model finds
+  it: the first ``eos_token_id`` (the argmax of the ids for legacy configs with ``eos_token_id == 2``). Without
+  an ``attention_mask`` every position is real, as in ``CLIPTextModel`` and in the authors' code (OpenAI's
+  ``clip.tokenize`` pads with 0 after the EOT token and passes no mask). Positions after the EOS never reach the
+  read-out, but their values and gradients enter the per-sample means that some methods take over the whole map
+  (Beyond Intuition's head weights, Grad-CAM's ``matrix`` gradient mean): pass the tokenizer's ``attention_mask``
+  to leave padding out (then a padded text gets the scores it gets alone). Layout: a token sequence whose
+  content positions are the real tokens before the EOS that are not special tokens (``special_tokens_mask``
+  when given, else position 0, the start token, and the EOS).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Mapping, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .base import (AttentionLinears, ModelAdapter, ModelInputs, PatchGrid, SequenceContext, TokenSequence,
+                   check_sample_ids, register_adapter)
+from .hf_text import _check_ids_like
+from .recorder import ActivationRecorder
+
+#: extra per-sample tensors of a text batch set by the adapter: the read-out (EOS) positions and, from
+#: :meth:`HFCLIPTextAdapter.interpolate`, the factor on the token embeddings
+READOUT_POSITIONS = "readout_positions"
+TOKEN_EMBEDDING_SCALE = "token_embedding_scale"
+
+TOWERS = ("vision", "text")
+
+
+def _clip_model_class():
+    try:
+        import transformers
+    except ImportError:  # pragma: no cover - a dependency
+        return None
+    return transformers.CLIPModel
+
+
+class _HFCLIPTower(ModelAdapter):
+    """Shared machinery of the two CLIP towers (see the module docstring); a subclass names its tower."""
+
+    tower = "?"
+    pre_norm = True
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.clip = model.clip
+        self.tower_model = self.tower_of(self.clip)
+        self.blocks = list(self.tower_model.encoder.layers)
+        self.config = self.tower_model.config
+        # The family's LRP topology registers on import; methods.lrp does not import it (yet), so the first
+        # adapter does.
+        from ..lrp import hf_clip as _lrp_topology  # noqa: F401
+
+    @classmethod
+    def tower_of(cls, clip: nn.Module) -> nn.Module:
+        return clip.vision_model if cls.tower == "vision" else clip.text_model
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> Optional[str]:
+        clip_class = _clip_model_class()
+        if clip_class is None:  # pragma: no cover
+            return "transformers is not installed"
+        if isinstance(model, clip_class):
+            return ("a transformers CLIPModel scores image-text pairs and has no class logits: wrap it as "
+                    "models.clip.ZeroShotClassifier (explain images) or models.clip.PromptScorer (explain texts)")
+        tower = getattr(model, "clip_tower", None)
+        if tower is None or not isinstance(getattr(model, "clip", None), clip_class):
+            return f"{type(model).__name__} is not a CLIP scorer (a module with .clip, a CLIPModel, and .clip_tower)"
+        if tower not in TOWERS:
+            return f"clip_tower must be one of {TOWERS}, got {tower!r}"
+        if tower != cls.tower:
+            return f"a CLIP scorer of the {tower} tower"
+        if not callable(getattr(model, "logits_from_embeddings", None)):
+            return f"{type(model).__name__} has no logits_from_embeddings(embeddings) method"
+        return None
+
+    @classmethod
+    def signature_of(cls, model: nn.Module) -> tuple:
+        tower = cls.tower_of(model.clip)
+        return (cls.tower, len(tower.encoder.layers), int(tower.config.num_attention_heads))
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def depth(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.config.num_attention_heads)
+
+    @property
+    def width(self) -> int:
+        return int(self.config.hidden_size)
+
+    def projection(self) -> nn.Linear:
+        """The linear map from the pooled, normed token to the joint embedding space."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ forward pieces
+    def block_kwargs(self) -> dict:
+        return {}
+
+    def block_mask(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
+        return None
+
+    def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
+                   stop: Optional[int] = None) -> Tensor:
+        blocks = self.blocks[start:stop]
+        if not blocks:
+            return hidden
+        mask = self.block_mask(hidden, context)
+        for block in blocks:
+            hidden = block(hidden, mask, **self.block_kwargs())
+        return hidden
+
+    def forward(self, inputs: ModelInputs, grad_from_block: int = 0, pre_logits: bool = False) -> Tensor:
+        """As :meth:`ModelAdapter.forward`; the hidden states entering block ``grad_from_block`` are made to
+        require grad, so that the attention probabilities (an output of ``eager_attention_forward``, not of a
+        module whose output could be replaced) are differentiable even when every parameter is frozen."""
+        context = self.context(inputs)
+        with torch.no_grad():
+            hidden = self.run_blocks(self.embed(inputs), context, 0, grad_from_block)
+        with torch.enable_grad():
+            if grad_from_block < self.depth:
+                hidden = hidden.detach().requires_grad_(True)
+            hidden = self.run_blocks(hidden, context, grad_from_block)
+            return self.head(hidden, context, pre_logits=pre_logits)
+
+    def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
+        """The normed read-out token ``[B, D]`` (before the projection)."""
+        raise NotImplementedError
+
+    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """Final norm, read-out, projection (``pre_logits``: the projected, unnormalised embedding), then the
+        scorer's ``logits_from_embeddings`` (``logit_scale.exp() * cosine``)."""
+        embedding = self.projection()(self.pooled(hidden, context))
+        return embedding if pre_logits else self.model.logits_from_embeddings(embedding)
+
+    # ------------------------------------------------------------------ where methods hook
+    def record_attention(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False,
+                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The probabilities returned by ``CLIPAttention`` (``(attn_output, attn_weights)`` in eager mode; after
+        dropout, identity in eval), the tensor MM's and BI's CLIP code hook. ``require_grad`` needs autograd
+        recorded from this block on (see :meth:`forward`)."""
+        rec.output(self.blocks[layer].self_attn, key, transform=transform, index=1, require_grad=require_grad)
+
+    def record_values(self, rec: ActivationRecorder, layer: int, key) -> None:
+        rec.output(self.blocks[layer].self_attn.v_proj, key)
+
+    def record_attention_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+        rec.output(self.blocks[layer].layer_norm1, key, require_grad=require_grad)
+
+    def record_block_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+        rec.input(self.blocks[layer], key, require_grad=require_grad)
+
+    def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key) -> None:
+        """Beyond Intuition's CLIP token scale reads ``v`` of ``layer_norm1`` applied to the residual stream
+        **after** the attention sub-layer (``CLIP/CLIP/clip/model.py``: ``vproj_cal(self.ln_1(x))`` after
+        ``x = x + attention(...)``), not of the attention input: record that ``[B, N, D]`` value projection
+        (heads merged, bias included). Computed from the input of ``layer_norm2`` (the post-attention stream),
+        without changing the forward."""
+        block = self.blocks[layer]
+
+        def hook(_module, args):
+            with torch.no_grad():
+                rec.outputs[key] = block.self_attn.v_proj(block.layer_norm1(args[0]))
+
+        rec._handles.append(block.layer_norm2.register_forward_pre_hook(hook))
+
+    def attention_linears(self, layer: int) -> AttentionLinears:
+        attn = self.blocks[layer].self_attn
+        return AttentionLinears(out=attn.out_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
+
+    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
+        mlp = self.blocks[layer].mlp
+        return mlp.fc1, mlp.fc2
+
+    @contextlib.contextmanager
+    def eager_attention(self) -> Iterator[None]:
+        """The tower config's ``_attn_implementation = "eager"`` (SDPA/flash attention never materialise the
+        probabilities), restored on exit; the other tower is left alone."""
+        before = self.config._attn_implementation
+        self.config._attn_implementation = "eager"
+        try:
+            yield
+        finally:
+            self.config._attn_implementation = before
+
+
+@register_adapter
+class HFCLIPVisionAdapter(_HFCLIPTower):
+    """The vision tower of a stock ``transformers.CLIPModel`` behind a scorer with ``clip_tower = "vision"``
+    (``models.clip.ZeroShotClassifier``). Inputs: normalised images ``[B, 3, S, S]`` at the model's
+    ``image_size`` (a tensor, or ``{"pixel_values": ...}`` as ``CLIPProcessor`` returns it). Read-out: [CLS]
+    through ``post_layernorm`` and ``visual_projection``. Layout: ``PatchGrid(S/p, S/p, prefix=1)``. Integrated
+    gradients scale the normalised pixels (the all-zero normalised image as baseline, BI's ``Interpretor.py``)."""
+
+    family = "transformers CLIPModel vision tower (ZeroShotClassifier)"
+    tower = "vision"
+    readout = "class_token"
+
+    @property
+    def has_class_token(self) -> bool:
+        return True
+
+    @property
+    def patch_size(self) -> int:
+        return int(self.config.patch_size)
+
+    def projection(self) -> nn.Linear:
+        return self.clip.visual_projection
+
+    def prepare_inputs(self, inputs, sample_ids=None) -> ModelInputs:
+        images = inputs.get("pixel_values") if isinstance(inputs, Mapping) else inputs
+        if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != int(self.config.num_channels):
+            shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+            raise ValueError(f"expected a normalised image batch [B, {self.config.num_channels}, H, W] (a tensor or "
+                             f"{{'pixel_values': ...}}), got {shape}")
+        if not images.dtype.is_floating_point:
+            raise ValueError(f"expected normalised floating-point images, got dtype {images.dtype}")
+        size = int(self.config.image_size)
+        if tuple(images.shape[-2:]) != (size, size):
+            raise ValueError(f"image size {tuple(images.shape[-2:])} does not match the CLIP vision tower's "
+                             f"image_size {size}x{size}")
+        images = images.detach()
+        return ModelInputs({"pixel_values": images}, int(images.shape[0]), images.dtype, images.device,
+                           check_sample_ids(sample_ids, int(images.shape[0])))
+
+    def layout(self, inputs) -> PatchGrid:
+        if not isinstance(inputs, ModelInputs):
+            inputs = self.prepare_inputs(inputs)
+        images = inputs["pixel_values"]
+        return PatchGrid(images.shape[-2] // self.patch_size, images.shape[-1] // self.patch_size, 1)
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext()
+
+    def embed(self, inputs: ModelInputs) -> Tensor:
+        """``CLIPVisionEmbeddings`` (patches, [CLS], positions), then ``pre_layrnorm``."""
+        tower = self.tower_model
+        return tower.pre_layrnorm(tower.embeddings(inputs["pixel_values"]))
+
+    def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
+        return self.tower_model.post_layernorm(hidden[:, 0, :])
+
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        images = inputs["pixel_values"]
+        alphas = alphas.to(dtype=images.dtype, device=images.device)
+        return inputs.with_tensors(pixel_values=(alphas[:, None, None, None, None] * images[None]).flatten(0, 1))
+
+
+def eos_positions(input_ids: Tensor, eos_token_id: int) -> Tensor:
+    """Each sample's pooled position as ``CLIPTextModel`` finds it: the first ``eos_token_id``; for legacy configs
+    with ``eos_token_id == 2`` the argmax of the ids (OpenAI's EOT is the largest id)."""
+    if eos_token_id == 2:
+        return input_ids.argmax(dim=-1)
+    return (input_ids == eos_token_id).int().argmax(dim=-1)
+
+
+@register_adapter
+class HFCLIPTextAdapter(_HFCLIPTower):
+    """The text tower of a stock ``transformers.CLIPModel`` behind a scorer with ``clip_tower = "text"``
+    (``models.clip.PromptScorer``). Inputs: a mapping as ``CLIPTokenizer`` returns it (``input_ids`` ``[T, N]``,
+    optional ``attention_mask`` with the real tokens first, optional ``special_tokens_mask``) or an ``input_ids``
+    tensor. Read-out ``"position"``: each sample's EOS token (the row the references read: MM's ``interpret`` and
+    BI's ``interpret_ours`` take ``R_text[EOT]``). Layout: ``[T, N]`` scores, exactly 0 at padding.
+    Integrated gradients scale the token embeddings before the position embeddings are added (BI's
+    ``CLIP.ipynb``: ``encode_text(text, scale)``: ``x = scale * token_embedding(text)``)."""
+
+    family = "transformers CLIPModel text tower (PromptScorer)"
+    tower = "text"
+    readout = "position"
+
+    def projection(self) -> nn.Linear:
+        return self.clip.text_projection
+
+    @property
+    def eos_token_id(self) -> int:
+        return int(self.tower_model.eos_token_id)
+
+    def prepare_inputs(self, inputs, sample_ids=None) -> ModelInputs:
+        if isinstance(inputs, Tensor):
+            inputs = {"input_ids": inputs}
+        if not isinstance(inputs, Mapping):
+            raise ValueError(f"expected token ids [T, N] or a mapping as a tokenizer returns it "
+                             f"({{'input_ids', 'attention_mask', ...}}), got {type(inputs).__name__}")
+        if inputs.get("input_ids") is None:
+            given = ", ".join(map(repr, inputs.keys())) or "nothing"
+            raise ValueError(f"{self.family} needs 'input_ids' [T, N] (got {given})")
+        ids = _check_ids_like("input_ids", inputs["input_ids"], None)
+        if ids.dtype == torch.bool:
+            raise ValueError("input_ids must hold integers, got dtype torch.bool")
+        shape = ids.shape
+        if shape[0] == 0 or shape[1] == 0:
+            raise ValueError(f"input_ids must hold at least one sample and one token, got shape {tuple(shape)}")
+        vocab = int(self.config.vocab_size)
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise ValueError(f"input_ids must lie in [0, {vocab}) (the model's vocabulary), got values in "
+                             f"[{int(ids.min())}, {int(ids.max())}]")
+        max_len = int(self.config.max_position_embeddings)
+        if shape[1] > max_len:
+            raise ValueError(f"sequences of {shape[1]} tokens exceed the CLIP text tower's {max_len} positions")
+        ids = ids.long()
+        eos = eos_positions(ids, self.eos_token_id)
+        rows = torch.arange(shape[0], device=ids.device)
+        if self.eos_token_id != 2:
+            missing = (ids[rows, eos] != self.eos_token_id).nonzero().flatten()
+            if len(missing):
+                raise ValueError(f"input_ids: samples {missing.tolist()} hold no EOS token (id {self.eos_token_id}); "
+                                 "CLIP reads each text at its EOS position")
+        mask = inputs.get("attention_mask")
+        if mask is None:
+            mask = torch.ones_like(ids)
+        mask = _check_ids_like("attention_mask", mask, shape)
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError("attention_mask must hold 0 (padding) and 1 (real token) only")
+        mask = mask.long()
+        if bool((mask[:, 1:] > mask[:, :-1]).any()):
+            raise ValueError("attention_mask: the real tokens must come first (right padding); CLIP's absolute "
+                             "positions make left padding change the text")
+        if not bool(mask[rows, eos].all()):
+            raise ValueError("attention_mask: the EOS token (the read-out) is padding in some sample")
+        tensors = {"input_ids": ids, "attention_mask": mask}
+        special = inputs.get("special_tokens_mask")
+        if special is not None:
+            tensors["special_tokens_mask"] = _check_ids_like("special_tokens_mask", special, shape).long()
+        tensors[READOUT_POSITIONS] = eos
+        dtype = self.tower_model.embeddings.token_embedding.weight.dtype
+        return ModelInputs(tensors, int(shape[0]), dtype, ids.device, check_sample_ids(sample_ids, int(shape[0])))
+
+    def layout(self, inputs) -> TokenSequence:
+        if not isinstance(inputs, ModelInputs):
+            inputs = self.prepare_inputs(inputs)
+        mask = inputs["attention_mask"]
+        eos = inputs[READOUT_POSITIONS]
+        positions = torch.arange(mask.shape[1], device=mask.device)[None, :]
+        special = inputs.tensors.get("special_tokens_mask")
+        if special is None:
+            special = (positions == 0) | (positions == eos[:, None])
+        content = mask.bool() & ~special.bool() & (positions < eos[:, None])
+        return TokenSequence(attention_mask=mask, content_mask=content)
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext(attention_mask=inputs["attention_mask"], readout_positions=inputs[READOUT_POSITIONS])
+
+    def embed(self, inputs: ModelInputs) -> Tensor:
+        """``CLIPTextEmbeddings`` (token + position embeddings); with the per-sample ``token_embedding_scale`` set
+        by :meth:`interpolate`, the token embeddings are scaled before the positions are added."""
+        embeddings = self.tower_model.embeddings
+        scale = inputs.tensors.get(TOKEN_EMBEDDING_SCALE)
+        if scale is None:
+            return embeddings(input_ids=inputs["input_ids"])
+        tokens = embeddings.token_embedding(inputs["input_ids"])
+        return embeddings(inputs_embeds=scale.to(tokens.dtype)[:, None, None] * tokens)
+
+    def block_mask(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
+        """The causal mask combined with the padding mask, as ``CLIPTextModel`` builds it for the current
+        attention implementation."""
+        from transformers.masking_utils import create_causal_mask
+
+        mask = context.attention_mask
+        return create_causal_mask(config=self.config, inputs_embeds=hidden,
+                                  attention_mask=None if mask is None else mask.to(hidden.device),
+                                  past_key_values=None)
+
+    def block_kwargs(self) -> dict:
+        return {"is_causal": True}
+
+    def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
+        normed = self.tower_model.final_layer_norm(hidden)
+        positions = context.readout_positions.to(normed.device)
+        return normed[torch.arange(normed.shape[0], device=normed.device), positions]
+
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        """``S * B`` samples, step-major, whose token embeddings are multiplied by ``alpha`` before the position
+        embeddings are added (BI's ``CLIP.ipynb`` text side)."""
+        steps = len(alphas)
+        repeated = {name: t.repeat((steps,) + (1,) * (t.dim() - 1)) for name, t in inputs.tensors.items()
+                    if name != TOKEN_EMBEDDING_SCALE}
+        scale = alphas.to(device=inputs.device, dtype=inputs.score_dtype).repeat_interleave(inputs.batch_size)
+        return inputs.with_tensors(**repeated, **{TOKEN_EMBEDDING_SCALE: scale})

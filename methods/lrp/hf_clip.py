@@ -1,0 +1,177 @@
+"""LRP topology of the two towers of a stock ``transformers.CLIPModel`` behind a CLIP scorer
+(``models.clip.ZeroShotClassifier`` / ``PromptScorer``). No reference implementation exists (neither Chefer's
+nor Beyond Intuition's code propagates relevance through CLIP); this is the timm ViT graph of Chefer et al.
+2021a with CLIP's names, built from the shared rules and sub-layers, and checked by relevance conservation
+(``tests/test_clip.py``: with the conservative ``"ours"`` rules the relevance entering the first block sums to
+the one-hot target, per sample).
+
+Graph (forward order):
+
+* vision: ``patch_embedding`` (Conv2d, z^B rule) -> [CLS] concat -> ``+ position_embedding`` (Add, the position
+  share dropped) -> ``pre_layrnorm`` (identity) -> blocks (pre-norm: ``x + attn(layer_norm1(x))``,
+  ``h + mlp(layer_norm2(h))``, separate q/k/v) -> [CLS] select -> ``post_layernorm`` (identity) ->
+  ``visual_projection`` (Linear);
+* text: ``token_embedding + position_embedding`` (Add) -> blocks under the causal (and padding) mask -> EOS
+  select -> ``final_layer_norm`` (identity) -> ``text_projection`` (Linear);
+* the score: ``logit_scale.exp() * <z / ||z||, e_c>`` against the fixed, normalised embeddings ``e_c`` of the
+  other modality: a bias-free Linear with weight ``logit_scale.exp() * E`` on the normalised embedding (the L2
+  normalisation identity, as LayerNorm).
+
+The additive attention mask is left out of the Add rule of the scores (``mask=None``): a masked key's attention
+probability is exactly 0, so its relevance is 0 and the Add rule would give the scores all of it (exactly so
+for the proportional rule, up to the stabiliser for the renormalised one).
+
+Full LRP ends at the pixels for the vision tower (``[B, 3, H, W]``); for the text tower at the encoder input
+(``input_point="encoder_input"``: the embedding sum, ``[B, N, D]``, as TE's BERT) or, with
+``"word_embeddings"``, at the token embeddings (the position share dropped).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..adapters import ActivationRecorder
+from ..adapters.hf_clip import HFCLIPTextAdapter, HFCLIPVisionAdapter, _HFCLIPTower, eos_positions
+from .sublayers import block_relprop, block_tensors, embedding_sum_relprop, readout_relprop, record_block
+from .topology import Topology, register_topology
+
+INPUT_POINTS = ("encoder_input", "word_embeddings")
+
+
+class _CLIPTowerTopology(Topology):
+    """Shared: the score and projection in reverse, the blocks (the shared pre-norm sub-layers)."""
+
+    @staticmethod
+    def check(adapter: _HFCLIPTower) -> None:
+        problems = []
+        if not isinstance(adapter.projection(), nn.Linear):
+            problems.append(f"projection {type(adapter.projection()).__name__} (need nn.Linear)")
+        if not callable(getattr(adapter.model, "logits_from_embeddings", None)):
+            problems.append("no logits_from_embeddings")
+        for i in range(adapter.depth):
+            linears = adapter.attention_linears(i)
+            if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
+                problems.append(f"layer {i} attention projections are not nn.Linear")
+            if not all(isinstance(x, nn.Linear) for x in adapter.mlp_linears(i)):
+                problems.append(f"layer {i} MLP layers are not nn.Linear")
+        if problems:
+            raise TypeError(f"LRP rules are not defined for this CLIP {adapter.tower} tower: "
+                            f"{'; '.join(problems[:6])}")
+
+    def fixed_embeddings(self) -> Tensor:
+        """``logit_scale.exp() * E``: the weight of the score as a Linear on the normalised embedding."""
+        model = self.model
+        fixed = model.class_embeddings if self.adapter.tower == "vision" else model.image_embeddings
+        return model.clip.logit_scale.exp().to(fixed) * fixed
+
+    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
+               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
+        """Hooks for the rule inputs of ``blocks``, the head (projection input and output, last hidden states)
+        and, with ``to_input``, the embeddings (see :meth:`methods.lrp.timm_vit.TimmViTTopology.record`)."""
+        adapter = self.adapter
+        for l in blocks:
+            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
+            record_block(rec, adapter, l, layer_outputs)
+        rec.input(adapter.projection(), "proj_in")
+        rec.output(adapter.projection(), "embedding")
+        rec.output(adapter.blocks[-1], "last_hidden")
+        if to_input:
+            self.record_input(rec)
+
+    def record_input(self, rec: ActivationRecorder) -> None:  # pragma: no cover - per tower
+        raise NotImplementedError
+
+    def readout(self, rules, acts, relevance_pooled: Tensor) -> Tensor:  # pragma: no cover - per tower
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
+        """Relevance at the last block's output ``[B, N, D]``: the score (a Linear on the normalised
+        embedding), the projection, the final norm (identity) and the read-out selection."""
+        z = acts["embedding"]
+        normed = z / z.norm(p=2, dim=-1, keepdim=True)
+        r = rules["linear"](normed, self.fixed_embeddings().to(z), relevance_logits)
+        r = rules["linear"](acts["proj_in"], self.adapter.projection().weight, r)
+        return self.readout(rules, acts, r)
+
+    @torch.no_grad()
+    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
+        """Relevance through block ``layer``: ``(R at the block input or None, R_A [B, H, N, N])``."""
+        tensors = block_tensors(acts, layer)
+        return block_relprop(rules, tensors, self.adapter.attention_linears(layer), self.adapter.mlp_linears(layer),
+                             self.adapter.num_heads, relevance, need_below)
+
+
+@register_topology(HFCLIPVisionAdapter)
+class HFCLIPVisionTopology(_CLIPTowerTopology):
+    """Relevance pass over CLIP's vision tower (``ZeroShotClassifier``)."""
+
+    def record_input(self, rec: ActivationRecorder) -> None:
+        conv = self.adapter.tower_model.embeddings.patch_embedding
+        rec.input(conv, "pixels")
+        rec.output(conv, "patch_grid")
+
+    def readout(self, rules, acts, relevance_pooled: Tensor) -> Tensor:
+        return readout_relprop(rules, acts["last_hidden"], relevance_pooled, "class_token")
+
+    @torch.no_grad()
+    def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
+        """From the tokens entering block 0 to the pixels: ``pre_layrnorm`` (identity), ``+ position_embedding``
+        (Add; the position share dropped), [CLS] dropped, the patch convolution (z^B). ``[B, 3, H, W]``."""
+        embeddings = self.adapter.tower_model.embeddings
+        grid = acts["patch_grid"]                                          # [B, D, gh, gw]
+        batch, dim, gh, gw = grid.shape
+        patches = grid.flatten(2).transpose(1, 2)
+        tokens = torch.cat([embeddings.class_embedding.to(patches).expand(batch, 1, dim), patches], dim=1)
+        position = embeddings.position_embedding.weight.to(patches)[None, :tokens.shape[1]]
+        r_patches = embedding_sum_relprop(rules, tokens, position.expand_as(tokens), relevance)[:, 1:]
+        r_grid = r_patches.transpose(1, 2).reshape(batch, dim, gh, gw)
+        conv = embeddings.patch_embedding
+        return rules["input_conv"](acts["pixels"].to(grid), conv.weight, r_grid, conv.stride, conv.padding)
+
+
+@register_topology(HFCLIPTextAdapter)
+class HFCLIPTextTopology(_CLIPTowerTopology):
+    """Relevance pass over CLIP's text tower (``PromptScorer``)."""
+
+    mask_value = "dtype_min"          # read by the engine (text families); unused: see the module docstring
+    input_point = "encoder_input"
+
+    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
+               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
+        super().record(rec, blocks, to_input, grad_blocks, layer_outputs)
+        embeddings = self.adapter.tower_model.embeddings
+
+        def keep_ids(_module, args, kwargs):   # the ids give the EOS positions of the read-out
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is not None:
+                rec.outputs["input_ids"] = ids
+
+        rec._handles.append(embeddings.register_forward_pre_hook(keep_ids, with_kwargs=True))
+
+    def record_input(self, rec: ActivationRecorder) -> None:
+        embeddings = self.adapter.tower_model.embeddings
+        rec.output(embeddings.token_embedding, "token_embeddings")
+        rec.output(embeddings.position_embedding, "position_embeddings")
+
+    def readout(self, rules, acts, relevance_pooled: Tensor) -> Tensor:
+        """The EOS selection: the relevance placed on each sample's read-out position."""
+        hidden = acts["last_hidden"]
+        positions = eos_positions(acts["input_ids"], self.adapter.eos_token_id).to(hidden.device)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        out = torch.zeros_like(hidden)
+        out[rows, positions] = rules["select"](hidden[rows, positions], relevance_pooled)
+        return out
+
+    @torch.no_grad()
+    def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
+        """``[B, N, D]``: the relevance at the encoder input (``"encoder_input"``) or at the token embeddings
+        (``"word_embeddings"``: the Add of token and position embeddings, the position share dropped)."""
+        if self.input_point not in INPUT_POINTS:
+            raise ValueError(f"input_point must be one of {INPUT_POINTS}, got {self.input_point!r}")
+        if self.input_point == "encoder_input":
+            return relevance
+        tokens = acts["token_embeddings"]
+        return embedding_sum_relprop(rules, tokens, acts["position_embeddings"].expand_as(tokens), relevance)
