@@ -50,6 +50,15 @@ class HeatmapOverlays(pl.Callback):
     def on_test_start(self, trainer, pl_module) -> None:
         self._images, self._captions, self._maps = [], [], {}
 
+    # a resumed run (evaluate.py --resume) keeps the overlays collected before it was stopped
+    def extra_progress_state(self) -> Dict[str, object]:
+        return {"images": list(self._images), "captions": list(self._captions),
+                "maps": {k: list(v) for k, v in self._maps.items()}}
+
+    def load_extra_progress_state(self, state: Dict[str, object]) -> None:
+        self._images, self._captions = list(state["images"]), list(state["captions"])
+        self._maps = {k: list(v) for k, v in state["maps"].items()}
+
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         need = self.num_images - len(self._images)
         if not trainer.is_global_zero or need <= 0 or not outputs:

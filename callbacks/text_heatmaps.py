@@ -91,6 +91,17 @@ class TextHeatmaps(pl.Callback):
     def on_test_start(self, trainer, pl_module) -> None:
         self._rows, self._titles, self._labels, self._predictions, self.html = {}, [], [], [], None
 
+    # a resumed run (evaluate.py --resume) keeps the examples collected before it was stopped
+    def extra_progress_state(self) -> Dict[str, object]:
+        rows = {m: [dict(vars(r)) for r in rs] for m, rs in self._rows.items()}
+        return {"rows": rows, "titles": list(self._titles), "labels": list(self._labels),
+                "predictions": list(self._predictions)}
+
+    def load_extra_progress_state(self, state: Dict[str, object]) -> None:
+        self._rows = {m: [WordAttribution(**r) for r in rs] for m, rs in state["rows"].items()}
+        self._titles, self._labels = list(state["titles"]), list(state["labels"])
+        self._predictions = list(state["predictions"])
+
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         need = self.num_examples - len(self._titles)
         if not trainer.is_global_zero or need <= 0 or not outputs:

@@ -210,6 +210,13 @@ class AttributionEvaluationModule(pl.LightningModule):
             raise KeyError(f"evaluation batches need 'label'; got keys {sorted(batch)}")
         labels = batch["label"]
         inputs = self.model_inputs(batch)
+        if isinstance(inputs, Tensor) and not bool(torch.isfinite(inputs).all()):
+            bad = ~torch.isfinite(inputs.flatten(1)).all(dim=1)
+            ids = batch["index"][bad] if isinstance(batch.get("index"), Tensor) else bad.nonzero().flatten()
+            many = len(ids) > 1
+            raise ValueError(f"sample{'s' if many else ''} {', '.join(str(int(i)) for i in ids)} (dataset index) "
+                             f"{'hold' if many else 'holds'} NaN or Inf pixel values: a corrupt or wrongly decoded "
+                             "image; fix or remove it (evaluate.py --resume continues a run after the fix)")
         with torch.no_grad():
             logits = model_logits(self.model, inputs)
         num_classes = logits.shape[-1]
