@@ -1,6 +1,6 @@
 """Evaluation protocols and the pieces around them that are not Lightning callbacks.
 
-Modality-free core (any kind of input: images today, token sequences and CLIP next):
+Modality-free core (any kind of input: images, token sequences):
 
 * :mod:`evaluation.ranking`: the removal order of a perturbation test (directions, tie conventions, units that
   may not be removed), the number of units removed per step and the removal masks;
@@ -9,16 +9,19 @@ Modality-free core (any kind of input: images today, token sequences and CLIP ne
 * :mod:`evaluation.metrics`: torchmetrics states whose sums give the same numbers on one process or several
   (perturbation curves, clean accuracy, pooled Pearson, means over samples), each declaring
   ``higher_is_better``;
-* :mod:`evaluation.classifier`: :class:`~evaluation.classifier.Classifier`, the one way the protocols classify
-  (perturbed) inputs;
+* :mod:`evaluation.classifier`: :class:`~evaluation.classifier.Classifier` (images) and
+  :class:`~evaluation.classifier.TextClassifier`, the one way the protocols classify (perturbed) inputs;
 * :mod:`evaluation.reporting`: ``metrics.json``, the curves table and the printed results table.
 
 Per modality:
 
 * :mod:`evaluation.perturbers`: how a perturbation test removes units of an input (pixels: the ``chefer`` and
-  ``mean`` fills), behind :class:`~evaluation.perturbers.Perturber`;
+  ``mean`` fills; tokens: ``pad``, ``mask``, ``delete``), behind :class:`~evaluation.perturbers.Perturber`;
 * :mod:`evaluation.pixel_maps`: raw relevance -> normalised pixel maps (image protocols);
-* :mod:`evaluation.segmentation`, :mod:`evaluation.cdam`: the segmentation metrics and the CDAM analyses' pieces.
+* :mod:`evaluation.segmentation`, :mod:`evaluation.cdam`: the segmentation metrics and the CDAM analyses' pieces;
+* :mod:`evaluation.rationales`, :mod:`evaluation.eraser_export`: ERASER's rationale metrics (token-F1, IOU-F1,
+  AUPRC), faithfulness arithmetic (comprehensiveness, sufficiency, AOPC) and its JSONL format;
+* :mod:`evaluation.text_heatmap`: word scores as escaped HTML heatmaps.
 
 :mod:`evaluation.method_specs` parses which methods an evaluation runs. The Lightning callbacks that drive these
 protocols live in ``callbacks/``.
