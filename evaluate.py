@@ -21,6 +21,15 @@ config as hyperparameters) and to ``metrics.json`` in the run folder ``--output_
 ``<trainer.default_root_dir>/evaluate/<date-time>``), whose path is printed with a results table at the end.
 W&B is the default logger and runs offline unless ``WANDB_MODE=online`` (or the logger's init args) say
 otherwise. The progress bar is shown in a terminal and hidden in CI (``CI`` set or stdout not a TTY).
+
+Resumable runs (:mod:`callbacks.progress`): every process checkpoints its progress (its metric states and the
+samples it finished) to ``<run folder>/progress/`` every ``--progress_every`` batches (default 10; 0: off) and
+after its last batch; a run that ends normally removes that folder. ``python evaluate.py --resume <run folder>``
+continues a killed run with the config saved there, on the same number of processes, each restoring its own
+checkpoint and evaluating only its samples not yet done, so ``metrics.json`` equals an uninterrupted run's. The
+command line of a resume may change only where results and logs go and how progress is shown and saved
+(``cli.commands.RESUME_MAY_CHANGE``). W&B: a resume logs to a new W&B run in the killed run's group, tagged
+``resumed``, which holds the whole run's results (the killed run's W&B run holds nothing at its end).
 """
 from __future__ import annotations
 
@@ -34,6 +43,7 @@ import pytorch_lightning as pl
 
 from callbacks.accuracy import CleanAccuracyTest
 from callbacks.base import EvaluationCallback
+from callbacks.progress import ProgressCheckpoint, ProgressError, RunProgress, check_fresh_run_dir
 from callbacks.reporter import ResultsReporter
 from cli import EvaluateCLI, check_data_paths
 from datamodules.unrepeated import UnrepeatedTestData
@@ -73,12 +83,34 @@ def main(args: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
     module.add_class_settings(EvaluationCallback.declared_class_settings(trainer.callbacks))
     if not any(isinstance(callback, CleanAccuracyTest) for callback in trainer.callbacks):
         trainer.callbacks.append(CleanAccuracyTest())
-    reporter = ResultsReporter(_output_dir(cli, trainer))  # every result leaves through it (rank 0 writes)
+    output_dir = _output_dir(cli, trainer)
+    reporter = ResultsReporter(output_dir)  # every result leaves through it (rank 0 writes)
     trainer.callbacks.append(reporter)
+    progress = _progress(cli, trainer, output_dir)
+    if progress is not None:  # after every callback whose state it keeps
+        trainer.callbacks.append(progress)
     if trainer.logger is not None:
         trainer.logger.log_hyperparams(cli.config.as_dict())  # rank-zero only inside the logger
-    trainer.test(module, datamodule=UnrepeatedTestData(datamodule), verbose=False)
+    resumed = None if progress is None or progress.resumed is None else progress.resumed.split()
+    trainer.test(module, datamodule=UnrepeatedTestData(datamodule, resume=resumed), verbose=False)
     return reporter.results
+
+
+def _progress(cli, trainer: pl.Trainer, output_dir: Path) -> Optional[ProgressCheckpoint]:
+    """The run's progress checkpoints: restoring those of ``--resume``, writing new ones every
+    ``--progress_every`` batches (``None``: neither)."""
+    every = int(cli.config.get("progress_every") or 0)
+    try:
+        if cli.resume_dir is not None:
+            resumed = RunProgress.load(output_dir)
+            resumed.check_world_size(trainer.world_size)
+            return ProgressCheckpoint(output_dir, every, resumed=resumed)
+        if every:
+            check_fresh_run_dir(output_dir)
+            return ProgressCheckpoint(output_dir, every, config_text=cli.parser.dump(cli.config, skip_none=False))
+    except ProgressError as err:
+        raise SystemExit(f"error: {err}") from None
+    return None
 
 
 if __name__ == "__main__":

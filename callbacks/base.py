@@ -23,11 +23,22 @@ Data flow:
   batch, ``datamodules.unrepeated.UnrepeatedTestData``);
 * **results**: handed, with each key's ``higher_is_better`` and the curves' x values, to the run's
   :class:`~callbacks.reporter.ResultsReporter`, the one way results leave a run (logger, ``metrics.json``, the
-  printed table).
+  printed table);
+* **progress** (resumable runs, :mod:`callbacks.progress`): :meth:`EvaluationCallback.progress_state` is what a
+  checkpoint keeps of a callback: the state of every metric of :meth:`metrics` (in its order), the arguments of
+  the latest call of the subclass's ``build``, and :meth:`extra_progress_state` (whatever else the callback keeps,
+  e.g. rows written at the end), restored by :meth:`load_extra_progress_state`. A subclass that builds its metrics
+  lazily does it in a method named ``build`` with named arguments (no ``*args``; values: plain values, lists, sets
+  or dicts of them) and an optional ``device``; the base class records the arguments at every call, so a resumed
+  run calls ``build`` with the same method list before it restores the states
+  (:meth:`EvaluationCallback.build_from_progress`). Any other callback of the run that defines the two
+  ``*_progress_state`` methods is checkpointed the same way.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+import functools
+import inspect
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import pytorch_lightning as pl
 import torch
@@ -47,11 +58,90 @@ def outputs_device(outputs: Dict[str, Any]) -> torch.device:
     return next(iter(next(iter(outputs["relevance"].values())).values())).device
 
 
+def _plain(value: Any) -> Any:
+    """``value`` as what a progress file holds (read back with ``torch.load(weights_only=True)``): tuples as lists,
+    sets sorted into lists, mappings as dicts; a value of another kind is refused with a ``TypeError``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (set, frozenset)):
+        return sorted(_plain(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    raise TypeError(f"a build argument of an evaluation callback must be a plain value (None, bool, number, str, "
+                    f"or lists, sets and dicts of them) to be saved in a progress file; got {type(value).__name__}")
+
+
+def _recording_build(build: Callable) -> Callable:
+    """``build`` that also records, in ``self._built_with``, the arguments of its latest call (``device`` aside)."""
+    signature = inspect.signature(build)
+
+    @functools.wraps(build)
+    def wrapper(self, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        arguments: Dict[str, Any] = {}
+        for name, value in list(bound.arguments.items())[1:]:   # [0] is self
+            if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+                arguments.update(value)
+            elif name != "device":
+                arguments[name] = value
+        out = build(self, *args, **kwargs)
+        self._built_with = arguments   # made plain (or refused) only when a checkpoint is written
+        return out
+
+    wrapper._records_build_arguments = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _metric_state(metric: Metric) -> Dict[str, Any]:
+    """A metric's states as CPU copies, its class and its number of updates."""
+    states = {name: ([v.detach().cpu().clone() for v in value] if isinstance(value, list)
+                     else value.detach().cpu().clone()) for name, value in metric.metric_state.items()}
+    return {"class": type(metric).__qualname__, "states": states, "update_count": int(metric._update_count)}
+
+
+def _load_metric_state(metric: Metric, saved: Dict[str, Any], where: str) -> None:
+    """Put ``saved`` (:func:`_metric_state`) into ``metric``; a state of another name, shape or kind is refused."""
+    if saved.get("class") != type(metric).__qualname__:
+        raise ValueError(f"{where}: the saved metric is a {saved.get('class')}, the run builds a "
+                         f"{type(metric).__qualname__}")
+    states = saved.get("states") or {}
+    if set(states) != set(metric._defaults):
+        raise ValueError(f"{where}: saved states {sorted(states)}, the {type(metric).__qualname__} has "
+                         f"{sorted(metric._defaults)}")
+    device = metric.device
+    for name, default in metric._defaults.items():
+        value = states[name]
+        if isinstance(default, Tensor):
+            if not isinstance(value, Tensor) or value.shape != default.shape or value.dtype != default.dtype:
+                got = (tuple(value.shape), value.dtype) if isinstance(value, Tensor) else type(value).__name__
+                raise ValueError(f"{where}: state {name!r} was saved as {got}, the metric holds "
+                                 f"{(tuple(default.shape), default.dtype)}")
+            setattr(metric, name, value.to(device))
+        else:
+            if not isinstance(value, list) or not all(isinstance(v, Tensor) for v in value):
+                raise ValueError(f"{where}: state {name!r} must be a list of tensors")
+            setattr(metric, name, [v.to(device) for v in value])
+    metric._update_count = int(saved.get("update_count", 0))
+    metric._computed = None
+
+
 class EvaluationCallback(pl.Callback):
-    """Base class: subclasses implement ``update``, ``compute``, ``metrics``, ``reset`` and ``higher_is_better``."""
+    """Base class: subclasses implement ``update``, ``compute``, ``metrics``, ``reset`` and ``higher_is_better``;
+    those that build their metrics lazily do it in ``build(...)`` (module docstring, **progress**)."""
 
     #: class settings ("predicted", "target", "other") the callback needs the module to explain
     required_class_settings: tuple = ()
+    #: the arguments of the latest ``build`` call (recorded by the base class; ``None``: never built)
+    _built_with: Optional[Dict[str, Any]] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        build = cls.__dict__.get("build")
+        if callable(build) and not getattr(build, "_records_build_arguments", False) and not any(
+                p.kind is inspect.Parameter.VAR_POSITIONAL for p in inspect.signature(build).parameters.values()):
+            cls.build = _recording_build(build)   # a build(*args) cannot be called back by name: not recorded
 
     @staticmethod
     def declared_class_settings(callbacks: Iterable[Any], base: Sequence[str] = ()) -> tuple:
@@ -84,6 +174,46 @@ class EvaluationCallback(pl.Callback):
     def curve_x(self) -> Dict[str, List[float]]:
         """``{result key: x values}`` of the list-valued results (default: none)."""
         return {}
+
+    # -- progress checkpoints (callbacks.progress) ---------------------------------------------------------
+    def extra_progress_state(self) -> Dict[str, Any]:
+        """What a resumed run needs besides the torchmetrics states (default: nothing). Tensors, plain values and
+        lists/dicts of them (a progress file is read with ``torch.load(weights_only=True)``); on each process its
+        own share, as it was after the last finished batch."""
+        return {}
+
+    def load_extra_progress_state(self, state: Dict[str, Any]) -> None:
+        """Take back what :meth:`extra_progress_state` returned (called at the test start of a resumed run, after
+        the callback's own ``on_test_start``; default: nothing to restore)."""
+
+    def progress_state(self) -> Dict[str, Any]:
+        """What a progress checkpoint keeps of this callback (module docstring, **progress**)."""
+        metrics = self.metrics()
+        try:
+            build = _plain(self._built_with) if metrics and self._built_with is not None else None
+        except TypeError as err:
+            raise TypeError(f"{type(self).__name__}: {err}") from None
+        return {"build": build,
+                "metrics": [_metric_state(metric) for metric in metrics],
+                "extra": self.extra_progress_state()}
+
+    def build_from_progress(self, state: Dict[str, Any], device: Optional[torch.device] = None) -> None:
+        """Rebuild the metrics as :meth:`progress_state` saw them (``build`` called with the saved arguments),
+        restore their states (on ``device``) and the extra state."""
+        name = type(self).__name__
+        if state.get("build") is not None:
+            if not callable(getattr(self, "build", None)):
+                raise ValueError(f"{name}: the progress file has build arguments but the callback has no build()")
+            self.build(**state["build"])
+        metrics, saved = self.metrics(), list(state.get("metrics") or [])
+        if len(metrics) != len(saved):
+            raise ValueError(f"{name}: the progress file holds {len(saved)} metrics, the callback built "
+                             f"{len(metrics)} (build arguments {state.get('build')})")
+        for i, (metric, values) in enumerate(zip(metrics, saved)):
+            if device is not None:
+                metric.to(device)
+            _load_metric_state(metric, values, f"{name}, metric {i}")
+        self.load_extra_progress_state(dict(state.get("extra") or {}))
 
     # -- Lightning hooks ----------------------------------------------------------------------------------
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -13,12 +13,16 @@
   children re-run the same command line;
 * no subcommands (``run=False``): the entry point calls ``trainer.fit``/``trainer.test`` itself.
 
-:class:`TrainCLI` adds ``--output``, ``--concepts``, the best-epoch checkpoint (``--checkpoint.*``: a
-``ModelCheckpoint`` on ``val/loss`` that every training run has, so configs do not list it) and the
-mixed-precision default (``trainer.precision`` unset: ``bf16-mixed``, ``16-mixed`` without bf16 support, on a
-CUDA accelerator; ``32-true`` otherwise).
-:class:`EvaluateCLI` adds ``--output_dir``, forces ``trainer.inference_mode=False`` (the attribution methods
-need autograd inside ``test_step``) and defaults ``trainer.default_root_dir`` to ``outputs``.
+:class:`TrainCLI` takes any LightningModule (``model.class_path``; a config that gives none gets
+:class:`~lightning_modules.probe.LinearProbe`, so an image config lists only its keys) and adds ``--output``,
+``--concepts``, ``--test``, the best-epoch checkpoint (``--checkpoint.*``: a ``ModelCheckpoint`` on ``val/loss``
+that every training run has, so configs do not list it) and the mixed-precision default (``trainer.precision``
+unset: ``bf16-mixed``, ``16-mixed`` without bf16 support, on a CUDA accelerator; ``32-true`` otherwise).
+:class:`EvaluateCLI` adds ``--output_dir``, ``--progress_every`` and ``--resume``, forces
+``trainer.inference_mode=False`` (the attribution methods need autograd inside ``test_step``) and defaults
+``trainer.default_root_dir`` to ``outputs``. ``--resume <run folder>`` reads the run's config from
+``<run folder>/progress/config.yaml`` (no ``--config``) and refuses a command line that changes the evaluation
+(only :data:`RESUME_MAY_CHANGE` may differ).
 """
 from __future__ import annotations
 
@@ -62,6 +66,47 @@ def check_data_paths(datamodule: Any) -> None:
             raise SystemExit(f"error: {what} {str(value)!r} does not exist; pass it with --data.init_args.{attr} PATH")
 
 
+def _config_model_class(value: str) -> Optional[bool]:
+    """Whether the ``--config`` value (a file, with the files it builds on in the order they apply, or an inline
+    YAML string) names the model's class where it first sets ``model``: ``None`` when it sets no ``model``."""
+    import yaml
+
+    from cli.config import config_files
+
+    path = Path(os.path.expanduser(value))
+    try:
+        sources = [f.read_text() for f in config_files(path)] if path.is_file() else [value]
+    except (OSError, ValueError):
+        return None  # the parser reports a bad config file
+    for text in sources:
+        try:
+            content = yaml.safe_load(text)
+        except yaml.YAMLError:
+            continue
+        model = content.get("model") if isinstance(content, dict) else None
+        if model is not None:
+            return isinstance(model, dict) and "class_path" in model
+    return None
+
+
+def names_model_class(args: Sequence[str]) -> bool:
+    """Whether the first option of a command line that sets the model names its class: ``--model X`` or
+    ``--model.class_path X`` (or ``=`` forms), or a ``--config`` whose ``model`` has a ``class_path``; not when a
+    config's ``model`` without one, or a ``--model.<argument>`` option, comes first."""
+    args = list(args)
+    for i, arg in enumerate(args):
+        option, eq, value = arg.partition("=")
+        if option in ("--model", "--model.class_path"):
+            return True
+        if option.startswith("--model."):
+            return False
+        if option in ("--config", "-c"):
+            named = _config_model_class(value if eq else (args[i + 1] if i + 1 < len(args) else ""))
+            if named is not None:
+                return named
+    return False
+
+
 class ProjectCLI(LightningCLI):
     """``LightningCLI(model_class, any LightningDataModule)`` with the glue shared by the entry points."""
 
@@ -74,13 +119,17 @@ class ProjectCLI(LightningCLI):
                  datamodule_class: type = pl.LightningDataModule, **kwargs: Any) -> None:
         os.environ.setdefault("WANDB_MODE", "offline")
         from_argv = args is None
-        args = with_default_config(sys.argv[1:] if from_argv else args, self.default_config)
+        args = self.complete_args(with_default_config(sys.argv[1:] if from_argv else args, self.default_config))
         if from_argv:  # LightningCLI reads sys.argv itself; DDP children re-run this same command line
             sys.argv[1:] = args
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("seed_everything_default", 0)
         super().__init__(model_class, datamodule_class, run=False, args=None if from_argv else args, **kwargs)
+
+    def complete_args(self, args: List[str]) -> List[str]:
+        """The command line as parsed, from the one given (after the default config is added); as given here."""
+        return args
 
     def init_parser(self, **kwargs: Any):
         kwargs.setdefault("dump_header", [f"pytorch_lightning=={pl.__version__}"])
@@ -110,23 +159,38 @@ class ProjectCLI(LightningCLI):
 
 
 class TrainCLI(ProjectCLI):
-    """``train.py``'s command line: a :class:`~lightning_modules.probe.LinearProbe` and any datamodule."""
+    """``train.py``'s command line: any LightningModule (default class
+    :class:`~lightning_modules.probe.LinearProbe`; e.g. ``class_path:
+    lightning_modules.text_classifier.TextClassifierModule``) and any datamodule."""
 
     default_config = TRAIN_CONFIG
+    #: the model class of a config that names none (every image config)
+    default_model_class = "lightning_modules.probe.LinearProbe"
 
     def __init__(self, args: Optional[Sequence[str]] = None, **kwargs: Any) -> None:
-        from lightning_modules.probe import LinearProbe
+        kwargs.setdefault("subclass_mode_model", True)
+        super().__init__(pl.LightningModule, args, **kwargs)
 
-        super().__init__(LinearProbe, args, **kwargs)
+    def complete_args(self, args: List[str]) -> List[str]:
+        """``--model.class_path <default_model_class>`` first unless the first option that sets the model names
+        its class (:func:`names_model_class`). Not a parser default: jsonargparse would carry that class's default
+        arguments (``lr``, ...) over to a class that a config names."""
+        if names_model_class(args):
+            return args
+        return ["--model.class_path", self.default_model_class, *args]
 
     def add_arguments_to_parser(self, parser) -> None:
         from models.concepts import ConceptsConfig
 
         parser.add_argument("--output", type=Optional[str], default=None,
-                            help="path of the exported classifier (save_classifier); "
-                                 "default <default_root_dir>/classifier.pt")
+                            help="where the trained classifier is exported: a timm classifier file (probes; default "
+                                 "<default_root_dir>/classifier.pt) or a Hugging Face folder (text classifiers; "
+                                 "default <default_root_dir>/classifier)")
         parser.add_argument("--concepts", type=Optional[ConceptsConfig], default=None,
                             help="also build concept heads of the trained classifier (CDAM concepts), saved next to it")
+        parser.add_argument("--test", type=bool, default=False,
+                            help="after training, also test the best weights on the datamodule's test split "
+                                 "(metrics printed and stored with the export)")
         # the best epoch (lowest validation loss) is what train.py reloads and exports: every run keeps it
         from pytorch_lightning.callbacks import ModelCheckpoint
 
@@ -156,15 +220,52 @@ class EvaluateCLI(ProjectCLI):
     def __init__(self, args: Optional[Sequence[str]] = None, **kwargs: Any) -> None:
         from lightning_modules.evaluation import AttributionEvaluationModule
 
+        #: the run folder that ``--resume`` continues (``None``: a new run)
+        self.resume_dir: Optional[Path] = None
+        given = list(sys.argv[1:] if args is None else args)
+        resume = _option_values(given, "--resume")
+        if resume and resume[-1] not in (None, "", "null"):
+            from callbacks.progress import ProgressError, resume_config
+
+            self.resume_dir = Path(os.path.expanduser(resume[-1]))
+            try:
+                saved = resume_config(self.resume_dir)
+            except ProgressError as err:
+                raise SystemExit(f"error: --resume: {err}") from None
+            others = [c for c in _option_values(given, "--config", "-c") if Path(str(c)).resolve() != saved.resolve()]
+            if others:
+                raise SystemExit(f"error: --resume takes the run's config from {str(saved)!r}; drop --config "
+                                 f"{others[0]} (the evaluation of a resumed run cannot change)")
+            moved = [d for d in _option_values(given, "--output_dir")
+                     if d is None or Path(os.path.expanduser(d)).resolve() != self.resume_dir.resolve()]
+            if moved:
+                raise SystemExit(f"error: a resumed run writes to its own folder {str(self.resume_dir)!r}; drop "
+                                 f"--output_dir {moved[0]}")
+            self.default_config = saved   # DDP children re-run the completed command line, --config included
         super().__init__(AttributionEvaluationModule, args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
+        from callbacks.progress import DEFAULT_EVERY
+
         parser.add_argument("--output_dir", type=Optional[str], default=None,
                             help="folder of metrics.json (default <trainer.default_root_dir>/evaluate/<date-time>)")
+        parser.add_argument("--progress_every", type=int, default=DEFAULT_EVERY,
+                            help="write each process's progress to <output_dir>/progress every N batches, so that "
+                                 "--resume can continue a killed run (0: no checkpoints)")
+        parser.add_argument("--resume", type=Optional[str], default=None,
+                            help="continue the killed run in this folder (its config, its finished samples)")
 
     def before_instantiate_classes(self) -> None:
         self.config["trainer"]["inference_mode"] = False  # the methods need autograd inside test_step
         super().before_instantiate_classes()
+        if self.resume_dir is not None:
+            self.config["output_dir"] = str(self.resume_dir)
+            changed = _changed_keys(self.parser, self.config, self.default_config)
+            if changed:
+                shown = "; ".join(f"{key}: {before!r} -> {after!r}" for key, before, after in changed[:5])
+                raise SystemExit(f"error: --resume {self.resume_dir}: the command line changes the evaluation of "
+                                 f"the run ({shown}); a resumed run keeps its config, only "
+                                 f"{', '.join(RESUME_MAY_CHANGE)} may change")
         logger = self.config["trainer"].get("logger")
         for item in (logger if isinstance(logger, list) else [logger]):
             if hasattr(item, "get") and "WandbLogger" in str(item.get("class_path", "")):
@@ -174,6 +275,51 @@ class EvaluateCLI(ProjectCLI):
                     init_args["group"] = group
                 if not init_args.get("tags"):
                     init_args["tags"] = tags
+                if self.resume_dir is not None and "resumed" not in init_args["tags"]:
+                    # a new W&B run in the killed run's group; it logs the whole run's results
+                    init_args["tags"] = list(init_args["tags"]) + ["resumed"]
+
+
+#: dotted config keys (and the keys below them) that ``--resume`` lets the command line change: where the run's
+#: results and logs go and how progress is shown and saved, never what is evaluated
+RESUME_MAY_CHANGE = ("output_dir", "resume", "progress_every", "trainer.enable_progress_bar", "trainer.logger")
+
+
+def _option_values(args: Sequence[str], *names: str) -> List[Optional[str]]:
+    """The values given to the options ``names`` in ``args`` (``--name value`` or ``--name=value``), in order."""
+    values: List[Optional[str]] = []
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name:
+                values.append(args[i + 1] if i + 1 < len(args) else None)
+            elif arg.startswith(name + "="):
+                values.append(arg.split("=", 1)[1])
+    return values
+
+
+def _flat(config: Any, prefix: str = "") -> dict:
+    if isinstance(config, dict):
+        out = {}
+        for key, value in config.items():
+            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: config}
+
+
+def _changed_keys(parser, config, saved: Path) -> List[tuple]:
+    """``[(dotted key, saved value, value now)]`` where ``config`` differs from the config file ``saved`` resolved
+    by ``parser``, :data:`RESUME_MAY_CHANGE` aside."""
+    import yaml
+
+    def plain(cfg) -> dict:
+        return _flat(yaml.safe_load(parser.dump(cfg, skip_none=False, skip_validation=True)) or {})
+
+    def may_change(key: str) -> bool:
+        return any(key == k or key.startswith(k + ".") for k in RESUME_MAY_CHANGE)
+
+    before, now = plain(parser.parse_args(["--config", str(saved)])), plain(config)
+    keys = sorted(k for k in set(before) | set(now) if not may_change(k) and before.get(k) != now.get(k))
+    return [(key, before.get(key), now.get(key)) for key in keys]
 
 
 def _name(value: Any) -> str:

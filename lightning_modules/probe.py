@@ -32,10 +32,10 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from datamodules.augment import AUGMENTATIONS, random_resized_crop_flip
+from lightning_modules.classification_step import StageSteps, classification_loss
 from models.backbones import create_backbone
 
 FEATURES = ("cls", "mean_patch", "cls+mean_patch")
@@ -54,7 +54,7 @@ def unpack_batch(batch: Any) -> Tuple[Tensor, Tensor]:
     raise TypeError(f"unsupported batch type {type(batch).__name__}")
 
 
-class LinearProbe(pl.LightningModule):
+class LinearProbe(StageSteps, pl.LightningModule):
     def __init__(
         self,
         backbone: str = "vit_small_patch8_224.dino",
@@ -138,25 +138,7 @@ class LinearProbe(pl.LightningModule):
         images, labels = unpack_batch(batch)
         if stage == "train":
             images = self._augment(images)
-        logits = self(images)
-        smoothing = self.hparams.label_smoothing if stage == "train" else 0.0
-        loss = F.cross_entropy(logits, labels, label_smoothing=smoothing)
-        acc = (logits.argmax(dim=-1) == labels).float().mean()
-        on_step = stage == "train"
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=stage != "train",
-                 batch_size=labels.shape[0])
-        self.log(f"{stage}/acc", acc, on_step=False, on_epoch=True, prog_bar=True, sync_dist=stage != "train",
-                 batch_size=labels.shape[0])
-        return loss
-
-    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        return self._step(batch, "train")
-
-    def validation_step(self, batch: Any, batch_idx: int) -> Tensor:
-        return self._step(batch, "val")
-
-    def test_step(self, batch: Any, batch_idx: int) -> Tensor:
-        return self._step(batch, "test")
+        return classification_loss(self, self(images), labels, stage, self.hparams.label_smoothing)
 
     def configure_optimizers(self):
         params = [p for p in self.parameters() if p.requires_grad]

