@@ -113,6 +113,10 @@ def _load_timm(name: str, pretrained: bool, model_kwargs: Optional[Dict[str, Any
 
     kwargs = dict(model_kwargs or {})
     overlay = kwargs.get("pretrained_cfg_overlay")
+    weights = (overlay or {}).get("file") if isinstance(overlay, dict) else None
+    if pretrained and weights and not os.path.isfile(os.path.expanduser(str(weights))):
+        raise FileNotFoundError(f"weights file {str(weights)!r} (model_kwargs.pretrained_cfg_overlay.file) does not "
+                                f"exist; expected a .safetensors, .pth or .bin state dict of timm model {name!r}")
     if overlay and overlay.get("file") and "num_classes" in kwargs and "num_classes" not in overlay:
         # timm silently re-initialises the head when num_classes differs from the pretrained config's: a local
         # weights file of a fine-tuned classifier holds its own head, so declare it

@@ -11,8 +11,8 @@ to do), never a silent result; and what a run computed before the error is kept 
 * a config naming an unknown method or option: the method registry names it and the choices
   (``test_unknown_method``);
 * a config naming a missing file (data folder, ``.mat``, classifier, concepts, config): named by the CLI or the
-  loaders (``test_missing_files``); a missing weights file is not named yet (``test_missing_weights_file_is_named``,
-  a strict xfail naming the fix).
+  loaders (``test_missing_files``); a missing weights file is named by the timm loader
+  (``test_missing_weights_file_is_named``).
 
 The classifier is a random tiny timm ViT; the data small written ImageNet folders and ``.mat`` files.
 """
@@ -196,8 +196,6 @@ def test_missing_files(tmp_path, monkeypatch):
         evaluate.main(["--config", str(missing / "config.yaml")])
 
 
-@pytest.mark.xfail(strict=True, reason="not named yet: models/loading.py wraps timm's message-less "
-                                       "FileNotFoundError; it should check pretrained_cfg_overlay.file first")
 def test_missing_weights_file_is_named(tmp_path, monkeypatch):
     root = tmp_path / "imagenet"
     _imagenet(root, per_class=1)
