@@ -54,6 +54,18 @@ def token_layout(model: nn.Module, inputs: Tensor):
     return adapter.layout(adapter.prepare_inputs(inputs))
 
 
+def check_finite_relevance(method: str, setting: str, relevance: Tensor, sample_ids: Optional[Tensor]) -> None:
+    """A ``ValueError`` naming the method, class setting and samples (dataset index) whose map holds NaN or Inf:
+    a broken map would otherwise be ranked silently (NaN sorts arbitrarily)."""
+    bad = ~torch.isfinite(relevance.detach().flatten(1)).all(dim=1)
+    if bool(bad.any()):
+        ids = (sample_ids[bad] if isinstance(sample_ids, Tensor) else bad.nonzero().flatten()).tolist()
+        raise ValueError(f"method {method!r} ({setting} class) returned NaN or Inf scores for samples {ids} (dataset "
+                         "index); nothing of this batch is scored. Check the method's options on this model (e.g. a "
+                         "start_layer past its depth) or the samples; results of earlier batches are kept in the "
+                         "run's progress files (evaluate.py --resume)")
+
+
 class AttributionEvaluationModule(pl.LightningModule):
     """Classifier + attribution methods; ``test_step`` returns raw maps per method and class setting.
 
@@ -239,6 +251,8 @@ class AttributionEvaluationModule(pl.LightningModule):
                     relevance[name] = {s: shared for s in settings}
                 else:
                     relevance[name] = {s: self._attribute(method, inputs, targets[s], sample_ids) for s in settings}
+                for setting, rel in relevance[name].items():
+                    check_finite_relevance(name, setting, rel, sample_ids)
         return {"relevance": relevance, "targets": targets, "logits": logits,
                 "class_specific": {name: bool(method.class_specific) for name, method in self.methods.items()},
                 "layout": token_layout(self.model, inputs), "classifier": self.classifier}

@@ -7,6 +7,8 @@ to do), never a silent result; and what a run computed before the error is kept 
 * truncated ``.mat``: ``ImageNetSegmentationDataset`` names the file (``test_truncated_mat``);
 * labels outside the model's classes: the evaluation module names the labels and samples
   (``test_labels_outside_the_classes``);
+* a method that returns NaN for one sample: the evaluation module names the method, class setting and sample
+  (``test_method_returning_nan_is_named``);
 * NaN / Inf in the inputs: refused by the evaluation module naming the samples (``test_non_finite_inputs``);
 * a config naming an unknown method or option: the method registry names it and the choices
   (``test_unknown_method``);
@@ -204,3 +206,15 @@ def test_missing_weights_file_is_named(tmp_path, monkeypatch):
     with pytest.raises(Exception, match=str(weights)):
         _evaluate(monkeypatch, root, tmp_path / "run", "--model.pretrained", "true",
                   "--model.model_kwargs", f"{{pretrained_cfg_overlay: {{file: {weights}}}}}")
+
+
+def test_method_returning_nan_is_named():
+    """A map with NaN for one sample stops the batch with an error naming the method, setting and sample."""
+    from lightning_modules.evaluation import check_finite_relevance
+
+    rel = torch.zeros(3, 5)
+    check_finite_relevance("rollout", "predicted", rel, torch.tensor([7, 8, 9]))
+    rel[1, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"method 'rollout' \(predicted class\) returned NaN or Inf scores for "
+                                         r"samples \[8\]"):
+        check_finite_relevance("rollout", "predicted", rel, torch.tensor([7, 8, 9]))
