@@ -36,7 +36,7 @@ def test_timm_classifier_from_a_local_weights_file(tmp_path, monkeypatch, suffix
 def test_missing_weights_file_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     missing = tmp_path / "nope.safetensors"
-    with pytest.raises(ValueError, match="vit_tiny_patch16_224"):
+    with pytest.raises(FileNotFoundError, match=f"weights file '{missing}'.*does not exist.*'vit_tiny_patch16_224'"):
         load_model("timm:vit_tiny_patch16_224", pretrained=True,
                    model_kwargs={"pretrained_cfg_overlay": {"file": str(missing)}})
 
