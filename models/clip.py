@@ -19,16 +19,44 @@ is ``ZeroShotClassifier(clip, text_embeddings)`` on the image repeated once per 
 Both wrappers follow the protocol of :mod:`methods.adapters.hf_clip` (``clip``, ``clip_tower``,
 ``logits_from_embeddings``); their fixed embeddings are buffers (L2-normalised), ``logit_scale`` is read from the
 ``CLIPModel`` at every call.
+
+Loading by spec (:func:`load_zero_shot_classifier`; what ``models.loading.load_model`` dispatches ``clip:`` to):
+``"clip:<source>"`` is the zero-shot classifier of a CLIP in Hugging Face ``save_pretrained`` layout, read from
+local files only (never downloaded). ``<source>``: a folder (``config.json`` + weights, the tokenizer files and,
+optionally, ``preprocessor_config.json`` and this package's prompt file ``prompts.json``), a hub name already in
+the local Hugging Face cache (``openai/clip-vit-base-patch32``; an ``hf:`` prefix is allowed), or a
+``trained:<config.yaml>`` spec (:mod:`models.cached_training`: the small CLIP of the synthetic benchmark,
+``trained:configs/train/synthetic_clip.yaml``, trained on first use and cached). The prompts come from the
+``model_kwargs`` (``prompts``, ``classnames``, ``templates``: :func:`zero_shot_prompt_set`), by default from the
+folder's ``prompts.json`` (:func:`save_prompt_set`). The classifier carries ``pretrained_cfg`` (the keys timm's
+``resolve_data_config`` reads: CLIP's mean/std from the image processor, input size, bicubic interpolation,
+centre crop), so an evaluation normalises and sizes images as CLIP does, and ``tokenizer`` (the model's, for the
+text side: :class:`PromptScorer`).
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import json
+import os
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 Template = Union[str, Callable[[str], str]]
+
+CLIP_PREFIX = "clip:"
+#: the prompt set saved beside a CLIP (:func:`save_prompt_set`)
+PROMPTS_FILE = "prompts.json"
+PROMPTS_FORMAT = "token_attributions/clip_prompts/1"
+#: OpenAI's CLIP normalisation (``CLIPImageProcessor``'s image_mean / image_std; also
+#: ``datamodules.clip_zero_shot.CLIP_MEAN`` / ``CLIP_STD``)
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+#: PIL resampling codes of a Hugging Face image processor -> timm interpolation names
+_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 
 def _check_clip(clip) -> nn.Module:
@@ -101,6 +129,10 @@ class ZeroShotClassifier(nn.Module):
     ``projection_dim``) are stored L2-normalised (buffer ``class_embeddings``); ``classnames`` (optional) is kept
     for reports. The attribution methods explain the vision tower through it (adapter
     ``methods.adapters.hf_clip.HFCLIPVisionAdapter``).
+
+    ``pretrained_cfg``: the data config timm's ``resolve_data_config(model=...)`` reads
+    (:func:`clip_pretrained_cfg`; OpenAI's mean/std unless a loader sets the model's own, as
+    :func:`load_zero_shot_classifier` does from the image processor).
     """
 
     clip_tower = "vision"
@@ -119,6 +151,7 @@ class ZeroShotClassifier(nn.Module):
             raise ValueError(f"{len(classnames)} classnames for {embeddings.shape[0]} class embeddings")
         self.register_buffer("class_embeddings", F.normalize(embeddings, dim=-1))
         self.classnames = list(classnames) if classnames is not None else None
+        self.pretrained_cfg = clip_pretrained_cfg(clip, num_classes=embeddings.shape[0])
 
     @property
     def num_classes(self) -> int:
@@ -159,8 +192,20 @@ class ZeroShotClassifier(nn.Module):
             if not templates:
                 raise ValueError("templates is empty")
             prompts = [[fill_template(t, name) for t in templates] for name in names]
+        return cls.from_prompt_lists(clip, tokenizer, names, prompts, batch_size)
+
+    @classmethod
+    def from_prompt_lists(cls, clip: nn.Module, tokenizer: Callable, classnames: Sequence[str],
+                          prompts: Sequence[Sequence[str]], batch_size: int = 256) -> "ZeroShotClassifier":
+        """:meth:`from_prompts` with the prompts of class ``c`` given as the list ``prompts[c]``, the classes in
+        the order of ``classnames`` (which may repeat a name: OpenAI's ImageNet names hold "missile" and
+        "sunglasses" twice, torchvision's tuples "('crane',)", so a dict keyed by name would lose classes)."""
+        names = list(classnames)
+        prompts = [[p] if isinstance(p, str) else list(p) for p in prompts]
         if not names:
             raise ValueError("classnames is empty")
+        if len(prompts) != len(names):
+            raise ValueError(f"{len(names)} class names but prompts for {len(prompts)} classes")
         empty = [name for name, p in zip(names, prompts) if not p]
         if empty:
             raise ValueError(f"no prompts for classes {empty}")
@@ -250,3 +295,209 @@ class PromptScorer(nn.Module):
 
     def extra_repr(self) -> str:
         return f"images={self.num_images}"
+
+
+# ------------------------------------------------------------------------------------------ data config
+def clip_pretrained_cfg(clip: nn.Module, mean: Sequence[float] = OPENAI_CLIP_MEAN,
+                        std: Sequence[float] = OPENAI_CLIP_STD, interpolation: str = "bicubic",
+                        crop_pct: float = 1.0, num_classes: Optional[int] = None) -> dict:
+    """The keys of a timm ``pretrained_cfg`` that ``timm.data.resolve_data_config`` reads, for CLIP's vision
+    tower: ``input_size`` ``(3, S, S)`` with ``S`` the vision config's ``image_size``, ``interpolation``
+    (CLIP's: bicubic), ``crop_pct`` and ``crop_mode="center"`` (CLIP resizes the shorter side to ``S`` and
+    centre-crops ``S``: ``crop_pct = 1``), ``mean`` / ``std`` (OpenAI's by default)."""
+    size = int(clip.config.vision_config.image_size)
+    mean, std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        raise ValueError(f"mean and std must have 3 entries (std > 0), got mean={mean} std={std}")
+    cfg = {"input_size": (3, size, size), "interpolation": interpolation, "crop_pct": float(crop_pct),
+           "crop_mode": "center", "mean": mean, "std": std}
+    if num_classes is not None:
+        cfg["num_classes"] = int(num_classes)
+    return cfg
+
+
+def image_processor_config(source: str) -> Optional[dict]:
+    """The ``preprocessor_config.json`` of a CLIP folder, or of a hub name in the local Hugging Face cache
+    (``None`` when there is none)."""
+    path: Optional[str] = None
+    if os.path.isdir(source):
+        candidate = os.path.join(source, "preprocessor_config.json")
+        path = candidate if os.path.isfile(candidate) else None
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(source, "preprocessor_config.json")
+        path = found if isinstance(found, str) else None
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def pretrained_cfg_from_processor(clip: nn.Module, processor: Optional[Mapping], num_classes: int) -> dict:
+    """:func:`clip_pretrained_cfg` with the image processor's ``image_mean`` / ``image_std``, ``resample`` and
+    crop (``crop_pct`` = crop size / resize size); OpenAI's values where it says nothing."""
+    processor = dict(processor or {})
+    mean = processor.get("image_mean") or OPENAI_CLIP_MEAN
+    std = processor.get("image_std") or OPENAI_CLIP_STD
+    interpolation = _RESAMPLE.get(processor.get("resample", 3), "bicubic")
+    crop_pct = 1.0
+    size, crop = processor.get("size"), processor.get("crop_size")
+    resize = size.get("shortest_edge") if isinstance(size, Mapping) else size
+    crop = crop.get("height") if isinstance(crop, Mapping) else crop
+    if processor.get("do_center_crop", True) and resize and crop:
+        crop_pct = float(crop) / float(resize)
+    return clip_pretrained_cfg(clip, mean, std, interpolation, crop_pct, num_classes)
+
+
+# ------------------------------------------------------------------------------------------ prompt files
+def save_prompt_set(folder: Union[str, os.PathLike], classnames: Sequence[str], prompts: Sequence[Sequence[str]],
+                    templates: Optional[Sequence[str]] = None) -> Path:
+    """Write the prompt set of a CLIP beside it: ``<folder>/prompts.json`` = ``{"format", "classnames",
+    "prompts": one list of prompts per class, "templates": the string templates they were filled from or
+    null}``; returns the path."""
+    classnames = [str(c) for c in classnames]
+    prompts = [[str(p) for p in per_class] for per_class in prompts]
+    if not classnames or len(prompts) != len(classnames) or any(not p for p in prompts):
+        raise ValueError(f"a prompt set needs at least one class and one prompt per class; got {len(classnames)} "
+                         f"class names and prompts for {len(prompts)} classes")
+    path = Path(os.path.expanduser(str(folder))) / PROMPTS_FILE
+    content = {"format": PROMPTS_FORMAT, "classnames": classnames, "prompts": prompts,
+               "templates": [str(t) for t in templates] if templates is not None else None}
+    path.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def read_prompt_set(folder: Union[str, os.PathLike]):
+    """The :class:`datamodules.clip_zero_shot.PromptSet` (name ``"saved"``) of ``<folder>/prompts.json``
+    (:func:`save_prompt_set`); errors name the file."""
+    from datamodules.clip_zero_shot import PromptSet
+
+    path = Path(os.path.expanduser(str(folder))) / PROMPTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no prompt set saved beside the CLIP: {str(path)!r} does not exist; give the "
+                                "prompts as model_kwargs (prompts: openai | simple | bi_legacy | custom, with "
+                                "classnames / templates)")
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+        classnames, prompts = content["classnames"], content["prompts"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"prompt file {str(path)!r} is not a prompt set (JSON with 'classnames' and 'prompts'): "
+                         f"{err}") from err
+    if (not isinstance(classnames, list) or not isinstance(prompts, list) or len(classnames) != len(prompts)
+            or not classnames or not all(isinstance(p, list) and p and all(isinstance(t, str) for t in p)
+                                         for p in prompts)):
+        raise ValueError(f"prompt file {str(path)!r}: 'classnames' and 'prompts' must be lists of the same, "
+                         "non-zero length, each class with a non-empty list of prompt strings")
+    return PromptSet("saved", [str(c) for c in classnames], prompts)
+
+
+# ------------------------------------------------------------------------------------------ clip: specs
+#: the model_kwargs of a ``clip:`` spec
+CLIP_KWARGS = ("prompts", "classnames", "templates", "prompt_batch_size")
+#: prompt sets of a ``clip:`` spec: the saved one, or those of :func:`datamodules.clip_zero_shot.build_prompt_set`
+CLIP_PROMPT_SETS = ("saved", "openai", "simple", "bi_legacy", "custom")
+
+
+def is_clip_spec(spec: Any) -> bool:
+    """Whether ``spec`` is a ``clip:<source>`` model spec."""
+    return isinstance(spec, str) and spec.startswith(CLIP_PREFIX)
+
+
+def clip_source(spec: str) -> str:
+    """What ``from_pretrained`` reads for ``clip:<source>``: a ``trained:`` spec's cached folder (trained on
+    first use), else :func:`models.loading.resolve_hf_source` of the source (``hf:`` dropped, ``~`` expanded).
+    A source that can only be a path (absolute, ``~``, ``./``, more than one ``/``) must be a folder."""
+    from models.cached_training import is_trained_spec, resolve_trained_spec
+    from models.loading import resolve_hf_source
+
+    if not is_clip_spec(spec) or not spec[len(CLIP_PREFIX):]:
+        raise ValueError(f"{spec!r} is not 'clip:<folder, cached hub name or trained:<config.yaml>>'")
+    body = spec[len(CLIP_PREFIX):]
+    if is_trained_spec(body):
+        return str(resolve_trained_spec(body))
+    source = resolve_hf_source(body)
+    name = body[len("hf:"):] if body.startswith("hf:") else body
+    path_only = os.path.isabs(name) or name.startswith(("~", "./", "../")) or name.count("/") > 1
+    if path_only and not os.path.isdir(source):
+        raise FileNotFoundError(f"CLIP folder {source!r} (from {spec!r}) does not exist (expected a save_pretrained "
+                                "folder: config.json, weights and tokenizer files)")
+    return source
+
+
+def load_clip(source: str, pretrained: bool = True):
+    """``(CLIPModel, tokenizer)`` of a folder or a hub name in the local Hugging Face cache, local files only;
+    ``pretrained=False``: the same architecture with random weights. The model is in eval mode."""
+    from transformers import AutoConfig, AutoTokenizer, CLIPConfig, CLIPModel
+
+    try:
+        if pretrained:
+            clip = CLIPModel.from_pretrained(source, local_files_only=True)
+        else:
+            config = AutoConfig.from_pretrained(source, local_files_only=True)
+            if not isinstance(config, CLIPConfig):
+                raise ValueError(f"its config is a {type(config).__name__}, not a CLIPConfig")
+            clip = CLIPModel(config)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot load a transformers CLIPModel from {source!r} with local files only (a "
+                         "save_pretrained folder with config.json and weights, or a hub name already in the local "
+                         f"Hugging Face cache; nothing is downloaded): {err}") from err
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot load the tokenizer of the CLIP {source!r} from local files (tokenizer.json or "
+                         f"vocab.json + merges.txt beside the model): {err}") from err
+    return clip.eval(), tokenizer
+
+
+def zero_shot_prompt_set(source: str, prompts: Optional[str] = None, classnames=None, templates=None):
+    """The prompt set of a ``clip:`` spec: ``prompts="saved"`` (the default when ``source`` is a folder with
+    ``prompts.json``) reads it (no ``classnames`` / ``templates`` then); ``openai`` / ``simple`` / ``bi_legacy``
+    / ``custom`` are :func:`datamodules.clip_zero_shot.build_prompt_set`'s sets (ImageNet's 1,000 classes unless
+    ``classnames`` are given)."""
+    from datamodules.clip_zero_shot import build_prompt_set
+
+    saved = os.path.isfile(os.path.join(source, PROMPTS_FILE))
+    if prompts is None:
+        if not saved:
+            raise ValueError(f"the CLIP {source!r} has no saved prompt set ({PROMPTS_FILE}): give model_kwargs "
+                             "{prompts: openai | simple | bi_legacy | custom} (with classnames / templates)")
+        prompts = "saved"
+    if prompts not in CLIP_PROMPT_SETS:
+        raise ValueError(f"prompts must be one of {CLIP_PROMPT_SETS}, got {prompts!r}")
+    if prompts == "saved":
+        if classnames is not None or templates is not None:
+            raise ValueError("the saved prompt set has its own class names and templates: use prompts='custom' to "
+                             "give classnames and templates")
+        return read_prompt_set(source)
+    return build_prompt_set(prompts, classnames=classnames, templates=templates, imagenet=True)
+
+
+def load_zero_shot_classifier(spec: str, pretrained: bool = True,
+                              model_kwargs: Optional[Mapping[str, Any]] = None) -> ZeroShotClassifier:
+    """The :class:`ZeroShotClassifier` of ``clip:<source>`` (module docstring), in eval mode.
+
+    ``model_kwargs``: ``prompts`` (``saved``, the default when the folder has ``prompts.json``; ``openai``,
+    ``simple``, ``bi_legacy``, ``custom``), ``classnames``, ``templates`` (:func:`zero_shot_prompt_set`),
+    ``prompt_batch_size`` (prompts per text forward, default 256). ``pretrained=False``: random weights of the
+    same architecture (tests). The classifier also carries ``tokenizer``, ``source`` (the folder or name read),
+    ``prompt_set`` and ``prompts`` (the prompts of each class), and ``pretrained_cfg`` with the image processor's
+    mean/std and crop (:func:`pretrained_cfg_from_processor`).
+    """
+    kwargs = dict(model_kwargs or {})
+    unknown = sorted(set(kwargs) - set(CLIP_KWARGS))
+    if unknown:
+        raise ValueError(f"unknown model_kwargs {unknown} for {spec!r}; a clip: spec takes {list(CLIP_KWARGS)}")
+    source = clip_source(spec)
+    prompt_set = zero_shot_prompt_set(source, kwargs.get("prompts"), kwargs.get("classnames"),
+                                      kwargs.get("templates"))
+    clip, tokenizer = load_clip(source, pretrained)
+    batch_size = int(kwargs.get("prompt_batch_size") or 256)
+    classifier = ZeroShotClassifier.from_prompt_lists(clip, tokenizer, prompt_set.classnames, prompt_set.prompts,
+                                                      batch_size)
+    classifier.pretrained_cfg = pretrained_cfg_from_processor(clip, image_processor_config(source),
+                                                              classifier.num_classes)
+    classifier.tokenizer = tokenizer
+    classifier.source = source
+    classifier.prompt_set = prompt_set
+    return classifier.eval()
