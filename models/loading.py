@@ -78,12 +78,18 @@ def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[
       (e.g. a sentence-embedding BERT such as all-MiniLM-L6-v2) loads its encoder and gets a *newly initialised*
       head (``num_labels`` outputs, random until trained; transformers reports the missing keys): their names
       are in ``model.newly_initialized_keys``.
+    * ``clip:<folder or trained:...>``: a CLIP model in ``save_pretrained`` layout with its prompt set, as a
+      zero-shot classifier (:func:`models.clip.load_zero_shot_classifier`).
     * ``allow_pickle``: for classifier files only, see :func:`models.checkpoint_io.read_checkpoint`.
     """
     from models.cached_training import is_trained_spec, resolve_trained_spec
     from models.classifier_file import load_classifier
     from models.synthetic import is_synthetic_spec, resolve_synthetic_spec
 
+    from models.clip import is_clip_spec, load_zero_shot_classifier
+
+    if is_clip_spec(classifier):  # clip:<hf folder or trained: spec>: a zero-shot classifier (models.clip)
+        return load_zero_shot_classifier(classifier, pretrained, model_kwargs)
     if is_synthetic_spec(classifier):
         if model_kwargs:
             raise ValueError("model_kwargs apply to 'timm:<name>' and 'hf:<name>' classifiers only")
