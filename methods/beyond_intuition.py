@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .adapters import ActivationRecorder
+from .adapters import ActivationRecorder, ModelInputs
 from .attention_gradients import attention_and_gradients, check_gradient_of, target_score
 from .base import AttributionMethod, check_start_layer
 from .readout import (check_class_token_score, check_readout, is_sequence, read_out, real_positions,
@@ -18,6 +18,11 @@ from .readout import (check_class_token_score, check_readout, is_sequence, read_
 from .registry import register_method
 from .rollout import accumulate_residual
 from .targets import resolve_target
+
+
+def _sample_slice(inputs: ModelInputs, start: int, stop: int) -> ModelInputs:
+    """Samples ``start:stop`` of a batch (every tensor of :class:`ModelInputs` is batch-first)."""
+    return inputs.with_tensors(**{name: t[start:stop] for name, t in inputs.tensors.items()})
 
 
 def attention_perception_headwise(attn: Tensor, grad: Tensor, positions: Optional[Tensor] = None) -> Tensor:
@@ -65,8 +70,13 @@ class _BeyondIntuition(AttributionMethod):
       block's post-softmax attention, clamped at 0 after the step mean and then averaged over heads
       (``generate_ours`` lines 209-229). ``α_k x`` is the adapter's interpolation (``adapter.interpolate``): the
       pixels for images, baseline the all-zero normalised image. The α = 1 point is the clean pass, reused. The
-      K-1 other points are batched (``ig_batch_size`` bounds the samples per forward to cap memory) and need
-      autograd only through the last block.
+      K-1 other points of every sample are batched and need autograd only through the last block.
+      ``ig_batch_size``: the most interpolated inputs per forward (a bound on memory; the scores do not depend
+      on it beyond float rounding); ``None``: all ``(K-1) * B`` at once; ``"auto"`` (default): on the CPU as
+      many as keep one attention map ``[n, H, N, N]`` within 16 MiB (:meth:`ig_sequences_per_forward`; larger
+      tensors cost fresh pages from the system on every allocation and fall out of the caches: at batch 16,
+      256 positions, BERT-base the 304 sequences of one forward were about 20 % slower per sequence than ...),
+      everything at once on other devices.
     * read-out of ``F ⊙ P`` (``readout``, :func:`methods.readout.read_out`): the [CLS] row for [CLS] models, the
       mean over the content rows (the code's ``mae`` read-out) for global average pooling (``auto``).
     * ``reasoning_feedback=False`` returns ``|P|`` read out the same way (their ``ssl=True`` branch).
@@ -82,9 +92,11 @@ class _BeyondIntuition(AttributionMethod):
 
     #: 0-based start layer by default: (images, sequences as an offset from the end)
     default_start_layers = (0, -1)
+    #: ``ig_batch_size="auto"`` on the CPU: the attention-map bytes one integrated-gradient forward may hold
+    IG_AUTO_ATTENTION_BYTES = 16 * 2**20
 
     def __init__(self, start_layer: Optional[int] = None, steps: int = 20, readout: str = "auto",
-                 reasoning_feedback: bool = True, gradient_of: str = "logit", ig_batch_size: Optional[int] = None,
+                 reasoning_feedback: bool = True, gradient_of: str = "logit", ig_batch_size="auto",
                  class_token_score: str = "auto", include_padding: bool = False):
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
@@ -95,30 +107,64 @@ class _BeyondIntuition(AttributionMethod):
         self.readout = check_readout(readout)
         self.reasoning_feedback = reasoning_feedback
         self.gradient_of = check_gradient_of(gradient_of)
+        if not (ig_batch_size is None or ig_batch_size == "auto" or (isinstance(ig_batch_size, int)
+                                                                   and ig_batch_size >= 1)):
+            raise ValueError(f"ig_batch_size must be a positive integer, None or 'auto', got {ig_batch_size!r}")
         self.ig_batch_size = ig_batch_size
 
     def perception_pass(self, adapter, inputs, target, start):  # pragma: no cover - abstract
         """One clean pass: the perception updates ``Ã_l``, the last block's attention gradient, the targets."""
         raise NotImplementedError
 
+    def ig_sequences_per_forward(self, adapter, inputs) -> int:
+        """How many interpolated inputs (``α_k x`` of one sample) one forward of the integrated gradients takes:
+        ``ig_batch_size``, or for ``"auto"`` (the default) on the CPU the most whose attention maps
+        ``[n, H, N, N]`` stay within :attr:`IG_AUTO_ATTENTION_BYTES` (at least one), and every point at once
+        on other devices."""
+        if self.ig_batch_size != "auto":
+            return int(self.ig_batch_size) if self.ig_batch_size is not None else (self.steps - 1) * inputs.batch_size
+        if inputs.device.type != "cpu":
+            return (self.steps - 1) * inputs.batch_size
+        tokens = self._tokens(adapter, inputs)
+        itemsize = torch.finfo(inputs.score_dtype).bits // 8
+        per_sequence = adapter.num_heads * tokens * tokens * itemsize
+        return max(1, self.IG_AUTO_ATTENTION_BYTES // per_sequence)
+
+    @staticmethod
+    def _tokens(adapter, inputs) -> int:
+        """Positions per sequence, from the layout: the sequence length, or the patches plus prefix tokens."""
+        layout = adapter.layout(inputs)
+        if is_sequence(layout):
+            return int(layout.attention_mask.shape[1])
+        return int(layout.rows * layout.cols + layout.prefix)
+
     def _last_attention_gradients(self, adapter, inputs, target: Tensor):
-        """Sum over the α_k < 1 of ``∇A_{L-1}(α_k x)``, batched over steps and samples."""
+        """Sum over the α_k < 1 of ``∇A_{L-1}(α_k x)``, batched over steps and samples: each forward takes at
+        most :meth:`ig_sequences_per_forward` interpolated inputs (whole steps of the batch when that is at
+        least the batch size, else slices of the batch one step at a time)."""
         last = adapter.depth - 1
         alphas = torch.linspace(0, 1, self.steps, dtype=torch.float64)[:-1]
         if len(alphas) == 0:
             return 0
         batch = inputs.batch_size
-        chunk_steps = len(alphas) if self.ig_batch_size is None else max(1, self.ig_batch_size // batch)
-        total = 0
-        for i in range(0, len(alphas), chunk_steps):
-            chunk = alphas[i:i + chunk_steps]
-            with ActivationRecorder() as rec:
-                adapter.record_attention(rec, last, "attn", require_grad=True)
-                logits = adapter.forward(adapter.interpolate(inputs, chunk), grad_from_block=last)
-            score = target_score(logits, target.repeat(len(chunk)), self.gradient_of)
-            (grad,) = torch.autograd.grad(score, rec["attn"])
-            total = total + grad.unflatten(0, (len(chunk), batch)).sum(dim=0)
-        return total
+        per_forward = max(1, self.ig_sequences_per_forward(adapter, inputs))
+        samples = min(batch, per_forward)
+        chunk_steps = max(1, per_forward // samples)
+        parts = []
+        for start in range(0, batch, samples):
+            part = inputs if samples == batch else _sample_slice(inputs, start, start + samples)
+            part_target = target[start:start + samples]
+            total = 0
+            for i in range(0, len(alphas), chunk_steps):
+                chunk = alphas[i:i + chunk_steps]
+                with ActivationRecorder() as rec:
+                    adapter.record_attention(rec, last, "attn", require_grad=True)
+                    logits = adapter.forward(adapter.interpolate(part, chunk), grad_from_block=last)
+                score = target_score(logits, part_target.repeat(len(chunk)), self.gradient_of)
+                (grad,) = torch.autograd.grad(score, rec["attn"])
+                total = total + grad.unflatten(0, (len(chunk), part.batch_size)).sum(dim=0)
+            parts.append(total)
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def resolved_start_layer(self, adapter, layout) -> int:
         """The 0-based first block: ``start_layer``, or the modality's default (for sequences clipped to the
@@ -175,31 +221,52 @@ class BeyondIntuitionToken(_BeyondIntuition):
         "    Default ``start_layer``: 6 for images = the authors' 1-based 7 used by their perturbation test for\n"
         "    ViT-B; the last four blocks for sequences (their BERT ``generate_ours_c``: ``layer[-4:]``).\n"
         "    ``token_scale_denominator='attention_input'`` (alias ``'norm1_output'``) divides by the norm of the\n"
-        "    attention input instead of the code's block input (``'block_input'``, default).\n\n    "
+        "    attention input instead of the code's block input (``'block_input'``, default).\n"
+        "    ``token_scale_values``: the value projection ``v`` of the scale is that of the attention input\n"
+        "    (``'attention_input'``, default: the BERT and ViT code) or, as BI's CLIP code computes it\n"
+        "    (``vproj_cal(ln_1(x))`` after ``x = x + attention(...)``), of the block's first norm applied to the\n"
+        "    post-attention residual stream (``'post_attention'``; adapters with ``record_post_attention_values``:\n"
+        "    the CLIP towers).\n\n    "
         + _BeyondIntuition.__doc__
     )
 
     DENOMINATORS = ("block_input", "attention_input")
+    VALUE_SOURCES = ("attention_input", "post_attention")
     DENOMINATOR_ALIASES = {"norm1_output": "attention_input"}
 
     default_start_layers = (6, -4)
 
-    def __init__(self, start_layer: Optional[int] = None, token_scale_denominator: str = "block_input", **options):
+    def __init__(self, start_layer: Optional[int] = None, token_scale_denominator: str = "block_input",
+                 token_scale_values: str = "attention_input", **options):
         token_scale_denominator = self.DENOMINATOR_ALIASES.get(token_scale_denominator, token_scale_denominator)
         if token_scale_denominator not in self.DENOMINATORS:
             raise ValueError(f"token_scale_denominator must be one of {self.DENOMINATORS} (or 'norm1_output'), "
                              f"got {token_scale_denominator!r}")
+        if token_scale_values not in self.VALUE_SOURCES:
+            raise ValueError(f"token_scale_values must be one of {self.VALUE_SOURCES}, got {token_scale_values!r}")
         super().__init__(start_layer=start_layer, **options)
         self.token_scale_denominator = token_scale_denominator
+        self.token_scale_values = token_scale_values
+
+    def _record_values(self, adapter):
+        """The adapter's recorder of the scale's value projection (``token_scale_values``)."""
+        if self.token_scale_values == "attention_input":
+            return adapter.record_values
+        record = getattr(adapter, "record_post_attention_values", None)
+        if record is None:
+            raise ValueError(f"token_scale_values='post_attention' (BI's CLIP code) needs an adapter that records "
+                             f"post-attention values (the CLIP towers); {type(adapter).__name__} does not")
+        return record
 
     def perception_pass(self, adapter, inputs, target, start):
         last = adapter.depth - 1
         layers = list(range(start, adapter.depth))
         use_attention_input = self.token_scale_denominator == "attention_input"
+        record_values = self._record_values(adapter)
         with ActivationRecorder() as rec:
             for layer in layers:
                 adapter.record_block_input(rec, layer, ("z", layer))
-                adapter.record_values(rec, layer, ("v", layer))
+                record_values(rec, layer, ("v", layer))
                 if use_attention_input:
                     adapter.record_attention_input(rec, layer, ("ln", layer))
                 adapter.record_attention(rec, layer, ("a", layer), require_grad=(layer == last))

@@ -20,7 +20,7 @@ from .lrp import LRPEngine
 from .lrp.rules import get_rules
 from .readout import check_class_token_score, check_readout, is_sequence, read_out, set_class_token_score
 from .registry import register_method
-from .rollout import rollout
+from .rollout import rollout_readout
 
 
 class _LRPMethod(AttributionMethod):
@@ -39,11 +39,26 @@ class _LRPMethod(AttributionMethod):
         self.class_token_score = check_class_token_score(class_token_score)
 
     def _read_out(self, matrix: Tensor, adapter, inputs, include_padding: bool = False) -> Tensor:
+        return self._finish(read_out(matrix, adapter, inputs, self.readout, adapter.layout(inputs)), adapter,
+                            inputs, include_padding)
+
+    def _read_out_rollout(self, matrices, row_normalize: bool, adapter, inputs,
+                          include_padding: bool = False) -> Tensor:
+        """The read-out of the rollout of ``matrices`` (:func:`methods.rollout.rollout_readout`)."""
         layout = adapter.layout(inputs)
-        row = read_out(matrix, adapter, inputs, self.readout, layout)
+        row = rollout_readout(matrices, row_normalize, lambda m: read_out(m, adapter, inputs, self.readout, layout))
+        return self._finish(row, adapter, inputs, include_padding)
+
+    def _finish(self, row: Tensor, adapter, inputs, include_padding: bool) -> Tensor:
+        layout = adapter.layout(inputs)
         row = set_class_token_score(row, adapter, layout, self.class_token_score, self.default_class_token_score,
                                     include_padding)
         return layout.output(row)
+
+
+def _relevance_times_gradient(_layer: int, cam: Tensor, grad: Tensor) -> Tensor:
+    """``mean_h relu(grad_A * R_A)`` ``[B, N, N]``, in the gradient's storage (the engine's ``cam_reduce``)."""
+    return grad.mul_(cam).clamp_(min=0).mean(dim=1)
 
 
 @register_method("lrp")
@@ -138,12 +153,13 @@ class TransformerAttribution(_LRPMethod):
     def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter.depth, self.name)
         layers = list(range(start, adapter.depth))
-        res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers, grad_layers=layers)
-        mats = [(res.attn_grad[l] * res.attn_cam[l]).clamp(min=0).mean(dim=1) for l in layers]
+        res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers, grad_layers=layers,
+                                        cam_reduce=_relevance_times_gradient)
+        mats = [res.attn_cam[l] for l in layers]
         normalize = self.row_normalize
         if normalize is None:
             normalize = is_sequence(adapter.layout(inputs))
-        return self._read_out(rollout(mats, normalize), adapter, inputs, self.include_padding)
+        return self._read_out_rollout(mats, normalize, adapter, inputs, self.include_padding)
 
 
 @register_method("lrp_rollout")
@@ -162,6 +178,7 @@ class LRPRollout(_LRPMethod):
     def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter.depth, self.name)
         layers = list(range(start, adapter.depth))
-        res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers)
-        mats = [res.attn_cam[l].clamp(min=0).mean(dim=1) for l in layers]
-        return self._read_out(rollout(mats, self.row_normalize), adapter, inputs)
+        res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers,
+                                        cam_reduce=lambda _layer, cam, _grad: cam.clamp_(min=0).mean(dim=1))
+        mats = [res.attn_cam[l] for l in layers]
+        return self._read_out_rollout(mats, self.row_normalize, adapter, inputs)

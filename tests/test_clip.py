@@ -18,7 +18,6 @@ patch columns (image) or the EOT row's columns ``1 .. EOT-1`` (text).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -183,18 +182,6 @@ def test_mm_generic_attribution_image_and_text(mm, tag, start_layer):
 
 
 # --------------------------------------------------------------------------------------------- BI
-class BeyondIntuitionTokenCLIPValues(BeyondIntuitionToken):
-    """Token-wise Beyond Intuition with the value quirk of BI's CLIP model (``vproj`` from ``ln_1`` of the
-    post-attention stream; ``HFCLIPVisionAdapter.record_post_attention_values``)."""
-
-    def perception_pass(self, adapter, inputs, target, start):
-        adapter.record_values = adapter.record_post_attention_values
-        try:
-            return super().perception_pass(adapter, inputs, target, start)
-        finally:
-            del adapter.record_values
-
-
 # golden key -> (method, options); BI's num_layers=n uses the blocks with index > n: start_layer = n + 1
 BI_IMAGE_CALLS = {
     **{f"ours_h_nl{n}": ("beyond_intuition_head", dict(start_layer=n + 1, steps=20)) for n in (-1, 0, 1)},
@@ -216,9 +203,10 @@ def test_bi_image_side(bi, key):
 @pytest.mark.parametrize("n", [-1, 0, 1])
 def test_bi_tokenwise_image_side_with_clip_values(bi, n):
     """Ours-T (``Interpretor.generate_ours_c``; the notebook's image side, steps=1 as above) holds with BI's
-    CLIP value quirk; the default (values of the attention input, as BI's ViT and BERT code) differs from it."""
+    CLIP value quirk (``token_scale_values="post_attention"``); the default (values of the attention input, as
+    BI's ViT and BERT code) differs from it."""
     for key, steps in ((f"ours_t_nl{n}", 20), (f"nb_ours_t_nl{n}__image_tok", 1)):
-        method = BeyondIntuitionTokenCLIPValues(start_layer=n + 1, steps=steps)
+        method = BeyondIntuitionToken(start_layer=n + 1, steps=steps, token_scale_values="post_attention")
         ours = method(bi.classifier, bi.images, target=bi.class_targets).double().numpy()
         _check(ours, bi.z[key], bi.tol[key], key)
     default = bi.image_side("beyond_intuition_token", start_layer=n + 1, steps=1)
@@ -235,7 +223,8 @@ def test_bi_text_side(bi, n):
     ours = bi.text_side("beyond_intuition_head", start_layer=n + 1, steps=20)
     _check(bi.text_rows(ours), bi.text_rows(bi.z[key]), bi.tol[key], key)
     key = f"nb_ours_t_nl{n}__text_eot_row"
-    ours = bi.text_side(None, BeyondIntuitionTokenCLIPValues(start_layer=n + 1, steps=20))
+    ours = bi.text_side(None, BeyondIntuitionToken(start_layer=n + 1, steps=20,
+                                                     token_scale_values="post_attention"))
     _check(bi.text_rows(ours), bi.text_rows(bi.z[key]), bi.tol[key], key)
 
 
@@ -252,6 +241,19 @@ def test_bi_post_attention_values_match_the_reference(bi):
         vproj = rec[("v", l)][0] @ adapter.attention_linears(l).out.weight.detach().t()
         np.testing.assert_allclose(vproj.numpy(), bi.z["dbg_t0__vproj"][l], rtol=0, atol=2e-5)
         np.testing.assert_allclose(rec[("z", l)][0].numpy(), bi.z["dbg_t0__block_input"][l], rtol=0, atol=2e-5)
+
+
+def test_post_attention_values_are_named_where_they_do_not_exist():
+    """The CLIP value quirk is an option of the CLIP towers only: elsewhere, and for an unknown value, the error
+    names it."""
+    from test_method_contract import _tiny_bert
+
+    model = _tiny_bert().eval()
+    ids = torch.tensor([[2, 5, 6, 7, 3]])
+    with pytest.raises(ValueError, match="post_attention.*BertForSequenceClassification|post_attention.*does not"):
+        BeyondIntuitionToken(token_scale_values="post_attention", steps=2)(model, ids, target=0)
+    with pytest.raises(ValueError, match="token_scale_values must be one of"):
+        BeyondIntuitionToken(token_scale_values="ln_1")
 
 
 def test_padded_texts_equal_each_text_alone(mm):
@@ -395,8 +397,6 @@ def test_prompt_sets():
     template over torchvision's tuples of lemmas)."""
     from datamodules.clip_zero_shot import build_prompt_set
 
-    if importlib.util.find_spec("open_clip") is None:
-        pytest.skip("open_clip_torch is not installed (OpenAI's class names and templates come from it)")
     openai = build_prompt_set("openai")
     assert len(openai) == 1000 and {len(p) for p in openai.prompts} == {80}
     assert openai.classnames[:2] == ["tench", "goldfish"] and openai.prompts[0][0] == "a bad photo of a tench."

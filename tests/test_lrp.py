@@ -331,3 +331,65 @@ def test_conv_zb_conservation():
     assert torch.allclose(out.sum(dim=(1, 2, 3)), r.sum(dim=(1, 2, 3)), rtol=1e-6)
     one = R.conv_zb(x[1:], w, r[1:], (4, 4), (0, 0))   # L/H per sample
     assert torch.allclose(out[1:], one)
+
+
+def test_mask_add_and_shared_linear_rules_equal_their_compositions():
+    """``RuleSet.mask_add`` (the scores' share of ``scores + mask``, the mask's dropped) is the ``"add"`` rule's
+    first output, bit for bit, with an explicit mask and with ``None`` for an all-zero one; ``linear_shared``
+    is the sum of the ``"linear"`` rule over the layers reading one input (up to the order of additions)."""
+    torch.manual_seed(6)
+    scores = torch.randn(3, 2, 5, 7, dtype=torch.float64)
+    r = torch.randn(3, 2, 5, 7, dtype=torch.float64)
+    mask = torch.zeros(3, 1, 1, 7, dtype=torch.float64)
+    mask[1, ..., 5:] = torch.finfo(torch.float64).min
+    r[1, ..., 5:] = 0                                        # a padded key's attention, hence relevance, is 0
+    for name in ("ours", "orig"):
+        rules = R.get_rules(name)
+        for m in (mask, None):
+            expected = rules["add"](scores, torch.zeros_like(mask) if m is None else m, r)[0]
+            assert torch.equal(rules.mask_add(scores.clone(), m, r), expected), (name, m is None)
+        x = torch.randn(4, 6, 16, dtype=torch.float64)
+        layers = []
+        for out_dim in (8, 8, 12):
+            w, b = torch.randn(out_dim, 16, dtype=torch.float64), torch.randn(out_dim, dtype=torch.float64)
+            layers.append((w, torch.randn(4, 6, out_dim, dtype=torch.float64), x @ w.T + b, b))
+        separate = sum(rules["linear"](x, w, rel, out.clone(), b) for w, rel, out, b in layers)
+        shared = rules.linear_shared(x, [(w, rel, out.clone(), b) for w, rel, out, b in layers])
+        assert torch.allclose(shared, separate, rtol=1e-12, atol=1e-12 * separate.abs().max()), name
+        assert torch.allclose(R.RuleSet("plain", {"linear": rules["linear"]}).linear_shared(x, layers), separate,
+                              rtol=1e-12, atol=1e-12 * separate.abs().max())
+
+
+def test_rollout_readout_equals_the_read_out_rollout():
+    from methods.rollout import rollout, rollout_readout
+
+    torch.manual_seed(7)
+    mats = [torch.rand(2, 6, 6, dtype=torch.float64) for _ in range(4)]
+    weights = torch.rand(2, 6, dtype=torch.float64)
+    for normalize in (False, True):
+        for read in (lambda m: m[:, 0], lambda m: (m * weights[:, :, None]).sum(dim=1)):
+            full = read(rollout(mats, normalize))
+            assert torch.allclose(rollout_readout(mats, normalize, read), full, rtol=1e-12)
+
+
+def test_engine_reduces_each_attention_map_as_it_goes():
+    """``cam_reduce`` gets each layer's ``R_A`` and gradient once; what it returns replaces ``R_A`` and the
+    gradients it consumed leave ``attn_grad``."""
+    model = _small()
+    adapter = TimmViTAdapter(model)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    seen = []
+
+    def reduce(layer, cam, grad):
+        seen.append(layer)
+        return (grad * cam).sum(dim=1)
+
+    with adapter.eager_attention():
+        inputs = adapter.prepare_inputs(x)
+        dense = LRPEngine("ours").run(adapter, inputs, 3, cam_layers=[1, 2], grad_layers=[0, 1, 2])
+        reduced = LRPEngine("ours").run(adapter, inputs, 3, cam_layers=[1, 2], grad_layers=[0, 1, 2],
+                                        cam_reduce=reduce)
+    assert seen == [2, 1] and sorted(reduced.attn_grad) == [0]
+    assert torch.equal(reduced.attn_grad[0], dense.attn_grad[0])
+    for l in (1, 2):
+        assert torch.allclose(reduced.attn_cam[l], (dense.attn_grad[l] * dense.attn_cam[l]).sum(dim=1), rtol=1e-12)

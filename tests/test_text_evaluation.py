@@ -223,6 +223,34 @@ def test_module_explains_text_batches_with_padding_zero(tiny_bert_dir, batch):
         module.test_step(bad, 0)
 
 
+def test_settings_with_equal_targets_reuse_the_map(tiny_bert_dir, batch):
+    """``predicted`` and ``target``: samples whose two targets agree are explained once, the others again as a
+    smaller batch; every map equals the method's own call for that setting."""
+    from lightning_modules.evaluation import AttributionEvaluationModule
+    from methods import build_method
+
+    module = AttributionEvaluationModule(classifier=f"hf:{tiny_bert_dir}", methods=["transformer_attribution"],
+                                         class_settings=["target", "predicted"])
+    with torch.no_grad():
+        predicted = module.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.argmax(-1)
+    inputs = module.model_inputs(batch)
+    method = build_method("transformer_attribution")
+    for labels in (predicted, 1 - predicted, torch.stack([predicted[0], 1 - predicted[1], predicted[2]])):
+        sizes = []
+        inner = module.methods["transformer_attribution"]
+        module.methods["transformer_attribution"] = lambda model, x, target=None, sample_ids=None: (
+            sizes.append(len(target)) or inner(model, x, target=target, sample_ids=sample_ids))
+        module.methods["transformer_attribution"].class_specific = True
+        out = module.test_step(dict(batch, label=labels), 0)
+        module.methods["transformer_attribution"] = inner
+        differ = int((labels != predicted).sum())
+        assert sizes == [3] + ([differ] if differ else [])
+        for setting, target in (("target", labels), ("predicted", predicted)):
+            expected = method(module.model, inputs, target=target)
+            torch.testing.assert_close(out["relevance"]["transformer_attribution"][setting], expected,
+                                       atol=1e-6, rtol=1e-5)
+
+
 # ----------------------------------------------------------------------------------------------- end to end
 def test_evaluate_movie_reviews_end_to_end(tiny_bert_dir, tmp_path, monkeypatch):
     """evaluate.py on a tiny BERT and 6 Movie Reviews test documents: the model's tokenizer reaches the

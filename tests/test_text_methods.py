@@ -185,6 +185,20 @@ def test_lrp_mask_value_does_not_reach_the_relevance(te64):
     assert (runs[0].input_relevance[padded] == 0).all()
 
 
+def test_te_bert_lrp_on_a_batch_without_padding(te64):
+    """A batch without padding takes the path where the mask of the Add rule is all zero and is not formed
+    (``RuleSet.mask_add`` with ``mask=None``): the same goldens, examples 0 and 1 (no padding) alone."""
+    batch = {k: v[[0, 1, 3, 4]] for k, v in te64.batch.items()}
+    assert bool(batch["attention_mask"].all())
+    targets = te64.targets[[0, 1, 3, 4]]
+    for key in ("ta_s0", "ta_last", "partial_lrp", "full_lrp"):
+        name, options, _ = TE_CALLS[key]
+        ours = build_method(name, **options)(te64.model, batch, target=targets).double().numpy()
+        ours = ours.reshape(2, 2, -1).transpose(1, 0, 2)
+        gold = te64.z[f"{key}__tok"][:2]
+        assert _rel(ours, gold, te64.z["attention_mask"][:2]) < 1e-6, key
+
+
 # --------------------------------------------------------------------------------------------- BI, float32
 # golden key -> (method, options, class_specific); Beyond Intuition's BERT generator
 BI_CALLS = {
@@ -250,6 +264,32 @@ def test_bi_bert_tokenwise_scale_and_feedback_intermediates(bi32):
         scale = attention_perception_tokenwise(ones, rec[("z", l)][:1], rec[("v", l)][:1],
                                                adapter.attention_linears(l).out.weight)[0, 0]
         np.testing.assert_allclose(scale.detach().numpy(), z["dbg_ex0__ours_t_token_scale"][l], rtol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["beyond_intuition_head", "beyond_intuition_token"])
+def test_integrated_gradient_chunks_give_the_same_scores(te64, name):
+    """``ig_batch_size`` bounds the interpolated inputs per forward (whole steps of the batch, or slices of the
+    batch one step at a time); the scores are those of one forward of all ``(steps - 1) * B`` inputs, up to the
+    order of the float64 additions."""
+    method = build_method(name, steps=7, ig_batch_size=None)
+    whole = method(te64.model, te64.batch, target=te64.targets)
+    assert method.ig_sequences_per_forward(adapter_for(te64.model),
+                                           adapter_for(te64.model).prepare_inputs(te64.batch)) == 36
+    for size in (1, 4, 6, 13, "auto"):
+        chunked = build_method(name, steps=7, ig_batch_size=size)(te64.model, te64.batch, target=te64.targets)
+        torch.testing.assert_close(chunked, whole, rtol=1e-10, atol=1e-13 * float(whole.abs().max()))
+    with pytest.raises(ValueError, match="ig_batch_size"):
+        build_method(name, ig_batch_size=0)
+
+
+def test_integrated_gradient_auto_chunk_size(te64):
+    """``ig_batch_size="auto"`` on the CPU: the most sequences whose attention maps ``[n, H, N, N]`` fit in
+    16 MiB; here 4 heads x 16 x 16 positions x 8 bytes = 8 KiB per sequence."""
+    method = build_method("beyond_intuition_token")
+    adapter = adapter_for(te64.model)
+    assert method.ig_batch_size == "auto"
+    per_sequence = 4 * 16 * 16 * 8
+    assert method.ig_sequences_per_forward(adapter, adapter.prepare_inputs(te64.batch)) == 16 * 2**20 // per_sequence
 
 
 # --------------------------------------------------------------------------------------------- the adapter

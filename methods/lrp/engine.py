@@ -12,7 +12,7 @@ caller needs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -20,6 +20,7 @@ from torch import Tensor
 from ..adapters import ActivationRecorder, ModelAdapter, ModelInputs
 from ..targets import class_score, resolve_target
 from .rules import RuleSet, get_rules
+from .sublayers import release_block
 from .topology import topology_for
 
 
@@ -49,12 +50,20 @@ class LRPEngine:
         return topology
 
     def run(self, adapter: ModelAdapter, inputs: ModelInputs, target=None, cam_layers: Sequence[int] = (),
-            grad_layers: Sequence[int] = (), to_input: bool = False) -> LRPResult:
+            grad_layers: Sequence[int] = (), to_input: bool = False,
+            cam_reduce: Optional[Callable[[int, Tensor, Optional[Tensor]], Tensor]] = None) -> LRPResult:
         """Relevance of the attention maps of ``cam_layers``, gradients of ``grad_layers`` and, with
         ``to_input``, the relevance at the input (the pixels for images).
 
         Only the blocks from ``min(cam_layers)`` up are recorded and propagated through (the lowest one only
-        down to its attention map) unless ``to_input`` asks for everything.
+        down to its attention map) unless ``to_input`` asks for everything. A block's recorded activations are
+        released as soon as the pass has gone through it.
+
+        ``cam_reduce(layer, R_A, grad)``: called for each layer of ``cam_layers`` as soon as its ``R_A``
+        (``[B, H, N, N]``) is known, with that layer's attention gradient (``None`` when the layer is not in
+        ``grad_layers``); its return value is kept in ``attn_cam[layer]`` instead of ``R_A`` and the gradient
+        is not kept in ``attn_grad``. Both tensors belong to the engine (the function may overwrite them), so
+        a method that reduces them (Transformer Attribution) holds one layer's maps at a time, not all.
         """
         topology = self.topology(adapter)
         depth = adapter.depth
@@ -64,19 +73,21 @@ class LRPEngine:
         blocks = list(range(lowest, depth))
         with ActivationRecorder() as rec:
             topology.record(rec, blocks, to_input, grad_blocks=grad_layers,
-                        layer_outputs=self.rules.linear_uses_output)
+                            layer_outputs=self.rules.linear_uses_output)
             if grad_layers:
                 logits = adapter.forward(inputs, grad_from_block=min(grad_layers))
             else:
                 with torch.no_grad():
                     logits = adapter.forward(inputs, grad_from_block=depth)
             acts = dict(rec.outputs)
+            rec.outputs.clear()
         target = resolve_target(logits, target)
         result = LRPResult(logits=logits.detach(), target=target)
         if grad_layers:
-            attns = [acts[("attn", l)] for l in grad_layers]
-            grads = torch.autograd.grad(class_score(logits, target), attns)
+            grads = torch.autograd.grad(class_score(logits, target), [acts[("attn", l)] for l in grad_layers])
             result.attn_grad = {l: g.detach() for l, g in zip(grad_layers, grads)}
+            del grads
+        del logits
         acts = {k: v.detach() for k, v in acts.items()}
         mask = adapter.context(inputs).attention_mask
         if mask is not None:
@@ -88,8 +99,12 @@ class LRPEngine:
             for l in reversed(blocks):
                 need_below = to_input or l > lowest
                 r, cam = topology.block_relprop(self.rules, acts, l, r, need_below)
+                release_block(acts, l)
                 if l in cam_layers:
+                    if cam_reduce is not None:
+                        cam = cam_reduce(l, cam, result.attn_grad.pop(l, None))
                     result.attn_cam[l] = cam
+                del cam
             if to_input:
                 result.input_relevance = topology.input_relprop(self.rules, acts, r)
         return result

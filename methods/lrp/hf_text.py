@@ -101,13 +101,15 @@ class HFTextTopology(Topology):
     def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
         """Relevance through layer ``layer``: ``(R at the layer input or None, R_A [B, H, N, N])``."""
         x = acts[("x", layer)]
-        mask = acts.get("lrp_mask")
-        if mask is None:
-            mask = additive_mask(acts["attention_mask"].to(x.device), x.dtype, self.mask_value)
-            acts["lrp_mask"] = mask
+        if "lrp_mask" not in acts:      # None: no padding in the batch, the Add of an all-zero mask
+            if self.mask_value not in MASK_VALUES:
+                raise ValueError(f"mask_value must be one of {MASK_VALUES}, got {self.mask_value!r}")
+            attention_mask = acts["attention_mask"].to(x.device)
+            acts["lrp_mask"] = (None if bool(attention_mask.all()) else
+                                additive_mask(attention_mask, x.dtype, self.mask_value))
         head_dim = self.adapter.width // self.adapter.num_heads
-        tensors = block_tensors(acts, layer, mlp_in=acts.get(("mlp_in", layer)), mask=mask,
-                                scale=math.sqrt(head_dim))
+        tensors = block_tensors(acts, layer, mlp_in=acts.get(("mlp_in", layer)), mask=acts["lrp_mask"],
+                                scale=math.sqrt(head_dim), mask_add=True)
         return block_relprop(rules, tensors, self.adapter.attention_linears(layer), self.adapter.mlp_linears(layer),
                              self.adapter.num_heads, relevance, need_below)
 

@@ -17,8 +17,14 @@ Conventions shared by all rules (reference ``RelProp`` / ``RelPropSimple``):
   (``RelProp.relprop`` default = identity).
 
 A rule set is a :class:`RuleSet`: a mapping from layer type (``"linear"``, ``"add"``, ``"clone"``, ``"matmul"``,
-``"input_conv"``, ``"select"``, ``"mean_pool"``) to a rule function. Family graph walks (``methods/lrp/walks.py``)
-only ever call ``rules[layer_type](...)``; a new family reuses these rules, a new rule set is a new mapping.
+``"input_conv"``, ``"select"``, ``"mean_pool"``) to a rule function. Two optional entries compute what a
+composition of those rules gives, in fewer passes over the tensors: ``"linear_shared"`` (the sum of the
+``"linear"`` rule over several Linear layers reading one input, as the clone of a block's query/key/value input
+sums them) and ``"mask_add"`` (the ``"add"`` rule on ``scores + mask`` when the mask's share is dropped); a rule
+set without them gets the plain composition (:meth:`RuleSet.linear_shared`, :meth:`RuleSet.mask_add`). Family
+topologies (``methods/lrp/timm_vit.py``, ``hf_text.py``) and the shared sub-layers only ever call
+``rules[layer_type](...)`` or those two methods; a new family reuses these rules, a new rule set is a new
+mapping.
 """
 from __future__ import annotations
 
@@ -60,6 +66,15 @@ def safe_divide_(a: Tensor, b: Tensor, eps: float = EPS) -> Tensor:
     return b.masked_fill_(zero, 0)
 
 
+def safe_quotient(a: Tensor, b: Tensor, eps: float = EPS) -> Tensor:
+    """``safe_divide_(a, b.clone(), eps)`` in a new buffer, without the copy: ``b + eps`` is formed there."""
+    zero = b == 0
+    den = b + eps
+    den.masked_fill_(den == 0, eps)
+    torch.div(a, den, out=den)
+    return den.masked_fill_(zero, 0)
+
+
 def _sum_per_sample(x: Tensor) -> Tensor:
     return x.reshape(x.shape[0], -1).sum(dim=1).reshape((-1,) + (1,) * (x.dim() - 1))
 
@@ -96,6 +111,20 @@ def linear_alpha1_beta0(x: Tensor, weight: Tensor, relevance: Tensor, out: Optio
     return r_in.add_(xn.mul_(s @ wn))
 
 
+def _half_quotient(abs_x: Tensor, abs_w: Tensor, relevance: Tensor, out: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``S/2 = safe_divide(R, Z) / 2`` ``[M, n_out]`` in ``out``'s storage (**overwritten**), with
+    ``2Z = out - b + |x| |W|^T``: one matrix product accumulated into ``out`` (``abs_x``: ``|x|`` as
+    ``[M, n_in]``)."""
+    n_out = abs_w.shape[0]
+    z = out.reshape(-1, n_out).addmm_(abs_x, abs_w.t())          # 2Z + b
+    if bias is None:
+        return safe_divide_(relevance.reshape(-1, n_out), z, 2 * EPS)
+    zero = z == bias                                              # 2Z == 0 exactly <=> z == b
+    z.sub_(bias - 2 * EPS)
+    z.masked_fill_(z == 0, 2 * EPS)
+    return torch.div(relevance.reshape(-1, n_out), z, out=z).masked_fill_(zero, 0)
+
+
 def _linear_alpha1_beta0_from_output(x: Tensor, weight: Tensor, relevance: Tensor, out: Tensor,
                                      bias: Optional[Tensor]) -> Tensor:
     """:func:`linear_alpha1_beta0` from the recorded output ``out = x W^T + b``, **which it overwrites**.
@@ -104,20 +133,47 @@ def _linear_alpha1_beta0_from_output(x: Tensor, weight: Tensor, relevance: Tenso
     ``S/2 = safe_divide(R, Z) / 2`` exactly (:func:`safe_divide_` with ``2 eps``), so
     ``R_in = x * (S/2 @ W) + |x| * (S/2 @ |W|)`` needs no halved copies of the weights.
     """
-    n_out, n_in = weight.shape
+    n_in = weight.shape[1]
     abs_w = weight.abs()
     abs_x = x.abs().reshape(-1, n_in)
-    z = out.reshape(-1, n_out).addmm_(abs_x, abs_w.t())          # 2Z + b
-    if bias is None:
-        s = safe_divide_(relevance.reshape(-1, n_out), z, 2 * EPS)
-    else:                                                         # 2Z == 0 exactly <=> z == b
-        zero = z == bias
-        z.sub_(bias - 2 * EPS)
-        z.masked_fill_(z == 0, 2 * EPS)
-        s = torch.div(relevance.reshape(-1, n_out), z, out=z).masked_fill_(zero, 0)
+    s = _half_quotient(abs_x, abs_w, relevance, out, bias)
     t = torch.mm(s, abs_w)
     r_in = abs_x.mul_(t)
     r_in.addcmul_(x.reshape(-1, n_in), torch.mm(s, weight, out=t))
+    return r_in.reshape(x.shape)
+
+
+def linear_alpha1_beta0_shared(x: Tensor, layers: Sequence[Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]]
+                               ) -> Tensor:
+    """``sum_p linear_alpha1_beta0(x, W_p, R_p, out_p, b_p)`` for Linear layers ``p`` that all read ``x``
+    (``layers``: ``(weight, relevance, out, bias)`` each; **every** ``out_p`` **is overwritten**; ``out_p``
+    ``None`` falls back to the rule without outputs).
+
+    The clone rule sums these relevances (the query, key and value projections of a block); the sum is
+    ``x * sum_p (S_p/2 @ W_p) + |x| * sum_p (S_p/2 @ |W_p|)``, so ``|x|`` is formed once and the back-projections
+    accumulate in two buffers (``addmm_``): the same matrix products as the separate rules, a third of the
+    element-wise passes over ``[M, n_in]``. Equal to the separate rules summed up to float rounding (the order
+    of the additions).
+    """
+    if any(out is None for _, _, out, _ in layers):
+        total = None
+        for weight, relevance, out, bias in layers:
+            r = linear_alpha1_beta0(x, weight, relevance, out, bias)
+            total = r if total is None else total.add_(r)
+        return total
+    n_in = x.shape[-1]
+    abs_x = x.abs().reshape(-1, n_in)
+    t = u = None
+    for weight, relevance, out, bias in layers:
+        abs_w = weight.abs()
+        s = _half_quotient(abs_x, abs_w, relevance, out, bias)
+        if t is None:
+            t, u = torch.mm(s, weight), torch.mm(s, abs_w)
+        else:
+            t.addmm_(s, weight)
+            u.addmm_(s, abs_w)
+    r_in = abs_x.mul_(u)
+    r_in.addcmul_(x.reshape(-1, n_in), t)
     return r_in.reshape(x.shape)
 
 
@@ -136,6 +192,29 @@ def linear_separate_groups(x: Tensor, weight: Tensor, relevance: Tensor, out: Op
     sn = safe_divide_(relevance, F.linear(xn, wn))
     r_in = xp.mul_(sp @ wp)
     return r_in.add_(xn.mul_(sn @ wn))
+
+
+def linear_separate_groups_shared(x: Tensor, layers: Sequence[Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]]
+                                  ) -> Tensor:
+    """``sum_p linear_separate_groups(x, W_p, R_p)`` over Linear layers reading ``x`` (``layers``:
+    ``(weight, relevance, out, bias)``; ``out`` and ``bias`` unused): ``x+ * sum_p (S+_p @ W+_p) +
+    x- * sum_p (S-_p @ W-_p)``, the back-projections accumulated (``addmm_``). Equal to the separate rules
+    summed up to float rounding."""
+    n_in = x.shape[-1]
+    xp, xn = _split(x.reshape(-1, n_in))
+    tp = tn = None
+    for weight, relevance, _out, _bias in layers:
+        wp, wn = _split(weight)
+        r = relevance.reshape(-1, weight.shape[0])
+        sp = safe_divide_(r, F.linear(xp, wp))
+        sn = safe_divide_(r, F.linear(xn, wn))
+        if tp is None:
+            tp, tn = torch.mm(sp, wp), torch.mm(sn, wn)
+        else:
+            tp.addmm_(sp, wp)
+            tn.addmm_(sn, wn)
+    r_in = xp.mul_(tp)
+    return r_in.add_(xn.mul_(tn)).reshape(x.shape)
 
 
 # --------------------------------------------------------------------------------------------- Add
@@ -168,16 +247,42 @@ def add_renormalised(x0: Tensor, x1: Tensor, relevance: Tensor) -> Tuple[Tensor,
     return a.mul_(safe_divide(a_fact, a_sum)), b.mul_(safe_divide(b_fact, b_sum))
 
 
+def _masked_quotient(x0: Tensor, mask: Optional[Tensor], relevance: Tensor) -> Tensor:
+    """``safe_divide(R, x0 + mask)`` in a new buffer (``mask`` ``None``: all zero, ``x0 + 0 = x0``)."""
+    return safe_quotient(relevance, x0) if mask is None else safe_divide_(relevance, x0 + mask)
+
+
+def mask_add_proportional(x0: Tensor, mask: Optional[Tensor], relevance: Tensor) -> Tensor:
+    """``add_proportional(x0, mask, R)[0]`` for a caller that drops the second operand's share (the attention
+    scores plus the additive attention mask), in a new buffer (``x0`` is not modified). ``mask``
+    broadcastable to ``x0``; ``None`` stands for an all-zero mask (no padding in the batch)."""
+    return _masked_quotient(x0, mask, relevance).mul_(x0)
+
+
+def mask_add_renormalised(x0: Tensor, mask: Optional[Tensor], relevance: Tensor) -> Tensor:
+    """``add_renormalised(x0, mask, R)[0]`` for a caller that drops the mask's share, in a new buffer (``x0``
+    is not modified): the mask's relevance ``b = mask * S`` is only summed (its per-sample sum sets the
+    renormalisation), never kept. ``mask`` ``None`` stands for an all-zero mask: then ``b = 0`` exactly and
+    nothing of it is computed (identical values as long as the relevance is finite)."""
+    a = _masked_quotient(x0, mask, relevance)
+    b_abs = None if mask is None else _sum_per_sample(a * mask).abs()
+    a.mul_(x0)
+    a_sum, r_sum = _sum_per_sample(a), _sum_per_sample(relevance)
+    total = a_sum.abs() if b_abs is None else a_sum.abs() + b_abs
+    a_fact = safe_divide(a_sum.abs(), total) * r_sum
+    return a.mul_(safe_divide(a_fact, a_sum))
+
+
 # --------------------------------------------------------------------------------------------- Clone, select, pool
 def clone(x: Tensor, relevances: Sequence[Tensor]) -> Tensor:
     """Clone rule (``layers_ours.py:151-169``, same in orig): a tensor used by several branches gets
     ``x * sum_i safe_divide(R_i, x)`` — the sum of the branch relevances wherever ``x != 0`` (conservative up to
     the stabiliser). Computed as ``x * safe_divide(sum_i R_i, x)`` (the sum before the division: the same
     value up to rounding)."""
-    total = relevances[0] + relevances[1] if len(relevances) > 1 else relevances[0].clone()
+    total = relevances[0] + relevances[1] if len(relevances) > 1 else relevances[0]
     for r in relevances[2:]:
         total += r
-    return safe_divide_(total, x.clone()).mul_(x)
+    return safe_quotient(total, x).mul_(x)
 
 
 def select(x: Tensor, relevance: Tensor) -> Tensor:
@@ -197,7 +302,7 @@ def mean_pool(x: Tensor, relevance: Tensor) -> Tensor:
 
 # --------------------------------------------------------------------------------------------- matmul
 def matmul_grad_x_input(a: Tensor, b: Tensor, relevance: Tensor, ab: Optional[Tensor] = None,
-                        scale: float = 1.0) -> Tuple[Tensor, Tensor]:
+                        scale: float = 1.0, overwrite_ab: bool = False) -> Tuple[Tensor, Tensor]:
     """Gradient x input on a product ``Z = a @ b`` (``RelPropSimple`` on the reference's ``einsum``):
     ``S = safe_divide(R, Z)``, ``R_a = a * (S @ b^T)``, ``R_b = b * (a^T @ S)``, both multiplied by ``scale``.
 
@@ -206,10 +311,19 @@ def matmul_grad_x_input(a: Tensor, b: Tensor, relevance: Tensor, ab: Optional[Te
     scale is folded into the division (``S * scale``, see :func:`safe_divide_`): for a power of two the result
     is bit for bit ``scale * R_a``, ``scale * R_b``. ``b`` is given in the layout of the product (pass
     ``k.transpose(-2, -1)`` for ``q @ k^T`` and transpose ``R_b`` back). ``ab``: the product ``a @ b`` when the
-    caller recorded it (not recomputed then, not modified).
+    caller has it (not recomputed then); it is left unchanged unless ``overwrite_ab``, which lets the rule
+    divide in its storage (one buffer of the product's size fewer).
     """
+    if ab is not None and overwrite_ab and scale != 1 and ab.numel() > a.numel() + b.numel():
+        # the product is the largest tensor here (q @ k^T): scale the two results instead of it (for a power
+        # of two the same bits: S/scale @ b^T = (S @ b^T)/scale exactly)
+        s = safe_divide_(relevance, ab)
+        return (torch.matmul(s, b.transpose(-2, -1)).mul_(a).mul_(scale),
+                torch.matmul(a.transpose(-2, -1), s).mul_(b).mul_(scale))
     if ab is None:
         den = torch.matmul(a if scale == 1 else a / scale, b)
+    elif overwrite_ab:
+        den = ab.div_(scale) if scale != 1 else ab
     else:
         den = ab / scale if scale != 1 else ab.clone()
     s = safe_divide_(relevance, den, EPS / scale)
@@ -256,6 +370,29 @@ class RuleSet:
     def __getitem__(self, layer_type: str) -> Callable:
         return self.rules[layer_type]
 
+    def linear_shared(self, x: Tensor, layers: Sequence[Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]]
+                      ) -> Tensor:
+        """The sum over Linear layers reading ``x`` (``(weight, relevance, out, bias)`` each) of the
+        ``"linear"`` rule: the set's ``"linear_shared"`` entry, or the separate rules summed. ``out`` tensors
+        may be overwritten (as by the ``"linear"`` rule)."""
+        shared = self.rules.get("linear_shared")
+        if shared is not None:
+            return shared(x, layers)
+        total = None
+        for weight, relevance, out, bias in layers:
+            r = self.rules["linear"](x, weight, relevance, out, bias)
+            total = r if total is None else total + r
+        return total
+
+    def mask_add(self, scores: Tensor, mask: Optional[Tensor], relevance: Tensor) -> Tensor:
+        """The relevance of ``scores`` in ``scores + mask`` by the ``"add"`` rule, the mask's share dropped
+        (``mask`` ``None``: all zero), in a new tensor (``scores`` is not modified): the set's ``"mask_add"``
+        entry, or the ``"add"`` rule's first output."""
+        fast = self.rules.get("mask_add")
+        if fast is not None:
+            return fast(scores, mask, relevance)
+        return self.rules["add"](scores, torch.zeros_like(scores) if mask is None else mask, relevance)[0]
+
 
 _SHARED = {
     "clone": clone,
@@ -268,14 +405,16 @@ _SHARED = {
 RULE_SETS: Dict[str, RuleSet] = {
     "ours": RuleSet(
         "ours",
-        dict(_SHARED, linear=linear_alpha1_beta0, add=add_renormalised),
+        dict(_SHARED, linear=linear_alpha1_beta0, add=add_renormalised, linear_shared=linear_alpha1_beta0_shared,
+             mask_add=mask_add_renormalised),
         "Transformer Attribution rules (TE layers_ours.py): alpha=1/beta=0 Linear with joint normalisation, "
         "renormalised Add (per sample); conservative up to the stabiliser.",
         linear_uses_output=True,
     ),
     "orig": RuleSet(
         "orig",
-        dict(_SHARED, linear=linear_separate_groups, add=add_proportional),
+        dict(_SHARED, linear=linear_separate_groups, add=add_proportional,
+             linear_shared=linear_separate_groups_shared, mask_add=mask_add_proportional),
         "Conventional LRP baseline rules (TE layers_lrp.py): Linear positive/negative groups normalised "
         "separately (non-conservative, ~2x per Linear), plain proportional Add.",
     ),

@@ -10,6 +10,7 @@ tokens that carry relevance only; the attention spreads relevance to every token
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -21,28 +22,36 @@ from ..adapters import AttentionLinears
 
 def attention_relprop(rules, q: Tensor, k: Tensor, v: Tensor, attn: Tensor, relevance_ctx: Tensor,
                       need_qk: bool = True, ctx: Optional[Tensor] = None, mask: Optional[Tensor] = None,
-                      scale: Optional[float] = None):
+                      scale: Optional[float] = None, mask_add: Optional[bool] = None):
     """Relevance through ``ctx = A @ v`` and ``A = softmax(q @ k^T * scale + mask)`` (``ViT_LRP.py:154-177``).
 
     ``relevance_ctx`` is ``[B, H, n, d]`` (relevance of the attention output before the head merge, for the
     ``n`` query rows of ``q`` and ``attn``). Returns ``(R_A, R_q, R_k, R_v)`` where ``R_A`` is the reference's
-    ``attn_cam`` (after the /2); the softmax and the scale are invisible to LRP (identity). Without ``mask``
-    ``R_A`` feeds ``q @ k^T`` directly (the ViT graph). With an additive ``mask`` (broadcastable to
-    ``[B, H, n, N]``; 0 at real keys) the Add rule first splits ``R_A`` between the scaled scores
-    ``q @ k^T / sqrt(d)`` (``scale`` = ``sqrt(d)``, the divisor of TE's BERT) and the mask, whose share is dropped
-    (TE ``BERT.py`` ``BertSelfAttention.relprop``: ``add.relprop`` after ``save_attn_cam``). Gradient x input on
-    both matmuls, each operand's relevance halved (conserves ``sum R`` when the matmul rule does).
-    ``need_qk=False`` stops after ``R_A``/``R_v`` (``R_q = R_k = None``). ``ctx``: the recorded ``A @ v``
-    (``[B, H, n, d]``), if any.
+    ``attn_cam`` (after the /2); the softmax and the scale are invisible to LRP (identity). Without the mask's
+    Add (``mask_add`` false; default: ``mask is not None``) ``R_A`` feeds ``q @ k^T`` directly (the ViT graph).
+    With it, the Add rule first splits ``R_A`` between the scaled scores ``q @ k^T / sqrt(d)`` (``scale`` =
+    ``sqrt(d)``, the divisor of TE's BERT) and the additive ``mask`` (broadcastable to ``[B, H, n, N]``, 0 at
+    real keys; ``None`` with ``mask_add=True``: all zero, a batch without padding), whose share is dropped
+    (TE ``BERT.py`` ``BertSelfAttention.relprop``: ``add.relprop`` after ``save_attn_cam``;
+    :meth:`RuleSet.mask_add`). Gradient x input on both matmuls, each operand's relevance halved (conserves
+    ``sum R`` when the matmul rule does); ``q @ k^T`` is formed once, for the Add and as the matmul rule's
+    product. ``need_qk=False`` stops after ``R_A``/``R_v`` (``R_q = R_k = None``). ``ctx``: the recorded
+    ``A @ v`` (``[B, H, n, d]``), if any.
     """
     r_attn, r_v = rules["matmul"](attn, v, relevance_ctx, ab=ctx, scale=0.5)
     if not need_qk:
         return r_attn, None, None, r_v
-    r_scores = r_attn
-    if mask is not None:
-        scores = torch.matmul(q, k.transpose(-2, -1)) / scale
-        r_scores, _ = rules["add"](scores, mask, r_attn)
-    r_q, r_kt = rules["matmul"](q, k.transpose(-2, -1), r_scores, scale=0.5)
+    kt = k.transpose(-2, -1)
+    if not (mask is not None if mask_add is None else mask_add):
+        r_q, r_kt = rules["matmul"](q, kt, r_attn, scale=0.5)
+        return r_attn, r_q, r_kt.transpose(-2, -1), r_v
+    qk = torch.matmul(q, kt)
+    if math.frexp(scale)[0] == 0.5:   # a power of two (head_dim 4**k): the scores in qk's storage, then back
+        r_scores = rules.mask_add(qk.div_(scale), mask, r_attn)
+        qk.mul_(scale)                # exactly q @ k^T again (scaling by a power of two is exact)
+    else:
+        r_scores = rules.mask_add(qk / scale, mask, r_attn)
+    r_q, r_kt = rules["matmul"](q, kt, r_scores, ab=qk, scale=0.5, overwrite_ab=True)
     return r_attn, r_q, r_kt.transpose(-2, -1), r_v
 
 
@@ -80,9 +89,9 @@ class BlockTensors:
     projection's input); ``qkv_in``: the input of the q/k/v projections; ``qkv``: the fused projection's output
     (``None`` with separate projections, whose outputs are ``q``, ``k``, ``v``, each ``[B, N, D]``);
     ``attn``: the post-softmax attention ``[B, H, N, N]``; ``mask``: the additive attention mask that enters
-    LRP's Add rule (broadcastable to ``[B, H, N, N]``, 0 at real keys; ``None``: no Add, the ViT graph) and
-    ``scale`` its scores' divisor ``sqrt(head_dim)``. The relevance pass consumes them (a Linear rule may
-    overwrite a recorded output).
+    LRP's Add rule (broadcastable to ``[B, H, N, N]``, 0 at real keys; ``None``: no Add, the ViT graph, unless
+    ``mask_add``: then an all-zero mask, a batch without padding) and ``scale`` its scores' divisor
+    ``sqrt(head_dim)``. The relevance pass consumes them (a Linear rule may overwrite a recorded output).
     """
 
     x: Tensor
@@ -101,6 +110,7 @@ class BlockTensors:
     v: Optional[Tensor] = None
     mask: Optional[Tensor] = None
     scale: Optional[float] = None
+    mask_add: Optional[bool] = None
 
 
 def record_block(rec, adapter, layer: int, layer_outputs: bool) -> None:
@@ -125,6 +135,18 @@ def record_block(rec, adapter, layer: int, layer_outputs: bool) -> None:
         rec.output(fc1, ("fc1_out", layer))
     rec.input(fc2, ("fc2_in", layer))
     rec.output(fc2, ("mlp_out", layer))
+
+
+#: the per-block keys ``(name, layer)`` that :func:`record_block` and the topologies record
+BLOCK_KEYS = ("x", "attn_out", "mlp_in", "mlp_out", "fc1_in", "fc1_out", "fc2_in", "proj_in", "qkv_in", "qkv", "attn",
+              "q", "k", "v")
+
+
+def release_block(acts, layer: int) -> None:
+    """Drop block ``layer``'s recorded tensors (:data:`BLOCK_KEYS`) from ``acts``: the relevance pass is done
+    with them, and their memory is reused by the blocks below."""
+    for name in BLOCK_KEYS:
+        acts.pop((name, layer), None)
 
 
 def block_tensors(acts, layer: int, **extra) -> BlockTensors:
@@ -187,7 +209,7 @@ def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears
         mask = mask[..., rows, :]
     r_attn, r_q, r_k, r_v = attention_relprop(rules, q[:, :, query_rows], k, v, t.attn[:, :, query_rows],
                                               heads_first(r_ctx), need_qk=need_below, ctx=heads_first(ctx),
-                                              mask=mask, scale=t.scale)
+                                              mask=mask, scale=t.scale, mask_add=t.mask_add)
     if rows is not None:
         r_attn = scatter_tokens(r_attn, rows, tokens, dim=2)
         r_x = scatter_tokens(r_x, rows, tokens)
@@ -195,19 +217,21 @@ def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears
         return None, r_attn
     x_in = t.qkv_in
     if not fused:
-        # The Linear rule per projection (TE's BERT: query, key, value relprops, then their clone), summed.
+        # The Linear rule per projection (TE's BERT: query, key, value relprops, then their clone), summed
+        # (RuleSet.linear_shared: one pass over the shared input for all three).
         def merged(r: Tensor) -> Tensor:           # [B, H, n, d] -> [B, n, H*d]
             return r.transpose(1, 2).reshape(batch, r.shape[2], -1)
 
-        r_in = rules["linear"](x_in, linears.k.weight, merged(r_k), t.k, linears.k.bias)
-        r_in += rules["linear"](x_in, linears.v.weight, merged(r_v), t.v, linears.v.bias)
-        q_in = x_in if rows is None else x_in[:, rows]
-        q_out = t.q if rows is None else t.q[:, rows]
-        r_q_in = rules["linear"](q_in, linears.q.weight, merged(r_q), q_out, linears.q.bias)
+        def term(linear: nn.Linear, r: Tensor, out: Tensor):
+            return linear.weight, merged(r), out, linear.bias
+
         if rows is None:
-            r_in += r_q_in
+            r_in = rules.linear_shared(x_in, [term(linears.q, r_q, t.q), term(linears.k, r_k, t.k),
+                                              term(linears.v, r_v, t.v)])
         else:
-            r_in[:, rows] += r_q_in
+            r_in = rules.linear_shared(x_in, [term(linears.k, r_k, t.k), term(linears.v, r_v, t.v)])
+            r_in[:, rows] += rules["linear"](x_in[:, rows], linears.q.weight, merged(r_q), t.q[:, rows],
+                                             linears.q.bias)
         return rules["clone"](t.x, [r_x, r_in]), r_attn
     weight, bias, qkv_out = linears.qkv.weight, linears.qkv.bias, t.qkv
     if rows is None:
