@@ -55,15 +55,16 @@ def image_thumbnail(image: Tensor, size: int = 128) -> str:
 
 
 def class_word_wins(row: WordAttribution, classname: str) -> bool:
-    """Whether the highest-scoring covered word of ``row`` is a word of ``classname`` (punctuation around a
-    word ignored, case-insensitive)."""
+    """Whether the highest score among the covered words of ``row`` belongs to words of ``classname`` only
+    (punctuation around a word ignored, case-insensitive): a tie with another word at the top, an all-zero map
+    included, is not a win."""
     names = {w.strip(".,;:!?\"'()").lower() for w in classname.split()}
     scores = [(s, w) for s, w, c in zip(row.scores.tolist(), row.words, row.covered.tolist())
               if c and math.isfinite(s)]
     if not scores:
         return False
-    best = max(scores, key=lambda pair: pair[0])[1]
-    return best.strip(".,;:!?\"'()").lower() in names
+    best = max(s for s, _ in scores)
+    return all(w.strip(".,;:!?\"'()").lower() in names for s, w in scores if s == best)
 
 
 class PromptHeatmaps(pl.Callback):

@@ -91,20 +91,6 @@ def trained_clip(tmp_path_factory):
     return spec, classifier, root / "cache"
 
 
-def clip_dispatch(monkeypatch):
-    """The ``clip:`` hook of ``models.loading.load_model`` (owned elsewhere), patched in for the evaluation
-    module."""
-    import lightning_modules.evaluation as evaluation
-    from models.loading import load_model
-
-    def load(classifier, pretrained=True, model_kwargs=None, allow_pickle=False):
-        if is_clip_spec(classifier):
-            return load_zero_shot_classifier(classifier, pretrained, model_kwargs)
-        return load_model(classifier, pretrained, model_kwargs, allow_pickle=allow_pickle)
-
-    monkeypatch.setattr(evaluation, "load_model", load)
-
-
 # ----------------------------------------------------------------------------------------------- clip: specs
 def test_folder_loads_as_the_zero_shot_classifier_of_its_saved_prompts(clip_folder):
     clf = load_zero_shot_classifier(f"clip:{clip_folder}")
@@ -148,6 +134,7 @@ def test_data_config_is_clips_own(clip_folder, tmp_path):
 
 
 def test_bad_specs_are_named(clip_folder, tmp_path):
+    assert is_clip_spec("clip:x") and not is_clip_spec("hf:x") and not is_clip_spec(None)
     with pytest.raises(FileNotFoundError, match="does-not-exist"):
         load_zero_shot_classifier(f"clip:{tmp_path / 'does-not-exist'}")
     with pytest.raises(ValueError, match="unknown model_kwargs.*num_labels"):
@@ -176,13 +163,13 @@ def test_bad_specs_are_named(clip_folder, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- evaluation module
-def test_evaluation_module_explains_the_vision_tower(clip_folder, monkeypatch):
+def test_evaluation_module_explains_the_vision_tower(clip_folder):
     from evaluation.classifier import Classifier
     from lightning_modules.evaluation import AttributionEvaluationModule
 
-    clip_dispatch(monkeypatch)
     module = AttributionEvaluationModule(classifier=f"clip:{clip_folder}", methods=["gradcam", "random"],
                                          class_settings=["predicted", "target"])
+    assert isinstance(module.model, ZeroShotClassifier)  # models.loading.load_model dispatches clip: specs
     assert module.modality == "image" and isinstance(module.classifier, Classifier)
     assert module.classifier.mean == pytest.approx(TINY_MEAN) and module.classifier.std == pytest.approx(TINY_STD)
     images = torch.rand(3, 3, 32, 32)
@@ -280,7 +267,6 @@ def test_evaluate_zero_shot_config_end_to_end(trained_clip, tmp_path, monkeypatc
     perturbation (mean masking, fractions to 1.0), segmentation, prompt heatmaps with captions."""
     import evaluate
 
-    clip_dispatch(monkeypatch)
     spec, clf, cache = trained_clip
     monkeypatch.setenv("TOKEN_ATTRIBUTIONS_CACHE", str(cache))
     results = evaluate.main([
@@ -329,4 +315,43 @@ def test_prompt_heatmaps_rows_follow_the_words(trained_clip):
                                                                                            "raw_attention"}
     html = callback.render(SHAPES4)
     assert "&lt;b&gt;red&lt;/b&gt;" in html and "<b>red</b>" not in html
-    assert class_word_wins(row, "circle") == (float(row.scores[2]) >= float(row.scores.max()))
+    assert class_word_wins(row, "circle") == (float(row.scores[2]) > float(row.scores[:2].max()))
+    tied = type(row)(**{**row.__dict__, "scores": torch.zeros(3)})
+    assert not class_word_wins(tied, "circle")          # an all-zero map: no word wins
+    lead = type(row)(**{**row.__dict__, "scores": torch.tensor([0.1, 0.2, 0.7])})
+    assert class_word_wins(lead, "Circle") and not class_word_wins(lead, "square")
+
+
+def test_zero_shot_metrics_on_two_processes_match_one_process(clip_folder, tmp_path):
+    """The zero-shot perturbation and segmentation tests of configs/evaluate/clip_zero_shot.yaml on a tiny CLIP
+    folder, 7 test images (uneven over 2 processes): every metric equal within 1e-6."""
+    from tests.test_evaluate import load, run_evaluate
+
+    runs = {}
+    for n in (1, 2):
+        out = tmp_path / f"p{n}"
+        args = ["--config", str(ROOT / "configs" / "evaluate" / "clip_zero_shot.yaml"), "--trainer.logger", "false",
+                "--trainer.callbacks", json.dumps([
+                    {"class_path": "callbacks.perturbation.PerturbationTest",
+                     "init_args": {"class_settings": ["predicted", "target"], "directions": ["positive", "negative"],
+                                   "fractions": [0.3, 0.6, 1.0], "masking": "mean", "ties": "random"}},
+                    {"class_path": "callbacks.segmentation.SegmentationTest",
+                     "init_args": {"class_setting": "predicted"}}]),
+                "--model.classifier", f"clip:{clip_folder}",
+                "--model.methods", "[gradcam, generic_attribution, beyond_intuition_token, random]",
+                "--model.method_options", json.dumps({"beyond_intuition_token": {"start_layer": 1, "steps": 4}}),
+                "--data.init_args.image_size", "32", "--data.init_args.test_size", "7",
+                "--data.init_args.batch_size", "2", "--output_dir", str(out), "--trainer.default_root_dir",
+                str(tmp_path)]
+        if n == 2:
+            args += ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu"]
+        result = run_evaluate(args, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        runs[n] = load(out / "metrics.json")
+    assert sorted(runs[1]) == sorted(runs[2])
+    assert "segmentation/generic_attribution/miou" in runs[1]
+    assert "perturbation/random/positive/target/auc" in runs[1]
+    for key in runs[1]:
+        a = torch.tensor(runs[1][key], dtype=torch.float64)
+        b = torch.tensor(runs[2][key], dtype=torch.float64)
+        assert torch.allclose(a, b, atol=1e-6, rtol=0, equal_nan=True), (key, runs[1][key], runs[2][key])
