@@ -47,6 +47,7 @@ from callbacks.progress import ProgressCheckpoint, ProgressError, RunProgress, c
 from callbacks.reporter import ResultsReporter
 from cli import EvaluateCLI, check_data_paths
 from datamodules.unrepeated import UnrepeatedTestData
+from methods.cpu_memory import retain_freed_memory
 
 # ResultsReporter logs values that torchmetrics already reduced across processes: Lightning's advice to
 # add sync_dist=True (a second reduction) does not apply
@@ -74,6 +75,7 @@ class UsesModelDataConfig(Protocol):
 
 
 def main(args: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
+    retain_freed_memory()  # CPU: no fresh pages for every attention-sized tensor (methods/cpu_memory.py)
     cli = EvaluateCLI(args)  # config files + command line -> trainer, module, datamodule (cli.commands)
     trainer, module, datamodule = cli.trainer, cli.model, cli.datamodule
     check_data_paths(datamodule)

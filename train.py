@@ -33,9 +33,11 @@ from typing import List, Optional
 
 from cli import TrainCLI, check_data_paths
 from models.training import fit_and_export
+from methods.cpu_memory import retain_freed_memory
 
 
 def main(args: Optional[List[str]] = None) -> Optional[Path]:
+    retain_freed_memory()  # CPU: no fresh pages for every large tensor (methods/cpu_memory.py)
     cli = TrainCLI(args)  # config files + command line -> trainer, module, datamodule
     check_data_paths(cli.datamodule)
     return fit_and_export(cli.trainer, cli.model, cli.datamodule, output=cli.config.get("output"),

@@ -239,6 +239,10 @@ def run_worker(spec: dict) -> dict:
     """Time one method (or anchor) at one batch size; ``spec`` holds name, batch, model_size, device, repeats,
     warmup, threads, seed, cpu_memory."""
     device = spec["device"]
+    if spec.get("retain_freed_memory", True):
+        from methods.cpu_memory import retain_freed_memory
+
+        retain_freed_memory()
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     torch.manual_seed(spec["seed"])
@@ -437,6 +441,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--isolation", choices=("subprocess", "none"), default="subprocess",
                    help="subprocess (default): a fresh process per (method, batch), needed for CPU memory; none: "
                         "everything in this process (CPU memory not measured)")
+    p.add_argument("--glibc-malloc", choices=("retain", "default"), default="retain",
+                   help="retain (default): every process keeps the memory it frees (methods/cpu_memory.py, as "
+                        "evaluate.py and train.py do); default: glibc's mmap and trim thresholds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the rows, notes and configuration here")
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
@@ -483,7 +490,7 @@ def main(argv=None) -> dict:
                 spec = dict(name=name, batch=batch, model_size=args.model_size, family=args.family,
                             seq_len=args.seq_len, device=args.device,
                             repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed,
-                            cpu_memory=isolated)
+                            cpu_memory=isolated, retain_freed_memory=args.glibc_malloc == "retain")
                 t0 = time.perf_counter()
                 result = _run_isolated(spec) if isolated else run_worker(spec)
                 results.append(result)
