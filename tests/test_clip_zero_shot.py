@@ -325,33 +325,21 @@ def test_prompt_heatmaps_rows_follow_the_words(trained_clip):
 def test_zero_shot_metrics_on_two_processes_match_one_process(clip_folder, tmp_path):
     """The zero-shot perturbation and segmentation tests of configs/evaluate/clip_zero_shot.yaml on a tiny CLIP
     folder, 7 test images (uneven over 2 processes): every metric equal within 1e-6."""
-    from tests.test_evaluate import load, run_evaluate
+    from tests.test_evaluate import assert_same_metrics, metrics_on_one_and_two_processes
 
-    runs = {}
-    for n in (1, 2):
-        out = tmp_path / f"p{n}"
-        args = ["--config", str(ROOT / "configs" / "evaluate" / "clip_zero_shot.yaml"), "--trainer.logger", "false",
-                "--trainer.callbacks", json.dumps([
-                    {"class_path": "callbacks.perturbation.PerturbationTest",
-                     "init_args": {"class_settings": ["predicted", "target"], "directions": ["positive", "negative"],
-                                   "fractions": [0.3, 0.6, 1.0], "masking": "mean", "ties": "random"}},
-                    {"class_path": "callbacks.segmentation.SegmentationTest",
-                     "init_args": {"class_setting": "predicted"}}]),
-                "--model.classifier", f"clip:{clip_folder}",
-                "--model.methods", "[gradcam, generic_attribution, beyond_intuition_token, random]",
-                "--model.method_options", json.dumps({"beyond_intuition_token": {"start_layer": 1, "steps": 4}}),
-                "--data.init_args.image_size", "32", "--data.init_args.test_size", "7",
-                "--data.init_args.batch_size", "2", "--output_dir", str(out), "--trainer.default_root_dir",
-                str(tmp_path)]
-        if n == 2:
-            args += ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu"]
-        result = run_evaluate(args, timeout=600)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        runs[n] = load(out / "metrics.json")
-    assert sorted(runs[1]) == sorted(runs[2])
-    assert "segmentation/generic_attribution/miou" in runs[1]
-    assert "perturbation/random/positive/target/auc" in runs[1]
-    for key in runs[1]:
-        a = torch.tensor(runs[1][key], dtype=torch.float64)
-        b = torch.tensor(runs[2][key], dtype=torch.float64)
-        assert torch.allclose(a, b, atol=1e-6, rtol=0, equal_nan=True), (key, runs[1][key], runs[2][key])
+    args = ["--config", str(ROOT / "configs" / "evaluate" / "clip_zero_shot.yaml"), "--trainer.logger", "false",
+            "--trainer.callbacks", json.dumps([
+                {"class_path": "callbacks.perturbation.PerturbationTest",
+                 "init_args": {"class_settings": ["predicted", "target"], "directions": ["positive", "negative"],
+                               "fractions": [0.3, 0.6, 1.0], "masking": "mean", "ties": "random"}},
+                {"class_path": "callbacks.segmentation.SegmentationTest",
+                 "init_args": {"class_setting": "predicted"}}]),
+            "--model.classifier", f"clip:{clip_folder}",
+            "--model.methods", "[gradcam, generic_attribution, beyond_intuition_token, random]",
+            "--model.method_options", json.dumps({"beyond_intuition_token": {"start_layer": 1, "steps": 4}}),
+            "--data.init_args.image_size", "32", "--data.init_args.test_size", "7",
+            "--data.init_args.batch_size", "2", "--trainer.default_root_dir", str(tmp_path)]
+    one, two = metrics_on_one_and_two_processes(args, tmp_path)
+    assert "segmentation/generic_attribution/miou" in one
+    assert "perturbation/random/positive/target/auc" in one
+    assert_same_metrics(one, two)

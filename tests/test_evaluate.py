@@ -42,6 +42,30 @@ def load(path):
     return json.loads(Path(path).read_text())
 
 
+#: the command-line arguments that run evaluate.py on two CPU processes (gloo DDP)
+TWO_PROCESSES = ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu"]
+
+
+def metrics_on_one_and_two_processes(args, tmp_path, timeout=600):
+    """``metrics.json`` of ``evaluate.py args`` on one process and on two, each written under ``tmp_path``;
+    both runs must succeed and report the same keys."""
+    runs = {}
+    for n in (1, 2):
+        out = tmp_path / f"p{n}"
+        result = run_evaluate(args + ["--output_dir", str(out)] + (TWO_PROCESSES if n == 2 else []), timeout=timeout)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        runs[n] = load(out / "metrics.json")
+    assert sorted(runs[1]) == sorted(runs[2])
+    return runs[1], runs[2]
+
+
+def assert_same_metrics(one, two, atol=1e-6):
+    """Every metric of ``one`` equals ``two``'s within ``atol`` (NaN equals NaN)."""
+    for key in one:
+        a, b = torch.tensor(one[key], dtype=torch.float64), torch.tensor(two[key], dtype=torch.float64)
+        assert a.shape == b.shape and torch.allclose(a, b, atol=atol, rtol=0, equal_nan=True), (key, one[key], two[key])
+
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     out = tmp_path_factory.mktemp("one")
@@ -96,14 +120,11 @@ def test_tiny_run_reproduces_the_reference_metrics(one_process):
 
 def test_two_processes_match_one_process_on_uneven_data(one_process, tmp_path):
     out_one, _ = one_process
-    args = tiny_args(tmp_path) + ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu"]
-    result = run_evaluate(args)
+    result = run_evaluate(tiny_args(tmp_path) + TWO_PROCESSES)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     one, two = load(out_one / "run" / "metrics.json"), load(tmp_path / "run" / "metrics.json")
     assert sorted(one) == sorted(two)
-    for key in one:
-        a, b = torch.tensor(one[key], dtype=torch.float64), torch.tensor(two[key], dtype=torch.float64)
-        assert torch.allclose(a, b, atol=1e-6, rtol=0), (key, one[key], two[key])
+    assert_same_metrics(one, two)
 
 
 def test_reporting_uses_the_declared_directions_and_curve_axes(tmp_path):

@@ -346,19 +346,12 @@ def test_text_metrics_on_two_processes_match_one_process(tiny_bert_dir, tmp_path
     """5 documents (uneven over 2 processes, batches padded differently): every metric equal within 1e-6."""
     if not MOVIES.is_file():
         pytest.skip(f"{MOVIES} not found")
-    from tests.test_evaluate import load, run_evaluate
+    from tests.test_evaluate import assert_same_metrics, metrics_on_one_and_two_processes
 
     config = text_config(tmp_path / "text.yaml", tiny_bert_dir, RATIONALE_CALLBACKS)
-    runs = {}
-    for n in (1, 2):
-        out = tmp_path / f"p{n}"
-        args = ["--config", str(config), "--output_dir", str(out), "--trainer.default_root_dir", str(tmp_path)]
-        if n == 2:
-            args += ["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.accelerator", "cpu"]
-        result = run_evaluate(args, timeout=600)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        runs[n] = load(out / "metrics.json")
-    assert sorted(runs[1]) == sorted(runs[2])
+    one, two = metrics_on_one_and_two_processes(["--config", str(config), "--trainer.default_root_dir",
+                                                 str(tmp_path)], tmp_path)
+    runs = {1: one, 2: two}
     assert any(k.startswith("eraser/") for k in runs[1]) and any(k.startswith("perturbation/") for k in runs[1])
     assert "rationale/gradcam/target/token_f1@10" in runs[1]
     from comparison.directions import declared_directions
@@ -367,10 +360,7 @@ def test_text_metrics_on_two_processes_match_one_process(tiny_bert_dir, tmp_path
     assert declared["rationale/gradcam/target/token_f1@10"] is True
     assert declared["eraser/gradcam/predicted/aopc_sufficiency"] is False
     assert declared["perturbation/gradcam/positive/target/auc"] is False
-    for key in runs[1]:
-        a = torch.tensor(runs[1][key], dtype=torch.float64)
-        b = torch.tensor(runs[2][key], dtype=torch.float64)
-        assert torch.allclose(a, b, atol=1e-6, rtol=0, equal_nan=True), (key, runs[1][key], runs[2][key])
+    assert_same_metrics(one, two)
 
 
 @pytest.mark.parametrize("dataset", ["newsgroups", "sst2"])
