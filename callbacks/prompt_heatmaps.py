@@ -40,6 +40,8 @@ from torch import Tensor
 
 from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.text_heatmap import escape, page_html, text_heatmap_html
+
+from .html_page import publish_html_page
 from methods.words import REDUCTIONS, WordAttribution
 
 
@@ -237,18 +239,4 @@ class PromptHeatmaps(pl.Callback):
         self.html = self.render(names)
         title = (f"Prompt words that drive the match ({self.class_setting} class; word = {self.reduction} over its "
                  "tokens)")
-        from .reporter import ResultsReporter
-
-        try:
-            folder = ResultsReporter.of(trainer).output_dir
-        except (LookupError, ValueError, RuntimeError):
-            folder = None
-        if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / self.FILE).write_text(page_html(self.html, title), encoding="utf-8")
-        logger = trainer.logger
-        experiment = getattr(logger, "experiment", None) if logger is not None else None
-        if experiment is not None and type(logger).__name__ == "WandbLogger":
-            import wandb
-
-            experiment.log({"prompt_heatmaps": wandb.Html(page_html(self.html, title))})
+        publish_html_page(trainer, self.FILE, "prompt_heatmaps", page_html(self.html, title))

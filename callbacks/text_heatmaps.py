@@ -19,6 +19,8 @@ from torch import Tensor
 from evaluation.text_heatmap import page_html, text_heatmap_html
 from methods.words import REDUCTIONS, WordAttribution
 
+from .html_page import publish_html_page
+
 
 def sample_word_attribution(token_scores: Tensor, word_ids: Tensor, words: List[str], word_offset: int,
                             reduction: str = "max") -> WordAttribution:
@@ -136,19 +138,5 @@ class TextHeatmaps(pl.Callback):
         names = self.class_names or list(getattr(trainer.datamodule, "classes", None) or []) or None
         self.html = text_heatmap_html(self._rows, titles=self._titles, labels=self._labels,
                                       predictions=self._predictions, class_names=names)
-        from .reporter import ResultsReporter
-
-        try:
-            folder = ResultsReporter.of(trainer).output_dir
-        except (LookupError, ValueError, RuntimeError):
-            folder = None
-        if folder is not None:
-            folder.mkdir(parents=True, exist_ok=True)
-            title = f"Token attributions ({self.class_setting} class, word = {self.reduction} over its tokens)"
-            (folder / self.FILE).write_text(page_html(self.html, title), encoding="utf-8")
-        logger = trainer.logger
-        experiment = getattr(logger, "experiment", None) if logger is not None else None
-        if experiment is not None and type(logger).__name__ == "WandbLogger":
-            import wandb
-
-            experiment.log({"text_heatmaps": wandb.Html(page_html(self.html))})
+        title = f"Token attributions ({self.class_setting} class, word = {self.reduction} over its tokens)"
+        publish_html_page(trainer, self.FILE, "text_heatmaps", page_html(self.html, title))
