@@ -58,6 +58,34 @@ def outputs_device(outputs: Dict[str, Any]) -> torch.device:
     return next(iter(next(iter(outputs["relevance"].values())).values())).device
 
 
+def relevance_for(relevance: Dict[str, Dict[str, Tensor]], method: str, setting: str, owner: str) -> Tensor:
+    """``relevance[method][setting]`` of a ``test_step`` output; a ``KeyError`` that names the callback
+    (``owner``), the missing pair and what the outputs hold otherwise."""
+    try:
+        return relevance[method][setting]
+    except KeyError:
+        have = ", ".join(f"{k}: {sorted(v)}" for k, v in relevance.items())
+        raise KeyError(f"{owner}: no relevance for method {method!r}, class setting {setting!r}; outputs have "
+                       f"{{{have}}}") from None
+
+
+class OncePerMap:
+    """Results computed once per relevance tensor of a batch: a class-agnostic method gives the same tensor object
+    for every class setting, so its tests run once (``key``: extra values that must match too, e.g. the explained
+    classes, compared with ``torch.equal``)."""
+
+    def __init__(self) -> None:
+        self._done: List[tuple] = []
+
+    def get(self, tensor: Tensor, compute: Callable[[], Any], key: Optional[Tensor] = None) -> Any:
+        for done_tensor, done_key, value in self._done:
+            if done_tensor is tensor and (key is None or torch.equal(done_key, key)):
+                return value
+        value = compute()
+        self._done.append((tensor, key, value))
+        return value
+
+
 def _plain(value: Any) -> Any:
     """``value`` as what a progress file holds (read back with ``torch.load(weights_only=True)``): tuples as lists,
     sets sorted into lists, mappings as dicts; a value of another kind is refused with a ``TypeError``."""
@@ -155,7 +183,8 @@ class EvaluationCallback(pl.Callback):
 
     # -- to implement -------------------------------------------------------------------------------------
     def metrics(self) -> List[Metric]:
-        raise NotImplementedError
+        """Every metric, in a fixed order (default: the values of the dict ``self._metrics``)."""
+        return list(self._metrics.values())
 
     def reset(self) -> None:
         """Forget the metrics of a previous run (they are built again at the first batch)."""
@@ -174,6 +203,12 @@ class EvaluationCallback(pl.Callback):
     def curve_x(self) -> Dict[str, List[float]]:
         """``{result key: x values}`` of the list-valued results (default: none)."""
         return {}
+
+    def _place_metrics(self, device: Optional[torch.device]) -> None:
+        """Move every metric of :meth:`metrics` to ``device`` (``None``: leave them where they are)."""
+        if device is not None:
+            for metric in self.metrics():
+                metric.to(device)
 
     # -- progress checkpoints (callbacks.progress) ---------------------------------------------------------
     def extra_progress_state(self) -> Dict[str, Any]:

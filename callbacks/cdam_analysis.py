@@ -39,7 +39,7 @@ from evaluation.cdam import mask_to_map, pearson_per_image, positive_share, spar
 from evaluation.method_specs import check_class_settings
 from evaluation.metrics import MeanOverImages, PooledPearson
 
-from .base import EvaluationCallback, Result, outputs_device
+from .base import EvaluationCallback, Result, outputs_device, relevance_for
 
 PREFIX = "cdam_analysis"
 
@@ -109,27 +109,13 @@ class CDAMAnalysis(EvaluationCallback):
                     declared[key] = mp == obj   # relevance on the explained class's own object is the goal
                 m[f"discrimination/{name}/pearson_target_other"] = PooledPearson()
                 m[f"discrimination/{name}/pearson_target_other_per_image"] = MeanOverImages()
-        if device is not None:
-            for metric in m.values():
-                metric.to(device)
         self._metrics = m
+        self._place_metrics(device)
         self._declared = {key: declared.get(key, metric.higher_is_better) for key, metric in m.items()}
-
-    def metrics(self) -> List[Metric]:
-        return list(self._metrics.values())
 
     def reset(self) -> None:
         self._metrics, self._declared, self._built_methods, self._pairs = {}, {}, [], []
         self._class_agnostic = frozenset()
-
-    @staticmethod
-    def _get(relevance: Dict[str, Dict[str, Any]], method: str, setting: str):
-        try:
-            return relevance[method][setting]
-        except KeyError:
-            have = {k: sorted(v) for k, v in relevance.items()}
-            raise KeyError(f"cdam_analysis: no relevance for method {method!r}, class setting {setting!r}; "
-                           f"outputs have {have}") from None
 
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
         relevance = outputs["relevance"]
@@ -140,7 +126,8 @@ class CDAMAnalysis(EvaluationCallback):
             methods = self.methods if self.methods is not None else list(relevance)
             self.build(methods, agnostic & set(methods), outputs_device(outputs))
         m = self._metrics
-        maps = {name: self._get(relevance, name, self.class_setting) for name in self._built_methods}
+        maps = {name: relevance_for(relevance, name, self.class_setting, "cdam_analysis")
+                for name in self._built_methods}
         for a, b in self._pairs:
             m[f"pearson/{a}__vs__{b}"].update(maps[a], maps[b])
         for name, s in maps.items():
@@ -157,7 +144,8 @@ class CDAMAnalysis(EvaluationCallback):
         for name in self._built_methods:
             if name in self._class_agnostic:
                 continue
-            tgt, oth = self._get(relevance, name, "target"), self._get(relevance, name, "other")
+            tgt = relevance_for(relevance, name, "target", "cdam_analysis")
+            oth = relevance_for(relevance, name, "other", "cdam_analysis")
             cover = {"target": mask_to_map(batch["mask"], tuple(tgt.shape[1:]), (h_img, w_img)),
                      "other": mask_to_map(batch["other_mask"], tuple(tgt.shape[1:]), (h_img, w_img))}
             for mp, s in (("target", tgt), ("other", oth)):

@@ -39,7 +39,7 @@ from evaluation.metrics import PerStepMean
 from evaluation.perturbers import TokenPerturber, build_perturber
 from evaluation.ranking import TIES, removal_counts, removal_masks, removal_ranks
 
-from .base import EvaluationCallback, Result, outputs_device
+from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
 
 PREFIX = "eraser"
 #: ERASER's AOPC bins (fractions of the tokens)
@@ -112,12 +112,7 @@ class ERASERFaithfulnessTest(EvaluationCallback):
             for s in self.class_settings:
                 self._metrics[self._key(m, s, "comprehensiveness")] = Comprehensiveness(len(self.bins))
                 self._metrics[self._key(m, s, "sufficiency")] = Sufficiency(len(self.bins))
-        if device is not None:
-            for metric in self._metrics.values():
-                metric.to(device)
-
-    def metrics(self) -> List[Metric]:
-        return list(self._metrics.values())
+        self._place_metrics(device)
 
     def reset(self) -> None:
         self._metrics, self._built_methods = {}, []
@@ -152,20 +147,17 @@ class ERASERFaithfulnessTest(EvaluationCallback):
                                "from its dataset index, but the batch has no 'index'")
             tie_scores = self.perturber.tie_scores(batch["index"], batch, outputs.get("layout"), self.tie_seed)
         for method in self._built_methods:
-            done: List[tuple] = []
+            once = OncePerMap()   # the same map explaining the same classes: its drops are computed once
             for setting in self.class_settings:
-                try:
-                    rel = relevance[method][setting]
-                except KeyError:
-                    raise KeyError(f"eraser faithfulness: no relevance for method {method!r}, class setting "
-                                   f"{setting!r}") from None
+                rel = relevance_for(relevance, method, setting, "eraser faithfulness")
                 classes = outputs["targets"][setting]
-                reuse = next((res for r, c, res in done if r is rel and torch.equal(c, classes)), None)
-                if reuse is None:
+
+                def drops(rel=rel, classes=classes):
                     scores = self.perturber.unit_scores(rel, batch, outputs.get("layout"))
                     p_full = full.gather(1, classes[:, None].to(full.device))[:, 0]
-                    reuse = self._drops(batch, scores, classes, p_full, classifier, tie_scores)
-                    done.append((rel, classes, reuse))
+                    return self._drops(batch, scores, classes, p_full, classifier, tie_scores)
+
+                reuse = once.get(rel, drops, key=classes)
                 for what, values in reuse.items():
                     self._metrics[self._key(method, setting, what)].update(values)
 

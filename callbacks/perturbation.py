@@ -45,7 +45,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from torchmetrics import Metric
 
 from evaluation.auc import AUC_CONVENTIONS, DEFAULT_FRACTIONS, check_fractions, curve_x, perturbation_auc
 from evaluation.method_specs import CLASS_SETTINGS
@@ -54,7 +53,7 @@ from evaluation.perturbation import perturbation_correctness
 from evaluation.perturbers import build_perturber
 from evaluation.ranking import DIRECTIONS, TIES
 
-from .base import EvaluationCallback, Result, outputs_device
+from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
 
 PREFIX = "perturbation"
 
@@ -126,12 +125,7 @@ class PerturbationTest(EvaluationCallback):
             self._key(m, d, s): perturbation_curve(d, len(self.fractions) + 1)
             for m in methods for d in self.directions for s in self.class_settings
         }
-        if device is not None:
-            for metric in self._metrics.values():
-                metric.to(device)
-
-    def metrics(self) -> List[Metric]:
-        return list(self._metrics.values())
+        self._place_metrics(device)
 
     def reset(self) -> None:
         self._metrics, self._built_methods = {}, []
@@ -152,22 +146,18 @@ class PerturbationTest(EvaluationCallback):
             tie_scores = self.perturber.tie_scores(batch["index"], batch, layout, self.tie_seed)
 
         for method in self._built_methods:
-            done: List[tuple] = []  # class-agnostic methods give the same tensor for every setting: test it once
+            once = OncePerMap()   # class-agnostic methods give the same tensor for every setting: test it once
             for setting in self.class_settings:
-                try:
-                    rel = relevance[method][setting]
-                except KeyError:
-                    have = ", ".join(f"{k}: {sorted(v)}" for k, v in relevance.items())
-                    raise KeyError(f"perturbation: no relevance for method {method!r}, class setting {setting!r}; "
-                                   f"outputs have {{{have}}}") from None
-                reuse = next((res for r, res in done if r is rel), None)
-                if reuse is None:
+                rel = relevance_for(relevance, method, setting, "perturbation")
+
+                def correctness(rel=rel):
                     scores = self.perturber.unit_scores(rel, batch, layout)
-                    reuse = {d: perturbation_correctness(self.perturber, batch, scores, labels, clean_correct,
-                                                         self.fractions, d, classifier, tie_scores,
-                                                         self.forward_batch_size)
-                             for d in self.directions}
-                    done.append((rel, reuse))
+                    return {d: perturbation_correctness(self.perturber, batch, scores, labels, clean_correct,
+                                                        self.fractions, d, classifier, tie_scores,
+                                                        self.forward_batch_size)
+                            for d in self.directions}
+
+                reuse = once.get(rel, correctness)
                 for direction in self.directions:
                     self._metrics[self._key(method, direction, setting)].update(reuse[direction])
 

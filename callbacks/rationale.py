@@ -67,7 +67,7 @@ from evaluation.rationales import (DEFAULT_IOU_THRESHOLD, DEFAULT_KS, REDUCTIONS
                                    check_ks, document_word_scores, soft_auprc, span_iou_matches, token_counts,
                                    top_k_masks, word_mask)
 
-from .base import EvaluationCallback, Result, outputs_device
+from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
 
 PREFIX = "rationale"
 #: batch keys the test reads (``datamodules.text_common`` batches of a dataset with rationales)
@@ -146,12 +146,7 @@ class RationaleTest(EvaluationCallback):
                 self._metrics[f"{key}/iou"] = SpanIOUF1(len(self.ks))
                 self._metrics[f"{key}/auprc"] = SoftAUPRC()
         self._metrics[f"{PREFIX}/coverage"] = MeanOverImages()
-        if device is not None:
-            for metric in self._metrics.values():
-                metric.to(device)
-
-    def metrics(self) -> List[Metric]:
-        return list(self._metrics.values())
+        self._place_metrics(device)
 
     def reset(self) -> None:
         self._metrics = {}
@@ -240,17 +235,12 @@ class RationaleTest(EvaluationCallback):
         probs = None if logits is None else torch.softmax(logits.detach().to(torch.float64), dim=-1).cpu().numpy()
         self._register_samples(batch, probs)
 
-        done: List[tuple] = []      # class-agnostic methods give one tensor for every setting: reduce it once
+        once = OncePerMap()      # class-agnostic methods give one tensor for every setting: reduce it once
         for method in self._built_methods:
             for setting in self.class_settings:
-                try:
-                    rel = relevance[method][setting]
-                except KeyError:
-                    have = ", ".join(f"{k}: {sorted(v)}" for k, v in relevance.items())
-                    raise KeyError(f"rationale: no relevance for method {method!r}, class setting {setting!r}; "
-                                   f"outputs have {{{have}}}") from None
-                words = next((w for r, w in done if r is rel), None)
-                if words is None:
+                rel = relevance_for(relevance, method, setting, "rationale")
+
+                def word_scores(rel=rel, method=method, setting=setting):
                     scores = rel.detach()
                     if scores.dtype != torch.float64:
                         scores = scores.float()          # half precision: reduce in float32 (numpy has no bf16)
@@ -261,8 +251,9 @@ class RationaleTest(EvaluationCallback):
                                                      self.reduction)
                     except ValueError as err:
                         raise ValueError(f"rationale: method {method!r}, setting {setting!r}: {err}") from None
-                    words = (words[0].cpu().numpy(), words[1].cpu().numpy())
-                    done.append((rel, words))
+                    return words[0].cpu().numpy(), words[1].cpu().numpy()
+
+                words = once.get(rel, word_scores)
                 self._merge_scores(self._key(method, setting), batch["document_index"], num_words, *words)
 
     def _register_samples(self, batch: Dict[str, Any], probs: Optional[np.ndarray]) -> None:

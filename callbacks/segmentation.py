@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from torchmetrics import Metric
 
 from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.pixel_maps import pixel_maps
 from evaluation.segmentation import METRIC_NAMES, SegmentationMetrics
 
-from .base import EvaluationCallback, Result, outputs_device
+from .base import EvaluationCallback, Result, outputs_device, relevance_for
 
 PREFIX = "segmentation"
 
@@ -43,12 +42,7 @@ class SegmentationTest(EvaluationCallback):
     def build(self, methods: Sequence[str], device=None) -> None:
         """One set of segmentation metrics per method."""
         self._metrics = {m: SegmentationMetrics() for m in methods}
-        if device is not None:
-            for metric in self._metrics.values():
-                metric.to(device)
-
-    def metrics(self) -> List[Metric]:
-        return list(self._metrics.values())
+        self._place_metrics(device)
 
     def reset(self) -> None:
         self._metrics = {}
@@ -66,11 +60,7 @@ class SegmentationTest(EvaluationCallback):
         layout = outputs.get("layout")
         grid = None if layout is None else tuple(layout.grid)
         for method, metric in self._metrics.items():
-            try:
-                rel = relevance[method][self.class_setting]
-            except KeyError:
-                raise KeyError(f"segmentation: no relevance for method {method!r}, class setting "
-                               f"{self.class_setting!r}") from None
+            rel = relevance_for(relevance, method, self.class_setting, "segmentation")
             metric.update(pixel_maps(rel, gt.shape[-2:], grid), gt)
 
     def compute(self) -> Dict[str, Result]:

@@ -21,9 +21,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from .imagenet_common import PREPROCESSINGS, build_transform, standard_class_index
+from .split_loaders import SplitDataLoaders
 
 IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
 LAYOUT = "<root>/<split>/<wnid>/<image>.JPEG (one folder per class, named by its WordNet id, e.g. n01440764)"
@@ -84,8 +85,11 @@ class ImageFolderDataset(Dataset):
                 "index": torch.tensor(index, dtype=torch.long)}
 
 
-class ImageNetDataModule(pl.LightningDataModule):
+class ImageNetDataModule(SplitDataLoaders, pl.LightningDataModule):
     """ImageNet class-folder splits (see the module docstring)."""
+
+    #: validation, test and prediction all read the evaluation split
+    stage_splits = {"train": "train", "val": "eval", "test": "eval", "predict": "eval"}
 
     def __init__(self, root: str, split: str = "val", train_split: str = "train", preprocessing: str = "chefer",
                  image_size: int = 224, images_per_class: Optional[int] = None, subset_seed: int = 0,
@@ -130,19 +134,3 @@ class ImageNetDataModule(pl.LightningDataModule):
             self.dataset("train")
         if stage in ("fit", "validate", "test", "predict", None):
             self.dataset("eval")
-
-    def _loader(self, which: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self.dataset(which), batch_size=self.batch_size, shuffle=shuffle,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0, drop_last=False)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("eval", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("eval", shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("eval", shuffle=False)

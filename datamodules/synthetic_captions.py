@@ -46,8 +46,9 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
+from .split_loaders import SplitDataLoaders
 from .synthetic_shapes import SHAPES, SPLITS, SyntheticShapesDataModule, SyntheticShapesDataset
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<|startoftext|>", "<|endoftext|>"
@@ -203,7 +204,7 @@ class CaptionCollate:
         return batch
 
 
-class SyntheticCaptionsDataModule(pl.LightningDataModule):
+class SyntheticCaptionsDataModule(SplitDataLoaders, pl.LightningDataModule):
     """Train/val/test splits of the synthetic shapes benchmark with captions, the caption tokenizer and the
     zero-shot prompt set (module docstring).
 
@@ -258,19 +259,5 @@ class SyntheticCaptionsDataModule(pl.LightningDataModule):
         for split in splits.get(stage, tuple(SPLITS)):
             self.dataset(split)
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self.dataset(split), batch_size=self.batch_size, shuffle=shuffle,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0, drop_last=False,
-                          collate_fn=CaptionCollate(self.tokenizer))
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+    def collate_fn(self) -> CaptionCollate:
+        return CaptionCollate(self.tokenizer)

@@ -27,7 +27,9 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
+
+from .split_loaders import SplitDataLoaders
 
 SHAPES: Tuple[str, ...] = ("square", "circle", "triangle", "cross", "diamond", "ring")
 SPLITS: Dict[str, int] = {"train": 0, "val": 1, "test": 2}
@@ -211,7 +213,7 @@ class SyntheticShapesDataset(Dataset):
         return item
 
 
-class SyntheticShapesDataModule(pl.LightningDataModule):
+class SyntheticShapesDataModule(SplitDataLoaders, pl.LightningDataModule):
     """Train/val/test splits of :class:`SyntheticShapesDataset` (one object per image; ``two_objects`` makes
     the *test* split two-object images for class discrimination). Batches are dicts of stacked tensors.
 
@@ -269,20 +271,3 @@ class SyntheticShapesDataModule(pl.LightningDataModule):
         for split in splits.get(stage, tuple(SPLITS)):
             self.dataset(split)
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(
-            self.dataset(split), batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0, drop_last=False,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)

@@ -57,7 +57,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
+
+from .split_loaders import SplitDataLoaders
 
 PathLike = Union[str, os.PathLike]
 
@@ -386,7 +388,7 @@ def evenly_spaced(n: int, m: int) -> List[int]:
     return sorted({int(round(i * (n - 1) / (m - 1))) for i in range(m)})
 
 
-class TextDataModule(pl.LightningDataModule):
+class TextDataModule(SplitDataLoaders, pl.LightningDataModule):
     """Train/val/test splits of a text dataset as :class:`TokenizedTextDataset` batches. A subclass sets
     ``classes`` and implements :meth:`load_documents`; ``eval_split`` is the split that ``test_dataloader``
     and ``predict_dataloader`` serve.
@@ -469,20 +471,8 @@ class TextDataModule(pl.LightningDataModule):
         for split in needed:
             self.dataset(split)
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self.dataset(split), batch_size=self.batch_size, shuffle=shuffle,
-                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0, drop_last=False,
-                          collate_fn=TextCollator(self.tokenizer.pad_token_id or 0,
-                                                  self.max_length if self.pad_to_max_length else None))
+    def split_for(self, stage: str) -> str:
+        return self.eval_split if stage in ("test", "predict") else stage
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.eval_split, shuffle=False)
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader(self.eval_split, shuffle=False)
+    def collate_fn(self) -> TextCollator:
+        return TextCollator(self.tokenizer.pad_token_id or 0, self.max_length if self.pad_to_max_length else None)

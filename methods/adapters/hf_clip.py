@@ -31,14 +31,14 @@ Both towers are pre-norm (``x + attn(layer_norm1(x))``, ``h + mlp(layer_norm2(h)
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Callable, Iterator, Mapping, Optional, Tuple
+from typing import Callable, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from .base import (AttentionLinears, ModelAdapter, ModelInputs, PatchGrid, SequenceContext, TokenSequence,
                    check_sample_ids, register_adapter)
+from .hf_blocks import HFEncoderBlocks
 from .hf_text import _check_ids_like
 from .recorder import ActivationRecorder
 
@@ -58,7 +58,7 @@ def _clip_model_class():
     return transformers.CLIPModel
 
 
-class _HFCLIPTower(ModelAdapter):
+class _HFCLIPTower(HFEncoderBlocks, ModelAdapter):
     """Shared machinery of the two CLIP towers (see the module docstring); a subclass names its tower."""
 
     tower = "?"
@@ -120,34 +120,8 @@ class _HFCLIPTower(ModelAdapter):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ forward pieces
-    def block_kwargs(self) -> dict:
-        return {}
-
-    def block_mask(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
-        return None
-
-    def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
-                   stop: Optional[int] = None) -> Tensor:
-        blocks = self.blocks[start:stop]
-        if not blocks:
-            return hidden
-        mask = self.block_mask(hidden, context)
-        for block in blocks:
-            hidden = block(hidden, mask, **self.block_kwargs())
-        return hidden
-
-    def forward(self, inputs: ModelInputs, grad_from_block: int = 0, pre_logits: bool = False) -> Tensor:
-        """As :meth:`ModelAdapter.forward`; the hidden states entering block ``grad_from_block`` are made to
-        require grad, so that the attention probabilities (an output of ``eager_attention_forward``, not of a
-        module whose output could be replaced) are differentiable even when every parameter is frozen."""
-        context = self.context(inputs)
-        with torch.no_grad():
-            hidden = self.run_blocks(self.embed(inputs), context, 0, grad_from_block)
-        with torch.enable_grad():
-            if grad_from_block < self.depth:
-                hidden = hidden.detach().requires_grad_(True)
-            hidden = self.run_blocks(hidden, context, grad_from_block)
-            return self.head(hidden, context, pre_logits=pre_logits)
+    def attention_config(self):
+        return self.config   # the tower's own config: the other tower keeps its attention implementation
 
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         """The normed read-out token ``[B, D]`` (before the projection)."""
@@ -197,17 +171,6 @@ class _HFCLIPTower(ModelAdapter):
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
-
-    @contextlib.contextmanager
-    def eager_attention(self) -> Iterator[None]:
-        """The tower config's ``_attn_implementation = "eager"`` (SDPA/flash attention never materialise the
-        probabilities), restored on exit; the other tower is left alone."""
-        before = self.config._attn_implementation
-        self.config._attn_implementation = "eager"
-        try:
-            yield
-        finally:
-            self.config._attn_implementation = before
 
 
 @register_adapter

@@ -7,14 +7,14 @@ each block, the head), so its logits are the model's.
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Callable, Iterator, Mapping, Optional, Tuple
+from typing import Callable, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from .base import (AttentionLinears, ModelAdapter, ModelInputs, SequenceContext, TokenSequence, check_sample_ids,
                    register_adapter)
+from .hf_blocks import HFEncoderBlocks
 from .recorder import ActivationRecorder
 
 #: the tensors a tokenizer returns that the adapter reads (others are ignored)
@@ -47,7 +47,7 @@ def special_positions(attention_mask: Tensor) -> Tensor:
     return special
 
 
-class HFTextAdapter(ModelAdapter):
+class HFTextAdapter(HFEncoderBlocks, ModelAdapter):
     """Shared machinery of stock ``transformers`` encoder classifiers read at position 0 ([CLS] / ``<s>``) with
     post-norm blocks and separate query/key/value projections; a family subclass names its submodules.
 
@@ -203,7 +203,7 @@ class HFTextAdapter(ModelAdapter):
             hidden = scale.to(hidden.dtype)[:, None, None] * hidden
         return hidden
 
-    def extended_mask(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
+    def block_mask(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
         """The attention mask as ``BertModel`` builds it for the current attention implementation (additive
         ``[B, 1, N, N]`` with the dtype minimum at padding in eager mode; ``None`` when every position is real)."""
         if context.attention_mask is None:
@@ -212,29 +212,6 @@ class HFTextAdapter(ModelAdapter):
 
         return create_bidirectional_mask(config=self.model.config, inputs_embeds=hidden,
                                          attention_mask=context.attention_mask.to(hidden.device))
-
-    def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
-                   stop: Optional[int] = None) -> Tensor:
-        blocks = self.blocks[start:stop]
-        if not blocks:
-            return hidden
-        mask = self.extended_mask(hidden, context)
-        for block in blocks:
-            hidden = block(hidden, mask)
-        return hidden
-
-    def forward(self, inputs: ModelInputs, grad_from_block: int = 0, pre_logits: bool = False) -> Tensor:
-        """As :meth:`ModelAdapter.forward`; the hidden states entering block ``grad_from_block`` are made to
-        require grad, so that the attention probabilities (an output of ``eager_attention_forward``, not of a
-        module whose output could be replaced) are differentiable even when every parameter is frozen."""
-        context = self.context(inputs)
-        with torch.no_grad():
-            hidden = self.run_blocks(self.embed(inputs), context, 0, grad_from_block)
-        with torch.enable_grad():
-            if grad_from_block < self.depth:
-                hidden = hidden.detach().requires_grad_(True)
-            hidden = self.run_blocks(hidden, context, grad_from_block)
-            return self.head(hidden, context, pre_logits=pre_logits)
 
     def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
         """``S * B`` samples, step-major, whose embedding output (after the embedding LayerNorm) is multiplied by
@@ -269,18 +246,6 @@ class HFTextAdapter(ModelAdapter):
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         block = self.blocks[layer]
         return block.intermediate.dense, block.output.dense
-
-    @contextlib.contextmanager
-    def eager_attention(self) -> Iterator[None]:
-        """``config._attn_implementation = "eager"`` (SDPA/flash attention never materialise the probabilities),
-        restored on exit."""
-        config = self.model.config
-        before = config._attn_implementation
-        config._attn_implementation = "eager"
-        try:
-            yield
-        finally:
-            config._attn_implementation = before
 
 
 @register_adapter
