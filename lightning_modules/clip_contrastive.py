@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from datamodules.clip_zero_shot import CLIP_MEAN, CLIP_STD
+from lightning_modules.lr_schedule import stepped_schedule
 
 #: the file an export writes beside the model: marks the folder as this module's export (replaceable)
 EXPORT_METADATA = "training.json"
@@ -219,15 +220,7 @@ class CLIPContrastiveModule(pl.LightningModule):
                   {"params": no_decay, "weight_decay": 0.0}]
         opt = torch.optim.AdamW(groups, lr=self.hparams.lr, betas=tuple(self.hparams.betas))
         total = max(int(self.trainer.estimated_stepping_batches), 1)
-        warm = int(round(self.hparams.warmup_ratio * total))
-
-        def factor(step: int) -> float:
-            if step < warm:
-                return (step + 1) / warm
-            return 0.5 * (1.0 + math.cos(math.pi * min(step - warm, total - warm) / max(total - warm, 1)))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return stepped_schedule(opt, int(round(self.hparams.warmup_ratio * total)), total, "cosine")
 
     # ------------------------------------------------------------------------------------------ export
     def export(self, folder: Union[str, os.PathLike], datamodule: Any,

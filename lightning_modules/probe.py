@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from datamodules.augment import AUGMENTATIONS, random_resized_crop_flip
 from lightning_modules.classification_step import StageSteps, classification_loss
+from lightning_modules.lr_schedule import stepped_schedule
 from models.backbones import create_backbone
 
 FEATURES = ("cls", "mean_patch", "cls+mean_patch")
@@ -148,18 +149,7 @@ class LinearProbe(StageSteps, pl.LightningModule):
             return opt
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         steps_per_epoch = max(total // max(int(self.trainer.max_epochs or 1), 1), 1)
-        warm_steps = warm * steps_per_epoch
-
-        def factor(step: int) -> float:
-            if step < warm_steps:
-                return (step + 1) / warm_steps
-            if not cosine:
-                return 1.0
-            progress = min((step - warm_steps) / max(total - warm_steps, 1), 1.0)
-            return 0.5 * (1.0 + torch.cos(torch.tensor(progress * torch.pi)).item())
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return stepped_schedule(opt, warm * steps_per_epoch, total, "cosine" if cosine else "constant")
 
     # ------------------------------------------------------------------------------------------ export
     def to_timm(self) -> nn.Module:

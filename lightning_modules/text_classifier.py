@@ -49,6 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_modules.classification_step import StageSteps, classification_loss
+from lightning_modules.lr_schedule import stepped_schedule
 
 #: the file an export writes beside the model: marks the folder as this module's export (replaceable)
 EXPORT_METADATA = "training.json"
@@ -205,17 +206,7 @@ class TextClassifierModule(StageSteps, pl.LightningModule):
             lr=self.hparams.lr, betas=tuple(self.hparams.betas), eps=self.hparams.eps)
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         warm = self.hparams.warmup_steps or int(round(self.hparams.warmup_ratio * total))
-        linear_decay = self.hparams.decay
-
-        def factor(step: int) -> float:
-            if step < warm:
-                return (step + 1) / warm
-            if not linear_decay:
-                return 1.0
-            return max(0.0, (total - step) / max(total - warm, 1))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return stepped_schedule(opt, warm, total, "linear" if self.hparams.decay else "constant")
 
     # ------------------------------------------------------------------------------------------ export
     def export(self, folder: Union[str, os.PathLike], datamodule: Any,
