@@ -84,10 +84,12 @@ def _tiny_text(kind: str = "bert", seed: int = 0) -> nn.Module:
         config_class, model_class = {
             "bert": (transformers.BertConfig, transformers.BertForSequenceClassification),
             "roberta": (transformers.RobertaConfig, transformers.RobertaForSequenceClassification),
+            "electra": (transformers.ElectraConfig, transformers.ElectraForSequenceClassification),
         }[kind]
+        extra = {"embedding_size": 8} if kind == "electra" else {}   # ELECTRA-small's embedding projection
         config = config_class(vocab_size=40, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
                               intermediate_size=32, max_position_embeddings=32, type_vocab_size=2, num_labels=5,
-                              pad_token_id=0)
+                              pad_token_id=0, **extra)
     torch.manual_seed(seed)
     model = model_class(config)
     with torch.no_grad():
@@ -129,9 +131,10 @@ def _token_batch(batch: int, with_types: bool, with_special: bool = None) -> dic
 
 
 def _text_family(name: str, kind: str, with_types: bool, with_special: bool = None) -> Family:
-    from methods.adapters import HFBertAdapter, HFDistilBertAdapter, HFRobertaAdapter
+    from methods.adapters import HFBertAdapter, HFDistilBertAdapter, HFElectraAdapter, HFRobertaAdapter
 
-    adapter = {"bert": HFBertAdapter, "roberta": HFRobertaAdapter, "distilbert": HFDistilBertAdapter}[kind]
+    adapter = {"bert": HFBertAdapter, "roberta": HFRobertaAdapter, "distilbert": HFDistilBertAdapter,
+               "electra": HFElectraAdapter}[kind]
 
     def length(inputs, i):
         return int(inputs["attention_mask"][i].sum())
@@ -232,6 +235,7 @@ FAMILIES = [
     _text_family("hf_bert_types_special", "bert", with_types=True),
     _text_family("hf_roberta_types", "roberta", with_types=True, with_special=False),
     _text_family("hf_distilbert_special", "distilbert", with_types=False, with_special=True),
+    _text_family("hf_electra_types", "electra", with_types=True, with_special=False),
     *_clip_families(),
 ]
 

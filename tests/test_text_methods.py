@@ -430,7 +430,7 @@ def test_minilm_runs_every_method_batched_with_padding(minilm, minilm64, name):
 
 
 # --------------------------------------------------------------------------------------------- the families
-@pytest.mark.parametrize("kind", ["bert", "roberta", "distilbert"])
+@pytest.mark.parametrize("kind", ["bert", "roberta", "distilbert", "electra"])
 def test_adapter_logits_equal_the_models_for_each_family(kind):
     """The adapter's forward (the model's own submodules, the mask built as the model builds it) gives the
     model's logits on a padded batch, under the model's attention implementation and under eager attention."""
@@ -470,7 +470,7 @@ def test_full_lrp_to_the_word_embeddings(te64):
     assert (word.sum(1).abs() <= encoder.sum(1).abs() * (1 + 1e-9)).all()
     with pytest.raises(ValueError, match="text_input"):
         build_method("lrp", text_input="pixels")
-    for kind in ("roberta", "distilbert"):
+    for kind in ("roberta", "distilbert", "electra"):
         from test_method_contract import _text_family
 
         family = _text_family(kind, kind, with_types=False)

@@ -24,5 +24,6 @@ from .base import (  # noqa: F401
 )
 from .recorder import ActivationRecorder  # noqa: F401
 from .timm_vit import TimmViTAdapter  # noqa: F401
-from .hf_text import HFBertAdapter, HFDistilBertAdapter, HFRobertaAdapter, HFTextAdapter  # noqa: F401
+from .hf_text import (HFBertAdapter, HFDistilBertAdapter, HFElectraAdapter, HFRobertaAdapter,  # noqa: F401
+                      HFTextAdapter)
 from .hf_clip import HFCLIPTextAdapter, HFCLIPVisionAdapter  # noqa: F401

@@ -111,6 +111,10 @@ class HFTextAdapter(HFEncoderBlocks, ModelAdapter):
         """The Linear layers of the head, from the read-out token to the logits (activations, dropout between)."""
         raise NotImplementedError
 
+    def embedding_projection(self) -> Optional[nn.Linear]:
+        """The Linear layer between the embeddings and the encoder, if the family has one (ELECTRA)."""
+        return None
+
     # ------------------------------------------------------------------ structure
     @property
     def depth(self) -> int:
@@ -344,3 +348,39 @@ class HFDistilBertAdapter(HFTextAdapter):
 
     def head_linears(self) -> Tuple[nn.Linear, ...]:
         return self.model.pre_classifier, self.model.classifier
+
+
+@register_adapter
+class HFElectraAdapter(HFTextAdapter):
+    """Stock ``transformers`` ``ElectraForSequenceClassification`` (ELECTRA's discriminator): BERT's blocks; the
+    embeddings (width ``embedding_size``) go through ``embeddings_project`` to the encoder's width when the two
+    differ (ELECTRA-small), and that projection is part of :meth:`embed`, so Beyond Intuition's embedding scale
+    multiplies the encoder input; head ``ElectraClassificationHead``: dropout, ``gelu(dense(h[:, 0]))``, dropout,
+    ``out_proj`` (GELU identity for LRP, as every element-wise activation)."""
+
+    family = "transformers ElectraForSequenceClassification"
+    model_class = "ElectraForSequenceClassification"
+    base_attr = "electra"
+
+    @property
+    def width(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def embedding_projection(self) -> Optional[nn.Linear]:
+        return getattr(self.base, "embeddings_project", None)
+
+    def embeddings(self, inputs: ModelInputs) -> Tensor:
+        hidden = super().embeddings(inputs)
+        projection = self.embedding_projection()
+        return hidden if projection is None else projection(hidden)
+
+    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """``ElectraClassificationHead.forward`` step by step (``pre_logits``: the input of ``out_proj``)."""
+        head = self.model.classifier
+        x = head.dropout(hidden[:, 0, :])
+        x = head.activation(head.dense(x))
+        x = head.dropout(x)
+        return x if pre_logits else head.out_proj(x)
+
+    def head_linears(self) -> Tuple[nn.Linear, ...]:
+        return self.model.classifier.dense, self.model.classifier.out_proj

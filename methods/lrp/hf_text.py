@@ -1,12 +1,13 @@
-"""LRP topology of stock ``transformers`` text classifiers (BERT, RoBERTa, DistilBERT): TE
-``BERT_explainability``'s graph of BERT, which the other two share up to names.
+"""LRP topology of stock ``transformers`` text classifiers (BERT, RoBERTa, DistilBERT, ELECTRA): TE
+``BERT_explainability``'s graph of BERT, which the others share up to names.
 
 Graph (forward order): embeddings (word + token-type + position, LayerNorm, dropout) -> blocks (post-norm:
 ``h = LN1(x + dense(attn(x)))``, ``y = LN2(h + fc2(act(fc1(h))))``; separate ``query``/``key``/``value``
 projections; the attention scores ``q k^T / sqrt(d)`` plus the additive mask through an Add) -> head on
 ``y[:, 0]``: the [CLS] selection and the head's Linear layers (BERT: pooler ``dense`` then ``classifier``;
-RoBERTa: ``dense`` then ``out_proj``; DistilBERT: ``pre_classifier`` then ``classifier``), with tanh / ReLU /
-dropout between them identity for LRP (TE's rules).
+RoBERTa and ELECTRA: ``dense`` then ``out_proj``; DistilBERT: ``pre_classifier`` then ``classifier``), with
+tanh / GELU / ReLU / dropout between them identity for LRP (TE's rules). ELECTRA-small's projection from the
+embedding width to the encoder's (``embeddings_project``) sits before the encoder input.
 
 As in TE's ``BertModel.relprop``, the relevance pass ends at the encoder input (the embedding LayerNorm's
 output; LayerNorm is identity for LRP, so this is also the relevance of the embedding sum): ``input_relprop``
@@ -20,7 +21,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, HFBertAdapter, HFDistilBertAdapter, HFRobertaAdapter, HFTextAdapter
+from ..adapters import (ActivationRecorder, HFBertAdapter, HFDistilBertAdapter, HFElectraAdapter, HFRobertaAdapter,
+                        HFTextAdapter)
 from .sublayers import block_relprop, block_tensors, readout_relprop, record_block
 from .topology import Topology, register_topology
 
@@ -41,6 +43,7 @@ def additive_mask(attention_mask: Tensor, dtype: torch.dtype, mask_value: str) -
     return padded * fill
 
 
+@register_topology(HFElectraAdapter)
 @register_topology(HFDistilBertAdapter)
 @register_topology(HFRobertaAdapter)
 @register_topology(HFBertAdapter)
@@ -81,6 +84,9 @@ class HFTextTopology(Topology):
             record_block(rec, adapter, l, layer_outputs)
             rec.output(adapter.attention_norm(l), ("mlp_in", l))
         if to_input and self.input_point == "word_embeddings":
+            projection = adapter.embedding_projection()
+            if projection is not None:
+                rec.input(projection, "embedding_projection_in")
             embeddings = adapter.base.embeddings
             for name in ("word_embeddings", "token_type_embeddings", "position_embeddings"):
                 if isinstance(getattr(embeddings, name, None), nn.Module):
@@ -119,11 +125,15 @@ class HFTextTopology(Topology):
         ``BertModel.relprop`` never calls ``embeddings.relprop``), or that of the word embeddings
         (``"word_embeddings"``): through the embedding LayerNorm (identity) and the embedding sum
         ``(word + token_type) + position`` (two Add rules, in the model's order; the position and token-type
-        shares are dropped, as the positional embedding's share of a ViT)."""
+        shares are dropped, as the positional embedding's share of a ViT). A family with a projection between
+        the embeddings and the encoder (ELECTRA) first gets the Linear rule through it."""
         if self.input_point not in INPUT_POINTS:
             raise ValueError(f"input_point must be one of {INPUT_POINTS}, got {self.input_point!r}")
         if self.input_point == "encoder_input":
             return relevance
+        projection = self.adapter.embedding_projection()
+        if projection is not None:   # ELECTRA: the Linear rule back to the embeddings' width
+            relevance = rules["linear"](acts["embedding_projection_in"], projection.weight, relevance)
         word = acts["word_embeddings"]
         types = acts.get("token_type_embeddings")
         tokens = word if types is None else word + types
