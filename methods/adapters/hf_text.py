@@ -278,8 +278,27 @@ class HFBertAdapter(HFTextAdapter):
         return self.base.pooler.dense, self.model.classifier
 
 
+class _DenseHeadOnFirstToken(HFTextAdapter):
+    """A classifier whose head (``model.classifier``) reads position 0 as RoBERTa's and ELECTRA's do: dropout,
+    ``dense``, the family's activation (:meth:`head_activation`), dropout, ``out_proj``."""
+
+    def head_activation(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """The head's ``forward`` step by step (``pre_logits``: the input of ``out_proj``)."""
+        head = self.model.classifier
+        x = head.dropout(hidden[:, 0, :])
+        x = self.head_activation(head.dense(x))
+        x = head.dropout(x)
+        return x if pre_logits else head.out_proj(x)
+
+    def head_linears(self) -> Tuple[nn.Linear, ...]:
+        return self.model.classifier.dense, self.model.classifier.out_proj
+
+
 @register_adapter
-class HFRobertaAdapter(HFTextAdapter):
+class HFRobertaAdapter(_DenseHeadOnFirstToken):
     """Stock ``transformers`` ``RobertaForSequenceClassification``: BERT's blocks; position ids from the
     ``input_ids`` (``padding_idx + cumsum``, by the model's own embeddings); head ``RobertaClassificationHead``:
     dropout, ``tanh(dense(h[:, 0]))``, dropout, ``out_proj``."""
@@ -292,16 +311,8 @@ class HFRobertaAdapter(HFTextAdapter):
         """RoBERTa's positions start after the padding index (``padding_idx + 1``)."""
         return int(self.model.config.max_position_embeddings) - int(self.model.config.pad_token_id) - 1
 
-    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """``RobertaClassificationHead.forward`` step by step (``pre_logits``: the input of ``out_proj``)."""
-        head = self.model.classifier
-        x = head.dropout(hidden[:, 0, :])
-        x = torch.tanh(head.dense(x))
-        x = head.dropout(x)
-        return x if pre_logits else head.out_proj(x)
-
-    def head_linears(self) -> Tuple[nn.Linear, ...]:
-        return self.model.classifier.dense, self.model.classifier.out_proj
+    def head_activation(self, x: Tensor) -> Tensor:
+        return torch.tanh(x)
 
 
 @register_adapter
@@ -351,7 +362,7 @@ class HFDistilBertAdapter(HFTextAdapter):
 
 
 @register_adapter
-class HFElectraAdapter(HFTextAdapter):
+class HFElectraAdapter(_DenseHeadOnFirstToken):
     """Stock ``transformers`` ``ElectraForSequenceClassification`` (ELECTRA's discriminator): BERT's blocks; the
     embeddings (width ``embedding_size``) go through ``embeddings_project`` to the encoder's width when the two
     differ (ELECTRA-small), and that projection is part of :meth:`embed`, so Beyond Intuition's embedding scale
@@ -374,13 +385,5 @@ class HFElectraAdapter(HFTextAdapter):
         projection = self.embedding_projection()
         return hidden if projection is None else projection(hidden)
 
-    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """``ElectraClassificationHead.forward`` step by step (``pre_logits``: the input of ``out_proj``)."""
-        head = self.model.classifier
-        x = head.dropout(hidden[:, 0, :])
-        x = head.activation(head.dense(x))
-        x = head.dropout(x)
-        return x if pre_logits else head.out_proj(x)
-
-    def head_linears(self) -> Tuple[nn.Linear, ...]:
-        return self.model.classifier.dense, self.model.classifier.out_proj
+    def head_activation(self, x: Tensor) -> Tensor:
+        return self.model.classifier.activation(x)
