@@ -82,6 +82,28 @@ def test_hf_folder_loads_offline_as_a_sequence_classifier(monkeypatch):
     assert not torch.equal(random.bert.encoder.layer[5].output.dense.weight, stored[key])
 
 
+@pytest.mark.parametrize("kind", ["bert", "roberta", "distilbert", "electra"])
+def test_hf_folder_of_each_text_family_loads_and_is_explained(tmp_path, monkeypatch, kind):
+    """A classifier of each supported family written by ``save_pretrained`` (config + safetensors) loads offline
+    through ``hf:<folder>`` as the same class with the same logits, and the methods run on it."""
+    from test_method_contract import _tiny_text, _token_batch
+
+    from methods import build_method
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = _tiny_text(kind).float().eval()
+    model.save_pretrained(str(tmp_path / kind))
+    loaded = load_model(f"hf:{tmp_path / kind}")
+    assert type(loaded) is type(model) and not loaded.training and loaded.newly_initialized_keys == []
+    batch = _token_batch(3, with_types=kind != "distilbert", with_special=False)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**batch).logits, model(**batch).logits, rtol=0, atol=0)
+    for name in ("transformer_attribution", "beyond_intuition_token"):
+        scores = build_method(name)(loaded, batch, target=torch.tensor([0, 1, 2]))
+        assert scores.shape == batch["input_ids"].shape and torch.isfinite(scores).all()
+        assert (scores[batch["attention_mask"] == 0] == 0).all()
+
+
 def test_hf_name_not_in_the_local_cache_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache: nothing may be downloaded
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
