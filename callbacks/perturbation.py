@@ -45,7 +45,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-
 from evaluation.auc import AUC_CONVENTIONS, DEFAULT_FRACTIONS, check_fractions, curve_x, perturbation_auc
 from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.metrics import PerturbationCurve, perturbation_curve

@@ -40,9 +40,9 @@ from torch import Tensor
 
 from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.text_heatmap import escape, page_html, text_heatmap_html
+from methods.words import REDUCTIONS, WordAttribution
 
 from .html_page import publish_html_page
-from methods.words import REDUCTIONS, WordAttribution
 
 
 def image_thumbnail(image: Tensor, size: int = 128) -> str:

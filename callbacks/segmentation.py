@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-
 from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.pixel_maps import pixel_maps
 from evaluation.segmentation import METRIC_NAMES, SegmentationMetrics

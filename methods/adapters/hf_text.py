@@ -126,7 +126,9 @@ class HFTextAdapter(HFEncoderBlocks, ModelAdapter):
 
     @property
     def width(self) -> int:
-        return int(self.model.get_input_embeddings().weight.shape[1])
+        """The encoder's width (the input width of block 0's query projection; ELECTRA-small's embeddings are
+        narrower)."""
+        return int(self.attention_linears(0).q.in_features)
 
     @property
     def has_class_token(self) -> bool:
@@ -199,9 +201,13 @@ class HFTextAdapter(HFEncoderBlocks, ModelAdapter):
         return self.base.embeddings(input_ids=inputs["input_ids"], token_type_ids=inputs.tensors.get("token_type_ids"))
 
     def embed(self, inputs: ModelInputs) -> Tensor:
-        """The model's embeddings (word + token-type + position, LayerNorm, dropout); times the per-sample
-        ``embedding_scale`` when :meth:`interpolate` set one (Beyond Intuition's ``alpha * embedding_output``)."""
+        """The model's embeddings (word + token-type + position, LayerNorm, dropout), then the
+        :meth:`embedding_projection` if the family has one; times the per-sample ``embedding_scale`` when
+        :meth:`interpolate` set one (Beyond Intuition's ``alpha * embedding_output``: the encoder input)."""
         hidden = self.embeddings(inputs)
+        projection = self.embedding_projection()
+        if projection is not None:
+            hidden = projection(hidden)
         scale = inputs.tensors.get(EMBEDDING_SCALE)
         if scale is not None:
             hidden = scale.to(hidden.dtype)[:, None, None] * hidden
@@ -373,17 +379,8 @@ class HFElectraAdapter(_DenseHeadOnFirstToken):
     model_class = "ElectraForSequenceClassification"
     base_attr = "electra"
 
-    @property
-    def width(self) -> int:
-        return int(self.model.config.hidden_size)
-
     def embedding_projection(self) -> Optional[nn.Linear]:
         return getattr(self.base, "embeddings_project", None)
-
-    def embeddings(self, inputs: ModelInputs) -> Tensor:
-        hidden = super().embeddings(inputs)
-        projection = self.embedding_projection()
-        return hidden if projection is None else projection(hidden)
 
     def head_activation(self, x: Tensor) -> Tensor:
         return self.model.classifier.activation(x)
