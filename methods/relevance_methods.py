@@ -17,6 +17,7 @@ from torch import Tensor
 
 from .base import AttributionMethod, check_start_layer
 from .lrp import LRPEngine
+from .lrp.hf_text import INPUT_POINTS
 from .lrp.rules import get_rules
 from .readout import check_class_token_score, check_readout, is_sequence, read_out, set_class_token_score
 from .registry import register_method
@@ -81,8 +82,6 @@ class FullLRP(_LRPMethod):
     default_rules = "orig"
 
     def __init__(self, rules: str = None, class_token_score: str = "auto", text_input: str = "encoder_input"):
-        from .lrp.hf_text import INPUT_POINTS
-
         super().__init__(rules, class_token_score=class_token_score)
         if text_input not in INPUT_POINTS:
             raise ValueError(f"lrp: text_input must be one of {INPUT_POINTS}, got {text_input!r}")

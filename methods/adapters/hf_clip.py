@@ -70,9 +70,6 @@ class _HFCLIPTower(HFEncoderBlocks, ModelAdapter):
         self.tower_model = self.tower_of(self.clip)
         self.blocks = list(self.tower_model.encoder.layers)
         self.config = self.tower_model.config
-        # The family's LRP topology registers on import; methods.lrp does not import it (yet), so the first
-        # adapter does.
-        from ..lrp import hf_clip as _lrp_topology  # noqa: F401
 
     @classmethod
     def tower_of(cls, clip: nn.Module) -> nn.Module:

@@ -5,3 +5,4 @@ from .rules import RULE_SETS, RuleSet, get_rules, safe_divide  # noqa: F401
 from .topology import TOPOLOGIES, register_topology, topology_for  # noqa: F401
 from . import timm_vit  # noqa: F401,E402  (registers the timm ViT topology)
 from . import hf_text  # noqa: F401,E402  (registers the Hugging Face text classifier topologies)
+from . import hf_clip  # noqa: F401,E402  (registers the CLIP tower topologies)
