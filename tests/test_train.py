@@ -16,9 +16,10 @@ from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
 from datamodules.synthetic_shapes import SyntheticShapesDataModule, SyntheticShapesDataset  # noqa: E402
 from lightning_modules.probe import LinearProbe  # noqa: E402
-from training import cached_training, synthetic  # noqa: E402
 from models.classifier_file import load_classifier, save_classifier  # noqa: E402
 from models.concepts import ConceptHead, latents  # noqa: E402
+from models.sources import CACHE_ENV  # noqa: E402
+from training import cached_training, synthetic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
@@ -355,7 +356,7 @@ def test_evaluate_trains_a_missing_synthetic_classifier_in_process(tmp_path, mon
         "trainer: {max_epochs: 1, logger: false}\n"
         "model: {backbone_kwargs: {img_size: 32, patch_size: 8, embed_dim: 32, depth: 1, num_heads: 2}}\n"
         "data: {init_args: {image_size: 32, train_size: 32, val_size: 16, batch_size: 16}}\n")
-    monkeypatch.setenv(cached_training.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv("CI", "1")
     monkeypatch.setenv("WANDB_MODE", os.environ.get("WANDB_MODE", "offline"))
     results = evaluate.main([
