@@ -169,9 +169,7 @@ def local_file(spec: str) -> str:
     if source is None:
         return spec
     if source.local is None:
-        local = [p for p, s in sorted(_SOURCES.items()) if s.local is not None]
-        raise ValueError(f"{spec!r} names a model, not a local file; give a path or a spec of "
-                         f"{', '.join(local) or 'a source of files (import training: synthetic, trained:)'}")
+        raise ValueError(f"{spec!r} names a model, not a local file: give a path or a spec such as 'synthetic'")
     return str(source.local(spec))
 
 
