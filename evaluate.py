@@ -46,6 +46,7 @@ from callbacks.base import EvaluationCallback
 from callbacks.progress import ProgressCheckpoint, ProgressError, RunProgress, check_fresh_run_dir
 from callbacks.reporter import ResultsReporter
 from cli import EvaluateCLI, check_data_paths
+import training  # noqa: F401  (registers the trained: and synthetic model sources, in DDP children too)
 from datamodules.unrepeated import UnrepeatedTestData
 from methods.cpu_memory import retain_freed_memory
 

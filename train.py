@@ -10,7 +10,7 @@
 
 The command line (``--config`` files, whose ``base:`` files apply first; ``--key.sub value`` overrides; W&B
 offline by default; mixed precision on CUDA when ``trainer.precision`` is unset) is :class:`cli.TrainCLI`. The
-model is any LightningModule that says how it exports (:func:`models.training.exporter`):
+model is any LightningModule that says how it exports (:func:`training.fit.exporter`):
 :class:`lightning_modules.probe.LinearProbe` (the default when a config names no ``model.class_path``) or
 :class:`lightning_modules.text_classifier.TextClassifierModule`; the data any LightningDataModule.
 
@@ -18,8 +18,9 @@ model is any LightningModule that says how it exports (:func:`models.training.ex
 probe, the folder ``<trainer.default_root_dir>/classifier`` for a text classifier): after ``fit`` the best
 checkpoint (``ModelCheckpoint`` on ``val/loss``) is reloaded, validated (``--test true``: also tested), exported
 (``save_classifier``: a stock timm model; ``save_pretrained``: a Hugging Face folder with the tokenizer) and its
-path printed (:func:`models.training.fit_and_export`). ``load_model("trained:<config.yaml>")`` trains the same
-way on first use and caches the export (:mod:`models.cached_training`).
+path printed (:func:`training.fit.fit_and_export`). ``load_model("trained:<config.yaml>")`` trains the same
+way on first use and caches the export (:mod:`training.cached_training`; importing :mod:`training` registers the
+``trained:`` and ``synthetic`` specs, e.g. ``--model.backbone_checkpoint synthetic``).
 
 Concept heads (CDAM): ``--concepts.kinds '[mean, cav]'`` (see :class:`models.concepts.ConceptsConfig`) builds,
 from the exported classifier, one concept file per kind next to it (``concepts_<kind>.pt``): the concepts are
@@ -32,8 +33,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from cli import TrainCLI, check_data_paths
-from models.training import fit_and_export
 from methods.cpu_memory import retain_freed_memory
+from training.fit import fit_and_export  # the training package registers the trained: and synthetic sources
 
 
 def main(args: Optional[List[str]] = None) -> Optional[Path]:

@@ -36,7 +36,10 @@ from typing import Any, List, Optional, Sequence, Union
 import pytorch_lightning as pl
 from pytorch_lightning.cli import LightningCLI
 
-from cli.config import BASE_KEY, ComposedConfigFile
+from callbacks.progress import DEFAULT_EVERY, ProgressError, resume_config
+from cli.config import BASE_KEY, ComposedConfigFile, config_files
+from lightning_modules.evaluation import AttributionEvaluationModule
+from models.concepts import ConceptsConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_CONFIG = ROOT / "configs" / "train" / "synthetic_vit.yaml"
@@ -70,8 +73,6 @@ def _config_model_class(value: str) -> Optional[bool]:
     """Whether the ``--config`` value (a file, with the files it builds on in the order they apply, or an inline
     YAML string) names the model's class where it first sets ``model``: ``None`` when it sets no ``model``."""
     import yaml
-
-    from cli.config import config_files
 
     path = Path(os.path.expanduser(value))
     try:
@@ -180,8 +181,6 @@ class TrainCLI(ProjectCLI):
         return ["--model.class_path", self.default_model_class, *args]
 
     def add_arguments_to_parser(self, parser) -> None:
-        from models.concepts import ConceptsConfig
-
         parser.add_argument("--output", type=Optional[str], default=None,
                             help="where the trained classifier is exported: a timm classifier file (probes; default "
                                  "<default_root_dir>/classifier.pt) or a Hugging Face folder (text classifiers; "
@@ -218,15 +217,11 @@ class EvaluateCLI(ProjectCLI):
     default_root_dir = "outputs"
 
     def __init__(self, args: Optional[Sequence[str]] = None, **kwargs: Any) -> None:
-        from lightning_modules.evaluation import AttributionEvaluationModule
-
         #: the run folder that ``--resume`` continues (``None``: a new run)
         self.resume_dir: Optional[Path] = None
         given = list(sys.argv[1:] if args is None else args)
         resume = _option_values(given, "--resume")
         if resume and resume[-1] not in (None, "", "null"):
-            from callbacks.progress import ProgressError, resume_config
-
             self.resume_dir = Path(os.path.expanduser(resume[-1]))
             try:
                 saved = resume_config(self.resume_dir)
@@ -245,8 +240,6 @@ class EvaluateCLI(ProjectCLI):
         super().__init__(AttributionEvaluationModule, args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
-        from callbacks.progress import DEFAULT_EVERY
-
         parser.add_argument("--output_dir", type=Optional[str], default=None,
                             help="folder of metrics.json (default <trainer.default_root_dir>/evaluate/<date-time>)")
         parser.add_argument("--progress_every", type=int, default=DEFAULT_EVERY,

@@ -15,151 +15,33 @@ datamodule's ``mean`` / ``std`` for the model to normalise with):
 * ``images="synthetic"``: the synthetic shapes benchmark's test split (with its ground-truth masks), class names
   the shape names.
 
-Prompt sets (``prompts``):
-
-* ``"openai"`` (default): OpenAI's 80 ImageNet templates (Radford et al. 2021, the prompt-engineering notebook);
-  for ImageNet with OpenAI's 1,000 curated class names. Both lists are read from ``open_clip``'s zero-shot
-  metadata (``pip install open_clip_torch``; read from the installed package's file, without importing
-  ``open_clip``). The classifier averages the normalised embeddings of a class's 80 prompts and normalises again
-  (:meth:`models.clip.ZeroShotClassifier.from_prompts`).
-* ``"simple"``: ``open_clip``'s 7 "simple" ImageNet templates (a subset of the 80), same class names.
-* ``"bi_legacy"``: Beyond Intuition's CLIP test (``CLIP/CLIP/visualisation.py``): one template
-  ``"a photo of a {}"`` over torchvision's ImageNet class entries, which are *tuples* of WordNet lemmas, so a
-  prompt reads ``"a photo of a ('tench', 'Tinca tinca')"``. torchvision builds the tuples from the devkit's
-  ``words`` (split at ``", "``); the same lemma lists ship with timm (``ImageNetInfo``), read from there. On the
-  synthetic images: the one template over the shape names.
-* ``"custom"``: ``classnames`` and ``templates`` given (a list of templates, one template, or ``classnames`` a
-  dict of per-class prompts).
+Prompt sets (``prompts``, default ``"openai"``; ``classnames``, ``templates``): :mod:`models.clip_prompts`
+(``"openai"``, ``"simple"``, ``"bi_legacy"``, ``"custom"``); on the synthetic images the sets' templates are
+filled with the shape names.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from models.clip import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ZeroShotClassifier
+from models.clip_prompts import build_prompt_set
+
+from .imagenet import LAYOUT, ImageFolderDataset, scan_split
+from .synthetic_shapes import SyntheticShapesDataModule
+
 #: CLIP's normalisation (OpenAI's preprocessing; ``CLIPImageProcessor``'s image_mean / image_std)
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+CLIP_MEAN, CLIP_STD = OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 IMAGE_SOURCES = ("imagenet", "synthetic")
-PROMPT_SETS = ("openai", "simple", "bi_legacy", "custom")
 PREPROCESSINGS = ("clip", "chefer")
-BI_TEMPLATE = "a photo of a {}"
 #: Beyond Intuition's 5,000-image subset, beside the checkout (``../shared/data/bi_clip/pert_index.npy``)
 BI_SUBSET_FILE = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "bi_clip" / "pert_index.npy"
-
-
-# ------------------------------------------------------------------------------------------ prompt sets
-def open_clip_zero_shot_metadata() -> ModuleType:
-    """``open_clip/zero_shot_metadata.py`` of the installed ``open_clip_torch`` (plain lists; loaded from its file so
-    that ``open_clip``'s own imports are not needed). ``ImportError`` naming the package otherwise."""
-    spec = importlib.util.find_spec("open_clip")
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    path = next((Path(f) / "zero_shot_metadata.py" for f in folders if (Path(f) / "zero_shot_metadata.py").is_file()),
-                None)
-    if path is None:
-        raise ImportError("OpenAI's ImageNet class names and templates are read from open_clip's zero-shot metadata: "
-                          "pip install open_clip_torch")
-    module_spec = importlib.util.spec_from_file_location("_open_clip_zero_shot_metadata", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
-
-
-def openai_imagenet_classnames() -> List[str]:
-    """OpenAI's 1,000 curated ImageNet class names, in the standard class order."""
-    names = list(open_clip_zero_shot_metadata().IMAGENET_CLASSNAMES)
-    if len(names) != 1000:
-        raise RuntimeError(f"open_clip's IMAGENET_CLASSNAMES has {len(names)} entries, expected 1000")
-    return names
-
-
-def openai_templates(simple: bool = False) -> List[Callable[[str], str]]:
-    """OpenAI's 80 ImageNet templates (``simple``: open_clip's 7-template subset), as callables."""
-    meta = open_clip_zero_shot_metadata()
-    return list(meta.SIMPLE_IMAGENET_TEMPLATES if simple else meta.OPENAI_IMAGENET_TEMPLATES)
-
-
-def torchvision_imagenet_classnames() -> List[str]:
-    """torchvision's ImageNet class entries as Beyond Intuition formats them: ``str`` of the tuple of WordNet
-    lemmas (``"('tench', 'Tinca tinca')"``, ``"('stingray',)"``), in the standard class order."""
-    from timm.data import ImageNetInfo
-
-    info = ImageNetInfo()
-    return [str(tuple(info.index_to_description(i).split(", "))) for i in range(1000)]
-
-
-class PromptSet:
-    """Class names and their prompts: ``prompts[c]`` is the list of prompts of class ``c``."""
-
-    def __init__(self, name: str, classnames: Sequence[str], prompts: Sequence[Sequence[str]]):
-        if len(classnames) != len(prompts):
-            raise ValueError(f"{len(classnames)} class names but prompts for {len(prompts)} classes")
-        self.name = name
-        self.classnames = list(classnames)
-        self.prompts = [list(p) for p in prompts]
-
-    def __len__(self) -> int:
-        return len(self.classnames)
-
-    def __repr__(self) -> str:
-        counts = sorted({len(p) for p in self.prompts})
-        return f"PromptSet({self.name!r}, classes={len(self)}, prompts per class={counts})"
-
-    def zero_shot_classifier(self, clip, tokenizer, batch_size: int = 256):
-        """:class:`models.clip.ZeroShotClassifier` of these prompts (OpenAI's recipe)."""
-        from models.clip import ZeroShotClassifier
-
-        return ZeroShotClassifier.from_prompts(clip, tokenizer, dict(zip(self.classnames, self.prompts)),
-                                               batch_size=batch_size)
-
-
-def _fill_all(classnames: Sequence[str], templates) -> List[List[str]]:
-    from models.clip import fill_template
-
-    if isinstance(templates, str) or callable(templates):
-        templates = [templates]
-    templates = list(templates)
-    if not templates:
-        raise ValueError("templates is empty")
-    return [[fill_template(t, name) for t in templates] for name in classnames]
-
-
-def build_prompt_set(prompts: str, default_classnames: Optional[Sequence[str]] = None,
-                     classnames: Union[None, Sequence[str], Mapping[str, Sequence[str]]] = None,
-                     templates=None, imagenet: bool = True) -> PromptSet:
-    """The prompt set ``prompts`` (module docstring). ``default_classnames``: the image source's class names when it
-    is not ImageNet (the synthetic shapes); ``classnames`` overrides the class names of any set."""
-    if prompts not in PROMPT_SETS:
-        raise ValueError(f"prompts must be one of {PROMPT_SETS}, got {prompts!r}")
-    if prompts == "custom":
-        if classnames is None:
-            raise ValueError("prompts='custom' needs classnames (and templates, unless classnames is a dict of "
-                             "per-class prompts)")
-        if isinstance(classnames, Mapping):
-            if templates is not None:
-                raise ValueError("give templates or a dict of per-class prompts, not both")
-            return PromptSet("custom", list(classnames),
-                             [[p] if isinstance(p, str) else list(p) for p in classnames.values()])
-        if templates is None:
-            raise ValueError("prompts='custom' with a list of classnames needs templates")
-        return PromptSet("custom", classnames, _fill_all(classnames, templates))
-    if templates is not None:
-        raise ValueError(f"templates are given by the prompt set {prompts!r}; use prompts='custom' for your own")
-    if classnames is None:
-        if imagenet:
-            classnames = torchvision_imagenet_classnames() if prompts == "bi_legacy" else openai_imagenet_classnames()
-        else:
-            classnames = list(default_classnames)
-    if prompts == "bi_legacy":
-        return PromptSet(prompts, classnames, _fill_all(classnames, BI_TEMPLATE))
-    return PromptSet(prompts, classnames, _fill_all(classnames, openai_templates(simple=prompts == "simple")))
 
 
 # ------------------------------------------------------------------------------------------ images
@@ -196,9 +78,10 @@ def subset_by_index(samples: list, index_file: Union[str, Path], folder: Union[s
 class CLIPZeroShotDataModule(pl.LightningDataModule):
     """Images and a prompt set for CLIP zero-shot classification (module docstring).
 
-    ``prompt_set``: the :class:`PromptSet`; ``classnames``; ``zero_shot_classifier(clip, tokenizer)``: the
-    :class:`models.clip.ZeroShotClassifier` built from it; ``mean`` / ``std``: CLIP's normalisation. The test,
-    validation and predict loaders give the evaluated images; ``index`` is the position in the evaluated list.
+    ``prompt_set``: the :class:`models.clip_prompts.PromptSet`; ``classnames``; ``zero_shot_classifier(clip,
+    tokenizer)``: the :class:`models.clip.ZeroShotClassifier` built from it; ``mean`` / ``std``: CLIP's
+    normalisation. The test, validation and predict loaders give the evaluated images; ``index`` is the position in
+    the evaluated list.
     """
 
     def __init__(self, images: str = "imagenet", root: Optional[str] = None, split: str = "val",
@@ -231,8 +114,6 @@ class CLIPZeroShotDataModule(pl.LightningDataModule):
         self.mean, self.std = CLIP_MEAN, CLIP_STD
         self._synthetic = None
         if images == "synthetic":
-            from .synthetic_shapes import SyntheticShapesDataModule
-
             self._synthetic = SyntheticShapesDataModule(
                 image_size=image_size, num_classes=num_classes, test_size=test_size, two_objects=two_objects,
                 seed=seed, batch_size=batch_size, num_workers=num_workers, **(synthetic_options or {}))
@@ -248,16 +129,17 @@ class CLIPZeroShotDataModule(pl.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.prompt_set)
 
-    def zero_shot_classifier(self, clip, tokenizer, batch_size: int = 256):
-        return self.prompt_set.zero_shot_classifier(clip, tokenizer, batch_size)
+    def zero_shot_classifier(self, clip, tokenizer, batch_size: int = 256) -> ZeroShotClassifier:
+        """The zero-shot classifier of the prompt set (OpenAI's recipe: :meth:`ZeroShotClassifier.from_prompts`)."""
+        prompts = self.prompt_set
+        return ZeroShotClassifier.from_prompts(clip, tokenizer, dict(zip(prompts.classnames, prompts.prompts)),
+                                               batch_size=batch_size)
 
     def dataset(self) -> Dataset:
         if self._dataset is None:
             if self._synthetic is not None:
                 self._dataset = self._synthetic.dataset("test")
             else:
-                from .imagenet import LAYOUT, ImageFolderDataset, scan_split
-
                 if not Path(self.root).is_dir():
                     raise FileNotFoundError(f"ImageNet root {self.root!r} does not exist; expected layout {LAYOUT}")
                 folder = Path(self.root) / self.split

@@ -31,7 +31,7 @@ tokenizer is the same on every machine (:data:`SPECIAL_TOKENS`, :func:`caption_v
 
 Prompt set (zero-shot classifier): the class names ``SHAPES[:num_classes]`` and ``templates`` (default
 :data:`DEFAULT_TEMPLATES`, phrased like the captions without colour or position); ``prompt_set`` is a
-:class:`datamodules.clip_zero_shot.PromptSet`. The CLIP export writes it beside the model.
+:class:`models.clip_prompts.PromptSet`. The CLIP export writes it beside the model.
 
 Batches: the synthetic benchmark's ``{"image": [B, 3, H, W] in [0, 1] (NOT normalised), "label", "mask",
 "index"}`` plus ``"caption"`` (``List[str]``) and the tokenised captions ``"input_ids"``, ``"attention_mask"``
@@ -47,6 +47,8 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
+
+from models.clip_prompts import build_prompt_set
 
 from .split_loaders import SplitDataLoaders
 from .synthetic_shapes import SHAPES, SPLITS, SyntheticShapesDataModule, SyntheticShapesDataset
@@ -244,9 +246,7 @@ class SyntheticCaptionsDataModule(SplitDataLoaders, pl.LightningDataModule):
 
     @property
     def prompt_set(self):
-        """The zero-shot prompt set: ``classes`` x ``templates`` (:class:`datamodules.clip_zero_shot.PromptSet`)."""
-        from .clip_zero_shot import build_prompt_set
-
+        """The zero-shot prompt set: ``classes`` x ``templates`` (:class:`models.clip_prompts.PromptSet`)."""
         return build_prompt_set("custom", classnames=list(self.classes), templates=self.templates)
 
     def dataset(self, split: str) -> SyntheticCaptionsDataset:

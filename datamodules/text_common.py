@@ -9,10 +9,11 @@ in a batch (``word_ids``, ``rationale``, ``word_offset``, ``num_words``) refers 
 
 Tokenization
 ------------
-A Hugging Face *fast* tokenizer (a folder or a name in the local cache, loaded with
-``AutoTokenizer.from_pretrained(..., local_files_only=True)``: nothing is downloaded) runs on the pre-split words
-(``is_split_into_words=True``), so every token knows the word it came from; a word that tokenizes to ``[UNK]``
-keeps its word index, and a word made only of characters the tokenizer deletes (control characters) has no token.
+A Hugging Face *fast* tokenizer (:func:`models.sources.load_tokenizer`: a folder, a name in the local cache or a
+registered spec, loaded with ``AutoTokenizer.from_pretrained(..., local_files_only=True)``: nothing is downloaded)
+runs on the pre-split words (``is_split_into_words=True``), so every token knows the word it came from; a word
+that tokenizes to ``[UNK]`` keeps its word index, and a word made only of characters the tokenizer deletes
+(control characters) has no token.
 For BERT tokenizers the token ids equal those of the raw text (:func:`whitespace_words` splits exactly where
 BERT's normaliser sees whitespace).
 
@@ -59,6 +60,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import Dataset
 
+from models.sources import load_tokenizer, resolve_cache_dir
+
 from .split_loaders import SplitDataLoaders
 
 PathLike = Union[str, os.PathLike]
@@ -91,13 +94,6 @@ def existing_path(path: PathLike, what: str, expected: str) -> Path:
 
 def is_archive(path: Path) -> bool:
     return path.is_file() and path.name.lower().endswith(ARCHIVE_SUFFIXES)
-
-
-def data_cache_dir(cache_dir: Optional[PathLike] = None) -> Path:
-    """``cache_dir``, else ``$TOKEN_ATTRIBUTIONS_CACHE``, else ``~/.cache/token_attributions``."""
-    from models.synthetic import resolve_cache_dir
-
-    return resolve_cache_dir(cache_dir)
 
 
 def _file_digest(path: Path) -> str:
@@ -145,7 +141,7 @@ def extract_archive(path: PathLike, cache_dir: Optional[PathLike] = None) -> Pat
         if stem.lower().endswith(suffix):
             stem = stem[: -len(suffix)]
             break
-    root = data_cache_dir(cache_dir) / "datasets"
+    root = resolve_cache_dir(cache_dir) / "datasets"
     target = root / f"{stem}-{_file_digest(path)}"
     if target.is_dir():
         return target
@@ -193,31 +189,6 @@ class TextDocument:
     docid: str
     rationale: Optional[np.ndarray] = None
     annotation_id: Optional[str] = None
-
-
-def load_tokenizer(tokenizer: Any):
-    """A fast tokenizer from a folder, a name in the local Hugging Face cache (never downloaded) or a packaged
-    model's alias (``minilm``: :func:`models.loading.resolve_hf_source`; an ``hf:`` prefix is allowed); an
-    already built tokenizer is returned as it is."""
-    if not isinstance(tokenizer, (str, os.PathLike)):
-        if not getattr(tokenizer, "is_fast", False):
-            raise ValueError(f"a fast (Rust) tokenizer is needed for word alignment, got {type(tokenizer).__name__}")
-        return tokenizer
-    from transformers import AutoTokenizer
-
-    from models.loading import resolve_hf_source
-
-    name = resolve_hf_source(tokenizer)  # hf: prefix dropped, packaged aliases (minilm), ~ expanded
-    try:
-        loaded = AutoTokenizer.from_pretrained(name, local_files_only=True)
-    except (OSError, ValueError) as err:
-        raise FileNotFoundError(
-            f"cannot load the tokenizer {name!r} offline: expected a folder with tokenizer files (tokenizer.json or "
-            f"vocab.txt and tokenizer_config.json) or a name already in the local Hugging Face cache ({err})"
-        ) from err
-    if not getattr(loaded, "is_fast", False):
-        raise ValueError(f"tokenizer {name!r} has no fast (Rust) version; one is needed for word alignment")
-    return loaded
 
 
 class TokenizedTextDataset(Dataset):

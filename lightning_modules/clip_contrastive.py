@@ -31,7 +31,7 @@ Conventions
   ``AutoTokenizer.from_pretrained``, ``CLIPImageProcessor.from_pretrained`` and
   :func:`models.clip.load_zero_shot_classifier` (``clip:<folder>``) read: the model (safetensors, float32), the
   tokenizer, the image processor (resize + centre crop to ``image_size``, bicubic, ``mean`` / ``std``), the
-  prompt set (``prompts.json``, :func:`models.clip.save_prompt_set`) and ``training.json`` (metrics, checkpoint,
+  prompt set (``prompts.json``, :func:`models.clip_prompts.save_prompt_set`) and ``training.json`` (metrics, checkpoint,
   hyperparameters).
 """
 from __future__ import annotations
@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
@@ -50,6 +49,9 @@ from torch import Tensor
 
 from datamodules.clip_zero_shot import CLIP_MEAN, CLIP_STD
 from lightning_modules.lr_schedule import stepped_schedule
+from models.checkpoint_io import cpu_float32_state_dict, fresh_export_folder
+from models.clip import ZeroShotClassifier
+from models.clip_prompts import save_prompt_set
 
 #: the file an export writes beside the model: marks the folder as this module's export (replaceable)
 EXPORT_METADATA = "training.json"
@@ -194,8 +196,6 @@ class CLIPContrastiveModule(pl.LightningModule):
         tokenizer = getattr(datamodule, "tokenizer", None)
         if prompt_set is None or tokenizer is None:
             return None
-        from models.clip import ZeroShotClassifier
-
         return ZeroShotClassifier.from_prompt_lists(self.clip, tokenizer, prompt_set.classnames,
                                                     prompt_set.prompts).class_embeddings.detach()
 
@@ -232,24 +232,13 @@ class CLIPContrastiveModule(pl.LightningModule):
         path is refused, naming it."""
         from transformers import CLIPImageProcessor
 
-        from models.clip import save_prompt_set
-
         self.check_datamodule(datamodule)
         prompt_set = getattr(datamodule, "prompt_set", None)
         if prompt_set is None:
             raise ValueError(f"datamodule {type(datamodule).__name__} has no prompt_set: the export saves the "
                              "zero-shot prompts beside the model")
-        folder = Path(os.path.expanduser(str(folder)))
-        if folder.exists():
-            if folder.is_dir() and (not any(folder.iterdir()) or (folder / EXPORT_METADATA).is_file()):
-                shutil.rmtree(folder)
-            else:
-                raise FileExistsError(f"export path {str(folder)!r} exists and is not an earlier CLIPContrastiveModule "
-                                      f"export (no {EXPORT_METADATA}); choose another --output")
-        folder.mkdir(parents=True)
-        state = {k: v.detach().float().cpu().contiguous() if v.is_floating_point() else v.detach().cpu()
-                 for k, v in self.clip.state_dict().items()}
-        self.clip.save_pretrained(str(folder), state_dict=state)
+        folder = fresh_export_folder(folder, EXPORT_METADATA, type(self).__name__)
+        self.clip.save_pretrained(str(folder), state_dict=cpu_float32_state_dict(self.clip))
         datamodule.tokenizer.save_pretrained(str(folder))
         size = self.image_size
         CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size},

@@ -42,14 +42,14 @@ from torch import Tensor, nn
 from evaluation.classifier import Classifier, TextClassifier, model_logits
 from evaluation.method_specs import CLASS_SETTINGS, MethodsSpec, check_class_settings, method_specs
 from methods import build_method
-from models.loading import load_concept_heads, load_model, resolve_concept
+from methods.adapters import adapter_for
+from models.concepts import load_concept_heads, resolve_concept
+from models.sources import load_model, load_tokenizer
 
 
 def token_layout(model: nn.Module, inputs: Tensor):
     """The layout of ``model``'s token scores for the (normalised) ``inputs``: what a callback needs to place the
     scores on the input (``.grid`` = ``(h, w)`` patches for images), from the model's adapter."""
-    from methods.adapters import adapter_for
-
     adapter = adapter_for(model)
     return adapter.layout(adapter.prepare_inputs(inputs))
 
@@ -71,7 +71,7 @@ class AttributionEvaluationModule(pl.LightningModule):
 
     Args:
         classifier: ``"synthetic"``, a ``save_classifier`` file, ``"timm:<name>"`` or ``"hf:<name or folder>"``
-            (``models.loading.load_model``).
+            (``models.sources.load_model``).
         pretrained: for ``timm:`` classifiers.
         model_kwargs: extra ``timm.create_model`` arguments for ``timm:`` classifiers.
         methods: what to evaluate (``evaluation.method_specs.parse_methods``); default every registered method.
@@ -120,8 +120,6 @@ class AttributionEvaluationModule(pl.LightningModule):
 
     # -------------------------------------------------------------------------------- set-up
     def _build_methods(self, specs: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
-        from methods.adapters import adapter_for
-
         # every method runs on every supported family; TypeError names the families
         self.modality = adapter_for(self.model).modality
         built = {}
@@ -154,8 +152,6 @@ class AttributionEvaluationModule(pl.LightningModule):
             source = getattr(self.model, "name_or_path", None) or None
             tokenizer = None
             if source:
-                from datamodules.text_common import load_tokenizer
-
                 try:
                     tokenizer = load_tokenizer(source)
                 except (FileNotFoundError, ValueError):

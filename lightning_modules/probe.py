@@ -13,8 +13,10 @@ Conventions
       ``VisionTransformer`` has no read-out that concatenates two poolings, so this probe cannot be exported
       to one (:meth:`to_timm` raises).
 * ``backbone_checkpoint``: a local weights file (state_dict, DINO / Lightning checkpoint, safetensors, or a
-  classifier file of ``train.py``; heads are dropped) or ``"synthetic"``: the synthetic benchmark's ViT
-  (``"synthetic:<overrides.yaml>"``: trained with these ``train.py`` keys changed). The file is read as tensors
+  classifier file of ``train.py``; heads are dropped) or a spec of a registered source of files
+  (:func:`models.sources.local_file`; with ``import training``: ``"synthetic"``, the synthetic benchmark's ViT,
+  ``"synthetic:<overrides.yaml>"``, trained with these ``train.py`` keys changed, ``"trained:<config.yaml>"``).
+  The file is read as tensors
   and plain values; ``allow_pickle=True`` (``--model.allow_pickle true``) also unpickles objects (trusted files
   only, :mod:`models.checkpoint_io`).
 * Frozen mode (``finetune=False``, default): backbone parameters have ``requires_grad=False`` and the
@@ -86,10 +88,6 @@ class LinearProbe(StageSteps, pl.LightningModule):
         self.save_hyperparameters()
         kwargs = dict(_POOL[features])
         kwargs.update(backbone_kwargs or {})
-        from models.synthetic import is_synthetic_spec, resolve_synthetic_spec
-
-        if is_synthetic_spec(backbone_checkpoint):  # the synthetic benchmark's ViT (trained and cached on first use)
-            backbone_checkpoint = str(resolve_synthetic_spec(backbone_checkpoint))
         self.backbone = create_backbone(backbone, pretrained=pretrained, backbone_checkpoint=backbone_checkpoint,
                                         allow_pickle=allow_pickle, **kwargs)
         if not hasattr(self.backbone, "forward_features") or not hasattr(self.backbone, "num_prefix_tokens"):

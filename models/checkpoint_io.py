@@ -10,13 +10,17 @@ path that calls ``torch.load(..., weights_only=False)``; use it for files you tr
 ``plain(value)`` turns metadata into what ``weights_only`` loading accepts (``Path`` -> ``str``, numpy scalars ->
 numbers, mappings -> ``dict``), so the files this codebase writes (classifier files, concept files) read back
 without the opt-in.
+
+Exports of ``train.py`` (Hugging Face folders of the text and CLIP modules) are written with
+``cpu_float32_state_dict`` into ``fresh_export_folder``.
 """
 from __future__ import annotations
 
 import os
 import pickle
+import shutil
 from pathlib import Path, PurePath
-from typing import Any, Mapping, Union
+from typing import Any, Dict, Mapping, Union
 
 import torch
 
@@ -109,3 +113,26 @@ def plain(value: Any, where: str = "value") -> Any:
         return torch.from_numpy(np.ascontiguousarray(value))
     raise TypeError(f"{where} is a {type(value).__name__}: files of this codebase hold plain values only "
                     "(None, bool, int, float, str, tensors, and dicts, lists and tuples of these)")
+
+
+# ------------------------------------------------------------------------------------------ exports
+def fresh_export_folder(folder: PathLike, marker: str, owner: str) -> Path:
+    """``folder`` (``~`` expanded), created empty for an export that writes ``marker`` into it: an empty folder or
+    an earlier export (it holds ``marker``) is replaced; any other existing path is refused with an error naming
+    it and ``owner`` (the exporting class)."""
+    folder = Path(os.path.expanduser(str(folder)))
+    if folder.exists():
+        if folder.is_dir() and (not any(folder.iterdir()) or (folder / marker).is_file()):
+            shutil.rmtree(folder)
+        else:
+            raise FileExistsError(f"export path {str(folder)!r} exists and is not an earlier {owner} export (no "
+                                  f"{marker}); choose another --output")
+    folder.mkdir(parents=True)
+    return folder
+
+
+def cpu_float32_state_dict(module: Any) -> Dict[str, Any]:
+    """``module.state_dict()`` detached on the CPU, floating tensors as contiguous float32 (what an export
+    stores whatever the training precision and device)."""
+    return {k: v.detach().float().cpu().contiguous() if v.is_floating_point() else v.detach().cpu()
+            for k, v in module.state_dict().items()}

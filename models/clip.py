@@ -20,15 +20,16 @@ Both wrappers follow the protocol of :mod:`methods.adapters.hf_clip` (``clip``, 
 ``logits_from_embeddings``); their fixed embeddings are buffers (L2-normalised), ``logit_scale`` is read from the
 ``CLIPModel`` at every call.
 
-Loading by spec (:func:`load_zero_shot_classifier`; what ``models.loading.load_model`` dispatches ``clip:`` to):
+Loading by spec (:func:`load_zero_shot_classifier`; the ``clip:`` source of :func:`models.sources.load_model`):
 ``"clip:<source>"`` is the zero-shot classifier of a CLIP in Hugging Face ``save_pretrained`` layout, read from
 local files only (never downloaded). ``<source>``: a folder (``config.json`` + weights, the tokenizer files and,
 optionally, ``preprocessor_config.json`` and this package's prompt file ``prompts.json``), a hub name already in
 the local Hugging Face cache (``openai/clip-vit-base-patch32``; an ``hf:`` prefix is allowed), or a
-``trained:<config.yaml>`` spec (:mod:`models.cached_training`: the small CLIP of the synthetic benchmark,
-``trained:configs/train/synthetic_clip.yaml``, trained on first use and cached). The prompts come from the
-``model_kwargs`` (``prompts``, ``classnames``, ``templates``: :func:`zero_shot_prompt_set`), by default from the
-folder's ``prompts.json`` (:func:`save_prompt_set`). The classifier carries ``pretrained_cfg`` (the keys timm's
+``trained:<config.yaml>`` spec (:mod:`training.cached_training`: the small CLIP of the synthetic benchmark,
+``trained:configs/train/synthetic_clip.yaml``, trained on first use and cached). The prompts
+(:mod:`models.clip_prompts`) come from the ``model_kwargs`` (``prompts``, ``classnames``, ``templates``:
+:func:`~models.clip_prompts.zero_shot_prompt_set`), by default from the folder's ``prompts.json``
+(:func:`~models.clip_prompts.save_prompt_set`). The classifier carries ``pretrained_cfg`` (the keys timm's
 ``resolve_data_config`` reads: CLIP's mean/std from the image processor, input size, bicubic interpolation,
 centre crop), so an evaluation normalises and sizes images as CLIP does, and ``tokenizer`` (the model's, for the
 text side: :class:`PromptScorer`).
@@ -39,19 +40,18 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import json
 import os
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-Template = Union[str, Callable[[str], str]]
+from models.clip_prompts import Template, fill_template, zero_shot_prompt_set
+from models.sources import find_source, register_source, resolve_hf_source
 
 CLIP_PREFIX = "clip:"
-#: the prompt set saved beside a CLIP (:func:`save_prompt_set`)
-PROMPTS_FILE = "prompts.json"
-PROMPTS_FORMAT = "token_attributions/clip_prompts/1"
-#: OpenAI's CLIP normalisation (``CLIPImageProcessor``'s image_mean / image_std; also
+#: the model_kwargs of a ``clip:`` spec
+CLIP_KWARGS = ("prompts", "classnames", "templates", "prompt_batch_size")
+#: OpenAI's CLIP normalisation (``CLIPImageProcessor``'s image_mean / image_std; the data's:
 #: ``datamodules.clip_zero_shot.CLIP_MEAN`` / ``CLIP_STD``)
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -90,18 +90,6 @@ def _scaled_cosine(clip: nn.Module, embeddings: Tensor, others: Tensor) -> Tenso
     (``others`` already normalised)."""
     normed = embeddings / embeddings.norm(p=2, dim=-1, keepdim=True)
     return clip.logit_scale.exp().to(normed) * (normed @ others.to(normed).t())
-
-
-def fill_template(template: Template, classname: str) -> str:
-    """One prompt: ``template(classname)`` for a callable (``open_clip``'s templates), else the class name put at
-    ``{c}`` or ``{}`` of the string."""
-    if callable(template):
-        return template(classname)
-    if "{c}" in template:
-        return template.replace("{c}", classname)
-    if "{}" not in template:
-        raise ValueError(f"template {template!r} has no '{{}}' (or '{{c}}') where the class name goes")
-    return template.format(classname)
 
 
 def text_embeddings(clip: nn.Module, tokenizer: Callable, texts: Sequence[str], batch_size: int = 256) -> Tensor:
@@ -350,72 +338,23 @@ def pretrained_cfg_from_processor(clip: nn.Module, processor: Optional[Mapping],
     return clip_pretrained_cfg(clip, mean, std, interpolation, crop_pct, num_classes)
 
 
-# ------------------------------------------------------------------------------------------ prompt files
-def save_prompt_set(folder: Union[str, os.PathLike], classnames: Sequence[str], prompts: Sequence[Sequence[str]],
-                    templates: Optional[Sequence[str]] = None) -> Path:
-    """Write the prompt set of a CLIP beside it: ``<folder>/prompts.json`` = ``{"format", "classnames",
-    "prompts": one list of prompts per class, "templates": the string templates they were filled from or
-    null}``; returns the path."""
-    classnames = [str(c) for c in classnames]
-    prompts = [[str(p) for p in per_class] for per_class in prompts]
-    if not classnames or len(prompts) != len(classnames) or any(not p for p in prompts):
-        raise ValueError(f"a prompt set needs at least one class and one prompt per class; got {len(classnames)} "
-                         f"class names and prompts for {len(prompts)} classes")
-    path = Path(os.path.expanduser(str(folder))) / PROMPTS_FILE
-    content = {"format": PROMPTS_FORMAT, "classnames": classnames, "prompts": prompts,
-               "templates": [str(t) for t in templates] if templates is not None else None}
-    path.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-    return path
-
-
-def read_prompt_set(folder: Union[str, os.PathLike]):
-    """The :class:`datamodules.clip_zero_shot.PromptSet` (name ``"saved"``) of ``<folder>/prompts.json``
-    (:func:`save_prompt_set`); errors name the file."""
-    from datamodules.clip_zero_shot import PromptSet
-
-    path = Path(os.path.expanduser(str(folder))) / PROMPTS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no prompt set saved beside the CLIP: {str(path)!r} does not exist; give the "
-                                "prompts as model_kwargs (prompts: openai | simple | bi_legacy | custom, with "
-                                "classnames / templates)")
-    try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-        classnames, prompts = content["classnames"], content["prompts"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"prompt file {str(path)!r} is not a prompt set (JSON with 'classnames' and 'prompts'): "
-                         f"{err}") from err
-    if (not isinstance(classnames, list) or not isinstance(prompts, list) or len(classnames) != len(prompts)
-            or not classnames or not all(isinstance(p, list) and p and all(isinstance(t, str) for t in p)
-                                         for p in prompts)):
-        raise ValueError(f"prompt file {str(path)!r}: 'classnames' and 'prompts' must be lists of the same, "
-                         "non-zero length, each class with a non-empty list of prompt strings")
-    return PromptSet("saved", [str(c) for c in classnames], prompts)
-
-
 # ------------------------------------------------------------------------------------------ clip: specs
-#: the model_kwargs of a ``clip:`` spec
-CLIP_KWARGS = ("prompts", "classnames", "templates", "prompt_batch_size")
-#: prompt sets of a ``clip:`` spec: the saved one, or those of :func:`datamodules.clip_zero_shot.build_prompt_set`
-CLIP_PROMPT_SETS = ("saved", "openai", "simple", "bi_legacy", "custom")
-
-
 def is_clip_spec(spec: Any) -> bool:
     """Whether ``spec`` is a ``clip:<source>`` model spec."""
     return isinstance(spec, str) and spec.startswith(CLIP_PREFIX)
 
 
 def clip_source(spec: str) -> str:
-    """What ``from_pretrained`` reads for ``clip:<source>``: a ``trained:`` spec's cached folder (trained on
-    first use), else :func:`models.loading.resolve_hf_source` of the source (``hf:`` dropped, ``~`` expanded).
-    A source that can only be a path (absolute, ``~``, ``./``, more than one ``/``) must be a folder."""
-    from models.cached_training import is_trained_spec, resolve_trained_spec
-    from models.loading import resolve_hf_source
-
+    """What ``from_pretrained`` reads for ``clip:<source>``: the local export of a registered source of files
+    (:func:`models.sources.find_source`; ``trained:<config.yaml>``: its cached folder, trained on first use),
+    else :func:`models.sources.resolve_hf_source` of the source (``hf:`` dropped, ``~`` expanded). A source
+    that can only be a path (absolute, ``~``, ``./``, more than one ``/``) must be a folder."""
     if not is_clip_spec(spec) or not spec[len(CLIP_PREFIX):]:
         raise ValueError(f"{spec!r} is not 'clip:<folder, cached hub name or trained:<config.yaml>>'")
     body = spec[len(CLIP_PREFIX):]
-    if is_trained_spec(body):
-        return str(resolve_trained_spec(body))
+    registered = find_source(body)
+    if registered is not None and registered.local is not None:
+        return str(registered.local(body))
     source = resolve_hf_source(body)
     name = body[len("hf:"):] if body.startswith("hf:") else body
     path_only = os.path.isabs(name) or name.startswith(("~", "./", "../")) or name.count("/") > 1
@@ -450,38 +389,16 @@ def load_clip(source: str, pretrained: bool = True):
     return clip.eval(), tokenizer
 
 
-def zero_shot_prompt_set(source: str, prompts: Optional[str] = None, classnames=None, templates=None):
-    """The prompt set of a ``clip:`` spec: ``prompts="saved"`` (the default when ``source`` is a folder with
-    ``prompts.json``) reads it (no ``classnames`` / ``templates`` then); ``openai`` / ``simple`` / ``bi_legacy``
-    / ``custom`` are :func:`datamodules.clip_zero_shot.build_prompt_set`'s sets (ImageNet's 1,000 classes unless
-    ``classnames`` are given)."""
-    from datamodules.clip_zero_shot import build_prompt_set
-
-    saved = os.path.isfile(os.path.join(source, PROMPTS_FILE))
-    if prompts is None:
-        if not saved:
-            raise ValueError(f"the CLIP {source!r} has no saved prompt set ({PROMPTS_FILE}): give model_kwargs "
-                             "{prompts: openai | simple | bi_legacy | custom} (with classnames / templates)")
-        prompts = "saved"
-    if prompts not in CLIP_PROMPT_SETS:
-        raise ValueError(f"prompts must be one of {CLIP_PROMPT_SETS}, got {prompts!r}")
-    if prompts == "saved":
-        if classnames is not None or templates is not None:
-            raise ValueError("the saved prompt set has its own class names and templates: use prompts='custom' to "
-                             "give classnames and templates")
-        return read_prompt_set(source)
-    return build_prompt_set(prompts, classnames=classnames, templates=templates, imagenet=True)
-
-
 def load_zero_shot_classifier(spec: str, pretrained: bool = True,
                               model_kwargs: Optional[Mapping[str, Any]] = None) -> ZeroShotClassifier:
     """The :class:`ZeroShotClassifier` of ``clip:<source>`` (module docstring), in eval mode.
 
     ``model_kwargs``: ``prompts`` (``saved``, the default when the folder has ``prompts.json``; ``openai``,
-    ``simple``, ``bi_legacy``, ``custom``), ``classnames``, ``templates`` (:func:`zero_shot_prompt_set`),
-    ``prompt_batch_size`` (prompts per text forward, default 256). ``pretrained=False``: random weights of the
-    same architecture (tests). The classifier also carries ``tokenizer``, ``source`` (the folder or name read),
-    ``prompt_set`` and ``prompts`` (the prompts of each class), and ``pretrained_cfg`` with the image processor's
+    ``simple``, ``bi_legacy``, ``custom``), ``classnames``, ``templates``
+    (:func:`models.clip_prompts.zero_shot_prompt_set`), ``prompt_batch_size`` (prompts per text forward, default
+    256). ``pretrained=False``: random weights of the same architecture (tests). The classifier also carries
+    ``tokenizer``, ``source`` (the folder or name read), ``prompt_set`` and ``prompts`` (the prompts of each
+    class), and ``pretrained_cfg`` with the image processor's
     mean/std and crop (:func:`pretrained_cfg_from_processor`).
     """
     kwargs = dict(model_kwargs or {})
@@ -501,3 +418,7 @@ def load_zero_shot_classifier(spec: str, pretrained: bool = True,
     classifier.source = source
     classifier.prompt_set = prompt_set
     return classifier.eval()
+
+
+register_source(CLIP_PREFIX, lambda spec, pretrained, model_kwargs, allow_pickle:
+                load_zero_shot_classifier(spec, pretrained, model_kwargs), tokenizer=clip_source)

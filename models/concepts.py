@@ -18,7 +18,7 @@ folder images are resized (bicubic, squashed) to the model's input size.
 ``head.save(path)`` / ``ConceptHead.load(path)``; ``head.method(name)`` builds ``build_method("cdam",
 concept=vector)``. ``train.py --concepts ...`` (:class:`ConceptsConfig`, :func:`build_concept_heads`) builds the
 heads of a trained classifier and saves them next to it; ``evaluate.py --model.concepts FILE`` explains them
-(a method entry ``{method: cdam, concept: <name>}``).
+(a method entry ``{method: cdam, concept: <name>}``; :func:`load_concept_heads`, :func:`resolve_concept`).
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from methods import build_method
 from models.checkpoint_io import plain, read_checkpoint
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
@@ -150,8 +151,6 @@ class ConceptHead(nn.Module):
 
     def method(self, name: str, **options):
         """``build_method("cdam", concept=<vector of name>)``."""
-        from methods import build_method
-
         return build_method("cdam", concept=self.vector(name), **options)
 
     # -------------------------------------------------------------------------------- constructors
@@ -294,3 +293,35 @@ def build_concept_heads(model: nn.Module, spec: ConceptsConfig, dataset=None,
     for kind in spec.kinds:
         heads[kind] = ConceptHead.from_images(model, examples, kind=kind, negatives=negatives, c=spec.c)
     return heads
+
+
+# ------------------------------------------------------------------------------------------ concept files
+def load_concept_heads(files: Union[None, str, List[str]], allow_pickle: bool = False) -> Dict[str, ConceptHead]:
+    """``{kind: ConceptHead}`` of concept files (one kind per file; a kind given twice is an error)."""
+    if files is None:
+        return {}
+    heads: Dict[str, ConceptHead] = {}
+    for path in [files] if isinstance(files, str) else list(files):
+        head = ConceptHead.load(path, allow_pickle=allow_pickle)
+        if head.kind in heads:
+            raise ValueError(f"two concept files of kind {head.kind!r} (second: {path!r}); give one per kind")
+        heads[head.kind] = head
+    return heads
+
+
+def resolve_concept(heads: Dict[str, ConceptHead], ref: str, method: str = "cdam") -> Tensor:
+    """The vector named ``ref`` (``<name>`` or ``<kind>:<name>``) in ``heads``; errors list what exists."""
+    if not heads:
+        raise ValueError(f"method {method!r} names concept {ref!r} but no concept file is given "
+                         "(--model.concepts FILE, written by train.py --concepts)")
+    kind, _, name = ref.rpartition(":")
+    if kind:
+        if kind not in heads:
+            raise KeyError(f"method {method!r}: no concept file of kind {kind!r} (loaded kinds: {sorted(heads)})")
+        return heads[kind].vector(name)
+    found = [k for k, head in heads.items() if name in head.names]
+    if len(found) != 1:
+        known = sorted(f"{k}:{n}" for k, head in heads.items() for n in head.names)
+        what = "is ambiguous, use <kind>:<name>" if found else "is unknown"
+        raise KeyError(f"method {method!r}: concept {name!r} {what}; concepts: {', '.join(known)}")
+    return heads[found[0]].vector(name)

@@ -395,7 +395,7 @@ def test_scorer_and_input_errors_are_named():
 def test_prompt_sets():
     """OpenAI's 1,000 class names x 80 templates (open_clip's zero-shot metadata) and BI's legacy prompts (one
     template over torchvision's tuples of lemmas)."""
-    from datamodules.clip_zero_shot import build_prompt_set
+    from models.clip_prompts import build_prompt_set
 
     openai = build_prompt_set("openai")
     assert len(openai) == 1000 and {len(p) for p in openai.prompts} == {80}

@@ -20,7 +20,8 @@ from datamodules.synthetic_captions import (BOS, EOS, PAD, SPECIAL_TOKENS, Synth
                                             build_caption_tokenizer, caption_vocabulary, colour_name, describe,
                                             position_phrase)
 from models.clip import (OPENAI_CLIP_MEAN, ZeroShotClassifier, clip_source, is_clip_spec,  # noqa: E402
-                         load_zero_shot_classifier, read_prompt_set, save_prompt_set)
+                         load_zero_shot_classifier)
+from models.clip_prompts import read_prompt_set, save_prompt_set  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES4 = ["square", "circle", "triangle", "cross"]
@@ -169,7 +170,7 @@ def test_evaluation_module_explains_the_vision_tower(clip_folder):
 
     module = AttributionEvaluationModule(classifier=f"clip:{clip_folder}", methods=["gradcam", "random"],
                                          class_settings=["predicted", "target"])
-    assert isinstance(module.model, ZeroShotClassifier)  # models.loading.load_model dispatches clip: specs
+    assert isinstance(module.model, ZeroShotClassifier)  # models.sources.load_model dispatches clip: specs
     assert module.modality == "image" and isinstance(module.classifier, Classifier)
     assert module.classifier.mean == pytest.approx(TINY_MEAN) and module.classifier.std == pytest.approx(TINY_STD)
     images = torch.rand(3, 3, 32, 32)

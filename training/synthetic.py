@@ -2,24 +2,22 @@
 
 ``ensure_synthetic_classifier`` returns the cached classifier file of ``configs/train/synthetic_vit.yaml`` (or of
 that config with an overrides file applied), training it on first use with the same code as ``train.py``
-(:func:`models.training.fit_and_export`), in this process. ``"synthetic"`` and ``"synthetic:<overrides.yaml>"``
-are the specs that :func:`models.loading.load_model` and ``LinearProbe(backbone_checkpoint=...)`` accept.
+(:func:`training.fit.fit_and_export`), in this process. ``"synthetic"`` and ``"synthetic:<overrides.yaml>"`` are
+the specs of the source that :mod:`training` registers: :func:`models.sources.load_model` and
+``LinearProbe(backbone_checkpoint=...)`` (:func:`models.sources.local_file`) accept them.
 
 Cache: ``<cache>/synthetic_vit-<hash>.pt``, where ``<cache>`` is ``$TOKEN_ATTRIBUTIONS_CACHE`` (default
 ``~/.cache/token_attributions``) and the hash is taken over the *contents* of every config file involved (the
 config, the overrides file, and the files they build on with ``base:``) and the caller's extra arguments: the
 same model from any checkout, a new one when a file changes. The machinery (cache key, file lock, in-process
-training) is :mod:`models.cached_training`'s, shared with the ``trained:<config.yaml>`` spec.
+training) is :mod:`training.cached_training`'s, shared with the ``trained:<config.yaml>`` spec.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional
 
-from models.cached_training import (  # noqa: F401  (re-exported: the cache's names as this module always had them)
-    _DIST_ENV, CACHE_ENV, DEFAULT_CACHE, REPO_ROOT, PathLike, cache_key, ensure_trained_classifier, resolve_cache_dir,
-    train_in_process,
-)
+from training.cached_training import REPO_ROOT, PathLike, ensure_trained_classifier
 
 SYNTHETIC_CONFIG = REPO_ROOT / "configs" / "train" / "synthetic_vit.yaml"
 
@@ -28,11 +26,11 @@ def ensure_synthetic_classifier(cache_dir: Optional[PathLike] = None, config: Pa
                                 extra_args: tuple = (), overrides: Optional[PathLike] = None) -> Path:
     """Path of the trained small ViT of the synthetic benchmark, training it on first use.
 
-    The file is ``<cache>/synthetic_vit-<hash>.pt`` (:func:`models.cached_training.cache_key`: a changed config,
+    The file is ``<cache>/synthetic_vit-<hash>.pt`` (:func:`training.cached_training.cache_key`: a changed config,
     overrides file, base file or extra argument trains a new model). Training runs ``train.py``'s code in this
     process with the arguments ``--config <config> [--config <overrides>] <extra_args>``, one process on one
     device, W&B offline unless ``WANDB_MODE`` says otherwise, under a file lock so that concurrent callers (e.g.
-    DDP ranks) train once (:func:`models.cached_training.ensure_trained_classifier`). ``overrides`` is a YAML file
+    DDP ranks) train once (:func:`training.cached_training.ensure_trained_classifier`). ``overrides`` is a YAML file
     of ``train.py`` keys applied over ``config`` (e.g. ``configs/train/synthetic_vit_avgpool.yaml``).
     """
     return ensure_trained_classifier(config, overrides, extra_args=extra_args, cache_dir=cache_dir,
@@ -47,7 +45,3 @@ def resolve_synthetic_spec(spec: str, cache_dir: Optional[PathLike] = None) -> P
     if spec.startswith("synthetic:") and spec[len("synthetic:"):]:
         return ensure_synthetic_classifier(cache_dir, overrides=spec[len("synthetic:"):])
     raise ValueError(f"{spec!r} is not 'synthetic' or 'synthetic:<overrides.yaml>'")
-
-
-def is_synthetic_spec(spec: Optional[str]) -> bool:
-    return isinstance(spec, str) and (spec == "synthetic" or spec.startswith("synthetic:"))

@@ -1,10 +1,11 @@
 """Classifiers trained on first use, in this process, with ``train.py``'s code, then cached.
 
 ``ensure_trained_classifier(config, overrides, extra_args)`` returns what ``train.py --config <config> [--config
-<overrides> ...] <extra_args>`` exports (:func:`models.training.fit_and_export`): a Hugging Face folder
+<overrides> ...] <extra_args>`` exports (:func:`training.fit.fit_and_export`): a Hugging Face folder
 (``save_pretrained``: text classifiers) or a timm classifier file (``save_classifier``: image probes and ViTs),
-training it the first time it is asked for. :mod:`models.synthetic` (the synthetic benchmark's ViT) and the
-``trained:<config.yaml>`` spec of :func:`models.loading.load_model` are built on it.
+training it the first time it is asked for. :mod:`training.synthetic` (the synthetic benchmark's ViT) and the
+``trained:<config.yaml>`` source of :func:`models.sources.load_model` (registered by :mod:`training`) are built
+on it.
 
 Spec: ``"trained:<config.yaml>"``, or ``"trained:<config.yaml>+<overrides.yaml>[+...]"`` for ``train.py`` keys
 changed by further files (applied in order, e.g. a data path: ``data: {init_args: {path: /data/movies.tar.gz}}``).
@@ -12,11 +13,11 @@ Config paths are tried as given (relative to the current directory), then relati
 paths *inside* a config (e.g. a data path) are read by ``train.py`` relative to the current directory.
 
 Cache: ``<cache>/<config stem>-<hash>`` (``<cache>/<name>-<hash><suffix>`` for :func:`ensure_trained_classifier`'s
-``name``/``suffix``), where ``<cache>`` is ``$TOKEN_ATTRIBUTIONS_CACHE`` (default ``~/.cache/token_attributions``)
-and the hash (:func:`cache_key`) is taken over the *contents* of every config file involved (the config, the
-overrides files, and the files they build on with ``base:``) and the extra arguments: the same model from any
-checkout, a new one when a file changes. Data files are not hashed: a changed dataset at the same path needs the
-cache entry removed (or ``$TOKEN_ATTRIBUTIONS_CACHE`` changed).
+``name``/``suffix``), where ``<cache>`` is :func:`models.sources.resolve_cache_dir` (``$TOKEN_ATTRIBUTIONS_CACHE``,
+default ``~/.cache/token_attributions``) and the hash (:func:`cache_key`) is taken over the *contents* of every
+config file involved (the config, the overrides files, and the files they build on with ``base:``) and the extra
+arguments: the same model from any checkout, a new one when a file changes. Data files are not hashed: a changed
+dataset at the same path needs the cache entry removed (or ``$TOKEN_ATTRIBUTIONS_CACHE`` changed).
 
 Concurrency: one file lock per entry (``<cache>/.<entry>.lock``), so concurrent callers (e.g. DDP ranks) train
 once; the export is written to a temporary name in the cache and renamed into place, so a crash never leaves a
@@ -25,6 +26,7 @@ half-written entry that looks complete.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import random
@@ -34,10 +36,17 @@ import warnings
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Union
 
+import numpy as np
+import torch
+from lightning_utilities.core.rank_zero import rank_zero_only
+
+from cli import TrainCLI, check_data_paths, config_files
+from models.classifier_file import read_classifier_file
+from models.sources import resolve_cache_dir
+from training import fit
+
 PathLike = Union[str, os.PathLike]
 
-CACHE_ENV = "TOKEN_ATTRIBUTIONS_CACHE"
-DEFAULT_CACHE = "~/.cache/token_attributions"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TRAINED_PREFIX = "trained:"
 
@@ -49,15 +58,8 @@ _DIST_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "LOCAL_WORLD_SIZE"
 _SINGLE_PROCESS = ("--trainer.devices", "1", "--trainer.num_nodes", "1", "--trainer.strategy", "auto")
 
 
-def resolve_cache_dir(path: Optional[PathLike] = None) -> Path:
-    """``path``, else ``$TOKEN_ATTRIBUTIONS_CACHE``, else ``~/.cache/token_attributions``."""
-    return Path(os.path.expanduser(str(path or os.environ.get(CACHE_ENV) or DEFAULT_CACHE)))
-
-
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
-    import fcntl
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -91,8 +93,6 @@ def cache_key(config: PathLike, overrides: Union[None, PathLike, Sequence[PathLi
     """The hash that names a cached classifier: sha256 (first 10 hex digits) of the contents of the config files
     in the order they apply (``config``'s ``base:`` files and itself, then each overrides file's ``base:`` files
     and itself) followed by the space-joined ``extra_args``."""
-    from cli.config import config_files
-
     files: List[Path] = []
     for path in [config, *_as_list(overrides)]:
         files += config_files(config_file(path))
@@ -107,8 +107,6 @@ def _is_complete(path: Path) -> bool:
         weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
         return (path / "config.json").is_file() and any((path / name).is_file() for name in weights)
     if path.is_file():
-        from models.classifier_file import read_classifier_file
-
         try:
             read_classifier_file(path)
             return True
@@ -173,15 +171,12 @@ def train_in_process(args: Sequence[str]) -> Optional[Path]:
     run it started are restored or closed, so the caller continues as if training had run in a subprocess.
     Command-line errors (which jsonargparse reports by exiting) raise ``RuntimeError``; other errors propagate.
     """
-    from cli import TrainCLI, check_data_paths
-    from models.training import fit_and_export
-
     args = [*args, *_SINGLE_PROCESS]
     with _as_a_separate_process():
         try:
             cli = TrainCLI(args)
             check_data_paths(cli.datamodule)
-            return fit_and_export(cli.trainer, cli.model, cli.datamodule, output=cli.config.get("output"),
+            return fit.fit_and_export(cli.trainer, cli.model, cli.datamodule, output=cli.config.get("output"),
                                   concepts=cli.config.get("concepts"), test=cli.config.get("test", False))
         except SystemExit as err:  # argument errors: jsonargparse prints them and exits
             if err.code in (0, None):
@@ -193,10 +188,6 @@ def train_in_process(args: Sequence[str]) -> Optional[Path]:
 @contextlib.contextmanager
 def _as_a_separate_process() -> Iterator[None]:
     """Process-wide state that a subprocess would not have shared with its parent, saved and restored."""
-    import numpy as np
-    import torch
-    from lightning_utilities.core.rank_zero import rank_zero_only
-
     env = {k: os.environ.get(k) for k in (*_DIST_ENV, "WANDB_MODE")}
     argv = list(sys.argv)
     rank = getattr(rank_zero_only, "rank", 0)
@@ -233,14 +224,10 @@ def _as_a_separate_process() -> Iterator[None]:
 
 
 # ------------------------------------------------------------------------------------------ trained:<config>
-def is_trained_spec(spec: Optional[str]) -> bool:
-    return isinstance(spec, str) and spec.startswith(TRAINED_PREFIX)
-
-
 def parse_trained_spec(spec: str) -> List[str]:
     """The config files of ``trained:<config.yaml>[+<overrides.yaml>...]``, in the order they apply. A whole
     path that names an existing file is one config even if it contains ``+``."""
-    if not is_trained_spec(spec) or not spec[len(TRAINED_PREFIX):]:
+    if not spec.startswith(TRAINED_PREFIX) or not spec[len(TRAINED_PREFIX):]:
         raise ValueError(f"{spec!r} is not 'trained:<config.yaml>' or 'trained:<config.yaml>+<overrides.yaml>'")
     body = spec[len(TRAINED_PREFIX):]
     whole = Path(os.path.expanduser(body))

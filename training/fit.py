@@ -2,7 +2,7 @@
 heads).
 
 :func:`fit_and_export` is what ``train.py`` runs after parsing its command line, and what
-:mod:`models.cached_training` runs to train a classifier on first use (the synthetic benchmark's ViT,
+:mod:`training.cached_training` runs to train a classifier on first use (the synthetic benchmark's ViT,
 ``trained:<config.yaml>`` specs).
 
 How a module exports (:func:`exporter`): a module that has an ``export(output, datamodule, metadata)`` method
@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import pytorch_lightning as pl
 
+from lightning_modules.probe import LinearProbe
 from models.checkpoint_io import read_checkpoint
 from models.classifier_file import load_classifier, save_classifier
 from models.concepts import ConceptsConfig, build_concept_heads
@@ -50,13 +51,11 @@ def exporter(module: pl.LightningModule) -> Tuple[str, Exporter]:
     name = getattr(module, "export_name", None)
     if callable(export) and isinstance(name, str):
         return name, export
-    from lightning_modules.probe import LinearProbe
-
     if isinstance(module, LinearProbe):
         return "classifier.pt", lambda output, datamodule, metadata: export_probe(module, output, datamodule,
                                                                                    metadata)
     raise TypeError(f"{type(module).__name__} does not say how it exports: give it an export(output, datamodule, "
-                    "metadata) method and an export_name (see models.training)")
+                    "metadata) method and an export_name (see training.fit)")
 
 
 def hand_over_data_config(module: pl.LightningModule, datamodule: pl.LightningDataModule) -> None:
@@ -124,30 +123,6 @@ def export_probe(module: pl.LightningModule, output: Path, datamodule: pl.Lightn
         return Path(best) if best else None
     return save_classifier(module.to_timm(), output, **metadata, backbone=module.hparams.backbone,
                            features=module.hparams.features, classes=getattr(datamodule, "classes", None))
-
-
-def fresh_export_folder(folder: PathLike, marker: str, owner: str) -> Path:
-    """``folder`` (``~`` expanded), created empty for an export that writes ``marker`` into it: an empty folder or
-    an earlier export (it holds ``marker``) is replaced; any other existing path is refused with an error naming
-    it and ``owner`` (the exporting class)."""
-    import shutil
-
-    folder = Path(os.path.expanduser(str(folder)))
-    if folder.exists():
-        if folder.is_dir() and (not any(folder.iterdir()) or (folder / marker).is_file()):
-            shutil.rmtree(folder)
-        else:
-            raise FileExistsError(f"export path {str(folder)!r} exists and is not an earlier {owner} export (no "
-                                  f"{marker}); choose another --output")
-    folder.mkdir(parents=True)
-    return folder
-
-
-def cpu_float32_state_dict(module: Any) -> Dict[str, Any]:
-    """``module.state_dict()`` detached on the CPU, floating tensors as contiguous float32 (what an export
-    stores whatever the training precision and device)."""
-    return {k: v.detach().float().cpu().contiguous() if v.is_floating_point() else v.detach().cpu()
-            for k, v in module.state_dict().items()}
 
 
 def save_concepts(spec: Any, classifier_path: Path, datamodule: pl.LightningDataModule,
