@@ -1,5 +1,5 @@
 """Rationales in ERASER's results format (JSONL), so that ERASER's own scorer (``rationale_benchmark/metrics.py``,
-``--results``) can read them: a writer, a reader and a schema check.
+``--results``) can read them: a writer and a schema check.
 
 One JSON object per line, one line per annotation, keys sorted (ERASER's ``write_jsonl``), lines sorted by
 ``annotation_id`` (so any number of processes writes the same file)::
@@ -18,8 +18,8 @@ One JSON object per line, one line per annotation, keys sorted (ERASER's ``write
 Field names are exactly those ERASER's scorer reads (``Rationale.from_instance``,
 ``PositionScoredDocument.from_results``, ``score_classifications``, ``compute_aopc_scores``). Spans are token
 offsets of the flattened document, ``start_token`` inclusive and ``end_token`` exclusive; the hard rationale of a
-document is written as its maximal runs (:func:`evaluation.rationales.spans_from_mask`), so spans never overlap or
-touch. ``soft_rationale_predictions`` holds one value per document token.
+document is written as its maximal runs (:func:`evaluation.rationale_selection.spans_from_mask`), so spans never
+overlap or touch. ``soft_rationale_predictions`` holds one value per document token.
 
 :func:`check_eraser_rows` raises for everything ERASER's ``verify_instances`` / ``verify_instance`` reject
 (duplicate annotation ids, overlapping or out-of-range spans, soft predictions of the wrong length, a
@@ -38,7 +38,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .rationales import spans_from_mask
+from .rationale_selection import spans_from_mask
 
 HARD = "hard_rationale_predictions"
 SOFT = "soft_rationale_predictions"
@@ -242,35 +242,3 @@ def write_eraser_jsonl(rows: Iterable[Mapping[str, Any]], path: os.PathLike,
             handle.write("\n")
     os.replace(tmp, path)
     return path
-
-
-def read_eraser_jsonl(path: os.PathLike, document_lengths: Optional[Mapping[str, int]] = None,
-                      check: bool = True) -> List[Dict[str, Any]]:
-    """The instances of an ERASER results file; errors name the file and line (and, with ``check``, every schema
-    problem, :func:`check_eraser_rows`)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"ERASER results file {str(path)!r} does not exist")
-    rows: List[Dict[str, Any]] = []
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}: not a JSON object ({err}); expected one instance per line") \
-                    from err
-    if check:
-        check_eraser_rows(rows, document_lengths, where=str(path))
-    return rows
-
-
-def hard_spans_of(row: Mapping[str, Any], docid: Optional[str] = None) -> List[Tuple[int, int]]:
-    """The ``(start_token, end_token)`` hard spans of one instance's document (its only one when ``docid`` is
-    ``None``)."""
-    rationales = [r for r in row["rationales"] if docid is None or r["docid"] == docid]
-    if len(rationales) != 1:
-        raise ValueError(f"instance {row.get('annotation_id')!r} has {len(rationales)} rationales for docid "
-                         f"{docid!r}; expected one")
-    return [(int(s["start_token"]), int(s["end_token"])) for s in rationales[0].get(HARD, [])]

@@ -8,7 +8,6 @@
 from .registry import available_methods, build_method, method_class, register_method  # noqa: F401
 from .base import AttributionMethod  # noqa: F401
 from .maps import minmax_normalize, tokens_to_map  # noqa: F401
-from .words import REDUCTIONS, WordAttribution, WordAttributions, word_scores  # noqa: F401
 
 # Importing the method modules registers them.
 from . import attention_methods  # noqa: F401,E402

@@ -1,4 +1,4 @@
-"""Token scores -> words (``methods.words``) and text heatmaps (``evaluation.text_heatmap``).
+"""Token scores -> words (``evaluation.words.mapping``, ``.reductions``) and text heatmaps (``.heatmap``).
 
 Reductions by hand on small examples; whitespace words equal ``str.split()``; ERASER-style pre-split words
 (punctuation, odd characters, empty words) align exactly through the real MiniLM tokenizer; a real sentence goes
@@ -13,9 +13,10 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
-from evaluation.text_heatmap import TextHeatmap, score_color, text_heatmap_html, write_text_heatmap
-from methods import build_method, word_scores
-from methods.words import REDUCTIONS, WordAttributions, reduce_tokens, whitespace_words
+from evaluation.words import (REDUCTIONS, TextHeatmap, WordAttributions, reduce_tokens, text_heatmap_html,
+                              whitespace_words, word_scores, write_text_heatmap)
+from evaluation.words.heatmap import score_color
+from methods import build_method
 from shared_resources import minilm_folder
 
 transformers = pytest.importorskip("transformers")
@@ -81,7 +82,7 @@ def test_reduce_tokens_absmax_ties_and_empty_words():
     assert math.isnan(out[2]) and math.isnan(out[4])                   # words without tokens
     assert reduce_tokens(values, index, 5, "mean")[1].item() == pytest.approx(-0.25)
     assert torch.isnan(reduce_tokens(torch.zeros(0), torch.zeros(0, dtype=torch.long), 2, "max")).all()
-    with pytest.raises(ValueError, match="unknown reduction"):
+    with pytest.raises(ValueError, match="unknown word reduction"):
         reduce_tokens(values, index, 5, "median")
 
 
