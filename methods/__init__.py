@@ -2,7 +2,7 @@
 
     from methods import build_method, available_methods
     method = build_method("rollout", start_layer=0)
-    scores = method(model, inputs, target=None)   # [B, P] patch scores for images ([B, H, W] if pixel_level);
+    scores = method(model, inputs, target=None)   # [B, P] patch scores for images ([B, H, W] pixels for lrp);
                                                   # [B, N] per input position for token sequences
 """
 from .registry import available_methods, build_method, method_class, register_method  # noqa: F401
