@@ -34,7 +34,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -52,35 +52,20 @@ ALL_OR_NONE = (CLASSIFICATION, COMPREHENSIVENESS, SUFFICIENCY, THRESHOLDED)
 
 
 def eraser_row(annotation_id: str, docid: str, *, hard_mask: Optional[Sequence[bool]] = None,
-               hard_spans: Optional[Sequence[Tuple[int, int]]] = None,
                soft_scores: Optional[Sequence[float]] = None, classification: Optional[str] = None,
-               classification_scores: Optional[Mapping[str, float]] = None,
-               comprehensiveness_scores: Optional[Mapping[str, float]] = None,
-               sufficiency_scores: Optional[Mapping[str, float]] = None,
-               thresholded_scores: Optional[Sequence[Mapping[str, Any]]] = None) -> Dict[str, Any]:
+               classification_scores: Optional[Mapping[str, float]] = None) -> Dict[str, Any]:
     """One ERASER instance (module docstring) for a single-document annotation. The hard rationale is given as a
-    word mask (written as its maximal runs) or as spans; the other fields are written when given."""
-    if hard_mask is not None and hard_spans is not None:
-        raise ValueError("give the hard rationale as hard_mask or as hard_spans, not both")
+    word mask (written as its maximal runs); the other fields are written when given."""
     rationale: Dict[str, Any] = {"docid": str(docid)}
     if hard_mask is not None:
-        hard_spans = spans_from_mask(hard_mask)
-    if hard_spans is not None:
-        rationale[HARD] = [{"start_token": int(s), "end_token": int(e)} for s, e in hard_spans]
+        rationale[HARD] = [{"start_token": s, "end_token": e} for s, e in spans_from_mask(hard_mask)]
     if soft_scores is not None:
         rationale[SOFT] = [float(v) for v in np.asarray(soft_scores, dtype=np.float64).reshape(-1)]
     row: Dict[str, Any] = {"annotation_id": str(annotation_id), "rationales": [rationale]}
-    for key, value in ((CLASSIFICATION_SCORES, classification_scores), (COMPREHENSIVENESS, comprehensiveness_scores),
-                       (SUFFICIENCY, sufficiency_scores)):
-        if value is not None:
-            row[key] = {str(c): float(p) for c, p in value.items()}
+    if classification_scores is not None:
+        row[CLASSIFICATION_SCORES] = {str(c): float(p) for c, p in classification_scores.items()}
     if classification is not None:
         row[CLASSIFICATION] = str(classification)
-    if thresholded_scores is not None:
-        row[THRESHOLDED] = [{"threshold": float(t["threshold"]),
-                             COMPREHENSIVENESS: {str(c): float(p) for c, p in t[COMPREHENSIVENESS].items()},
-                             SUFFICIENCY: {str(c): float(p) for c, p in t[SUFFICIENCY].items()}}
-                            for t in thresholded_scores]
     return row
 
 

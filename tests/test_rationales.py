@@ -373,7 +373,7 @@ def test_metric_states_merge_like_one_update():
 def test_eraser_jsonl_round_trip_schema_and_errors(tmp_path):
     rows = [eraser_row("b.txt", "b.txt", hard_mask=[0, 1, 1, 0, 1], soft_scores=np.array([0.1, 0.5, 0.5, 0, 0.25]),
                        classification="POS", classification_scores={"NEG": 0.25, "POS": 0.75}),
-            eraser_row("a.txt", "a.txt", hard_spans=[(2, 3)], soft_scores=[0.0, 1.0, 2.0],
+            eraser_row("a.txt", "a.txt", hard_mask=[0, 0, 1], soft_scores=[0.0, 1.0, 2.0],
                        classification="NEG", classification_scores={"NEG": 0.5, "POS": 0.5})]
     assert rows[0]["rationales"][0]["hard_rationale_predictions"] == [{"start_token": 1, "end_token": 3},
                                                                        {"start_token": 4, "end_token": 5}]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from evaluation.words import (REDUCTIONS, TextHeatmap, WordAttributions, reduce_tokens, text_heatmap_html,
-                              whitespace_words, word_scores, write_text_heatmap)
+                              whitespace_words, word_attribution_from_ids, word_scores, write_text_heatmap)
 from evaluation.words.heatmap import score_color
 from methods import build_method
 from shared_resources import minilm_folder
@@ -84,6 +84,17 @@ def test_reduce_tokens_absmax_ties_and_empty_words():
     assert torch.isnan(reduce_tokens(torch.zeros(0), torch.zeros(0, dtype=torch.long), 2, "max")).all()
     with pytest.raises(ValueError, match="unknown word reduction"):
         reduce_tokens(values, index, 5, "median")
+
+
+def test_word_attribution_from_a_batchs_word_ids_by_hand():
+    # [CLS] a bb bb [SEP] of a window whose first word is document word 5; word "c" has no token
+    scores, word_ids = torch.tensor([9.0, 1.0, -3.0, 2.0, 9.0]), torch.tensor([-1, 5, 6, 6, -1])
+    r = word_attribution_from_ids(scores, word_ids, ["a", "bb", "c"], 5, "absmax")
+    assert r.text == "a bb c" and r.spans == [(0, 1), (2, 4), (5, 6)] and r.tokens == [[1], [2, 3], []]
+    assert r.scores[:2].tolist() == [1.0, -3.0] and math.isnan(r.scores[2]) and r.covered.tolist() == [1, 1, 0]
+    assert r.scores.dtype == torch.float64 and r.coverage == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match=r"token 1 points at word 8 outside the sample's 3 words \(offset 5\)"):
+        word_attribution_from_ids(scores, torch.tensor([-1, 8, 6, 6, -1]), ["a", "bb", "c"], 5)
 
 
 def test_whitespace_words_are_str_split_with_spans():
