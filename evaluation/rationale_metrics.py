@@ -1,6 +1,6 @@
 """ERASER's rationale metrics (DeYoung et al. 2020) as its scorer (``rationale_benchmark/metrics.py``) computes them,
 batched, on **document words** (ERASER's whitespace tokens of the flattened document, ``W`` per batch row, padded),
-from the hard rationales of :mod:`evaluation.rationale_selection`.
+from the hard rationales of :mod:`evaluation.rationale_selection`. PROTOCOLS.md sections 4 and 8.
 
 * token-level P/R/F1 (:func:`instance_prf`, :class:`TokenF1`): ERASER's ``score_hard_rationale_predictions``
   on token-level rationales (its ``token_prf``). ``instance_macro`` (what Chefer reports): per instance

@@ -1,6 +1,6 @@
 """Hard rationales of word scores and their spans (ERASER, DeYoung et al. 2020; Chefer et al.'s token-F1 protocol),
 batched, on **document words** (ERASER's whitespace tokens of the flattened document, ``W`` per batch row, padded;
-their scores: :func:`evaluation.words.document_word_scores`).
+their scores: :func:`evaluation.words.document_word_scores`). PROTOCOLS.md sections 4 and 8.
 
 Hard rationales (:func:`top_k_masks`)
 -------------------------------------
