@@ -334,4 +334,3 @@ def adapter_for(model: nn.Module) -> ModelAdapter:
         f"model class {type(model).__module__}.{type(model).__name__} is not supported; supported families: "
         f"{', '.join(a.family for a in ADAPTERS)} ({'; '.join(f'{k}: {v}' for k, v in reasons.items())})"
     )
-
