@@ -14,8 +14,8 @@ each image is matched with texts through the text tower
 Every method of the evaluation module (``methods``: a subset by name) runs on the text batch as the module runs
 it on images (the same built method objects and options; token scores ``[T, N]`` read at each text's end
 token, exactly 0 at padding); the token scores become word scores over the text's whitespace words
-(:func:`methods.words.word_scores`, ``reduction`` ``max`` by default) and are drawn by
-:func:`evaluation.text_heatmap.text_heatmap_html` (escaped HTML, diverging colours, one row per method): one
+(:func:`evaluation.words.word_scores`, ``reduction`` ``max`` by default) and are drawn by
+:func:`evaluation.words.text_heatmap_html` (escaped HTML, diverging colours, one row per method): one
 section per image with its thumbnail, label and prediction, one block per text. A method that cannot run on the
 text tower (e.g. a concept vector of the image latent) is named on the page and in a warning, not drawn.
 
@@ -39,8 +39,8 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor
 
 from evaluation.method_specs import CLASS_SETTINGS
-from evaluation.text_heatmap import escape, page_html, text_heatmap_html
-from methods.words import REDUCTIONS, WordAttribution
+from evaluation.words import WordAttribution, check_reduction, page_html, text_heatmap_html, word_scores
+from evaluation.words.heatmap import escape
 
 from .html_page import publish_html_page
 
@@ -79,7 +79,7 @@ class PromptHeatmaps(pl.Callback):
         caption_key: the batch key of each image's caption (``None``: no captions); absent keys are skipped.
         methods: method names of the evaluation module to draw (default: all of them).
         reduction: token scores -> word score (``max``, ``sum``, ``mean``, ``absmax``).
-        scale: colour scale of :func:`evaluation.text_heatmap.text_heatmap_html` (``row``, ``example`` or a
+        scale: colour scale of :func:`evaluation.words.text_heatmap_html` (``row``, ``example`` or a
             number).
     """
 
@@ -94,8 +94,7 @@ class PromptHeatmaps(pl.Callback):
         if class_setting not in ("predicted", "target"):
             raise ValueError(f"class_setting must be 'predicted' or 'target', got {class_setting!r} (of "
                              f"{CLASS_SETTINGS}, only these name one class per image)")
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
+        check_reduction(reduction)
         self.num_images, self.class_setting, self.num_prompts = int(num_images), class_setting, int(num_prompts)
         self.caption_key, self.reduction, self.scale = caption_key, reduction, scale
         self.methods = list(methods) if methods is not None else None
@@ -151,7 +150,6 @@ class PromptHeatmaps(pl.Callback):
     def explain(self, pl_module) -> None:
         """Explain the collected images' texts with the module's methods (fills ``rows``, ``texts``,
         ``class_word_top1``, ``failed``)."""
-        from methods.words import word_scores
         from models.clip import PromptScorer
 
         model = pl_module.model

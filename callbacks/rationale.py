@@ -6,11 +6,11 @@ For every method and class setting (``target``: the map explained the gold label
 
 1. the token scores ``outputs["relevance"][method][setting]`` (``[B, N]``) are clamped at 0 (``clamp``, Chefer's
    ``cam.clamp(min=0)``; ``clamp=False`` keeps the signs) and reduced to the document's words
-   (:func:`evaluation.rationales.document_word_scores`: ``max`` over a word's tokens by default, Chefer's; a word
+   (:func:`evaluation.words.document_word_scores`: ``max`` over a word's tokens by default, Chefer's; a word
    with no token in the input is uncovered and scores 0);
 2. for each ``k`` in ``ks`` (5, 10, ..., 80) the top-``k`` covered words are the hard rationale (ties: smaller
    word index first; uncovered words never chosen; one top-k per ``k``, where Chefer's script accumulates its
-   list across ``k``: :mod:`evaluation.rationales`);
+   list across ``k``: :mod:`evaluation.rationale_selection`);
 3. scored against the document's human rationale (``batch["rationale"]``, the union of every evidence) exactly as
    ERASER's scorer does: token precision/recall/F1 per instance, then ``instance_macro`` (Chefer's number) and
    ``instance_micro``; IOU-F1 at ``iou_threshold`` over the maximal runs; AUPRC of the soft word scores over the
@@ -63,9 +63,10 @@ from torchmetrics import Metric
 from evaluation.eraser_export import eraser_row, write_eraser_jsonl
 from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.metrics import MeanOverImages
-from evaluation.rationales import (DEFAULT_IOU_THRESHOLD, DEFAULT_KS, REDUCTIONS, SoftAUPRC, SpanIOUF1, TokenF1,
-                                   check_ks, document_word_scores, soft_auprc, span_iou_matches, token_counts,
-                                   top_k_masks, word_mask)
+from evaluation.rationale_metrics import (DEFAULT_IOU_THRESHOLD, SoftAUPRC, SpanIOUF1, TokenF1, soft_auprc,
+                                          span_iou_matches, token_counts)
+from evaluation.rationale_selection import DEFAULT_KS, check_ks, top_k_masks
+from evaluation.words import REDUCTIONS, document_word_scores, word_mask
 
 from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
 

@@ -3,61 +3,21 @@
 Only the global-rank-0 process collects (its first ``num_examples`` samples). Each sample's token scores of the
 ``class_setting`` (default ``target``) become word scores over the sample's words (``batch["words"]``, the text
 datamodules' whitespace / ERASER words; a word's tokens are the positions whose ``word_ids`` point at it) with
-the ``reduction`` of :mod:`methods.words` (``max``, as Chefer et al.'s Movie Reviews code). A word without a token
-in the input (the truncated tail) is shown as not scored. The page is :func:`evaluation.text_heatmap.
-text_heatmap_html` (every word HTML-escaped, one row per method, diverging colours, each row on its own scale),
-written to ``<run folder>/text_heatmaps.html`` and logged as ``text_heatmaps`` (``wandb.Html``) by a W&B logger.
+the ``reduction`` of :mod:`evaluation.words` (``max``, as Chefer et al.'s Movie Reviews code;
+:func:`evaluation.words.word_attribution_from_ids`). A word without a token in the input (the truncated tail) is
+shown as not scored. The page is :func:`evaluation.words.text_heatmap_html` (every word HTML-escaped, one row
+per method, diverging colours, each row on its own scale), written to ``<run folder>/text_heatmaps.html`` and
+logged as ``text_heatmaps`` (``wandb.Html``) by a W&B logger.
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional
 
 import pytorch_lightning as pl
-import torch
-from torch import Tensor
 
-from evaluation.text_heatmap import page_html, text_heatmap_html
-from methods.words import REDUCTIONS, WordAttribution
+from evaluation.words import WordAttribution, check_reduction, page_html, text_heatmap_html, word_attribution_from_ids
 
 from .html_page import publish_html_page
-
-
-def sample_word_attribution(token_scores: Tensor, word_ids: Tensor, words: List[str], word_offset: int,
-                            reduction: str = "max") -> WordAttribution:
-    """The :class:`~methods.words.WordAttribution` of one sample: ``token_scores`` ``[N]``, ``word_ids`` ``[N]``
-    (document word index per position, -1 at special tokens and padding), ``words`` the sample's words (document
-    words ``word_offset, word_offset + 1, ...``)."""
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
-    local = word_ids.long() - int(word_offset)
-    tokens: List[List[int]] = [[] for _ in words]
-    for position in (word_ids >= 0).nonzero().flatten().tolist():
-        w = int(local[position])
-        if not 0 <= w < len(words):
-            raise ValueError(f"token {position} points at word {w + word_offset} outside the sample's "
-                             f"{len(words)} words (offset {word_offset})")
-        tokens[w].append(position)
-    scores = torch.full((len(words),), float("nan"), dtype=torch.float64)
-    values = token_scores.detach().double().cpu()
-    for w, positions in enumerate(tokens):
-        if positions:
-            v = values[positions]
-            if reduction == "max":
-                scores[w] = v.max()
-            elif reduction == "sum":
-                scores[w] = v.sum()
-            elif reduction == "mean":
-                scores[w] = v.mean()
-            else:
-                hi, lo = v.max(), v.min()
-                scores[w] = hi if hi >= -lo else lo
-    spans, start = [], 0
-    for word in words:
-        spans.append((start, start + len(word)))
-        start += len(word) + 1
-    return WordAttribution(text=" ".join(words), words=list(words), spans=spans, scores=scores,
-                           covered=~torch.isnan(scores), tokens=tokens, reduction=reduction,
-                           word_definition="whitespace")
 
 
 class TextHeatmaps(pl.Callback):
@@ -78,8 +38,7 @@ class TextHeatmaps(pl.Callback):
         super().__init__()
         if num_examples < 0:
             raise ValueError(f"num_examples must be >= 0, got {num_examples}")
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
+        check_reduction(reduction)
         if max_words is not None and max_words < 1:
             raise ValueError(f"max_words must be >= 1 or None, got {max_words}")
         self.num_examples, self.class_setting, self.reduction = int(num_examples), class_setting, reduction
@@ -126,7 +85,7 @@ class TextHeatmaps(pl.Callback):
                 if rel is None:
                     continue
                 self._rows.setdefault(method, []).append(
-                    sample_word_attribution(rel[i], ids, words, offset, self.reduction))
+                    word_attribution_from_ids(rel[i], ids, words, offset, self.reduction))
             ident = batch.get("annotation_id", batch.get("docid"))
             self._titles.append(str(ident[i]) if ident is not None else f"sample {int(batch['index'][i])}")
             self._labels.append(int(batch["label"][i]))

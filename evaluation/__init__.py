@@ -19,9 +19,11 @@ Per modality:
   ``mean`` fills; tokens: ``pad``, ``mask``, ``delete``), behind :class:`~evaluation.perturbers.Perturber`;
 * :mod:`evaluation.pixel_maps`: raw relevance -> normalised pixel maps (image protocols);
 * :mod:`evaluation.segmentation`, :mod:`evaluation.cdam`: the segmentation metrics and the CDAM analyses' pieces;
-* :mod:`evaluation.rationales`, :mod:`evaluation.eraser_export`: ERASER's rationale metrics (token-F1, IOU-F1,
-  AUPRC), faithfulness arithmetic (comprehensiveness, sufficiency, AOPC) and its JSONL format;
-* :mod:`evaluation.text_heatmap`: word scores as escaped HTML heatmaps.
+* :mod:`evaluation.words`: the word layer, token scores -> word scores (one set of reductions) and word scores as
+  escaped HTML heatmaps;
+* :mod:`evaluation.rationale_selection`, :mod:`evaluation.rationale_metrics`, :mod:`evaluation.eraser_export`:
+  ERASER's hard rationales (top-k words, spans), its rationale metrics (token-F1, IOU-F1, AUPRC) and its JSONL
+  format.
 
 :mod:`evaluation.method_specs` parses which methods an evaluation runs. The Lightning callbacks that drive these
 protocols live in ``callbacks/``.

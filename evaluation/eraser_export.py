@@ -1,5 +1,5 @@
 """Rationales in ERASER's results format (JSONL), so that ERASER's own scorer (``rationale_benchmark/metrics.py``,
-``--results``) can read them: a writer, a reader and a schema check.
+``--results``) can read them: a writer and a schema check.
 
 One JSON object per line, one line per annotation, keys sorted (ERASER's ``write_jsonl``), lines sorted by
 ``annotation_id`` (so any number of processes writes the same file)::
@@ -18,8 +18,8 @@ One JSON object per line, one line per annotation, keys sorted (ERASER's ``write
 Field names are exactly those ERASER's scorer reads (``Rationale.from_instance``,
 ``PositionScoredDocument.from_results``, ``score_classifications``, ``compute_aopc_scores``). Spans are token
 offsets of the flattened document, ``start_token`` inclusive and ``end_token`` exclusive; the hard rationale of a
-document is written as its maximal runs (:func:`evaluation.rationales.spans_from_mask`), so spans never overlap or
-touch. ``soft_rationale_predictions`` holds one value per document token.
+document is written as its maximal runs (:func:`evaluation.rationale_selection.spans_from_mask`), so spans never
+overlap or touch. ``soft_rationale_predictions`` holds one value per document token.
 
 :func:`check_eraser_rows` raises for everything ERASER's ``verify_instances`` / ``verify_instance`` reject
 (duplicate annotation ids, overlapping or out-of-range spans, soft predictions of the wrong length, a
@@ -34,11 +34,11 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .rationales import spans_from_mask
+from .rationale_selection import spans_from_mask
 
 HARD = "hard_rationale_predictions"
 SOFT = "soft_rationale_predictions"
@@ -52,35 +52,20 @@ ALL_OR_NONE = (CLASSIFICATION, COMPREHENSIVENESS, SUFFICIENCY, THRESHOLDED)
 
 
 def eraser_row(annotation_id: str, docid: str, *, hard_mask: Optional[Sequence[bool]] = None,
-               hard_spans: Optional[Sequence[Tuple[int, int]]] = None,
                soft_scores: Optional[Sequence[float]] = None, classification: Optional[str] = None,
-               classification_scores: Optional[Mapping[str, float]] = None,
-               comprehensiveness_scores: Optional[Mapping[str, float]] = None,
-               sufficiency_scores: Optional[Mapping[str, float]] = None,
-               thresholded_scores: Optional[Sequence[Mapping[str, Any]]] = None) -> Dict[str, Any]:
+               classification_scores: Optional[Mapping[str, float]] = None) -> Dict[str, Any]:
     """One ERASER instance (module docstring) for a single-document annotation. The hard rationale is given as a
-    word mask (written as its maximal runs) or as spans; the other fields are written when given."""
-    if hard_mask is not None and hard_spans is not None:
-        raise ValueError("give the hard rationale as hard_mask or as hard_spans, not both")
+    word mask (written as its maximal runs); the other fields are written when given."""
     rationale: Dict[str, Any] = {"docid": str(docid)}
     if hard_mask is not None:
-        hard_spans = spans_from_mask(hard_mask)
-    if hard_spans is not None:
-        rationale[HARD] = [{"start_token": int(s), "end_token": int(e)} for s, e in hard_spans]
+        rationale[HARD] = [{"start_token": s, "end_token": e} for s, e in spans_from_mask(hard_mask)]
     if soft_scores is not None:
         rationale[SOFT] = [float(v) for v in np.asarray(soft_scores, dtype=np.float64).reshape(-1)]
     row: Dict[str, Any] = {"annotation_id": str(annotation_id), "rationales": [rationale]}
-    for key, value in ((CLASSIFICATION_SCORES, classification_scores), (COMPREHENSIVENESS, comprehensiveness_scores),
-                       (SUFFICIENCY, sufficiency_scores)):
-        if value is not None:
-            row[key] = {str(c): float(p) for c, p in value.items()}
+    if classification_scores is not None:
+        row[CLASSIFICATION_SCORES] = {str(c): float(p) for c, p in classification_scores.items()}
     if classification is not None:
         row[CLASSIFICATION] = str(classification)
-    if thresholded_scores is not None:
-        row[THRESHOLDED] = [{"threshold": float(t["threshold"]),
-                             COMPREHENSIVENESS: {str(c): float(p) for c, p in t[COMPREHENSIVENESS].items()},
-                             SUFFICIENCY: {str(c): float(p) for c, p in t[SUFFICIENCY].items()}}
-                            for t in thresholded_scores]
     return row
 
 
@@ -242,35 +227,3 @@ def write_eraser_jsonl(rows: Iterable[Mapping[str, Any]], path: os.PathLike,
             handle.write("\n")
     os.replace(tmp, path)
     return path
-
-
-def read_eraser_jsonl(path: os.PathLike, document_lengths: Optional[Mapping[str, int]] = None,
-                      check: bool = True) -> List[Dict[str, Any]]:
-    """The instances of an ERASER results file; errors name the file and line (and, with ``check``, every schema
-    problem, :func:`check_eraser_rows`)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"ERASER results file {str(path)!r} does not exist")
-    rows: List[Dict[str, Any]] = []
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}: not a JSON object ({err}); expected one instance per line") \
-                    from err
-    if check:
-        check_eraser_rows(rows, document_lengths, where=str(path))
-    return rows
-
-
-def hard_spans_of(row: Mapping[str, Any], docid: Optional[str] = None) -> List[Tuple[int, int]]:
-    """The ``(start_token, end_token)`` hard spans of one instance's document (its only one when ``docid`` is
-    ``None``)."""
-    rationales = [r for r in row["rationales"] if docid is None or r["docid"] == docid]
-    if len(rationales) != 1:
-        raise ValueError(f"instance {row.get('annotation_id')!r} has {len(rationales)} rationales for docid "
-                         f"{docid!r}; expected one")
-    return [(int(s["start_token"]), int(s["end_token"])) for s in rationales[0].get(HARD, [])]

@@ -2,13 +2,12 @@
 
     from methods import build_method, available_methods
     method = build_method("rollout", start_layer=0)
-    scores = method(model, inputs, target=None)   # [B, P] patch scores for images ([B, H, W] if pixel_level);
+    scores = method(model, inputs, target=None)   # [B, P] patch scores for images ([B, H, W] pixels for lrp);
                                                   # [B, N] per input position for token sequences
 """
 from .registry import available_methods, build_method, method_class, register_method  # noqa: F401
 from .base import AttributionMethod  # noqa: F401
 from .maps import minmax_normalize, tokens_to_map  # noqa: F401
-from .words import REDUCTIONS, WordAttribution, WordAttributions, word_scores  # noqa: F401
 
 # Importing the method modules registers them.
 from . import attention_methods  # noqa: F401,E402

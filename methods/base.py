@@ -11,9 +11,7 @@ from .targets import TargetType
 class AttributionMethod:
     """Base class. Subclasses implement :meth:`attribute` and declare their kind.
 
-    * ``class_specific``: whether the result depends on ``target``;
-    * ``pixel_level``: ``True`` when the method returns ``[B, H, W]`` pixel maps instead of patch scores for
-      images (on token sequences every method returns ``[B, N]`` position scores).
+    * ``class_specific``: whether the result depends on ``target``.
 
     ``__call__(model, inputs, target=None, sample_ids=None)``:
 
@@ -26,13 +24,13 @@ class AttributionMethod:
     It resolves the model's adapter (once per model), validates the inputs, runs :meth:`attribute` with the
     model in eval mode and eager attention inside :func:`preserved_model_state` (the model comes back exactly as
     it was), and returns raw scores in the layout of the inputs (``adapter.layout``): ``[B, P]`` patch scores
-    in row-major grid order for images, ``[B, N]`` per input position for sequences with padding exactly 0;
-    in the images' dtype (the model's for token ids) and on the inputs' device.
+    in row-major grid order for images (full ``lrp``: ``[B, H, W]`` pixel maps), ``[B, N]`` per input position
+    for sequences with padding exactly 0; in the images' dtype (the model's for token ids) and on the inputs'
+    device.
     """
 
     name: str = "?"
     class_specific: bool = True
-    pixel_level: bool = False
 
     def __call__(self, model: nn.Module, inputs, target: TargetType = None, sample_ids=None) -> Tensor:
         adapter = adapter_for(model)

@@ -78,7 +78,6 @@ class FullLRP(_LRPMethod):
     share (the position and token-type shares dropped); default ``"encoder_input"`` (the reference).
     """
 
-    pixel_level = True   # images; on token sequences the output is [B, N] (padding set to 0 by the base call)
     default_rules = "orig"
 
     def __init__(self, rules: str = None, class_token_score: str = "auto", text_input: str = "encoder_input"):

@@ -22,6 +22,10 @@ from methods.adapters import ADAPTERS, adapter_for
 timm = pytest.importorskip("timm")
 
 
+#: the methods whose output on images is a pixel map [B, H, W] (every other method: patch scores [B, P])
+PIXEL_MAPS = ("lrp",)
+
+
 @dataclass
 class Family:
     """A model factory and how to batch and split its inputs.
@@ -29,8 +33,8 @@ class Family:
     ``inputs(batch)``: a batch as a user passes it (a tensor or a mapping); ``single(inputs, i)``: sample ``i``
     alone, without padding; ``positions(inputs, i)``: the output positions of sample ``i`` inside the batched
     output row (``slice(None)`` without padding); ``padding(inputs)``: a bool ``[B, N]`` mask of padded output
-    positions, or ``None``; ``shape(inputs, pixel_level)``: the expected output shape; ``options``: method
-    options the tiny model needs.
+    positions, or ``None``; ``shape(inputs, pixels)``: the expected output shape (``pixels``: the method is one of
+    :data:`PIXEL_MAPS`); ``options``: method options the tiny model needs.
     """
 
     name: str
@@ -67,7 +71,7 @@ def _image_family(name: str, global_pool: str) -> Family:
     return Family(
         name=name, adapter=TimmViTAdapter, build=lambda: _tiny_vit(global_pool), inputs=_images,
         single=lambda x, i: x[i:i + 1],
-        shape=lambda x, pixel_level: (x.shape[0], 32, 32) if pixel_level else (x.shape[0], 16),
+        shape=lambda x, pixels: (x.shape[0], 32, 32) if pixels else (x.shape[0], 16),
         options={"beyond_intuition_head": {"start_layer": 1, "steps": 4},
                  "beyond_intuition_token": {"start_layer": 1, "steps": 4}},
     )
@@ -145,7 +149,7 @@ def _text_family(name: str, kind: str, with_types: bool, with_special: bool = No
         single=lambda x, i: {k: v[i:i + 1, :length(x, i)] for k, v in x.items()},
         positions=lambda x, i: slice(0, length(x, i)),
         padding=lambda x: x["attention_mask"] == 0,
-        shape=lambda x, pixel_level: tuple(x["input_ids"].shape),
+        shape=lambda x, pixels: tuple(x["input_ids"].shape),
         options={"beyond_intuition_head": {"steps": 4}, "beyond_intuition_token": {"steps": 4}},
         logits=lambda model, x: model(**{k: v for k, v in x.items() if k != "special_tokens_mask"}).logits,
     )
@@ -213,7 +217,7 @@ def _clip_families() -> list:
           "beyond_intuition_token": {"start_layer": 1, "steps": 4}}
     vision = Family(
         name="hf_clip_vision", adapter=HFCLIPVisionAdapter, build=_clip_classifier, inputs=_clip_images,
-        single=lambda x, i: x[i:i + 1], shape=lambda x, pixel_level: (x.shape[0], 16, 16) if pixel_level
+        single=lambda x, i: x[i:i + 1], shape=lambda x, pixels: (x.shape[0], 16, 16) if pixels
         else (x.shape[0], 16), options=bi)
     text = [Family(
         name=name, adapter=HFCLIPTextAdapter, build=_clip_scorer,
@@ -221,7 +225,7 @@ def _clip_families() -> list:
         single=lambda x, i: {k: v[i:i + 1, :length(x, i)] for k, v in x.items()},
         positions=lambda x, i: slice(0, length(x, i)),
         padding=lambda x: x["attention_mask"] == 0,
-        shape=lambda x, pixel_level: tuple(x["input_ids"].shape),
+        shape=lambda x, pixels: tuple(x["input_ids"].shape),
         options={"beyond_intuition_head": {"steps": 4}, "beyond_intuition_token": {"steps": 4}},
         logits=lambda model, x: model(x)) for name, special in (("hf_clip_text", False),
                                                                 ("hf_clip_text_special", True))]
@@ -285,7 +289,7 @@ def test_method_contract(family, name):
 
     out = method(model, inputs, target=targets, sample_ids=ids)
 
-    assert out.shape == family.shape(inputs, method.pixel_level), (name, tuple(out.shape))
+    assert out.shape == family.shape(inputs, name in PIXEL_MAPS), (name, tuple(out.shape))
     assert torch.isfinite(out).all(), name
     assert out.dtype == torch.float64
     padding = family.padding(inputs)

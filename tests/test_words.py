@@ -1,4 +1,4 @@
-"""Token scores -> words (``methods.words``) and text heatmaps (``evaluation.text_heatmap``).
+"""Token scores -> words (``evaluation.words.mapping``, ``.reductions``) and text heatmaps (``.heatmap``).
 
 Reductions by hand on small examples; whitespace words equal ``str.split()``; ERASER-style pre-split words
 (punctuation, odd characters, empty words) align exactly through the real MiniLM tokenizer; a real sentence goes
@@ -13,9 +13,10 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
-from evaluation.text_heatmap import TextHeatmap, score_color, text_heatmap_html, write_text_heatmap
-from methods import build_method, word_scores
-from methods.words import REDUCTIONS, WordAttributions, reduce_tokens, whitespace_words
+from evaluation.words import (REDUCTIONS, TextHeatmap, WordAttributions, reduce_tokens, text_heatmap_html,
+                              whitespace_words, word_attribution_from_ids, word_scores, write_text_heatmap)
+from evaluation.words.heatmap import score_color
+from methods import build_method
 from shared_resources import minilm_folder
 
 transformers = pytest.importorskip("transformers")
@@ -81,8 +82,19 @@ def test_reduce_tokens_absmax_ties_and_empty_words():
     assert math.isnan(out[2]) and math.isnan(out[4])                   # words without tokens
     assert reduce_tokens(values, index, 5, "mean")[1].item() == pytest.approx(-0.25)
     assert torch.isnan(reduce_tokens(torch.zeros(0), torch.zeros(0, dtype=torch.long), 2, "max")).all()
-    with pytest.raises(ValueError, match="unknown reduction"):
+    with pytest.raises(ValueError, match="unknown word reduction"):
         reduce_tokens(values, index, 5, "median")
+
+
+def test_word_attribution_from_a_batchs_word_ids_by_hand():
+    # [CLS] a bb bb [SEP] of a window whose first word is document word 5; word "c" has no token
+    scores, word_ids = torch.tensor([9.0, 1.0, -3.0, 2.0, 9.0]), torch.tensor([-1, 5, 6, 6, -1])
+    r = word_attribution_from_ids(scores, word_ids, ["a", "bb", "c"], 5, "absmax")
+    assert r.text == "a bb c" and r.spans == [(0, 1), (2, 4), (5, 6)] and r.tokens == [[1], [2, 3], []]
+    assert r.scores[:2].tolist() == [1.0, -3.0] and math.isnan(r.scores[2]) and r.covered.tolist() == [1, 1, 0]
+    assert r.scores.dtype == torch.float64 and r.coverage == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match=r"token 1 points at word 8 outside the sample's 3 words \(offset 5\)"):
+        word_attribution_from_ids(scores, torch.tensor([-1, 8, 6, 6, -1]), ["a", "bb", "c"], 5)
 
 
 def test_whitespace_words_are_str_split_with_spans():

@@ -19,7 +19,6 @@ from .base import (  # noqa: F401
     TokenSequence,
     adapter_for,
     check_sample_ids,
-    forget_adapter,
     register_adapter,
 )
 from .recorder import ActivationRecorder  # noqa: F401

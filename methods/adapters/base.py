@@ -334,8 +334,3 @@ def adapter_for(model: nn.Module) -> ModelAdapter:
         f"model class {type(model).__module__}.{type(model).__name__} is not supported; supported families: "
         f"{', '.join(a.family for a in ADAPTERS)} ({'; '.join(f'{k}: {v}' for k, v in reasons.items())})"
     )
-
-
-def forget_adapter(model: nn.Module) -> None:
-    """Drop the cached adapter of ``model`` (after changing its structure, e.g. its read-out)."""
-    _RESOLVED.pop(model, None)

@@ -1,6 +1,6 @@
-"""Text heatmaps of word scores (:mod:`methods.words`) as HTML, for notebooks and evaluation callbacks.
+"""Text heatmaps of word scores (:mod:`evaluation.words.mapping`) as HTML, for notebooks and evaluation callbacks.
 
-    result = word_scores(scores, batch, texts)                       # methods.words
+    result = word_scores(scores, batch, texts)                       # evaluation.words
     html = text_heatmap_html(result, labels=labels, predictions=preds, class_names=["neg", "pos"])
     write_text_heatmap("heatmaps.html", {"gradcam": r1, "rollout": r2}, titles=ids)   # one row per method
     TextHeatmap({"gradcam": r1, "rollout": r2})                      # a notebook cell displays it
@@ -20,12 +20,29 @@ from __future__ import annotations
 import html as _html
 import math
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
-from methods.words import WordAttribution, WordAttributions
+from torch import Tensor
 
-Results = Union[WordAttribution, WordAttributions,
-                Mapping[str, Union[WordAttribution, WordAttributions, Sequence[WordAttribution]]]]
+
+@runtime_checkable
+class WordRow(Protocol):
+    """What a heatmap reads of one text's scores: the fields of :class:`evaluation.words.mapping.WordAttribution`
+    (that module imports this one for its ``_repr_html_``, so results are recognised here by their fields). A
+    batch (:class:`~evaluation.words.mapping.WordAttributions`) is anything with a list of them as ``samples``."""
+
+    text: str
+    words: List[str]
+    spans: List[Tuple[int, int]]
+    scores: Tensor
+    covered: Tensor
+    reduction: str
+    coverage: float
+
+
+#: what :func:`text_heatmap_html` draws: a row, a batch (``samples``: a list of rows) or a mapping of method names
+#: to rows, batches or lists of rows
+Results = Any
 
 POSITIVE = (178, 24, 43)    # red (ColorBrewer RdBu end)
 NEGATIVE = (33, 102, 172)   # blue (ColorBrewer RdBu end)
@@ -99,12 +116,12 @@ def _fmt(value: float) -> str:
     return "nan" if math.isnan(value) else f"{value:.3g}"
 
 
-def _max_abs(row: WordAttribution) -> float:
+def _max_abs(row: WordRow) -> float:
     vals = [abs(v) for v in row.scores.tolist() if math.isfinite(v)]
     return max(vals, default=0.0)
 
 
-def _row_html(row: WordAttribution, scale: float) -> str:
+def _row_html(row: WordRow, scale: float) -> str:
     """The text of ``row`` with each word in a coloured span."""
     text, pieces, pos = row.text, [], 0
     if not text.strip():
@@ -149,16 +166,16 @@ def legend_html(scale: Union[str, float] = "row") -> str:
 
 
 # ------------------------------------------------------------------------------------------------ structure
-def _rows_by_example(results: Results) -> List[Dict[str, WordAttribution]]:
-    """``[{method: WordAttribution}]`` per example from any accepted form of ``results``."""
-    if isinstance(results, WordAttribution):
+def _rows_by_example(results: Results) -> List[Dict[str, WordRow]]:
+    """``[{method: WordRow}]`` per example from any accepted form of ``results``."""
+    if isinstance(results, WordRow):
         return [{f"scores ({results.reduction})": results}]
-    if isinstance(results, WordAttributions):
+    if hasattr(results, "samples"):
         return [{f"scores ({s.reduction})": s} for s in results.samples]
     if not isinstance(results, Mapping):
         raise TypeError("results must be a WordAttribution, a WordAttributions or a mapping of method names to them")
-    per_method = {str(name): ([r] if isinstance(r, WordAttribution)
-                              else list(r.samples) if isinstance(r, WordAttributions) else list(r))
+    per_method = {str(name): ([r] if isinstance(r, WordRow) else list(r.samples) if hasattr(r, "samples")
+                              else list(r))
                   for name, r in results.items()}
     sizes = {len(v) for v in per_method.values()}
     if len(sizes) > 1:
@@ -198,10 +215,10 @@ def text_heatmap_html(
     scale: Union[str, float] = "row",
     legend: bool = True,
 ) -> str:
-    """An HTML fragment (with its own ``<style>``) of ``results``: a :class:`~methods.words.WordAttribution` (one
-    example), a :class:`~methods.words.WordAttributions` (one example per sample) or a mapping of method names to
-    either or to a list of :class:`~methods.words.WordAttribution` (one row per method, the examples aligned by
-    index and on the same texts).
+    """An HTML fragment (with its own ``<style>``) of ``results``: a ``WordAttribution`` (one example), a
+    ``WordAttributions`` (one example per sample) or a mapping of method names to either or to a list of
+    ``WordAttribution`` (one row per method, the examples aligned by index and on the same texts); the classes of
+    :mod:`evaluation.words.mapping`.
 
     ``titles``, ``labels``, ``predictions``: optional per-example values (integers are named by
     ``class_names``); ``scale``: ``"row"``, ``"example"`` or a positive number (see the module docstring).

@@ -6,6 +6,10 @@
     result[0].words, result[0].spans, result[0].scores                            # one sample
     result.scores, result.mask                                                     # [B, W] for metric code
 
+A text datamodule's batch names each token's word already (``word_ids``, ``datamodules.text_common``):
+:func:`word_attribution_from_ids` makes one sample's result from it (the heatmap callbacks), and
+:func:`evaluation.words.reductions.document_word_scores` the padded scores of a batch (the rationale test).
+
 **Which words.** ``words="whitespace"`` (default): the whitespace-separated words of each original string, exactly
 ``text.split()`` (Python's whitespace, Unicode included), with their character spans. ``words="tokenizer"``: the
 tokenizer's own pre-tokenized words (for BERT: whitespace, then every punctuation character and every CJK
@@ -21,9 +25,8 @@ every word its character span overlaps (the tokenizer's ``offset_mapping``; with
 token never crosses whitespace, so a token has at most one word). For pre-split samples: the tokenizer's
 ``word_ids()`` (which index the given list).
 
-**Reductions** over a word's token scores: ``max`` (what Chefer et al.'s Transformer-Explainability code does for
-ERASER), ``sum``, ``mean``, ``absmax`` (the signed score of largest magnitude; a tie between ``+a`` and ``-a``
-gives ``+a``).
+**Reductions** over a word's token scores: those of :mod:`evaluation.words.reductions` (``max``, ``sum``,
+``mean``, ``absmax``).
 
 **Uncovered words.** A word none of whose tokens is in the input (truncation removed them all, or the tokenizer
 dropped every character of it, e.g. a word of control characters or an empty word of a pre-split list) is not
@@ -39,7 +42,6 @@ works for strings if it holds ``offset_mapping`` (``return_offsets_mapping=True`
 from __future__ import annotations
 
 import bisect
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -47,7 +49,9 @@ from typing import Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-REDUCTIONS = ("max", "sum", "mean", "absmax")
+from .heatmap import text_heatmap_html
+from .reductions import check_reduction, reduce_tokens
+
 WORD_DEFINITIONS = ("whitespace", "tokenizer")
 
 _WHITESPACE_WORD = re.compile(r"\S+")  # the same characters as str.split(): both use str.isspace()
@@ -91,8 +95,6 @@ class WordAttribution:
         return [(w, float(s)) for w, s in zip(self.words, self.scores.tolist())]
 
     def _repr_html_(self) -> str:
-        from evaluation.text_heatmap import text_heatmap_html
-
         return text_heatmap_html(self)
 
 
@@ -123,8 +125,6 @@ class WordAttributions:
         return iter(self.samples)
 
     def _repr_html_(self) -> str:
-        from evaluation.text_heatmap import text_heatmap_html
-
         return text_heatmap_html(self)
 
 
@@ -249,31 +249,6 @@ def _tokens_by_word_ids(info: _TokenInfo, n_words: int) -> List[List[int]]:
     return tokens
 
 
-# ------------------------------------------------------------------------------------------------ reductions
-def reduce_tokens(values: Tensor, word_index: Tensor, n_words: int, reduction: str = "max") -> Tensor:
-    """``[n_words]``: ``values[k]`` (token scores) reduced per word ``word_index[k]``; NaN for a word without
-    tokens. ``reduction`` is one of :data:`REDUCTIONS`."""
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
-    dtype = values.dtype if values.dtype.is_floating_point else torch.get_default_dtype()
-    values = values.to(dtype)
-    empty = torch.full((n_words,), math.nan, dtype=dtype, device=values.device)
-    if values.numel() == 0:
-        return empty
-
-    def scatter(op: str) -> Tensor:
-        return empty.clone().scatter_reduce_(0, word_index, values, reduce=op, include_self=False)
-
-    if reduction == "max":
-        return scatter("amax")
-    if reduction == "sum":
-        return scatter("sum")
-    if reduction == "mean":
-        return scatter("mean")
-    hi, lo = scatter("amax"), scatter("amin")
-    return torch.where(hi >= -lo, hi, lo)      # NaN (no tokens) compares False and stays NaN via lo
-
-
 # ------------------------------------------------------------------------------------------------ main entry
 def word_scores(
     scores: Tensor,
@@ -291,15 +266,15 @@ def word_scores(
     original strings, or ``B`` lists of words for a batch tokenized with ``is_split_into_words=True`` (a bare
     string is a batch of one; one pre-split sample is ``[words]``); ``words``: ``"whitespace"`` or
     ``"tokenizer"`` (needs ``tokenizer``; not for pre-split samples, whose words are given); ``reduction``: one of
-    :data:`REDUCTIONS`; ``sequence``: which text of a pair ``texts`` are (0: the first, 1: the second).
+    :data:`~evaluation.words.reductions.REDUCTIONS`; ``sequence``: which text of a pair ``texts`` are (0: the
+    first, 1: the second).
 
     Returns a :class:`WordAttributions` (per-sample results and the padded ``[B, W]`` form), on the scores'
     device, in their dtype.
     """
     if words not in WORD_DEFINITIONS:
         raise ValueError(f"unknown word definition {words!r}; choose one of {WORD_DEFINITIONS}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
+    check_reduction(reduction)
     scores = torch.as_tensor(scores)
     if scores.dim() != 2:
         raise ValueError(f"expected token scores [B, N], got shape {tuple(scores.shape)}")
@@ -343,6 +318,29 @@ def word_scores(
                                        covered=covered, tokens=tokens, reduction=reduction,
                                        word_definition=definition))
     return _pad(samples, scores)
+
+
+def word_attribution_from_ids(token_scores: Tensor, word_ids: Tensor, words: Sequence[str], word_offset: int = 0,
+                              reduction: str = "max") -> WordAttribution:
+    """The :class:`WordAttribution` (float64, on the CPU) of one sample of a text batch (``datamodules.text_common``)
+    whose tokens name their words: ``token_scores`` ``[N]``, ``word_ids`` ``[N]`` (document word index per
+    position, -1 at special tokens and padding), ``words`` the sample's words (document words ``word_offset,
+    word_offset + 1, ...``; its text is them joined by one space)."""
+    check_reduction(reduction)
+    positions = (word_ids >= 0).nonzero().flatten().cpu()
+    index = word_ids.long().cpu()[positions] - int(word_offset)
+    outside = (index < 0) | (index >= len(words))
+    if outside.any():
+        j = int(outside.nonzero()[0])
+        raise ValueError(f"token {int(positions[j])} points at word {int(index[j]) + word_offset} outside the "
+                         f"sample's {len(words)} words (offset {word_offset})")
+    tokens: List[List[int]] = [[] for _ in words]
+    for position, w in zip(positions.tolist(), index.tolist()):
+        tokens[w].append(position)
+    scores = reduce_tokens(token_scores.detach().double().cpu()[positions], index, len(words), reduction)
+    text, spans = presplit_words(list(words))
+    return WordAttribution(text=text, words=list(words), spans=spans, scores=scores, covered=~torch.isnan(scores),
+                           tokens=tokens, reduction=reduction, word_definition="whitespace")
 
 
 def _pad(samples: List[WordAttribution], scores: Tensor) -> WordAttributions:
