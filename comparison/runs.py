@@ -99,10 +99,10 @@ def _read_meta(meta: Any, where: str) -> Dict[str, Any]:
     if meta is None:
         return {}
     try:
-        higher_is_better, curve_x = read_metrics_meta(meta)
+        higher_is_better, xs = read_metrics_meta(meta)
     except ValueError as err:
         raise RunLoadError(f"{where}: {err}") from None
-    return {"higher_is_better": higher_is_better, "curve_x": curve_x}
+    return {"higher_is_better": higher_is_better, "curve_x": xs}
 
 
 def _summary_meta(summary: Mapping[str, Any], where: str) -> Dict[str, Any]:
