@@ -21,9 +21,12 @@ Data flow:
   torchmetrics ``Metric`` states accumulated in :meth:`update`; at the end of the test epoch :meth:`compute` runs
   **on every rank** (torchmetrics synchronises the states across processes; every process gets at least one
   batch, ``datamodules.unrepeated.UnrepeatedTestData``);
-* **results**: handed, with each key's ``higher_is_better`` and the curves' x values, to the run's
-  :class:`~callbacks.reporter.ResultsReporter`, the one way results leave a run (logger, ``metrics.json``, the
-  printed table);
+* **results**: keyed by :class:`evaluation.result_keys.ResultKey` strings, handed, with each key's
+  ``higher_is_better`` and the curves' x values, to the run's :class:`~callbacks.reporter.ResultsReporter`, the
+  one way results leave a run (logger, ``metrics.json`` and its sidecar ``metrics.meta.json`` with those
+  declarations, the printed table);
+* **W&B tags**: a callback class declares the tags of a run that uses it (:meth:`EvaluationCallback.wandb_tags`,
+  from its config's ``init_args``, e.g. the test's conventions); ``cli.commands`` collects them;
 * **progress** (resumable runs, :mod:`callbacks.progress`): :meth:`EvaluationCallback.progress_state` is what a
   checkpoint keeps of a callback: the state of every metric of :meth:`metrics` (in its order), the arguments of
   the latest call of the subclass's ``build``, and :meth:`extra_progress_state` (whatever else the callback keeps,
