@@ -13,6 +13,7 @@ from callbacks.segmentation import SegmentationTest
 from cli.commands import run_group_and_tags
 from comparison import RunLoadError, load_run
 from comparison.directions import declared_directions
+from comparison.runs import load_wandb_project
 from evaluation.reporting import metrics_meta, read_metrics_meta
 from evaluation.result_keys import ResultKey
 
@@ -102,6 +103,24 @@ def test_old_run_folder_loads_with_the_table_and_a_sidecar_overrides_it(tmp_path
     (tmp_path / "metrics.meta.json").write_text(json.dumps(dict(meta, schema_version=99)))
     with pytest.raises(RunLoadError, match="metrics.meta.json: metrics sidecar schema version 99 is newer"):
         load_run(tmp_path)
+
+
+def test_online_wandb_runs_read_the_declarations_from_their_summary():
+    class Remote:   # what wandb.Api().runs yields, as far as load_wandb_project reads it
+        name, id, group, tags, config = "r", "abc", "g", ["t"], {"seed_everything": 0}
+        summary = {"accuracy": 0.5, "newtest/m/score": 1.0,
+                   "metrics_meta": json.dumps(metrics_meta({"newtest/m/score": False}))}
+
+        def logged_artifacts(self):
+            return []
+
+    class Api:
+        def runs(self, path, filters):
+            return [Remote()]
+
+    (run,) = load_wandb_project("p", api=Api())
+    assert run.metrics == {"accuracy": 0.5, "newtest/m/score": 1.0}
+    assert run.higher_is_better == {"accuracy": True, "newtest/m/score": False}
 
 
 def test_the_callbacks_declare_the_wandb_tags():
