@@ -284,11 +284,11 @@ def _load_wandb_offline(path: Path, name: Optional[str]) -> Run:
                            f"{run_files[0] if run_files else files / 'wandb-summary.json'})")
     curves, xs = _curves_from_tables(files)
     metrics.update(curves)
-    meta = _summary_meta(info["summary"], str(path))
+    meta = {"curve_x": xs, **_summary_meta(info["summary"], str(path))}   # the declared x values first
     run_id = path.name.rsplit("-", 1)[-1]
     label = name or (f"{info['name']} ({run_id})" if info["name"] else path.name)
     return Run(name=label, source=str(path), kind="wandb-offline", metrics=metrics, config=info["config"] or None,
-               group=info["group"], tags=list(info["tags"]), **{"curve_x": xs, **meta})
+               group=info["group"], tags=list(info["tags"]), **meta)
 
 
 # ------------------------------------------------------------------------------------------ any path

@@ -71,13 +71,15 @@ def read_metrics_meta(meta: Any) -> Tuple[Dict[str, Optional[bool]], Dict[str, L
     """``(higher_is_better, curve_x)`` of a sidecar (:func:`metrics_meta`); a ``ValueError`` for another layout or
     a newer schema version."""
     version = meta.get("schema_version") if isinstance(meta, dict) else None
-    if not isinstance(version, int) or not isinstance(meta.get("metrics"), dict):
-        raise ValueError("not a metrics sidecar (expected schema_version and metrics)")
+    entries = meta.get("metrics") if isinstance(meta, dict) else None
+    if not isinstance(version, int) or not isinstance(entries, dict) or not all(
+            isinstance(e, dict) for e in entries.values()):
+        raise ValueError("not a metrics sidecar (expected schema_version and metrics: {key: {...}})")
     if version > META_SCHEMA_VERSION:
         raise ValueError(f"metrics sidecar schema version {version} is newer than this code's "
                          f"({META_SCHEMA_VERSION})")
-    declared = {key: entry.get("higher_is_better") for key, entry in meta["metrics"].items()}
-    xs = {key: [float(x) for x in entry["x"]] for key, entry in meta["metrics"].items() if entry.get("x") is not None}
+    declared = {key: entry.get("higher_is_better") for key, entry in entries.items()}
+    xs = {key: [float(x) for x in entry["x"]] for key, entry in entries.items() if entry.get("x") is not None}
     return declared, xs
 
 
