@@ -98,7 +98,7 @@ class ResultsReporter(pl.Callback):
             write_json(meta, path.parent / META_FILE)
             write_resolved_config(trainer, path.parent / self.CONFIG_FILE)
         for wandb in (lg for lg in trainer.loggers if isinstance(lg, WandbLogger)):
-            wandb.experiment.summary[META_SUMMARY_KEY] = json.dumps(meta)
+            wandb.experiment.summary[META_SUMMARY_KEY] = json.dumps(meta, separators=(",", ":"))   # one value
         logger = trainer.logger
         log_curves(logger, self.results, self.curve_x)
         if logger is not None and hasattr(logger, "log_table"):
