@@ -18,7 +18,8 @@ the metrics are torchmetrics states reduced across processes, so ``metrics.json`
 
 Outputs: every result goes to the logger (scalars; curves as a table; heatmap overlays as images; the resolved
 config as hyperparameters) and to ``metrics.json`` in the run folder ``--output_dir`` (default
-``<trainer.default_root_dir>/evaluate/<date-time>``), whose path is printed with a results table at the end.
+``<trainer.default_root_dir>/evaluate/<date-time>``), whose path is printed with a results table at the end;
+beside it ``metrics.meta.json`` holds each result's declared direction and each curve's x values.
 W&B is the default logger and runs offline unless ``WANDB_MODE=online`` (or the logger's init args) say
 otherwise. The progress bar is shown in a terminal and hidden in CI (``CI`` set or stdout not a TTY).
 

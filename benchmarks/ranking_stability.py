@@ -30,6 +30,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from evaluation.result_keys import ResultKey
+
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_CONFIG = ROOT / "configs" / "train" / "synthetic_vit.yaml"
 EVAL_CONFIG = ROOT / "configs" / "evaluate" / "synthetic.yaml"
@@ -66,14 +68,15 @@ def evaluate(classifier: Path, folder: Path, eval_config: Path, extra: Sequence[
 
 
 def _methods(metrics: Dict[str, object]) -> List[str]:
-    return sorted({key.split("/")[1] for key in metrics if key.startswith(("perturbation/", "segmentation/"))})
+    keys = (ResultKey.try_parse(key) for key in metrics)
+    return sorted({k.method for k in keys if k is not None and k.test in ("perturbation", "segmentation")})
 
 
 def compare_with_random(runs: Dict[str, Dict[str, object]], setting: str = "predicted") -> Dict[str, Dict[str, dict]]:
     """Per method, the differences to the ``random`` method of the same run (see the module docstring)."""
-    criteria = {  # name -> (metrics.json key pattern, sign of "better than random")
-        f"positive_{setting}_auc": (f"perturbation/{{}}/positive/{setting}/auc", -1.0),
-        "miou": ("segmentation/{}/miou", 1.0),
+    criteria = {  # name -> (metrics.json key of the method "{}", sign of "better than random")
+        f"positive_{setting}_auc": (ResultKey("perturbation", "{}", setting, "auc", "positive").format(), -1.0),
+        "miou": (ResultKey("segmentation", "{}", metric="miou").format(), 1.0),
     }
     table: Dict[str, Dict[str, dict]] = {}
     for name, metrics in runs.items():

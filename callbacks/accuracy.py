@@ -11,10 +11,11 @@ from typing import Any, Dict, List, Optional
 from torchmetrics import Metric
 
 from evaluation.metrics import CleanAccuracy
+from evaluation.result_keys import ResultKey
 
 from .base import EvaluationCallback, Result, outputs_device
 
-KEY = "accuracy"
+KEY = ResultKey("accuracy").format()
 
 
 class CleanAccuracyTest(EvaluationCallback):

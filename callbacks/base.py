@@ -21,9 +21,12 @@ Data flow:
   torchmetrics ``Metric`` states accumulated in :meth:`update`; at the end of the test epoch :meth:`compute` runs
   **on every rank** (torchmetrics synchronises the states across processes; every process gets at least one
   batch, ``datamodules.unrepeated.UnrepeatedTestData``);
-* **results**: handed, with each key's ``higher_is_better`` and the curves' x values, to the run's
-  :class:`~callbacks.reporter.ResultsReporter`, the one way results leave a run (logger, ``metrics.json``, the
-  printed table);
+* **results**: keyed by :class:`evaluation.result_keys.ResultKey` strings, handed, with each key's
+  ``higher_is_better`` and the curves' x values, to the run's :class:`~callbacks.reporter.ResultsReporter`, the
+  one way results leave a run (logger, ``metrics.json`` and its sidecar ``metrics.meta.json`` with those
+  declarations, the printed table);
+* **W&B tags**: a callback class declares the tags of a run that uses it (:meth:`EvaluationCallback.wandb_tags`,
+  from its config's ``init_args``, e.g. the test's conventions); ``cli.commands`` collects them;
 * **progress** (resumable runs, :mod:`callbacks.progress`): :meth:`EvaluationCallback.progress_state` is what a
   checkpoint keeps of a callback: the state of every metric of :meth:`metrics` (in its order), the arguments of
   the latest call of the subclass's ``build``, and :meth:`extra_progress_state` (whatever else the callback keeps,
@@ -37,8 +40,9 @@ Data flow:
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import pytorch_lightning as pl
 import torch
@@ -46,6 +50,8 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from evaluation.method_specs import CLASS_SETTINGS
+
+from .reporter import ResultsReporter
 
 Result = Union[float, List[float]]
 
@@ -181,6 +187,26 @@ class EvaluationCallback(pl.Callback):
                 wanted |= set(callback.required_class_settings)
         return tuple(s for s in CLASS_SETTINGS if s in wanted)
 
+    @classmethod
+    def wandb_tags(cls, init_args: Mapping[str, Any]) -> List[str]:
+        """The W&B tags (``<what>:<value>``) of a run with this callback built with ``init_args`` (its config's),
+        e.g. the test's conventions (default: none)."""
+        return []
+
+    @staticmethod
+    def declared_wandb_tags(callbacks: Iterable[Any]) -> List[str]:
+        """The tags the ``EvaluationCallback`` classes among ``callbacks`` (config items: ``class_path`` and
+        ``init_args``, before they are instantiated) declare, in their order."""
+        tags: List[str] = []
+        for item in callbacks:
+            if not hasattr(item, "get") or not item.get("class_path"):
+                continue
+            module, _, name = str(item["class_path"]).rpartition(".")
+            cls = getattr(importlib.import_module(module), name, None) if module else None
+            if isinstance(cls, type) and issubclass(cls, EvaluationCallback):
+                tags += cls.wandb_tags(item.get("init_args") or {})
+        return tags
+
     # -- to implement -------------------------------------------------------------------------------------
     def metrics(self) -> List[Metric]:
         """Every metric, in a fixed order (default: the values of the dict ``self._metrics``)."""
@@ -259,7 +285,5 @@ class EvaluationCallback(pl.Callback):
             self.update(outputs, batch)
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        from .reporter import ResultsReporter
-
         results = self.compute()  # every rank: torchmetrics reduces the states across processes
         ResultsReporter.of(trainer).report(results, self.higher_is_better(), self.curve_x(), pl_module)

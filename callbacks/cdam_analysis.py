@@ -30,7 +30,7 @@ compared with the mask area-pooled to the map's size.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from torchmetrics import Metric
@@ -38,6 +38,7 @@ from torchmetrics import Metric
 from evaluation.cdam import mask_to_map, pearson_per_image, positive_share, sparsity_per_image
 from evaluation.method_specs import check_class_settings
 from evaluation.metrics import MeanOverImages, PooledPearson
+from evaluation.result_keys import ResultKey
 
 from .base import EvaluationCallback, Result, outputs_device, relevance_for
 
@@ -46,6 +47,10 @@ PREFIX = "cdam_analysis"
 
 def _f64(x):
     return x.detach().to(torch.float64)
+
+
+def _key(method: str, metric: str) -> ResultKey:
+    return ResultKey(PREFIX, method, metric=metric)
 
 
 # ------------------------------------------------------------------------------------------ callback
@@ -76,13 +81,17 @@ class CDAMAnalysis(EvaluationCallback):
         self.fraction = float(fraction)
         settings = [class_setting] + (["target", "other"] if self.discrimination else [])
         self.required_class_settings = tuple(dict.fromkeys(settings))
-        self._metrics: Dict[str, Metric] = {}
-        self._declared: Dict[str, Optional[bool]] = {}
+        self._metrics: Dict[ResultKey, Metric] = {}
+        self._declared: Dict[ResultKey, Optional[bool]] = {}
         self._built_methods: List[str] = []
         self._pairs: List[tuple] = []
         self._class_agnostic: frozenset = frozenset()
         if self.methods is not None:
             self.build(self.methods)
+
+    @classmethod
+    def wandb_tags(cls, init_args: Mapping[str, Any]) -> List[str]:
+        return [f"cdam_analysis:{init_args.get('class_setting') or 'predicted'}"]
 
     # -------------------------------------------------------------------------------- metrics
     def build(self, methods: Sequence[str], class_agnostic: Sequence[str] = (), device=None) -> None:
@@ -94,21 +103,21 @@ class CDAMAnalysis(EvaluationCallback):
             raise ValueError(f"pairs name methods {unknown} that are not analysed ({methods})")
         self._built_methods, self._pairs = methods, [tuple(p) for p in pairs]
         self._class_agnostic = frozenset(class_agnostic)
-        m: Dict[str, Metric] = {}
-        declared: Dict[str, Optional[bool]] = {}
+        m: Dict[ResultKey, Metric] = {}
+        declared: Dict[ResultKey, Optional[bool]] = {}
         for a, b in self._pairs:
-            m[f"pearson/{a}__vs__{b}"] = PooledPearson()
+            m[_key(f"{a}__vs__{b}", "pearson")] = PooledPearson()
         for name in methods:
-            m[f"sparsity/{name}"] = MeanOverImages()
-            m[f"sparsity_absmax/{name}"] = MeanOverImages()
-            m[f"nonpositive_max/{name}"] = MeanOverImages()
+            m[_key(name, "sparsity")] = MeanOverImages()
+            m[_key(name, "sparsity_absmax")] = MeanOverImages()
+            m[_key(name, "nonpositive_max")] = MeanOverImages()
             if self.discrimination and name not in self._class_agnostic:
                 for mp, obj in itertools.product(("target", "other"), ("target", "other")):
-                    key = f"discrimination/{name}/{mp}_share_on_{obj}"
+                    key = _key(name, f"discrimination/{mp}_share_on_{obj}")
                     m[key] = MeanOverImages()
                     declared[key] = mp == obj   # relevance on the explained class's own object is the goal
-                m[f"discrimination/{name}/pearson_target_other"] = PooledPearson()
-                m[f"discrimination/{name}/pearson_target_other_per_image"] = MeanOverImages()
+                m[_key(name, "discrimination/pearson_target_other")] = PooledPearson()
+                m[_key(name, "discrimination/pearson_target_other_per_image")] = MeanOverImages()
         self._metrics = m
         self._place_metrics(device)
         self._declared = {key: declared.get(key, metric.higher_is_better) for key, metric in m.items()}
@@ -129,11 +138,11 @@ class CDAMAnalysis(EvaluationCallback):
         maps = {name: relevance_for(relevance, name, self.class_setting, "cdam_analysis")
                 for name in self._built_methods}
         for a, b in self._pairs:
-            m[f"pearson/{a}__vs__{b}"].update(maps[a], maps[b])
+            m[_key(f"{a}__vs__{b}", "pearson")].update(maps[a], maps[b])
         for name, s in maps.items():
-            m[f"sparsity/{name}"].update(sparsity_per_image(s, self.fraction))
-            m[f"sparsity_absmax/{name}"].update(sparsity_per_image(s, self.fraction, absolute_max=True))
-            m[f"nonpositive_max/{name}"].update((_f64(s).flatten(1).amax(dim=1) <= 0).to(torch.float64))
+            m[_key(name, "sparsity")].update(sparsity_per_image(s, self.fraction))
+            m[_key(name, "sparsity_absmax")].update(sparsity_per_image(s, self.fraction, absolute_max=True))
+            m[_key(name, "nonpositive_max")].update((_f64(s).flatten(1).amax(dim=1) <= 0).to(torch.float64))
         if not self.discrimination:
             return
         if "other_mask" not in batch or "mask" not in batch:
@@ -150,12 +159,13 @@ class CDAMAnalysis(EvaluationCallback):
                      "other": mask_to_map(batch["other_mask"], tuple(tgt.shape[1:]), (h_img, w_img))}
             for mp, s in (("target", tgt), ("other", oth)):
                 for obj in ("target", "other"):
-                    m[f"discrimination/{name}/{mp}_share_on_{obj}"].update(positive_share(s, cover[obj].to(s.device)))
-            m[f"discrimination/{name}/pearson_target_other"].update(tgt, oth)
-            m[f"discrimination/{name}/pearson_target_other_per_image"].update(pearson_per_image(tgt, oth))
+                    share = positive_share(s, cover[obj].to(s.device))
+                    m[_key(name, f"discrimination/{mp}_share_on_{obj}")].update(share)
+            m[_key(name, "discrimination/pearson_target_other")].update(tgt, oth)
+            m[_key(name, "discrimination/pearson_target_other_per_image")].update(pearson_per_image(tgt, oth))
 
     def compute(self) -> Dict[str, Result]:
-        return {f"{PREFIX}/{key}": float(metric.compute()) for key, metric in self._metrics.items()}
+        return {key.format(): float(metric.compute()) for key, metric in self._metrics.items()}
 
     def higher_is_better(self) -> Dict[str, Optional[bool]]:
-        return {f"{PREFIX}/{key}": value for key, value in self._declared.items()}
+        return {key.format(): value for key, value in self._declared.items()}

@@ -28,6 +28,7 @@ float64 sums over samples, so one process and N processes give the same values.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -38,6 +39,7 @@ from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.metrics import PerStepMean
 from evaluation.perturbers import TokenPerturber, build_perturber
 from evaluation.ranking import TIES, removal_counts, removal_masks, removal_ranks
+from evaluation.result_keys import ResultKey
 
 from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
 
@@ -97,13 +99,13 @@ class ERASERFaithfulnessTest(EvaluationCallback):
         self.required_class_settings = self.class_settings
         self.bins, self.masking, self.ties, self.tie_seed = bins, masking, ties, int(tie_seed)
         self.forward_batch_size = forward_batch_size
-        self._metrics: Dict[str, Metric] = {}
+        self._metrics: Dict[ResultKey, Metric] = {}
         self._built_methods: List[str] = []
 
     # -------------------------------------------------------------------------------- metrics
     @staticmethod
-    def _key(method: str, setting: str, what: str) -> str:
-        return f"{PREFIX}/{method}/{setting}/{what}"
+    def _key(method: str, setting: str, what: str) -> ResultKey:
+        return ResultKey(PREFIX, method, setting, what)
 
     def build(self, methods: Sequence[str], device=None) -> None:
         self._built_methods = list(methods)
@@ -166,22 +168,20 @@ class ERASERFaithfulnessTest(EvaluationCallback):
         results: Dict[str, Result] = {}
         for key, metric in self._metrics.items():
             curve = [float(v) for v in metric.compute()]
-            what = key.rsplit("/", 1)[1]
-            results[key] = curve
+            results[key.format()] = curve
             for q, value in zip(self.bins, curve):
-                results[f"{key}@{q:g}"] = value
-            results[f"{key.rsplit('/', 1)[0]}/aopc_{what}"] = float(sum(curve) / len(curve))
+                results[replace(key, metric=f"{key.metric}@{q:g}").format()] = value
+            results[replace(key, metric=f"aopc_{key.metric}").format()] = float(sum(curve) / len(curve))
         return results
 
     def higher_is_better(self) -> Dict[str, Optional[bool]]:
         declared: Dict[str, Optional[bool]] = {}
         for key, metric in self._metrics.items():
-            what = key.rsplit("/", 1)[1]
-            declared[key] = None
+            declared[key.format()] = None
             for q in self.bins:
-                declared[f"{key}@{q:g}"] = metric.higher_is_better
-            declared[f"{key.rsplit('/', 1)[0]}/aopc_{what}"] = metric.higher_is_better
+                declared[replace(key, metric=f"{key.metric}@{q:g}").format()] = metric.higher_is_better
+            declared[replace(key, metric=f"aopc_{key.metric}").format()] = metric.higher_is_better
         return declared
 
     def curve_x(self) -> Dict[str, List[float]]:
-        return {key: list(self.bins) for key in self._metrics}
+        return {key.format(): list(self.bins) for key in self._metrics}

@@ -43,7 +43,8 @@ sample seen exactly once) give the same values.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from dataclasses import replace
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from evaluation.auc import AUC_CONVENTIONS, DEFAULT_FRACTIONS, check_fractions, curve_x, perturbation_auc
 from evaluation.method_specs import CLASS_SETTINGS
@@ -51,6 +52,7 @@ from evaluation.metrics import PerturbationCurve, perturbation_curve
 from evaluation.perturbation import perturbation_correctness
 from evaluation.perturbers import build_perturber
 from evaluation.ranking import DIRECTIONS, TIES
+from evaluation.result_keys import ResultKey
 
 from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
 
@@ -109,13 +111,18 @@ class PerturbationTest(EvaluationCallback):
         self.forward_batch_size = forward_batch_size
         self.ties = ties
         self.tie_seed = int(tie_seed)
-        self._metrics: Dict[str, PerturbationCurve] = {}
+        self._metrics: Dict[ResultKey, PerturbationCurve] = {}
         self._built_methods: List[str] = []
+
+    @classmethod
+    def wandb_tags(cls, init_args: Mapping[str, Any]) -> List[str]:
+        return [f"{name}:{init_args.get(name)}" for name in ("auc", "masking", "ties")
+                if init_args.get(name) is not None]
 
     # -------------------------------------------------------------------------------- metrics
     @staticmethod
-    def _key(method: str, direction: str, setting: str) -> str:
-        return f"{PREFIX}/{method}/{direction}/{setting}"
+    def _key(method: str, direction: str, setting: str) -> ResultKey:
+        return ResultKey(PREFIX, method, setting, "auc", direction)
 
     def build(self, methods: Sequence[str], device=None) -> None:
         """One curve metric per method, direction and class setting."""
@@ -165,16 +172,21 @@ class PerturbationTest(EvaluationCallback):
         results: Dict[str, Result] = {}
         for key, metric in self._metrics.items():
             curve = [float(v) for v in metric.compute()]  # runs on every rank (torchmetrics syncs the sums)
-            results[f"{key}/auc"] = perturbation_auc(curve, self.fractions, self.auc)
-            results[f"{key}/curve"] = curve
+            results[key.format()] = perturbation_auc(curve, self.fractions, self.auc)
+            results[_curve(key)] = curve
         return results
 
     def higher_is_better(self) -> Dict[str, Optional[bool]]:
         declared: Dict[str, Optional[bool]] = {}
         for key, metric in self._metrics.items():
-            declared[f"{key}/auc"] = metric.higher_is_better
-            declared[f"{key}/curve"] = None   # a curve is read through its area
+            declared[key.format()] = metric.higher_is_better
+            declared[_curve(key)] = None   # a curve is read through its area
         return declared
 
     def curve_x(self) -> Dict[str, List[float]]:
-        return {f"{key}/curve": curve_x(self.fractions) for key in self._metrics}
+        return {_curve(key): curve_x(self.fractions) for key in self._metrics}
+
+
+def _curve(auc: ResultKey) -> str:
+    """The key of the curve whose area is ``auc``."""
+    return replace(auc, metric="curve").format()

@@ -67,10 +67,12 @@ from evaluation.rationale_metrics import (DEFAULT_IOU_THRESHOLD, SoftAUPRC, Span
                                           span_iou_matches, token_counts)
 from evaluation.rationale_selection import DEFAULT_KS, check_ks, top_k_masks
 from evaluation.words import REDUCTIONS, document_word_scores, word_mask
+from evaluation.result_keys import ResultKey
 
 from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
 
 PREFIX = "rationale"
+COVERAGE = ResultKey(PREFIX, metric="coverage").format()
 #: batch keys the test reads (``datamodules.text_common`` batches of a dataset with rationales)
 BATCH_KEYS = ("word_ids", "word_offset", "num_words", "rationale", "label", "docid", "annotation_id",
               "document_index")
@@ -381,8 +383,8 @@ class RationaleTest(EvaluationCallback):
             raise RuntimeError("rationale: export_jsonl is off, no rows were kept")
         folder = Path(folder)
         paths: List[Path] = []
-        for key, (soft_rows, hard_rows) in self._rows.items():
-            _, method, setting = key.split("/", 2)
+        for method, setting in ((m, s) for m in self._built_methods for s in self.class_settings):
+            soft_rows, hard_rows = self._rows[self._key(method, setting)]
             lengths = {row["rationales"][0]["docid"]: len(row["rationales"][0]["soft_rationale_predictions"])
                        for row in soft_rows}
             stem = _file_stem(method, setting)
@@ -399,20 +401,24 @@ class RationaleTest(EvaluationCallback):
         for method in self._built_methods:
             for setting in self.class_settings:
                 key = self._key(method, setting)
+
+                def result(metric: str) -> str:
+                    return ResultKey(PREFIX, method, setting, metric).format()
+
                 # every rank: torchmetrics syncs the sums (and squeezes a single k to 0-d: reshape back)
                 token = {n: v.reshape(-1) for n, v in self._metrics[f"{key}/token"].compute().items()}
                 iou = {n: v.reshape(-1) for n, v in self._metrics[f"{key}/iou"].compute().items()}
                 for j, k in enumerate(self.ks):
-                    results[f"{key}/token_f1@{k}"] = float(token["f1"][j])
-                    results[f"{key}/token_f1_micro@{k}"] = float(token["micro_f1"][j])
-                results[f"{key}/token_f1"] = [float(v) for v in token["f1"]]
-                results[f"{key}/token_precision"] = [float(v) for v in token["p"]]
-                results[f"{key}/token_recall"] = [float(v) for v in token["r"]]
-                results[f"{key}/token_f1_micro"] = [float(v) for v in token["micro_f1"]]
-                results[f"{key}/iou_f1"] = [float(v) for v in iou["f1"]]
-                results[f"{key}/iou_f1_micro"] = [float(v) for v in iou["micro_f1"]]
-                results[f"{key}/auprc"] = float(self._metrics[f"{key}/auprc"].compute())
-        results[f"{PREFIX}/coverage"] = float(self._metrics[f"{PREFIX}/coverage"].compute())
+                    results[result(f"token_f1@{k}")] = float(token["f1"][j])
+                    results[result(f"token_f1_micro@{k}")] = float(token["micro_f1"][j])
+                results[result("token_f1")] = [float(v) for v in token["f1"]]
+                results[result("token_precision")] = [float(v) for v in token["p"]]
+                results[result("token_recall")] = [float(v) for v in token["r"]]
+                results[result("token_f1_micro")] = [float(v) for v in token["micro_f1"]]
+                results[result("iou_f1")] = [float(v) for v in iou["f1"]]
+                results[result("iou_f1_micro")] = [float(v) for v in iou["micro_f1"]]
+                results[result("auprc")] = float(self._metrics[f"{key}/auprc"].compute())
+        results[COVERAGE] = float(self._metrics[f"{PREFIX}/coverage"].compute())
         return results
 
     def _result_keys(self) -> Dict[str, Tuple[Optional[bool], bool]]:
@@ -420,17 +426,19 @@ class RationaleTest(EvaluationCallback):
         keys: Dict[str, Tuple[Optional[bool], bool]] = {}
         for method in self._built_methods:
             for setting in self.class_settings:
-                key = self._key(method, setting)
+                def result(metric: str) -> str:
+                    return ResultKey(PREFIX, method, setting, metric).format()
+
                 token = TokenF1.higher_is_better
                 for k in self.ks:
-                    keys[f"{key}/token_f1@{k}"] = (token, False)
-                    keys[f"{key}/token_f1_micro@{k}"] = (token, False)
+                    keys[result(f"token_f1@{k}")] = (token, False)
+                    keys[result(f"token_f1_micro@{k}")] = (token, False)
                 for name in ("token_f1", "token_precision", "token_recall", "token_f1_micro"):
-                    keys[f"{key}/{name}"] = (token, True)
+                    keys[result(name)] = (token, True)
                 for name in ("iou_f1", "iou_f1_micro"):
-                    keys[f"{key}/{name}"] = (SpanIOUF1.higher_is_better, True)
-                keys[f"{key}/auprc"] = (SoftAUPRC.higher_is_better, False)
-        keys[f"{PREFIX}/coverage"] = (MeanOverImages.higher_is_better, False)
+                    keys[result(name)] = (SpanIOUF1.higher_is_better, True)
+                keys[result("auprc")] = (SoftAUPRC.higher_is_better, False)
+        keys[COVERAGE] = (MeanOverImages.higher_is_better, False)
         return keys
 
     def higher_is_better(self) -> Dict[str, Optional[bool]]:

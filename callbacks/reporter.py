@@ -6,24 +6,31 @@ metric declares (``higher_is_better``) and the x values of its curves. The repor
 
 * logs every scalar through Lightning (``pl_module.log``, no second reduction across processes);
 * at the end of the run, on global rank 0 only: writes ``metrics.json`` (sorted keys, NaN as ``null``;
-  :func:`evaluation.reporting.write_metrics_json`) when it has an ``output_dir``, and beside it the resolved
-  config ``config.yaml`` that LightningCLI saved (its ``SaveConfigCallback``; the one in the log dir is
-  overwritten by the next run), logs the curves as one table (``curves``) and one table per test with a row per
-  method (``<test>_by_method``, :func:`method_tables`) through the trainer's logger and saves the logger, prints
-  the results table
+  :func:`evaluation.reporting.write_metrics_json`) when it has an ``output_dir``, and beside it the declarations
+  ``metrics.meta.json`` (:func:`evaluation.reporting.metrics_meta`; a W&B run gets the same JSON as the summary
+  value ``metrics_meta``) and the resolved config ``config.yaml`` that LightningCLI saved (its
+  ``SaveConfigCallback``; the one in the log dir is overwritten by the next run), logs the curves as one table
+  (``curves``) and one table per test with a row per method (``<test>_by_method``, :func:`method_tables`) through
+  the trainer's logger and saves the logger, prints the results table
   (:func:`evaluation.reporting.results_table`) and ``metrics written to <path>``.
+
+Every key must be a :class:`evaluation.result_keys.ResultKey` string (a malformed one is an error naming it).
 
 ``results``, ``higher_is_better`` and ``curve_x`` hold what it was handed (on every process).
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import pytorch_lightning as pl
+from pytorch_lightning.loggers import WandbLogger
 
-from evaluation.reporting import log_curves, results_table, write_metrics_json
+from evaluation.reporting import (META_FILE, META_SUMMARY_KEY, log_curves, metrics_meta, results_table, write_json,
+                                  write_metrics_json)
+from evaluation.result_keys import ResultKey
 
 
 class ResultsReporter(pl.Callback):
@@ -66,6 +73,8 @@ class ResultsReporter(pl.Callback):
                curve_x: Optional[Mapping[str, Sequence[float]]] = None,
                pl_module: Optional[pl.LightningModule] = None) -> None:
         """Take one callback's results (keys must be new); log the scalars through ``pl_module`` when given."""
+        for key in results:
+            ResultKey.parse(key)   # a key that fits no layout: an error naming it
         overlap = set(self.results) & set(results)
         if overlap:
             raise ValueError(f"two evaluation callbacks report the same keys: {sorted(overlap)[:5]}")
@@ -84,8 +93,12 @@ class ResultsReporter(pl.Callback):
         if not trainer.is_global_zero:
             return
         path = None if self.metrics_path is None else write_metrics_json(self.results, self.metrics_path)
+        meta = metrics_meta(self.higher_is_better, self.curve_x)
         if path is not None:
+            write_json(meta, path.parent / META_FILE)
             write_resolved_config(trainer, path.parent / self.CONFIG_FILE)
+        for wandb in (lg for lg in trainer.loggers if isinstance(lg, WandbLogger)):
+            wandb.experiment.summary[META_SUMMARY_KEY] = json.dumps(meta, separators=(",", ":"))   # one value
         logger = trainer.logger
         log_curves(logger, self.results, self.curve_x)
         if logger is not None and hasattr(logger, "log_table"):
@@ -104,16 +117,10 @@ def method_tables(results: Mapping[str, Any]) -> Dict[str, tuple]:
     correlations, per method pair ``a__vs__b``) and one column per metric (``None`` where a method has none)."""
     cells: Dict[str, Dict[str, Dict[str, float]]] = {}
     for key, value in sorted(results.items()):
-        parts = key.split("/")
-        if len(parts) < 3 or isinstance(value, bool) or not isinstance(value, (int, float)):
+        k = ResultKey.parse(key)
+        if not k.method or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        if parts[0] == "cdam_analysis" and parts[1] != "discrimination":
-            method, metric = parts[2], parts[1]                 # sparsity/<method>, pearson/<a>__vs__<b>
-        elif parts[0] == "cdam_analysis":
-            method, metric = parts[2], "/".join(parts[1:2] + parts[3:])
-        else:
-            method, metric = parts[1], "/".join(parts[2:])
-        cells.setdefault(parts[0], {}).setdefault(method, {})[metric] = float(value)
+        cells.setdefault(k.test, {}).setdefault(k.method, {})[k.column] = float(value)
     tables = {}
     for test, by_method in cells.items():
         metrics = sorted({m for row in by_method.values() for m in row})

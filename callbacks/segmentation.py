@@ -10,10 +10,11 @@ Results: ``segmentation/<method>/<pixel_accuracy|miou|map|f1|f1_rows>``.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.pixel_maps import pixel_maps
+from evaluation.result_keys import ResultKey
 from evaluation.segmentation import METRIC_NAMES, SegmentationMetrics
 
 from .base import EvaluationCallback, Result, outputs_device, relevance_for
@@ -37,6 +38,10 @@ class SegmentationTest(EvaluationCallback):
         self.class_setting = class_setting
         self.required_class_settings = (class_setting,)
         self._metrics: Dict[str, SegmentationMetrics] = {}
+
+    @classmethod
+    def wandb_tags(cls, init_args: Mapping[str, Any]) -> List[str]:
+        return [f"segmentation:{init_args.get('class_setting') or 'predicted'}"]
 
     def build(self, methods: Sequence[str], device=None) -> None:
         """One set of segmentation metrics per method."""
@@ -66,9 +71,9 @@ class SegmentationTest(EvaluationCallback):
         results: Dict[str, Result] = {}
         for method, metric in self._metrics.items():
             for name, value in metric.compute().items():  # runs on every rank (torchmetrics syncs the sums)
-                results[f"{PREFIX}/{method}/{name}"] = float(value)
+                results[ResultKey(PREFIX, method, metric=name).format()] = float(value)
         return results
 
     def higher_is_better(self) -> Dict[str, Optional[bool]]:
-        return {f"{PREFIX}/{method}/{name}": metric.higher_is_better
+        return {ResultKey(PREFIX, method, metric=name).format(): metric.higher_is_better
                 for method, metric in self._metrics.items() for name in METRIC_NAMES}

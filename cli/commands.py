@@ -36,6 +36,7 @@ from typing import Any, List, Optional, Sequence, Union
 import pytorch_lightning as pl
 from pytorch_lightning.cli import LightningCLI
 
+from callbacks.base import EvaluationCallback
 from callbacks.progress import DEFAULT_EVERY, ProgressError, resume_config
 from cli.config import BASE_KEY, ComposedConfigFile, config_files
 from lightning_modules.evaluation import AttributionEvaluationModule
@@ -326,8 +327,9 @@ def _name(value: Any) -> str:
 
 
 def run_group_and_tags(config: Any) -> tuple:
-    """The W&B group (``<dataset>/<model>``) and tags (dataset, model, method set, the tests' conventions) of an
-    evaluate run, from its resolved config; each tag ``<what>:<value>``, at most 64 characters (W&B's limit)."""
+    """The W&B group (``<dataset>/<model>``) and tags (dataset, model, method set, and what each evaluation
+    callback declares: :meth:`~callbacks.base.EvaluationCallback.wandb_tags`) of an evaluate run, from its resolved
+    config; each tag ``<what>:<value>``, at most 64 characters (W&B's limit)."""
     data = config.get("data") or {}
     dataset = _name(data.get("class_path") if hasattr(data, "get") else data)
     model = config.get("model") or {}
@@ -342,13 +344,5 @@ def run_group_and_tags(config: Any) -> tuple:
         names = f"{len(methods)}-{hashlib.sha1(names.encode()).hexdigest()[:8]}"
     tags = [f"dataset:{dataset}", f"model:{classifier}", f"methods:{names}"]
     callbacks = config["trainer"].get("callbacks") or []
-    for item in (callbacks if isinstance(callbacks, list) else [callbacks]):
-        if not hasattr(item, "get"):
-            continue
-        kind, args = str(item.get("class_path", "")).rsplit(".", 1)[-1], item.get("init_args") or {}
-        if kind == "PerturbationTest":
-            tags += [f"{name}:{args.get(name)}" for name in ("auc", "masking", "ties") if args.get(name) is not None]
-        elif kind in ("SegmentationTest", "CDAMAnalysis"):
-            tags.append(f"{'segmentation' if kind == 'SegmentationTest' else 'cdam_analysis'}:"
-                        f"{args.get('class_setting') or 'predicted'}")
+    tags += EvaluationCallback.declared_wandb_tags(callbacks if isinstance(callbacks, list) else [callbacks])
     return f"{dataset}/{classifier}"[:128], [tag[:64] for tag in tags]

@@ -1,5 +1,5 @@
-"""Compare evaluation runs side by side (``compare.py``): load runs (:mod:`comparison.runs`), declare each
-metric's direction as the evaluation callbacks do (:mod:`comparison.directions`), build the methods x runs tables
+"""Compare evaluation runs side by side (``compare.py``): load runs and their metrics' declared directions
+(:mod:`comparison.runs`; runs older than the declarations: :mod:`comparison.directions`), build the tables
 (:mod:`comparison.tables`), the figures (:mod:`comparison.figures`: Plotly for the page, matplotlib PNGs), the
 config differences (:mod:`comparison.configs`), the self-contained HTML dashboard (:mod:`comparison.html`) and,
 online, a W&B report with the same panels (:mod:`comparison.wandb_report`)."""

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from comparison.runs import Run
 from comparison.tables import RANDOM, Table, direction_text, table_title
+from evaluation.result_keys import ResultKey
 
 #: one colour per run, in order (Plotly's and matplotlib's default cycles differ: both use this one)
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -66,16 +67,17 @@ def curve_groups(runs: Sequence[Run]) -> Dict[Tuple[str, str], List[str]]:
     groups: Dict[Tuple[str, str], set] = {}
     for run in runs:
         for key, value in run.metrics.items():
-            parts = key.split("/")
-            if parts[0] == "perturbation" and len(parts) == 5 and parts[4] == "curve" and isinstance(value, list):
-                groups.setdefault((parts[3], parts[2]), set()).add(parts[1])
+            k = ResultKey.try_parse(key)
+            if k is not None and k.test == "perturbation" and k.direction and k.metric == "curve" and isinstance(
+                    value, list):
+                groups.setdefault((k.setting, k.direction), set()).add(k.method)
     order = {"predicted": 0, "target": 1, "other": 2, "positive": 0, "negative": 1}
     return {g: sorted(m, key=lambda x: (x == RANDOM, x))
             for g, m in sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 9), order.get(kv[0][1], 9)))}
 
 
 def _curve(run: Run, method: str, direction: str, setting: str):
-    key = f"perturbation/{method}/{direction}/{setting}/curve"
+    key = ResultKey("perturbation", method, setting, "curve", direction).format()
     ys = run.metrics.get(key)
     if not isinstance(ys, list):
         return None

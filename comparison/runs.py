@@ -1,16 +1,20 @@
 """Loading the runs to compare: run folders, offline W&B run folders, or (online) a W&B project.
 
 * **run folder** (``evaluate.py --output_dir``): ``metrics.json`` (flat keys, floats and curves, ``null`` for
-  non-finite values) and the resolved config ``config.yaml`` beside it when the run wrote one (the reporter copies
-  the config LightningCLI saved into the run folder). A path to the ``metrics.json`` file itself works too.
+  non-finite values), the declarations ``metrics.meta.json`` and the resolved config ``config.yaml`` beside it when
+  the run wrote them (the reporter copies the config LightningCLI saved into the run folder). A path to the
+  ``metrics.json`` file itself works too.
 * **offline W&B run** (``outputs/wandb/offline-run-*``): read locally, without network, from what the run wrote:
   the run file ``run-<id>.wandb`` (a log of protobuf records: the config, the summary with every scalar, the run's
-  group and tags) and the curves table ``files/media/table/curves_*.table.json``; ``files/wandb-summary.json`` and
-  ``files/config.yaml`` are used when present (runs that were synced or finished online).
+  group and tags; the summary value ``metrics_meta`` holds the declarations) and the curves table
+  ``files/media/table/curves_*.table.json``; ``files/wandb-summary.json`` and ``files/config.yaml`` are used when
+  present (runs that were synced or finished online).
 * **W&B project** (online only): :func:`load_wandb_project` through ``wandb.Api`` with the API's run filters.
 
-Every run gets each metric's direction from :func:`comparison.directions.declared_directions`. Bad input (a
-missing folder, a folder without metrics, corrupt JSON or YAML) raises :class:`RunLoadError` naming the path.
+Every run gets each metric's direction (and its curves' x values) from its declarations
+(:func:`evaluation.reporting.read_metrics_meta`); a run written before them, from
+:func:`comparison.directions.declared_directions` (and its config's perturbation fractions). Bad input (a missing
+folder, a folder without metrics, corrupt JSON or YAML) raises :class:`RunLoadError` naming the path.
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from comparison.directions import declared_directions
+from evaluation.auc import DEFAULT_FRACTIONS, curve_x
+from evaluation.reporting import META_FILE, META_SUMMARY_KEY, read_metrics_meta
 
 METRICS_FILE = "metrics.json"
 CONFIG_FILE = "config.yaml"
@@ -47,8 +53,8 @@ class Run:
     curve_x: Dict[str, List[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.higher_is_better:
-            self.higher_is_better = declared_directions(self.metrics)
+        undeclared = [key for key in self.metrics if key not in self.higher_is_better]
+        self.higher_is_better.update(declared_directions(undeclared))
         for key, value in self.metrics.items():
             if isinstance(value, list) and key not in self.curve_x:
                 self.curve_x[key] = curve_fractions(self.config, len(value))
@@ -74,8 +80,6 @@ def perturbation_init_args(config: Optional[Mapping[str, Any]]) -> Dict[str, Any
 def curve_fractions(config: Optional[Mapping[str, Any]], length: int) -> List[float]:
     """x of a perturbation curve of ``length`` points: ``[0] + fractions`` of the run's test (its config, else
     the test's default fractions); the step index when neither fits."""
-    from evaluation.auc import DEFAULT_FRACTIONS, curve_x
-
     fractions = perturbation_init_args(config).get("fractions") or DEFAULT_FRACTIONS
     xs = curve_x(fractions)
     return xs if len(xs) == length else [float(i) for i in range(length)]
@@ -88,6 +92,23 @@ def _read_json(path: Path) -> Any:
         raise RunLoadError(f"{path}: corrupt JSON ({err})") from None
     except OSError as err:
         raise RunLoadError(f"{path}: cannot be read ({err})") from None
+
+
+def _read_meta(meta: Any, where: str) -> Dict[str, Any]:
+    """``Run`` arguments ``higher_is_better`` and ``curve_x`` from a run's declarations (none: ``{}``)."""
+    if meta is None:
+        return {}
+    try:
+        higher_is_better, xs = read_metrics_meta(meta)
+    except ValueError as err:
+        raise RunLoadError(f"{where}: {err}") from None
+    return {"higher_is_better": higher_is_better, "curve_x": xs}
+
+
+def _summary_meta(summary: Mapping[str, Any], where: str) -> Dict[str, Any]:
+    """:func:`_read_meta` of a W&B summary's ``metrics_meta`` (JSON text)."""
+    text = summary.get(META_SUMMARY_KEY)
+    return _read_meta(None if text is None else _json_value(text, where), where)
 
 
 def _read_yaml(path: Path) -> Dict[str, Any]:
@@ -112,7 +133,9 @@ def _load_folder(path: Path, name: Optional[str]) -> Run:
         raise RunLoadError(f"{metrics_path}: expected a JSON object of metrics, got {type(metrics).__name__}")
     config_path = path / CONFIG_FILE
     config = _read_yaml(config_path) if config_path.is_file() else None
-    return Run(name=name or path.name, source=str(path), kind="folder", metrics=metrics, config=config)
+    meta_path = path / META_FILE
+    meta = _read_meta(_read_json(meta_path), str(meta_path)) if meta_path.is_file() else {}
+    return Run(name=name or path.name, source=str(path), kind="folder", metrics=metrics, config=config, **meta)
 
 
 # ------------------------------------------------------------------------------------------ offline W&B runs
@@ -158,7 +181,7 @@ def _item_key(item: Any) -> str:
     return item.key or "/".join(item.nested_key)
 
 
-def _json_value(text: str, path: Path) -> Any:
+def _json_value(text: str, path: Any) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError:
@@ -261,10 +284,11 @@ def _load_wandb_offline(path: Path, name: Optional[str]) -> Run:
                            f"{run_files[0] if run_files else files / 'wandb-summary.json'})")
     curves, xs = _curves_from_tables(files)
     metrics.update(curves)
+    meta = {"curve_x": xs, **_summary_meta(info["summary"], str(path))}   # the declared x values first
     run_id = path.name.rsplit("-", 1)[-1]
     label = name or (f"{info['name']} ({run_id})" if info["name"] else path.name)
     return Run(name=label, source=str(path), kind="wandb-offline", metrics=metrics, config=info["config"] or None,
-               group=info["group"], tags=list(info["tags"]), curve_x=xs)
+               group=info["group"], tags=list(info["tags"]), **meta)
 
 
 # ------------------------------------------------------------------------------------------ any path
@@ -341,9 +365,11 @@ def load_wandb_project(project: str, filters: Optional[Mapping[str, Any]] = None
                 xs.setdefault(key, {})[int(step)] = float(x)
         metrics.update({k: [v[i] for i in sorted(v)] for k, v in curves.items()})
         config = {k: v for k, v in dict(remote.config).items() if not k.startswith("_")}
+        meta = {"curve_x": {k: [v[i] for i in sorted(v)] for k, v in xs.items()},
+                **_summary_meta(summary, f"wandb:{path}/{remote.id}")}
         runs.append(Run(name=f"{remote.name} ({remote.id})", source=f"wandb:{path}/{remote.id}", kind="wandb-online",
                         metrics=metrics, config=config or None, group=remote.group, tags=list(remote.tags or []),
-                        curve_x={k: [v[i] for i in sorted(v)] for k, v in xs.items()}))
+                        **meta))
     if not runs:
         raise RunLoadError(f"wandb:{path}: no runs match the filters {dict(filters or {})}")
     return runs

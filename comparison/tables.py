@@ -1,21 +1,24 @@
 """Methods x runs tables of every metric, per test and class setting.
 
-Each result key of a run (``metrics.json`` keys) is parsed into *test*, *class setting*, *metric* and *row* (the
-method; a method pair for the CDAM analysis' Pearson correlations; ``model`` for the clean accuracy):
+Each result key of a run (``metrics.json`` keys, :class:`evaluation.result_keys.ResultKey`) is placed by its
+*test*, *class setting*, *metric* and *row* (its method; a method pair ``a vs b`` for the CDAM analysis' Pearson
+correlations; ``model`` for the clean accuracy; ``-`` for a key without a method):
 
 * ``perturbation/<method>/<direction>/<setting>/auc``  -> (perturbation, setting, ``<direction> AUC``, method)
+  (the curves are drawn, not tabulated);
 * ``segmentation/<method>/<metric>``                   -> (segmentation, -, metric, method)
 * ``cdam_analysis/pearson/<a>__vs__<b>``               -> (cdam_analysis, -, pearson, ``a vs b``)
 * ``cdam_analysis/discrimination/<method>/<metric>``   -> (cdam_analysis, -, ``discrimination/<metric>``, method)
 * ``cdam_analysis/<metric>/<method>``                  -> (cdam_analysis, -, metric, method)
-* ``accuracy``                                         -> (accuracy, -, accuracy, model); any other scalar key
-  ``<test>/<rest>`` -> (test, -, rest, -).
+* ``accuracy``                                         -> (accuracy, -, accuracy, model); any other key
+  ``<test>[/<method>[/<setting>]]/<metric>`` -> (test, setting, metric, method), e.g. the rationale and ERASER
+  tests' scalars.
 
 Every cell holds the run's value, the same run's ``random`` map value for that metric (where the random map has
 one), the delta against the reference run and whether it is the best of its row. The best follows the direction
-the metric declares (:mod:`comparison.directions`); a row whose runs all tie, or with fewer than two values, or
-whose metric declares no direction, marks none. A run without a value for a row (the metric was not computed,
-or was ``null``) gets a *missing* cell: the row is kept.
+the metric declares (the run's ``metrics.meta.json``, :mod:`comparison.directions` for older runs); a row whose
+runs all tie, or with fewer than two values, or whose metric declares no direction, marks none. A run without a
+value for a row (the metric was not computed, or was ``null``) gets a *missing* cell: the row is kept.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from comparison.runs import Run
+from evaluation.result_keys import ResultKey
 
 RANDOM = "random"
 TEST_ORDER = ("accuracy", "perturbation", "segmentation", "cdam_analysis")
@@ -52,28 +56,20 @@ class KeyInfo:
 
 def parse_key(key: str) -> Optional[KeyInfo]:
     """The table position of a scalar result key (``None`` for curves and keys that are no result)."""
-    parts = key.split("/")
-    if key == "accuracy":
-        return KeyInfo("accuracy", "", "accuracy", "model", None)
-    if parts[0] == "perturbation":
-        if len(parts) == 5 and parts[4] == "auc":
-            _, method, direction, setting, _ = parts
-            return KeyInfo("perturbation", setting, f"{direction} AUC", method,
-                           f"perturbation/{RANDOM}/{direction}/{setting}/auc")
+    k = ResultKey.try_parse(key)
+    if k is None:
         return None
-    if parts[0] == "segmentation" and len(parts) == 3:
-        return KeyInfo("segmentation", "", parts[2], parts[1], f"segmentation/{RANDOM}/{parts[2]}")
-    if parts[0] == "cdam_analysis" and len(parts) >= 3:
-        if parts[1] == "pearson" and len(parts) == 3:
-            return KeyInfo("cdam_analysis", "", "pearson", parts[2].replace("__vs__", " vs "), None)
-        if parts[1] == "discrimination" and len(parts) == 4:
-            return KeyInfo("cdam_analysis", "", f"discrimination/{parts[3]}", parts[2],
-                           f"cdam_analysis/discrimination/{RANDOM}/{parts[3]}")
-        if len(parts) == 3:
-            return KeyInfo("cdam_analysis", "", parts[1], parts[2], f"cdam_analysis/{parts[1]}/{RANDOM}")
-    if len(parts) >= 2:
-        return KeyInfo(parts[0], "", "/".join(parts[1:]), "-", None)
-    return KeyInfo(key, "", key, "-", None)
+    if k.test == "accuracy" and k.metric == "accuracy":
+        return KeyInfo("accuracy", "", "accuracy", "model", None)
+    if k.test == "perturbation":
+        if not k.direction or k.metric != "auc":
+            return None
+        return KeyInfo("perturbation", k.setting, f"{k.direction} AUC", k.method, k.with_method(RANDOM).format())
+    if k.test == "cdam_analysis" and k.metric == "pearson":
+        return KeyInfo(k.test, "", "pearson", k.method.replace("__vs__", " vs "), None)
+    if not k.method:
+        return KeyInfo(k.test, k.setting, k.metric, "-", None)
+    return KeyInfo(k.test, k.setting, k.metric, k.method, k.with_method(RANDOM).format())
 
 
 @dataclass

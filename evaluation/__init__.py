@@ -11,7 +11,10 @@ Modality-free core (any kind of input: images, token sequences):
   ``higher_is_better``;
 * :mod:`evaluation.classifier`: :class:`~evaluation.classifier.Classifier` (images) and
   :class:`~evaluation.classifier.TextClassifier`, the one way the protocols classify (perturbed) inputs;
-* :mod:`evaluation.reporting`: ``metrics.json``, the curves table and the printed results table.
+* :mod:`evaluation.result_keys`: :class:`~evaluation.result_keys.ResultKey`, the one way a result's key is
+  written and read (test, method, class setting, metric);
+* :mod:`evaluation.reporting`: ``metrics.json`` and its sidecar ``metrics.meta.json`` (each key's direction, the
+  curves' x values), the curves table and the printed results table.
 
 Per modality:
 

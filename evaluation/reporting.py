@@ -1,12 +1,15 @@
 """Writing and printing the results of an evaluation run (used by :class:`callbacks.reporter.ResultsReporter`).
 
-Results are one flat dict keyed as the callbacks key them (``accuracy``,
+Results are one flat dict keyed by :class:`evaluation.result_keys.ResultKey` strings (``accuracy``,
 ``perturbation/<method>/<direction>/<setting>/auc`` and ``.../curve``, ``segmentation/<method>/<metric>``,
 ``cdam_analysis/...``), values a float or a curve (list of floats), with two declarations beside it:
 ``higher_is_better`` (``{key: True | False | None}``, from the metrics) and ``curve_x`` (``{key: x values}`` of
 the curves).
 
 * :func:`write_metrics_json`: ``metrics.json``, sorted keys, NaN and infinities as ``null``;
+* :func:`metrics_meta` / :func:`read_metrics_meta`: the two declarations as the sidecar ``metrics.meta.json``
+  beside it (``{"schema_version": 1, "metrics": {key: {"higher_is_better": ..., "x": [...] (curves only)}}}``),
+  so that a run's results describe themselves (``compare.py`` reads them);
 * :func:`curve_rows` / :func:`log_curves`: every curve as rows ``[key, step, x, y]`` of one logger table;
 * :func:`results_table`: the text table printed at the end of a run; each column and scalar says whether higher
   or lower is better, as its metric declares.
@@ -17,10 +20,17 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from evaluation.result_keys import ResultKey
 
 #: what the results table prints for a declared direction
 BETTER = {True: "higher", False: "lower", None: "-"}
+#: the sidecar of ``metrics.json`` and the version of its layout
+META_FILE = "metrics.meta.json"
+META_SCHEMA_VERSION = 1
+#: the W&B summary key whose value is the sidecar as JSON text
+META_SUMMARY_KEY = "metrics_meta"
 
 
 def _jsonable(value: Any) -> Any:
@@ -33,13 +43,44 @@ def _jsonable(value: Any) -> Any:
 
 def write_metrics_json(results: Mapping[str, Any], path: os.PathLike) -> Path:
     """``results`` as JSON at ``path`` (sorted keys, non-finite floats as ``null``), written atomically."""
+    return write_json({k: _jsonable(v) for k, v in sorted(results.items())}, path)
+
+
+def write_json(data: Any, path: os.PathLike) -> Path:
+    """``data`` as indented JSON at ``path``, written atomically (a temporary file, then renamed)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as handle:
-        json.dump({k: _jsonable(v) for k, v in sorted(results.items())}, handle, indent=2)
+        json.dump(data, handle, indent=2)
     os.replace(tmp, path)
     return path
+
+
+def metrics_meta(higher_is_better: Mapping[str, Optional[bool]],
+                 curve_x: Optional[Mapping[str, Sequence[float]]] = None) -> Dict[str, Any]:
+    """The sidecar of ``metrics.json`` (module docstring): every key's declared direction, the curves' x values."""
+    curve_x = curve_x or {}
+    return {"schema_version": META_SCHEMA_VERSION,
+            "metrics": {key: {"higher_is_better": higher_is_better.get(key),
+                              **({"x": [float(x) for x in curve_x[key]]} if key in curve_x else {})}
+                        for key in sorted(set(higher_is_better) | set(curve_x))}}
+
+
+def read_metrics_meta(meta: Any) -> Tuple[Dict[str, Optional[bool]], Dict[str, List[float]]]:
+    """``(higher_is_better, curve_x)`` of a sidecar (:func:`metrics_meta`); a ``ValueError`` for another layout or
+    a newer schema version."""
+    version = meta.get("schema_version") if isinstance(meta, dict) else None
+    entries = meta.get("metrics") if isinstance(meta, dict) else None
+    if not isinstance(version, int) or not isinstance(entries, dict) or not all(
+            isinstance(e, dict) for e in entries.values()):
+        raise ValueError("not a metrics sidecar (expected schema_version and metrics: {key: {...}})")
+    if version > META_SCHEMA_VERSION:
+        raise ValueError(f"metrics sidecar schema version {version} is newer than this code's "
+                         f"({META_SCHEMA_VERSION})")
+    declared = {key: entry.get("higher_is_better") for key, entry in entries.items()}
+    xs = {key: [float(x) for x in entry["x"]] for key, entry in entries.items() if entry.get("x") is not None}
+    return declared, xs
 
 
 def curve_rows(results: Mapping[str, Any], curve_x: Optional[Mapping[str, Sequence[float]]] = None) -> List[list]:
@@ -110,27 +151,27 @@ def results_table(results: Mapping[str, Any], higher_is_better: Optional[Mapping
     eraser_keys: Dict[str, List[str]] = {}
     other: Dict[str, float] = {}
     for key, value in results.items():
-        parts = key.split("/")
-        if parts[0] == "rationale" and len(parts) == 4 and isinstance(value, (int, float)):
-            if parts[3].startswith("token_f1@") or parts[3] in ("auprc", "iou_f1"):
-                column = f"{parts[2]}/{parts[3].replace('token_f1@', 'f1@')}"
-                rat.setdefault(parts[1], {})[column] = value
+        k = ResultKey.parse(key)
+        if k.test == "rationale" and k.setting and isinstance(value, (int, float)):
+            if k.metric.startswith("token_f1@") or k.metric in ("auprc", "iou_f1"):
+                column = f"{k.setting}/{k.metric.replace('token_f1@', 'f1@')}"
+                rat.setdefault(k.method, {})[column] = value
                 rat_keys.setdefault(column, []).append(key)
             continue
-        if parts[0] == "eraser" and len(parts) == 4 and isinstance(value, (int, float)):
-            if parts[3].startswith("aopc_"):
-                column = f"{parts[2]}/{parts[3][len('aopc_'):]}"
-                eraser.setdefault(parts[1], {})[column] = value
+        if k.test == "eraser" and k.setting and isinstance(value, (int, float)):
+            if k.metric.startswith("aopc_"):
+                column = f"{k.setting}/{k.metric[len('aopc_'):]}"
+                eraser.setdefault(k.method, {})[column] = value
                 eraser_keys.setdefault(column, []).append(key)
             continue
-        if parts[0] == "perturbation" and len(parts) == 5 and parts[-1] == "auc":
-            column = f"{parts[2]}/{parts[3]}"
-            pert.setdefault(parts[1], {})[column] = value
+        if k.test == "perturbation" and k.direction and k.metric == "auc":
+            column = f"{k.direction}/{k.setting}"
+            pert.setdefault(k.method, {})[column] = value
             pert_keys.setdefault(column, []).append(key)
-        elif parts[0] == "segmentation" and len(parts) == 3:
-            seg.setdefault(parts[1], {})[parts[2]] = value
-            seg_keys.setdefault(parts[2], []).append(key)
-        elif key != "accuracy" and isinstance(value, (int, float)) and parts[0] != "perturbation":
+        elif k.test == "segmentation" and k.method and not k.setting:
+            seg.setdefault(k.method, {})[k.metric] = value
+            seg_keys.setdefault(k.metric, []).append(key)
+        elif key != "accuracy" and isinstance(value, (int, float)) and k.test != "perturbation":
             other[key] = float(value)
     pert_cols = [c for c in ("positive/predicted", "negative/predicted", "positive/target", "negative/target")
                  if c in pert_keys]

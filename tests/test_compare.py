@@ -16,6 +16,7 @@ import yaml
 
 import compare
 from comparison import RunLoadError, load_run
+from comparison.runs import read_wandb_run_file
 from comparison.tables import same
 from tests.test_evaluate import run_evaluate, tiny_args
 
@@ -114,8 +115,14 @@ def test_dashboard_is_self_contained_and_pngs_exist(runs):
         assert f"data-figure='{figure.name}'" in html
 
 
-def test_wandb_runs_carry_group_tags_and_method_tables(runs):
+def test_wandb_runs_carry_group_tags_and_method_tables(runs, monkeypatch):
+    # the run's declarations (metrics.meta.json) reach the W&B run as its summary value metrics_meta
+    meta = json.loads((runs["a"] / "metrics.meta.json").read_text())
+    summary = read_wandb_run_file(next(runs["w"].glob("*.wandb")))["summary"]
+    assert json.loads(summary["metrics_meta"]) == meta and meta["metrics"][GRADCAM_POS]["higher_is_better"] is False
+    monkeypatch.setattr("comparison.runs.declared_directions", lambda keys: dict.fromkeys(keys))   # no fallback
     run = load_run(runs["w"])
+    assert run.higher_is_better[GRADCAM_POS] is False and run.higher_is_better[ROLLOUT_MIOU] is True
     assert run.group == "SyntheticShapes/vit_tiny_patch16_224"
     assert {"dataset:SyntheticShapes", "model:vit_tiny_patch16_224", "ties:random", "auc:chefer",
             "methods:beyond_intuition_token+gradcam+random+rollout"} <= set(run.tags)

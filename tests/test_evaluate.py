@@ -132,22 +132,23 @@ def test_reporting_uses_the_declared_directions_and_curve_axes(tmp_path):
 
     results = {"accuracy": 0.5, "perturbation/m/positive/target/auc": 30.0, "perturbation/m/negative/target/auc": 40.0,
                "perturbation/m/positive/target/curve": [0.5, 0.25], "segmentation/m/miou": 0.25,
-               "cdam_analysis/x": float("nan"), "cdam_analysis/y": 0.75}
+               "cdam_analysis/sparsity/x": float("nan"), "cdam_analysis/sparsity/y": 0.75}
     better = {"accuracy": True, "perturbation/m/positive/target/auc": False,
-              "perturbation/m/negative/target/auc": True, "segmentation/m/miou": True, "cdam_analysis/y": False}
+              "perturbation/m/negative/target/auc": True, "segmentation/m/miou": True,
+              "cdam_analysis/sparsity/y": False}
     lines = results_table(results, better).splitlines()
     header = lines.index("perturbation AUC")
     assert lines[header + 1].split() == ["method", "positive/target", "negative/target"]
     assert lines[header + 2].split() == ["better", "lower", "higher"]
     assert lines[lines.index("segmentation") + 2].split() == ["better", "higher"]
-    assert any(line.startswith("cdam_analysis/y") and line.endswith("(lower is better)") for line in lines)
-    assert any(line.startswith("cdam_analysis/x") and line.endswith("nan") for line in lines)
+    assert any(line.startswith("cdam_analysis/sparsity/y") and line.endswith("(lower is better)") for line in lines)
+    assert any(line.startswith("cdam_analysis/sparsity/x") and line.endswith("nan") for line in lines)
     # no declaration: the grid says so instead of guessing
     assert results_table(results).splitlines()[header + 2].split() == ["better", "-", "-"]
     assert curve_rows(results, {"perturbation/m/positive/target/curve": [0.0, 0.5]}) == [
         ["perturbation/m/positive/target/curve", 0, 0.0, 0.5], ["perturbation/m/positive/target/curve", 1, 0.5, 0.25]]
     written = load(write_metrics_json(results, tmp_path / "metrics.json"))
-    assert list(written) == sorted(results) and written["cdam_analysis/x"] is None
+    assert list(written) == sorted(results) and written["cdam_analysis/sparsity/x"] is None
 
 
 def test_wrong_data_path_is_a_clear_error(tmp_path):
