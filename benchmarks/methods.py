@@ -266,7 +266,7 @@ def run_worker(spec: dict) -> dict:
         depth = adapter_for(model).depth
         start_layer = getattr(method, "start_layer", None)
         if start_layer is None and hasattr(method, "default_start_layers"):
-            start_layer = method.default_start_layers[0]      # the image default (None: per modality)
+            start_layer = method.default_start_layers["vit"]  # the image default (None: per layout)
         if isinstance(start_layer, int) and not -depth <= start_layer < depth:
             # only on the tiny smoke-test model: a default start_layer beyond its depth becomes its last block
             method = build_method(name, start_layer=depth - 1)

@@ -3,18 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from .adapters import PatchGrid
 from .base import AttributionMethod
 from .registry import register_method
 from .targets import resolve_target
-
-
-def ablated_positions(layout, num_positions: int, device) -> torch.Tensor:
-    """The positions that are removed one at a time: the content positions (patches for images; for
-    sequences every position that is content in some sample of the batch)."""
-    if isinstance(layout, PatchGrid):
-        return torch.arange(num_positions, device=device)[layout.content]
-    return layout.content.any(dim=0).nonzero().flatten().to(device)
 
 
 @register_method("token_ablation")
@@ -43,7 +34,7 @@ class TokenAblation(AttributionMethod):
         clean = logits.gather(1, target[:, None])
         batch, n, _ = hidden.shape
         layout = adapter.layout(inputs)
-        positions = ablated_positions(layout, n, hidden.device)
+        positions = layout.batch_content_positions(n, hidden.device)   # every content position of the batch
         result = torch.zeros(batch, n, dtype=logits.dtype, device=logits.device)
         per_forward = max(1, self.batch_size // batch)
         for start in range(0, len(positions), per_forward):
@@ -52,7 +43,5 @@ class TokenAblation(AttributionMethod):
             out = adapter.head(adapter.run_blocks(shortened, short_context), short_context)
             out = out.unflatten(0, (batch, len(removed)))
             result[:, removed] = clean - out.gather(2, target[:, None, None].expand(-1, len(removed), 1))[..., 0]
-        if not isinstance(layout, PatchGrid):
-            # a position removed for the batch may be a special token or padding of some sample: 0 there
-            result = result * layout.content.to(device=result.device, dtype=result.dtype)
-        return layout.output(result)
+        # a position removed for the batch may be a special token or padding of some sample: 0 there
+        return layout.output(layout.content_scores(result))

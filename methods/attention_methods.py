@@ -32,6 +32,7 @@ class RawAttention(AttributionMethod):
     """
 
     class_specific = False
+    layer_options = ("layer",)
 
     def __init__(self, layer: int = -1, readout: str = "auto", class_token_score: str = "auto"):
         self.layer = layer
@@ -39,7 +40,7 @@ class RawAttention(AttributionMethod):
         self.class_token_score = check_class_token_score(class_token_score)
 
     def attribute(self, adapter, inputs, target):
-        layer = check_start_layer(self.layer, adapter.depth, self.name)
+        layer = check_start_layer(self.layer, adapter, self.name, "layer")
         with ActivationRecorder() as rec, torch.no_grad():
             adapter.record_attention(rec, layer, "attn")
             adapter.forward(inputs, grad_from_block=adapter.depth)
@@ -63,6 +64,7 @@ class Rollout(AttributionMethod):
     """
 
     class_specific = False
+    layer_options = ("start_layer",)
 
     def __init__(self, start_layer: int = 0, row_normalize: bool = True, readout: str = "auto",
                  class_token_score: str = "auto"):
@@ -73,7 +75,7 @@ class Rollout(AttributionMethod):
 
     def rollout_matrix(self, adapter, inputs) -> Tensor:
         """The rolled-out ``[B, N, N]`` matrix (before the read-out)."""
-        start = check_start_layer(self.start_layer, adapter.depth, self.name)
+        start = check_start_layer(self.start_layer, adapter, self.name)
         layers = range(start, adapter.depth)
         with ActivationRecorder() as rec, torch.no_grad():
             for layer in layers:

@@ -1,6 +1,8 @@
 """The call shape every attribution method shares: ``method(model, inputs, target=None, sample_ids=None)``."""
 from __future__ import annotations
 
+from typing import Tuple
+
 from torch import Tensor, nn
 
 from .adapters import ModelAdapter, ModelInputs, TokenSequence, adapter_for
@@ -31,9 +33,12 @@ class AttributionMethod:
 
     name: str = "?"
     class_specific: bool = True
+    #: options holding a 0-based block index (negative values count from the end), checked against the depth
+    layer_options: Tuple[str, ...] = ()
 
     def __call__(self, model: nn.Module, inputs, target: TargetType = None, sample_ids=None) -> Tensor:
         adapter = adapter_for(model)
+        self.check_adapter(adapter)
         batch = adapter.prepare_inputs(inputs, sample_ids=sample_ids)
         with preserved_model_state(model), adapter.eager_attention():
             scores = self.attribute(adapter, batch, target)
@@ -41,6 +46,19 @@ class AttributionMethod:
         if isinstance(layout, TokenSequence) and scores.dim() == 2:
             scores = layout.output(scores)  # padding exactly 0, whatever the method computed there
         return scores.detach().to(dtype=batch.score_dtype, device=batch.device)
+
+    def check(self, model: nn.Module) -> None:
+        """Whether this method's options fit ``model``, before any batch (the evaluation module calls it right
+        after loading the model; every call checks again): ``ValueError`` naming the method, the option and the
+        model otherwise (:meth:`check_adapter`)."""
+        self.check_adapter(adapter_for(model))
+
+    def check_adapter(self, adapter: ModelAdapter) -> None:
+        """Every block index of :attr:`layer_options` within ``[-depth, depth)``; a subclass adds the options
+        that need a capability the adapter declares (a flag of :class:`~methods.adapters.ModelAdapter`)."""
+        for option in self.layer_options:
+            if getattr(self, option) is not None:
+                check_start_layer(getattr(self, option), adapter, self.name, option)
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
         """Raw scores of ``inputs`` (validated by the adapter) for ``target``; see :meth:`__call__`."""
@@ -51,8 +69,11 @@ class AttributionMethod:
         return f"{type(self).__name__}({opts})"
 
 
-def check_start_layer(start_layer: int, depth: int, name: str) -> int:
-    """Validate a 0-based ``start_layer`` (negative values count from the end, -1 = last block only)."""
+def check_start_layer(start_layer: int, adapter: ModelAdapter, name: str, option: str = "start_layer") -> int:
+    """Validate a 0-based block index (negative values count from the end, -1 = the last block) of method
+    ``name``'s ``option`` on ``adapter``'s model; the index from the front."""
+    depth = adapter.depth
     if not -depth <= start_layer < depth:
-        raise ValueError(f"{name}: start_layer={start_layer} is outside a model with {depth} blocks")
+        raise ValueError(f"{name}: {option}={start_layer} is outside {type(adapter.model).__name__} with {depth} "
+                         f"blocks (valid: {-depth} to {depth - 1}, negative values count from the end)")
     return start_layer % depth

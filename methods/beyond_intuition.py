@@ -13,8 +13,7 @@ from torch import Tensor
 from .adapters import ActivationRecorder, ModelInputs
 from .attention_gradients import attention_and_gradients, check_gradient_of, target_score
 from .base import AttributionMethod, check_start_layer
-from .readout import (check_class_token_score, check_readout, is_sequence, read_out, real_positions,
-                      set_class_token_score)
+from .readout import check_class_token_score, check_readout, read_out, set_class_token_score
 from .registry import register_method
 from .rollout import accumulate_residual
 from .targets import resolve_target
@@ -90,8 +89,9 @@ class _BeyondIntuition(AttributionMethod):
     ``R[:, 0, 0] = 0``), ``keep``; ``include_padding`` (head-wise weights) as for ``gradcam``.
     """
 
-    #: 0-based start layer by default: (images, sequences as an offset from the end)
-    default_start_layers = (0, -1)
+    #: 0-based start layer by default, by the layout's reference code (``Layout.reference``); a negative one
+    #: counts from the end and is clipped to the model (the last four blocks of a 3-block model are all three)
+    default_start_layers = {"vit": 0, "bert": -1}
     #: ``ig_batch_size="auto"`` on the CPU: the attention-map bytes one integrated-gradient forward may hold
     IG_AUTO_ATTENTION_BYTES = 16 * 2**20
 
@@ -125,18 +125,10 @@ class _BeyondIntuition(AttributionMethod):
             return int(self.ig_batch_size) if self.ig_batch_size is not None else (self.steps - 1) * inputs.batch_size
         if inputs.device.type != "cpu":
             return (self.steps - 1) * inputs.batch_size
-        tokens = self._tokens(adapter, inputs)
+        tokens = adapter.layout(inputs).num_positions
         itemsize = torch.finfo(inputs.score_dtype).bits // 8
         per_sequence = adapter.num_heads * tokens * tokens * itemsize
         return max(1, self.IG_AUTO_ATTENTION_BYTES // per_sequence)
-
-    @staticmethod
-    def _tokens(adapter, inputs) -> int:
-        """Positions per sequence, from the layout: the sequence length, or the patches plus prefix tokens."""
-        layout = adapter.layout(inputs)
-        if is_sequence(layout):
-            return int(layout.attention_mask.shape[1])
-        return int(layout.rows * layout.cols + layout.prefix)
 
     def _last_attention_gradients(self, adapter, inputs, target: Tensor):
         """Sum over the α_k < 1 of ``∇A_{L-1}(α_k x)``, batched over steps and samples: each forward takes at
@@ -166,19 +158,22 @@ class _BeyondIntuition(AttributionMethod):
             parts.append(total)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def resolved_start_layer(self, adapter, layout) -> int:
-        """The 0-based first block: ``start_layer``, or the modality's default (for sequences clipped to the
-        model: the last four blocks of a 3-block model are all three)."""
+    def resolved_start_layer(self, adapter) -> int:
+        """The 0-based first block: ``start_layer``, or the default of the model's layout
+        (:attr:`default_start_layers`)."""
         if self.start_layer is not None:
-            return check_start_layer(self.start_layer, adapter.depth, self.name)
-        image_default, sequence_default = self.default_start_layers
-        if is_sequence(layout):
-            return max(adapter.depth + sequence_default, 0)
-        return check_start_layer(image_default, adapter.depth, self.name)
+            return check_start_layer(self.start_layer, adapter, self.name)
+        default = self.default_start_layers[adapter.layout_class.reference]
+        if default < 0:
+            return max(adapter.depth + default, 0)
+        return check_start_layer(default, adapter, self.name, "start_layer (default)")
+
+    def check_adapter(self, adapter) -> None:
+        self.resolved_start_layer(adapter)
 
     def attribute(self, adapter, inputs, target):
         layout = adapter.layout(inputs)
-        start = self.resolved_start_layer(adapter, layout)
+        start = self.resolved_start_layer(adapter)
         updates, last_grad, target = self.perception_pass(adapter, inputs, target, start)
         perception = accumulate_residual(updates)
         if not self.reasoning_feedback:
@@ -200,15 +195,15 @@ class BeyondIntuitionHead(_BeyondIntuition):
         + _BeyondIntuition.__doc__
     )
 
-    default_start_layers = (3, -1)
+    default_start_layers = {"vit": 3, "bert": -1}
 
     def perception_pass(self, adapter, inputs, target, start):
         layers = list(range(start, adapter.depth))
         attns, grads, _, target = attention_and_gradients(adapter, inputs, target, layers, self.gradient_of)
         layout = adapter.layout(inputs)
-        positions = None
-        if is_sequence(layout) and not self.include_padding:
-            positions = real_positions(layout, attns[0])
+        positions = None   # all N x N entries; padding (a layout's flag) is left out unless include_padding
+        if layout.has_padding and not self.include_padding:
+            positions = layout.real_positions(attns[0])
         updates = [attention_perception_headwise(a, g, positions) for a, g in zip(attns, grads)]
         return updates, grads[-1], target
 
@@ -234,7 +229,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
     VALUE_SOURCES = ("attention_input", "post_attention")
     DENOMINATOR_ALIASES = {"norm1_output": "attention_input"}
 
-    default_start_layers = (6, -4)
+    default_start_layers = {"vit": 6, "bert": -4}
 
     def __init__(self, start_layer: Optional[int] = None, token_scale_denominator: str = "block_input",
                  token_scale_values: str = "attention_input", **options):
@@ -248,21 +243,19 @@ class BeyondIntuitionToken(_BeyondIntuition):
         self.token_scale_denominator = token_scale_denominator
         self.token_scale_values = token_scale_values
 
-    def _record_values(self, adapter):
-        """The adapter's recorder of the scale's value projection (``token_scale_values``)."""
-        if self.token_scale_values == "attention_input":
-            return adapter.record_values
-        record = getattr(adapter, "record_post_attention_values", None)
-        if record is None:
-            raise ValueError(f"token_scale_values='post_attention' (BI's CLIP code) needs an adapter that records "
-                             f"post-attention values (the CLIP towers); {type(adapter).__name__} does not")
-        return record
+    def check_adapter(self, adapter) -> None:
+        super().check_adapter(adapter)
+        if self.token_scale_values == "post_attention" and not adapter.records_post_attention_values:
+            raise ValueError(f"{self.name}: token_scale_values='post_attention' (BI's CLIP code) needs a model whose "
+                             f"adapter records post-attention values (the CLIP towers); {type(adapter.model).__name__} "
+                             f"({adapter.family}) does not")
 
     def perception_pass(self, adapter, inputs, target, start):
         last = adapter.depth - 1
         layers = list(range(start, adapter.depth))
         use_attention_input = self.token_scale_denominator == "attention_input"
-        record_values = self._record_values(adapter)
+        record_values = (adapter.record_values if self.token_scale_values == "attention_input"
+                         else adapter.record_post_attention_values)
         with ActivationRecorder() as rec:
             for layer in layers:
                 adapter.record_block_input(rec, layer, ("z", layer))

@@ -13,8 +13,7 @@ from torch import Tensor
 from .adapters import ActivationRecorder
 from .attention_gradients import attention_and_gradients
 from .base import AttributionMethod, check_start_layer
-from .readout import (check_class_token_score, check_readout, is_sequence, mean_over_content, read_out,
-                      real_positions, set_class_token_score)
+from .readout import check_class_token_score, check_readout, read_out, set_class_token_score
 from .registry import register_method
 from .rollout import accumulate_residual
 from .targets import class_score, resolve_target
@@ -50,6 +49,9 @@ class AttentionGradCAM(AttributionMethod):
     """
 
     GRADIENT_MEANS = ("auto", "readout_row", "matrix")
+    #: ``gradient_mean="auto"`` by the layout's reference code (``Layout.reference``)
+    AUTO_GRADIENT_MEAN = {"vit": "readout_row", "bert": "matrix"}
+    layer_options = ("layer",)
 
     def __init__(self, layer: int = -1, readout: str = "auto", gradient_mean: str = "auto",
                  include_padding: bool = False, minmax: bool = False, class_token_score: str = "auto"):
@@ -63,17 +65,12 @@ class AttentionGradCAM(AttributionMethod):
         self.class_token_score = check_class_token_score(class_token_score)
 
     def attribute(self, adapter, inputs, target):
-        layer = check_start_layer(self.layer, adapter.depth, self.name)
+        layer = check_start_layer(self.layer, adapter, self.name, "layer")
         (attn,), (grad,), _, _ = attention_and_gradients(adapter, inputs, target, [layer])
         layout = adapter.layout(inputs)
-        mode = self.gradient_mean
-        if mode == "auto":
-            mode = "matrix" if is_sequence(layout) else "readout_row"
+        mode = self.AUTO_GRADIENT_MEAN[layout.reference] if self.gradient_mean == "auto" else self.gradient_mean
         if mode == "matrix":
-            if is_sequence(layout):
-                positions = real_positions(layout, grad, self.include_padding)
-            else:
-                positions = torch.ones(grad.shape[0], grad.shape[-1], dtype=torch.bool, device=grad.device)
+            positions = layout.real_positions(grad, self.include_padding)
             pairs = (positions[:, :, None] & positions[:, None, :])[:, None].to(grad.dtype)   # [B, 1, N, N]
             weights = (grad * pairs).sum(dim=(-1, -2)) / pairs.sum(dim=(-1, -2))             # [B, H]
             cam = (attn * weights[..., None, None]).mean(dim=1).clamp(min=0)                  # [B, N, N]
@@ -85,15 +82,10 @@ class AttentionGradCAM(AttributionMethod):
             row = read_out(cam, adapter, inputs, self.readout, layout)
         else:
             attn_rows = read_out(attn, adapter, inputs, self.readout, layout)                   # [B, H, N]
-            weights = mean_over_content(read_out(grad, adapter, inputs, self.readout, layout), layout)  # [B, H]
+            weights = layout.mean_over_content(read_out(grad, adapter, inputs, self.readout, layout))  # [B, H]
             row = (attn_rows * weights[..., None]).mean(dim=1).clamp(min=0)
             if self.minmax:
-                content = layout.content
-                if isinstance(content, slice):
-                    inside = torch.zeros_like(row, dtype=torch.bool)
-                    inside[:, content] = True
-                else:
-                    inside = content.to(row.device)
+                inside = layout.content_positions(row)
                 low = row.masked_fill(~inside, float("inf")).amin(dim=-1, keepdim=True)
                 high = row.masked_fill(~inside, float("-inf")).amax(dim=-1, keepdim=True)
                 row = (row - low) / (high - low)
@@ -129,6 +121,8 @@ class GenericAttribution(AttributionMethod):
     (the [CLS]->[CLS] entry set to 0, as BI's BERT code does), ``keep``.
     """
 
+    layer_options = ("start_layer",)
+
     def __init__(self, start_layer: int = 0, head_reduction: str = "clamp_then_mean", readout: str = "auto",
                  class_token_score: str = "auto"):
         if head_reduction not in HEAD_REDUCTIONS:
@@ -139,7 +133,7 @@ class GenericAttribution(AttributionMethod):
         self.class_token_score = check_class_token_score(class_token_score)
 
     def attribute(self, adapter, inputs, target):
-        start = check_start_layer(self.start_layer, adapter.depth, self.name)
+        start = check_start_layer(self.start_layer, adapter, self.name)
         attns, grads, _, _ = attention_and_gradients(adapter, inputs, target, range(start, adapter.depth))
         relevance = accumulate_residual([generic_update(a, g, self.head_reduction) for a, g in zip(attns, grads)])
         layout = adapter.layout(inputs)

@@ -13,7 +13,6 @@ import hashlib
 import torch
 from torch import Tensor
 
-from .adapters import PatchGrid
 from .base import AttributionMethod
 from .registry import register_method
 
@@ -46,17 +45,12 @@ class RandomBaseline(AttributionMethod):
 
     def attribute(self, adapter, inputs, target) -> Tensor:
         layout = adapter.layout(inputs)
-        if isinstance(layout, PatchGrid):
-            count = layout.rows * layout.cols
-        else:
-            count = layout.attention_mask.shape[-1]
+        count = layout.num_scores
         if inputs.sample_ids is not None:
             scores = random_token_scores(inputs.sample_ids, count, self.seed)
         else:
             name = next(iter(inputs.tensors))
-            samples = list(inputs[name])
-            if not isinstance(layout, PatchGrid):   # the real tokens only: padding does not change the seed
-                samples = [s[m.bool()] for s, m in zip(samples, layout.attention_mask)]
+            samples = layout.without_padding(inputs[name])   # padding does not change the seed
             scores = torch.stack([
                 seeded_uniform(f"{self.seed}:pixels:".encode() + sample.detach().cpu().float().numpy().tobytes(),
                                count)

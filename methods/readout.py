@@ -47,8 +47,8 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
 
     * ``class_token``: row 0 (exactly ``matrix[..., 0, :]``);
     * ``position``: each sample's read-out position (``adapter.context(inputs).readout_positions``);
-    * ``mean_content``: the mean over the content rows (``layout.content``: a slice for images, a per-sample
-      mask for text, where padding and special tokens are left out);
+    * ``mean_content``: the mean over the content rows (``layout.mean_over_content_rows``: for text the mask
+      of each sample's content, where padding and special tokens are left out);
     * ``auto``: the model's own read-out (:func:`resolve_readout`).
     """
     kind = resolve_readout(adapter, readout)
@@ -58,23 +58,7 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
         positions = adapter.context(inputs).readout_positions.to(matrix.device)
         index = positions.reshape((-1,) + (1,) * (matrix.dim() - 2)).expand(matrix.shape[:-2] + (1,))
         return matrix.gather(-2, index[..., None].expand(matrix.shape[:-2] + (1, matrix.shape[-1])))[..., 0, :]
-    content = (layout or adapter.layout(inputs)).content
-    if isinstance(content, slice):
-        return matrix[..., content, :].mean(dim=-2)
-    weights = content.to(device=matrix.device, dtype=matrix.dtype)
-    weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1)
-    weights = weights.reshape(weights.shape[:1] + (1,) * (matrix.dim() - 3) + weights.shape[1:] + (1,))
-    return (matrix * weights).sum(dim=-2)
-
-
-def mean_over_content(values: Tensor, layout: Layout) -> Tensor:
-    """Mean of ``values`` ``[B, ..., N]`` over the content positions of the last dimension: ``[B, ...]``."""
-    content = layout.content
-    if isinstance(content, slice):
-        return values[..., content].mean(dim=-1)
-    weights = content.to(device=values.device, dtype=values.dtype)
-    weights = weights.reshape(weights.shape[:1] + (1,) * (values.dim() - 2) + weights.shape[1:])
-    return (values * weights).sum(dim=-1) / weights.sum(dim=-1).clamp_min(1)
+    return (layout or adapter.layout(inputs)).mean_over_content_rows(matrix)
 
 
 def identity_like(batch: int, tokens: int, like: Tensor) -> Tensor:
@@ -97,13 +81,6 @@ def is_sequence(layout: Layout) -> bool:
     return isinstance(layout, TokenSequence)
 
 
-def real_positions(layout: Layout, like: Tensor, include_padding: bool = False) -> Tensor:
-    """Bool ``[B, N]``: the positions that enter per-sample statistics (means, minima) of a sequence: the real
-    tokens, or every position with ``include_padding`` (what the authors' batch-1 code does on a padded input)."""
-    mask = layout.attention_mask.to(device=like.device).bool()
-    return torch.ones_like(mask) if include_padding else mask
-
-
 def set_class_token_score(scores: Tensor, adapter: ModelAdapter, layout: Layout, mode: str, auto: str,
                           include_padding: bool = False) -> Tensor:
     """The [CLS] entry (position 0) of a read-out row ``[B, N]`` of a sequence read at [CLS]: kept (``keep``),
@@ -111,14 +88,14 @@ def set_class_token_score(scores: Tensor, adapter: ModelAdapter, layout: Layout,
     Beyond Intuition's for all) or to the row minimum (``row_min``: TE's BERT Transformer Attribution,
     ``J[:, 0, 0] = J[:, 0].min()``, the minimum over the real positions of the row, [CLS] included; every
     position with ``include_padding``). ``auto``: the method's default ``auto``. Images: unchanged (the [CLS]
-    column is not part of the output)."""
+    column is not part of the output: ``layout.reports_class_token``)."""
     mode = auto if check_class_token_score(mode) == "auto" else mode
-    if not is_sequence(layout) or adapter.readout != "class_token" or mode == "keep":
+    if not layout.reports_class_token or adapter.readout != "class_token" or mode == "keep":
         return scores
     scores = scores.clone()
     if mode == "zero":
         scores[:, 0] = 0
     else:
-        positions = real_positions(layout, scores, include_padding)
+        positions = layout.real_positions(scores, include_padding)
         scores[:, 0] = scores.masked_fill(~positions, float("inf")).min(dim=1).values
     return scores

@@ -16,9 +16,10 @@ from __future__ import annotations
 from torch import Tensor
 
 from .base import AttributionMethod, check_start_layer
-from .lrp import LRPEngine
+from .lrp import TOPOLOGIES, LRPEngine
 from .lrp.hf_text import INPUT_POINTS
 from .lrp.rules import get_rules
+from .lrp.topology import Topology
 from .readout import check_class_token_score, check_readout, is_sequence, read_out, set_class_token_score
 from .registry import register_method
 from .rollout import rollout_readout
@@ -75,7 +76,8 @@ class FullLRP(_LRPMethod):
     output; TE never propagates into the embeddings) summed over the hidden dimension: ``[B, N]`` (not a pixel
     map), with the [CLS] entry set to 0 (``class_token_score``: ``auto`` = ``zero``, or ``keep``).
     ``text_input="word_embeddings"`` continues through the embedding sum (Add rules) to the word embeddings'
-    share (the position and token-type shares dropped); default ``"encoder_input"`` (the reference).
+    share (the position and token-type shares dropped); default ``"encoder_input"`` (the reference). Another
+    value on a model whose topology has no such input point (the images) is an error naming the model.
     """
 
     default_rules = "orig"
@@ -85,6 +87,13 @@ class FullLRP(_LRPMethod):
         if text_input not in INPUT_POINTS:
             raise ValueError(f"lrp: text_input must be one of {INPUT_POINTS}, got {text_input!r}")
         self.text_input = text_input
+
+    def check_adapter(self, adapter) -> None:
+        topology = TOPOLOGIES.get(type(adapter), Topology)
+        if self.text_input != "encoder_input" and self.text_input not in topology.input_points:
+            raise ValueError(f"{self.name}: text_input={self.text_input!r} needs a model whose LRP topology stops at "
+                             f"its word embeddings (the text families); {type(adapter.model).__name__} "
+                             f"({adapter.family}) has none")
 
     def attribute(self, adapter, inputs, target) -> Tensor:
         res = LRPEngine(self.rules, input_point=self.text_input).run(adapter, inputs, target, to_input=True)
@@ -140,6 +149,9 @@ class TransformerAttribution(_LRPMethod):
     """
 
     default_class_token_score = "row_min"
+    layer_options = ("start_layer",)
+    #: ``row_normalize=None`` by the layout's reference code (``Layout.reference``)
+    AUTO_ROW_NORMALIZE = {"vit": False, "bert": True}
 
     def __init__(self, start_layer: int = 0, row_normalize: bool = None, rules: str = None, readout: str = "auto",
                  class_token_score: str = "auto", include_padding: bool = False):
@@ -149,14 +161,14 @@ class TransformerAttribution(_LRPMethod):
         self.include_padding = bool(include_padding)
 
     def attribute(self, adapter, inputs, target) -> Tensor:
-        start = check_start_layer(self.start_layer, adapter.depth, self.name)
+        start = check_start_layer(self.start_layer, adapter, self.name)
         layers = list(range(start, adapter.depth))
         res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers, grad_layers=layers,
                                         cam_reduce=_relevance_times_gradient)
         mats = [res.attn_cam[l] for l in layers]
         normalize = self.row_normalize
         if normalize is None:
-            normalize = is_sequence(adapter.layout(inputs))
+            normalize = self.AUTO_ROW_NORMALIZE[adapter.layout(inputs).reference]
         return self._read_out_rollout(mats, normalize, adapter, inputs, self.include_padding)
 
 
@@ -167,6 +179,8 @@ class LRPRollout(_LRPMethod):
     ``start_layer`` 0-based (default 0), ``rules`` default ``"ours"`` (the reference runs it on ViT_LRP).
     Sequences: ``class_token_score`` ``auto`` = ``zero``."""
 
+    layer_options = ("start_layer",)
+
     def __init__(self, start_layer: int = 0, row_normalize: bool = False, rules: str = None, readout: str = "auto",
                  class_token_score: str = "auto"):
         super().__init__(rules, readout, class_token_score)
@@ -174,7 +188,7 @@ class LRPRollout(_LRPMethod):
         self.row_normalize = row_normalize
 
     def attribute(self, adapter, inputs, target) -> Tensor:
-        start = check_start_layer(self.start_layer, adapter.depth, self.name)
+        start = check_start_layer(self.start_layer, adapter, self.name)
         layers = list(range(start, adapter.depth))
         res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers,
                                         cam_reduce=lambda _layer, cam, _grad: cam.clamp_(min=0).mean(dim=1))

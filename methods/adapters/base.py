@@ -78,16 +78,25 @@ def check_sample_ids(sample_ids, batch_size: int) -> Optional[Tensor]:
 
 
 # ------------------------------------------------------------------------------------------ layouts
+# Both layouts answer the same questions (methods never ask which one they hold); ``like`` is a tensor whose
+# first dimension is the batch and last the positions, giving device (and shape where the layout has none).
 @dataclass(frozen=True)
 class PatchGrid:
     """Image tokens: ``prefix`` special tokens ([CLS], registers), then a row-major ``rows x cols`` patch grid.
 
-    Content positions are ``prefix:``; a method's output is ``[B, rows * cols]``.
+    Content positions are ``prefix:``; a method's output is ``[B, rows * cols]``. No padding.
     """
 
     rows: int
     cols: int
     prefix: int
+
+    #: whose reference code the methods' per-modality defaults follow (the authors' ViT code)
+    reference = "vit"
+    #: whether some positions of a sample can be padding (left out of per-sample statistics)
+    has_padding = False
+    #: whether a method's output holds the class token's position
+    reports_class_token = False
 
     @property
     def grid(self) -> Tuple[int, int]:
@@ -97,27 +106,108 @@ class PatchGrid:
     def content(self) -> slice:
         return slice(self.prefix, None)
 
+    @property
+    def num_positions(self) -> int:
+        """``N``: the positions the blocks see."""
+        return self.rows * self.cols + self.prefix
+
+    @property
+    def num_scores(self) -> int:
+        """The width of a method's output (``P`` patches)."""
+        return self.rows * self.cols
+
     def output(self, scores: Tensor) -> Tensor:
         """Per-position scores ``[..., N]`` -> the method's output ``[..., P]`` (patch positions only)."""
         return scores[..., self.prefix:]
+
+    def real_positions(self, like: Tensor, include_padding: bool = False) -> Tensor:
+        """Bool ``[B, N]``: the positions of per-sample statistics (means, minima): all of them."""
+        return torch.ones(like.shape[0], like.shape[-1], dtype=torch.bool, device=like.device)
+
+    def content_positions(self, like: Tensor) -> Tensor:
+        """Bool ``[B, N]``: the content positions (the patches)."""
+        inside = torch.zeros(like.shape[0], like.shape[-1], dtype=torch.bool, device=like.device)
+        inside[:, self.content] = True
+        return inside
+
+    def batch_content_positions(self, num_positions: int, device) -> Tensor:
+        """The indices of the positions that are content in some sample of the batch (the patches)."""
+        return torch.arange(num_positions, device=device)[self.content]
+
+    def content_scores(self, scores: Tensor) -> Tensor:
+        """``scores`` ``[B, N]`` with what is not content of its sample at 0 among the positions :meth:`output`
+        keeps: unchanged (it keeps the patches only)."""
+        return scores
+
+    def without_padding(self, values: Tensor) -> List[Tensor]:
+        """Each sample's values ``[N, ...]`` at its real positions: all of them."""
+        return list(values)
+
+    def mean_over_content(self, values: Tensor) -> Tensor:
+        """Mean of ``values`` ``[B, ..., N]`` over the content positions of the last dimension: ``[B, ...]``."""
+        return values[..., self.content].mean(dim=-1)
+
+    def mean_over_content_rows(self, matrix: Tensor) -> Tensor:
+        """Mean of ``matrix`` ``[B, ..., N, N]`` over its content rows: ``[B, ..., N]``."""
+        return matrix[..., self.content, :].mean(dim=-2)
 
 
 @dataclass(frozen=True)
 class TokenSequence:
     """Text tokens: ``attention_mask`` ``[B, N]`` (1 real, 0 padding) and ``content_mask`` ``[B, N]`` (bool, the
     real tokens that are not special tokens). A method's output is ``[B, N]``, aligned with the input
-    positions, exactly 0 at padding; special tokens keep their scores."""
+    positions, exactly 0 at padding; special tokens keep their scores. Members as :class:`PatchGrid`'s."""
 
     attention_mask: Tensor
     content_mask: Tensor
+
+    #: the authors' BERT code
+    reference = "bert"
+    has_padding = True
+    reports_class_token = True
 
     @property
     def content(self) -> Tensor:
         return self.content_mask
 
+    @property
+    def num_positions(self) -> int:
+        return int(self.attention_mask.shape[-1])
+
+    num_scores = num_positions
+
     def output(self, scores: Tensor) -> Tensor:
         mask = self.attention_mask.to(dtype=torch.bool, device=scores.device)
         return scores.masked_fill(~mask.reshape(mask.shape[:1] + (1,) * (scores.dim() - 2) + mask.shape[1:]), 0)
+
+    def real_positions(self, like: Tensor, include_padding: bool = False) -> Tensor:
+        """The real tokens, or every position with ``include_padding`` (what the authors' batch-1 code does on
+        a padded input)."""
+        mask = self.attention_mask.to(device=like.device).bool()
+        return torch.ones_like(mask) if include_padding else mask
+
+    def content_positions(self, like: Tensor) -> Tensor:
+        return self.content_mask.to(like.device)
+
+    def batch_content_positions(self, num_positions: int, device) -> Tensor:
+        return self.content_mask.any(dim=0).nonzero().flatten().to(device)
+
+    def content_scores(self, scores: Tensor) -> Tensor:
+        return scores * self.content_mask.to(device=scores.device, dtype=scores.dtype)
+
+    def without_padding(self, values: Tensor) -> List[Tensor]:
+        return [v[m.bool()] for v, m in zip(values, self.attention_mask)]
+
+    def mean_over_content(self, values: Tensor) -> Tensor:
+        weights = self.content_mask.to(device=values.device, dtype=values.dtype)
+        weights = weights.reshape(weights.shape[:1] + (1,) * (values.dim() - 2) + weights.shape[1:])
+        return (values * weights).sum(dim=-1) / weights.sum(dim=-1).clamp_min(1)
+
+    def mean_over_content_rows(self, matrix: Tensor) -> Tensor:
+        weights = self.content_mask.to(device=matrix.device, dtype=matrix.dtype)
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1)
+        weights = weights.reshape(weights.shape[:1] + (1,) * (matrix.dim() - 3) + weights.shape[1:] + (1,))
+        return (matrix * weights).sum(dim=-2)
 
 
 Layout = Union[PatchGrid, TokenSequence]
@@ -159,7 +249,11 @@ class ModelAdapter(abc.ABC):
     Structure: ``depth`` blocks of ``num_heads`` attention heads and hidden width ``width``; ``readout`` (one of
     :data:`READOUT_KINDS`); ``pre_norm`` (``True``: a block computes ``x + attn(norm(x))``; ``False``, post-norm
     as in BERT: ``norm(x + attn(x))``). ``modality``: what the model reads (``image``: pixel values; ``text``:
-    token ids), which says how an evaluation feeds and perturbs its inputs.
+    token ids), which says how an evaluation feeds and perturbs its inputs (``evaluation.classifier``);
+    ``layout_class``: the class of :meth:`layout`'s answers.
+
+    Optional capabilities are members with a flag (default ``False``); a method whose options need one checks
+    the flag before any batch (``AttributionMethod.check``) and names the model and the option.
     """
 
     #: a human-readable name of the family, used in error messages
@@ -167,6 +261,9 @@ class ModelAdapter(abc.ABC):
     readout: str = "class_token"
     pre_norm: bool = True
     modality: str = "image"
+    layout_class: Type[Layout] = PatchGrid
+    #: capability: :meth:`record_post_attention_values`
+    records_post_attention_values: bool = False
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -287,6 +384,12 @@ class ModelAdapter(abc.ABC):
     @abc.abstractmethod
     def record_block_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
         """Record the residual stream entering block ``layer``."""
+
+    def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key) -> None:
+        """Record the value projection ``[B, N, D]`` of the block's first norm applied to the residual stream
+        after the attention sub-layer (Beyond Intuition's CLIP token scale); only where
+        :attr:`records_post_attention_values`."""
+        raise NotImplementedError(f"{self.family} does not record post-attention values")
 
     @abc.abstractmethod
     def attention_linears(self, layer: int) -> AttentionLinears: ...

@@ -63,6 +63,7 @@ class _HFCLIPTower(HFEncoderBlocks, ModelAdapter):
 
     tower = "?"
     pre_norm = True
+    records_post_attention_values = True
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
@@ -253,6 +254,7 @@ class HFCLIPTextAdapter(_HFCLIPTower):
     family = "transformers CLIPModel text tower (PromptScorer)"
     tower = "text"
     readout = "position"
+    layout_class = TokenSequence
 
     def projection(self) -> nn.Linear:
         return self.clip.text_projection

@@ -60,6 +60,7 @@ class HFTextAdapter(HFEncoderBlocks, ModelAdapter):
     pre_norm = False
     modality = "text"
     readout = "class_token"
+    layout_class = TokenSequence
     #: the model class (a name in ``transformers``) and the attribute holding its encoder
     model_class = "?"
     base_attr = "?"

@@ -44,9 +44,8 @@ class LRPEngine:
     def topology(self, adapter: ModelAdapter):
         """The family's topology, with this engine's options."""
         topology = topology_for(adapter)
-        if hasattr(topology, "mask_value"):   # text families: the mask in the Add rule, where full LRP stops
-            topology.mask_value = self.mask_value
-            topology.input_point = self.input_point
+        topology.mask_value = self.mask_value
+        topology.input_point = self.input_point
         return topology
 
     def run(self, adapter: ModelAdapter, inputs: ModelInputs, target=None, cam_layers: Sequence[int] = (),

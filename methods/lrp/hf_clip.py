@@ -136,8 +136,7 @@ class HFCLIPVisionTopology(_CLIPTowerTopology):
 class HFCLIPTextTopology(_CLIPTowerTopology):
     """Relevance pass over CLIP's text tower (``PromptScorer``)."""
 
-    mask_value = "dtype_min"          # read by the engine (text families); unused: see the module docstring
-    input_point = "encoder_input"
+    input_points = INPUT_POINTS       # mask_value (the engine's) is unused: see the module docstring
 
     def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
                grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:

@@ -50,8 +50,7 @@ def additive_mask(attention_mask: Tensor, dtype: torch.dtype, mask_value: str) -
 class HFTextTopology(Topology):
     """Relevance pass over a stock text classifier through its :class:`~methods.adapters.HFTextAdapter`."""
 
-    mask_value = "dtype_min"
-    input_point = "encoder_input"
+    input_points = INPUT_POINTS
 
     @staticmethod
     def check(adapter: HFTextAdapter) -> None:

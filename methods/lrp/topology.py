@@ -1,7 +1,7 @@
 """Registry of LRP topologies: one per adapter class (model family)."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Type
+from typing import Callable, Dict, Tuple, Type
 
 TOPOLOGIES: Dict[type, Type] = {}
 
@@ -20,7 +20,16 @@ class Topology:
     A topology implements ``record(rec, blocks, to_input, grad_blocks, layer_outputs)``, ``head_relprop``,
     ``block_relprop`` and ``input_relprop`` (see :class:`methods.lrp.engine.LRPEngine`), mostly by calling the
     shared sub-layers of :mod:`methods.lrp.sublayers`.
+
+    Engine options (set by :class:`~methods.lrp.engine.LRPEngine` on every topology; a family without the
+    capability ignores them): ``mask_value``, the additive mask the Add rule sees at padded keys (families with
+    padding masks); ``input_point``, where full LRP stops: one of ``input_points`` (empty: the family has one
+    input, e.g. the pixels).
     """
+
+    mask_value = "dtype_min"
+    input_point = "encoder_input"
+    input_points: Tuple[str, ...] = ()
 
     @staticmethod
     def check(adapter) -> None:
