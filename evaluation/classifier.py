@@ -1,15 +1,19 @@
 """The one way the evaluation protocols classify (perturbed) inputs: :class:`Classifier` (images) and
 :class:`TextClassifier` (token sequences).
 
-The evaluation module builds one from its model and hands it to the callbacks in every ``test_step`` output
-(``outputs["classifier"]``); a callback never calls the module itself. Both have the same three calls, on the
-inputs their perturbers produce:
+The evaluation module builds one from its model (:func:`classifier_for`: the class of the model's modality, its
+adapter's ``modality``) and hands it to the callbacks in every ``test_step`` output (``outputs["classifier"]``);
+a callback never calls the module itself. Both have the same three calls, on the inputs their perturbers produce:
 
 * ``logits(inputs, batch_size=None)`` -> ``[M, C]``;
 * ``predict(inputs, batch_size=None)`` -> predicted classes ``[M]``;
 * ``probabilities(inputs, batch_size=None)`` -> softmax ``[M, C]`` (ERASER's faithfulness scores).
 
 ``batch_size`` inputs per forward (default: the classifier's ``batch_size``); gradients are never recorded.
+They also answer, for the evaluation module, what differs between the modalities: ``data_config()`` (what the
+data must know of the model), ``model_inputs(batch)`` (what the model and the methods read of a batch),
+``forward(inputs)`` (logits with autograd), ``num_samples(inputs)`` and ``take(inputs, index)`` (a part of the
+samples).
 """
 from __future__ import annotations
 
@@ -17,6 +21,9 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from methods.adapters import adapter_for
+from models.sources import load_tokenizer
 
 #: the token tensors a Hugging Face sequence classifier's ``forward`` takes (others in a batch are ignored)
 MODEL_TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -33,21 +40,22 @@ def model_logits(model: nn.Module, inputs: Any) -> Tensor:
 
 
 class _ChunkedClassifier:
-    """``logits`` / ``predict`` / ``probabilities`` from a subclass's ``_chunks`` and ``_forward``."""
+    """``logits`` / ``predict`` / ``probabilities`` from a subclass's ``_chunks`` and ``forward``."""
 
     batch_size: int = 64
 
     def _chunks(self, inputs: Any, step: int):
         raise NotImplementedError
 
-    def _forward(self, chunk: Any) -> Tensor:
+    def forward(self, inputs: Any) -> Tensor:
+        """The model's logits ``[M, C]`` of ``inputs`` in one forward (autograd as the caller has it)."""
         raise NotImplementedError
 
     @torch.no_grad()
     def logits(self, inputs: Any, batch_size: Optional[int] = None) -> Tensor:
         """Logits ``[M, C]`` of ``inputs`` (``batch_size`` per forward)."""
         step = int(batch_size or self.batch_size)
-        parts = [self._forward(chunk) for chunk in self._chunks(inputs, step)]
+        parts = [self.forward(chunk) for chunk in self._chunks(inputs, step)]
         if not parts:
             raise ValueError("no inputs to classify")
         return torch.cat(parts)
@@ -87,15 +95,58 @@ class Classifier(_ChunkedClassifier):
         self._mean = torch.tensor(mean).view(1, 3, 1, 1)
         self._std = torch.tensor(std).view(1, 3, 1, 1)
 
+    @classmethod
+    def from_model(cls, model: nn.Module, batch_size: int = 64, mean: Optional[Sequence[float]] = None,
+                   std: Optional[Sequence[float]] = None, **_other_modalities) -> "Classifier":
+        """The classifier of ``model`` normalising with ``mean`` / ``std``, by default the model's own
+        (:meth:`data_config`)."""
+        cfg = cls.data_config_of(model)
+        return cls(model, cfg["mean"] if mean is None else mean, cfg["std"] if std is None else std, batch_size)
+
+    @staticmethod
+    def data_config_of(model: nn.Module) -> Dict[str, Any]:
+        from timm.data import resolve_data_config
+
+        return resolve_data_config({}, model=model)
+
+    def data_config(self) -> Dict[str, Any]:
+        """timm's data config of the model (input size, interpolation, crop, mean/std: its ``pretrained_cfg``)."""
+        return self.data_config_of(self.model)
+
     def normalize(self, images: Tensor) -> Tensor:
         """[0, 1] images -> the model's input (``(x - mean) / std``)."""
         return (images - self._mean.to(images)) / self._std.to(images)
 
+    def model_inputs(self, batch: Mapping[str, Any]) -> Tensor:
+        """The normalised ``batch["image"]``; ``ValueError`` naming the samples (``batch["index"]``) that hold
+        NaN or Inf."""
+        if "image" not in batch:
+            raise KeyError(f"evaluation batches of an image classifier need 'image'; got keys {sorted(batch)}")
+        inputs = self.normalize(batch["image"])
+        if not bool(torch.isfinite(inputs).all()):
+            bad = ~torch.isfinite(inputs.flatten(1)).all(dim=1)
+            ids = batch["index"][bad] if isinstance(batch.get("index"), Tensor) else bad.nonzero().flatten()
+            many = len(ids) > 1
+            raise ValueError(f"sample{'s' if many else ''} {', '.join(str(int(i)) for i in ids)} (dataset index) "
+                             f"{'hold' if many else 'holds'} NaN or Inf pixel values: a corrupt or wrongly decoded "
+                             "image; fix or remove it (evaluate.py --resume continues a run after the fix)")
+        return inputs
+
+    @staticmethod
+    def num_samples(images: Tensor) -> int:
+        return int(images.shape[0])
+
+    @staticmethod
+    def take(images: Tensor, index) -> Tensor:
+        """The samples ``index`` (a slice or indices) of ``images``."""
+        return images[index]
+
     def _chunks(self, images: Tensor, step: int):
         return images.split(step)
 
-    def _forward(self, chunk: Tensor) -> Tensor:
-        return model_logits(self.model, self.normalize(chunk))
+    def forward(self, images: Tensor) -> Tensor:
+        """Logits of [0, 1] images."""
+        return model_logits(self.model, self.normalize(images))
 
     def predict(self, images: Tensor, batch_size: Optional[int] = None) -> Tensor:
         if images.shape[0] == 0:
@@ -120,18 +171,60 @@ class TextClassifier(_ChunkedClassifier):
         pad_token_id: the id a removed token gets under the ``pad`` convention (the tokenizer's).
         mask_token_id: the ``[MASK]`` id (the ``mask`` convention); ``None`` if the tokenizer has none.
         batch_size: sequences per forward unless a call says otherwise.
+        tokenizer: the folder or name of the tokenizer saved with the model, if any (:meth:`data_config`).
     """
 
     modality = "text"
 
     def __init__(self, model: nn.Module, pad_token_id: int, mask_token_id: Optional[int] = None,
-                 batch_size: int = 64) -> None:
+                 batch_size: int = 64, tokenizer: Optional[str] = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model = model
         self.pad_token_id = int(pad_token_id)
         self.mask_token_id = None if mask_token_id is None else int(mask_token_id)
         self.batch_size = int(batch_size)
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_model(cls, model: nn.Module, batch_size: int = 64, **_other_modalities) -> "TextClassifier":
+        """The classifier of ``model`` with the pad and mask ids of the tokenizer saved with it
+        (``models.sources.load_tokenizer(model.name_or_path)``; a model saved without one: the model config's pad
+        id, or 0, and no mask id; the datamodule names the tokenizer)."""
+        source = getattr(model, "name_or_path", None) or None
+        tokenizer = None
+        if source:
+            try:
+                tokenizer = load_tokenizer(source)
+            except (FileNotFoundError, ValueError):
+                tokenizer = None
+        pad = getattr(tokenizer, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(model.config, "pad_token_id", None)
+        return cls(model, 0 if pad is None else int(pad), getattr(tokenizer, "mask_token_id", None), batch_size,
+                   tokenizer=source if tokenizer is not None else None)
+
+    def data_config(self) -> Dict[str, Any]:
+        """``{"tokenizer": the model's folder or name (None: saved without one), "pad_token_id",
+        "mask_token_id"}``."""
+        return {"tokenizer": self.tokenizer, "pad_token_id": self.pad_token_id, "mask_token_id": self.mask_token_id}
+
+    def model_inputs(self, batch: Mapping[str, Any]) -> Dict[str, Tensor]:
+        """The model's token tensors of ``batch`` and its ``special_tokens_mask`` (the adapter's content
+        positions), if any."""
+        inputs = self.inputs_of(batch)
+        if isinstance(batch.get("special_tokens_mask"), Tensor):
+            inputs["special_tokens_mask"] = batch["special_tokens_mask"]
+        return inputs
+
+    @staticmethod
+    def num_samples(inputs: Mapping[str, Tensor]) -> int:
+        return len(next(iter(inputs.values())))
+
+    @staticmethod
+    def take(inputs: Mapping[str, Tensor], index) -> Dict[str, Tensor]:
+        """The samples ``index`` (a slice or indices) of every tensor of ``inputs``."""
+        return {k: v[index] for k, v in inputs.items()}
 
     @staticmethod
     def inputs_of(batch: Mapping[str, Any]) -> Dict[str, Tensor]:
@@ -152,9 +245,19 @@ class TextClassifier(_ChunkedClassifier):
                 chunk = {k: v[:, :width] for k, v in chunk.items()}
             yield chunk
 
-    def _forward(self, chunk: Mapping[str, Tensor]) -> Tensor:
-        return model_logits(self.model, chunk)
+    def forward(self, inputs: Mapping[str, Tensor]) -> Tensor:
+        return model_logits(self.model, inputs)
 
     def __repr__(self) -> str:
         return (f"TextClassifier({type(self.model).__name__}, pad_token_id={self.pad_token_id}, "
                 f"mask_token_id={self.mask_token_id}, batch_size={self.batch_size})")
+
+
+#: the classifier of each modality an adapter declares (``ModelAdapter.modality``)
+CLASSIFIERS = {cls.modality: cls for cls in (Classifier, TextClassifier)}
+
+
+def classifier_for(model: nn.Module, batch_size: int = 64, **options) -> _ChunkedClassifier:
+    """The classifier of ``model``'s modality, built from the model (``from_model``; ``mean`` / ``std``: the
+    normalisation of an image classifier, ignored for texts)."""
+    return CLASSIFIERS[adapter_for(model).modality].from_model(model, batch_size, **options)

@@ -1,7 +1,8 @@
 """The LightningModule that runs attribution methods on a classifier for the evaluation callbacks.
 
 ``AttributionEvaluationModule`` holds a classifier (a stock timm ``VisionTransformer`` or a Hugging Face sequence
-classifier) and the methods to evaluate. Its ``test_step`` takes a batch
+classifier) and the methods to evaluate; what differs between images and texts is the classifier wrapper's
+(``evaluation.classifier.classifier_for``: the data config, the inputs of a batch). Its ``test_step`` takes a batch
 
 * images: ``{"image": [B, 3, H, W] in [0, 1] (NOT normalised), "label": [B], "index": [B], ...}``; the images
   are normalised with the model's own mean/std;
@@ -26,7 +27,9 @@ does); ``other`` only when the batch has ``other_label``. A class-agnostic metho
 False``) runs once per batch and the *same tensor* is returned for every setting.
 
 Every method is called as ``method(model, inputs, target=..., sample_ids=batch["index"])``: the dataset index of
-each sample travels explicitly (the random baseline draws its map from it).
+each sample travels explicitly (the random baseline draws its map from it). Each method's options are checked
+against the model when the module is built (``method.check(model)``: block indices within the depth, options
+that need a capability of the model's adapter), not at the first batch.
 
 Gradients: most methods need autograd, so the trainer must run with ``inference_mode=False`` (``evaluate.py``
 sets it); the classifier's parameters are frozen (methods differentiate activations, not weights).
@@ -39,12 +42,12 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
-from evaluation.classifier import Classifier, TextClassifier, model_logits
+from evaluation.classifier import classifier_for, model_logits
 from evaluation.method_specs import CLASS_SETTINGS, MethodsSpec, check_class_settings, method_specs
 from methods import build_method
 from methods.adapters import adapter_for
 from models.concepts import load_concept_heads, resolve_concept
-from models.sources import load_model, load_tokenizer
+from models.sources import load_model
 
 
 def token_layout(model: nn.Module, inputs: Tensor):
@@ -79,7 +82,7 @@ class AttributionEvaluationModule(pl.LightningModule):
             (e.g. ``{beyond_intuition_token: {start_layer: 2}}`` for a 4-block model with ``methods: null``).
         class_settings: settings always explained (the run adds the ones its callbacks declare).
         mean, std: normalisation override of an image classifier (default: the model's ``pretrained_cfg`` via
-            timm's data config).
+            timm's data config; ``evaluation.classifier.Classifier.from_model``).
         forward_batch_size: images per plain forward of the :class:`~evaluation.classifier.Classifier` (the
             callbacks' forwards of perturbed images).
         method_batch_size: images per method call (default: the whole batch).
@@ -110,18 +113,11 @@ class AttributionEvaluationModule(pl.LightningModule):
         self.concept_heads = load_concept_heads(concepts, allow_pickle=allow_pickle)
         self.method_specs = method_specs(methods, method_options, self.concept_heads, concept_methods)
         self.methods = self._build_methods(self.method_specs)
-        cfg = self.data_config()
-        if self.modality == "text":
-            self.classifier = TextClassifier(self.model, cfg["pad_token_id"], cfg["mask_token_id"],
-                                             forward_batch_size)
-        else:
-            self.classifier = Classifier(self.model, mean if mean is not None else cfg["mean"],
-                                         std if std is not None else cfg["std"], forward_batch_size)
+        self.classifier = classifier_for(self.model, forward_batch_size, mean=mean, std=std)
 
     # -------------------------------------------------------------------------------- set-up
     def _build_methods(self, specs: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
-        # every method runs on every supported family; TypeError names the families
-        self.modality = adapter_for(self.model).modality
+        adapter_for(self.model)  # every method runs on every supported family; TypeError names the families
         built = {}
         for name, options in specs.items():
             options = dict(options)
@@ -133,36 +129,20 @@ class AttributionEvaluationModule(pl.LightningModule):
                     raise ValueError(f"method {name!r}: concept vector has {options['concept'].numel()} entries but "
                                      f"the classifier's latent has {width}: the concept file is of another model")
             built[name] = build_method(registered, **options)
+            try:
+                built[name].check(self.model)   # options against this model: at set-up, not the first batch
+            except ValueError as err:
+                raise ValueError(f"method {name!r}: {err}" if name != registered else str(err)) from None
         if not built:
             raise ValueError(f"no attribution method to evaluate (asked for {list(specs)})")
         return built
 
     def data_config(self) -> Dict[str, Any]:
-        """What the data must know of the model: for images timm's data config of the classifier (input size,
-        interpolation, crop, mean/std); for texts ``{"tokenizer": the model's folder or name, "pad_token_id",
-        "mask_token_id"}`` (the tokenizer saved with the model, when there is one)."""
-        if self.modality == "text":
-            return self._text_config()
-        from timm.data import resolve_data_config
-
-        return resolve_data_config({}, model=self.model)
-
-    def _text_config(self) -> Dict[str, Any]:
-        if getattr(self, "_text_cfg", None) is None:
-            source = getattr(self.model, "name_or_path", None) or None
-            tokenizer = None
-            if source:
-                try:
-                    tokenizer = load_tokenizer(source)
-                except (FileNotFoundError, ValueError):
-                    tokenizer = None  # a model saved without its tokenizer: the datamodule names one
-            pad = getattr(tokenizer, "pad_token_id", None)
-            if pad is None:
-                pad = getattr(self.model.config, "pad_token_id", None)
-            self._text_cfg = {"tokenizer": source if tokenizer is not None else None,
-                              "pad_token_id": 0 if pad is None else int(pad),
-                              "mask_token_id": getattr(tokenizer, "mask_token_id", None)}
-        return dict(self._text_cfg)
+        """What the data must know of the model (the classifier's ``data_config``): for images timm's data config
+        of the classifier (input size, interpolation, crop, mean/std); for texts ``{"tokenizer": the model's
+        folder or name, "pad_token_id", "mask_token_id"}`` (the tokenizer saved with the model, when there is
+        one)."""
+        return self.classifier.data_config()
 
     def add_class_settings(self, settings: Sequence[str]) -> None:
         """Also explain ``settings`` (the union the run's evaluation callbacks declare, handed over by whoever
@@ -179,30 +159,20 @@ class AttributionEvaluationModule(pl.LightningModule):
     # -------------------------------------------------------------------------------- forward
     def forward(self, inputs: Any) -> Tensor:
         """Logits of [0, 1] images, or of a text batch (a mapping of token tensors)."""
-        if self.modality == "text":
-            return model_logits(self.model, inputs)
-        return self.model(self.classifier.normalize(inputs))
+        return self.classifier.forward(inputs)
 
     def model_inputs(self, batch: Dict[str, Any]) -> Union[Tensor, Dict[str, Tensor]]:
         """What the methods and the model read of a batch: normalised images, or the token tensors."""
-        if self.modality == "text":
-            inputs = TextClassifier.inputs_of(batch)
-            if isinstance(batch.get("special_tokens_mask"), Tensor):  # the adapter's content positions
-                inputs["special_tokens_mask"] = batch["special_tokens_mask"]
-            return inputs
-        if "image" not in batch:
-            raise KeyError(f"evaluation batches of an image classifier need 'image'; got keys {sorted(batch)}")
-        return self.classifier.normalize(batch["image"])
+        return self.classifier.model_inputs(batch)
 
     def _attribute(self, method, inputs: Union[Tensor, Dict[str, Tensor]], target: Optional[Tensor],
                    sample_ids: Optional[Tensor]) -> Tensor:
-        size = len(next(iter(inputs.values()))) if isinstance(inputs, dict) else inputs.shape[0]
+        size = self.classifier.num_samples(inputs)
         step = self.hparams.method_batch_size or size
         parts = []
         for start in range(0, size, step):
             stop = start + step
-            chunk = ({k: v[start:stop] for k, v in inputs.items()} if isinstance(inputs, dict)
-                     else inputs[start:stop])
+            chunk = self.classifier.take(inputs, slice(start, stop))
             parts.append(method(self.model, chunk, target=None if target is None else target[start:stop],
                                 sample_ids=None if sample_ids is None else sample_ids[start:stop]))
         return torch.cat(parts)
@@ -227,7 +197,7 @@ class AttributionEvaluationModule(pl.LightningModule):
                 out[setting] = self._attribute(method, inputs, target, sample_ids)
             else:
                 idx = differ.nonzero().flatten()
-                sub = ({k: v[idx] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[idx])
+                sub = self.classifier.take(inputs, idx)
                 part = self._attribute(method, sub, target[idx], None if sample_ids is None else sample_ids[idx])
                 rel = out[first_setting].clone()
                 rel[idx] = part.to(rel.dtype)
@@ -244,14 +214,7 @@ class AttributionEvaluationModule(pl.LightningModule):
         if "label" not in batch:
             raise KeyError(f"evaluation batches need 'label'; got keys {sorted(batch)}")
         labels = batch["label"]
-        inputs = self.model_inputs(batch)
-        if isinstance(inputs, Tensor) and not bool(torch.isfinite(inputs).all()):
-            bad = ~torch.isfinite(inputs.flatten(1)).all(dim=1)
-            ids = batch["index"][bad] if isinstance(batch.get("index"), Tensor) else bad.nonzero().flatten()
-            many = len(ids) > 1
-            raise ValueError(f"sample{'s' if many else ''} {', '.join(str(int(i)) for i in ids)} (dataset index) "
-                             f"{'hold' if many else 'holds'} NaN or Inf pixel values: a corrupt or wrongly decoded "
-                             "image; fix or remove it (evaluate.py --resume continues a run after the fix)")
+        inputs = self.model_inputs(batch)   # NaN or Inf pixels: ValueError naming the samples
         with torch.no_grad():
             logits = model_logits(self.model, inputs)
         num_classes = logits.shape[-1]

@@ -171,7 +171,7 @@ def test_evaluation_module_explains_the_vision_tower(clip_folder):
     module = AttributionEvaluationModule(classifier=f"clip:{clip_folder}", methods=["gradcam", "random"],
                                          class_settings=["predicted", "target"])
     assert isinstance(module.model, ZeroShotClassifier)  # models.sources.load_model dispatches clip: specs
-    assert module.modality == "image" and isinstance(module.classifier, Classifier)
+    assert module.classifier.modality == "image" and isinstance(module.classifier, Classifier)
     assert module.classifier.mean == pytest.approx(TINY_MEAN) and module.classifier.std == pytest.approx(TINY_STD)
     images = torch.rand(3, 3, 32, 32)
     batch = {"image": images, "label": torch.tensor([0, 3, 1]), "index": torch.arange(3)}

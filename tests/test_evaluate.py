@@ -230,3 +230,30 @@ def test_inference_mode_is_refused(tmp_path):
     with pytest.raises(RuntimeError, match="inference_mode=False"):
         trainer.test(module, datamodule=SyntheticShapesDataModule(image_size=32, test_size=2, batch_size=2),
                      verbose=False)
+
+
+@pytest.mark.parametrize("methods,message", [
+    (["rollout"], r"rollout: start_layer=99 is outside VisionTransformer with 2 blocks \(valid: -2 to 1"),
+    (["raw_attention"], r"raw_attention: layer=-3 is outside VisionTransformer with 2 blocks"),
+    ({"bi": {"method": "beyond_intuition_token", "start_layer": None, "token_scale_values": "attention_input"}},
+     # the image default, 6, on a 2-block model
+     r"method 'bi': beyond_intuition_token: start_layer \(default\)=6 is outside VisionTransformer with 2 blocks"),
+    (["beyond_intuition_token"], r"token_scale_values='post_attention'.*VisionTransformer .*does not"),
+    (["lrp"], r"lrp: text_input='word_embeddings' .*VisionTransformer"),
+])
+def test_method_options_are_checked_against_the_model_when_the_module_is_built(methods, message):
+    """Options that do not fit the model (a block past its depth, a capability its adapter lacks) fail in
+    ``__init__``, naming the method, the option and the model, instead of at the first test batch."""
+    from lightning_modules.evaluation import AttributionEvaluationModule
+
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=16, depth=2, num_heads=1, num_classes=4)
+    options = {"rollout": {"start_layer": 99}, "raw_attention": {"layer": -3}, "lrp": {"text_input": "word_embeddings"},
+               "beyond_intuition_token": {"start_layer": 0, "token_scale_values": "post_attention"}}
+    with pytest.raises(ValueError, match=message):
+        AttributionEvaluationModule("timm:vit_tiny_patch16_224", pretrained=False, model_kwargs=kwargs,
+                                    methods=methods, method_options=options)
+    fitting = {"rollout": {"start_layer": -2}, "raw_attention": {"layer": 1}, "lrp": {},
+               "beyond_intuition_token": {"start_layer": 1}}
+    AttributionEvaluationModule("timm:vit_tiny_patch16_224", pretrained=False, model_kwargs=kwargs,
+                                methods=methods if isinstance(methods, list) else ["beyond_intuition_token"],
+                                method_options=fitting)
