@@ -23,7 +23,8 @@ class AttributionMethod:
     * ``sample_ids``: optional per-sample ids (``LongTensor[B]``, e.g. dataset indices), for methods whose
       output is a function of the sample's identity (the random baseline).
 
-    It resolves the model's adapter (once per model), validates the inputs, runs :meth:`attribute` with the
+    It resolves the model's adapter (once per model), checks the options against it (:meth:`check_adapter`;
+    :meth:`check` does the same before any batch), validates the inputs, runs :meth:`attribute` with the
     model in eval mode and eager attention inside :func:`preserved_model_state` (the model comes back exactly as
     it was), and returns raw scores in the layout of the inputs (``adapter.layout``): ``[B, P]`` patch scores
     in row-major grid order for images (full ``lrp``: ``[B, H, W]`` pixel maps), ``[B, N]`` per input position

@@ -220,7 +220,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
         "    ``token_scale_values``: the value projection ``v`` of the scale is that of the attention input\n"
         "    (``'attention_input'``, default: the BERT and ViT code) or, as BI's CLIP code computes it\n"
         "    (``vproj_cal(ln_1(x))`` after ``x = x + attention(...)``), of the block's first norm applied to the\n"
-        "    post-attention residual stream (``'post_attention'``; adapters with ``record_post_attention_values``:\n"
+        "    post-attention residual stream (``'post_attention'``; adapters with ``records_post_attention_values``:\n"
         "    the CLIP towers).\n\n    "
         + _BeyondIntuition.__doc__
     )
