@@ -58,8 +58,9 @@ class AttributionMethod:
         """Every block index of :attr:`layer_options` within ``[-depth, depth)``; a subclass adds the options
         that need a capability the adapter declares (a flag of :class:`~methods.adapters.ModelAdapter`)."""
         for option in self.layer_options:
-            if getattr(self, option) is not None:
-                check_start_layer(getattr(self, option), adapter, self.name, option)
+            value = getattr(self, option)
+            if value is not None:
+                check_start_layer(value, adapter, self.name, option)
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
         """Raw scores of ``inputs`` (validated by the adapter) for ``target``; see :meth:`__call__`."""
