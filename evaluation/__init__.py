@@ -10,7 +10,8 @@ Modality-free core (any kind of input: images, token sequences):
   (perturbation curves, clean accuracy, pooled Pearson, means over samples), each declaring
   ``higher_is_better``;
 * :mod:`evaluation.classifier`: :class:`~evaluation.classifier.Classifier` (images) and
-  :class:`~evaluation.classifier.TextClassifier`, the one way the protocols classify (perturbed) inputs;
+  :class:`~evaluation.classifier.TextClassifier`, the one way the protocols classify (perturbed) inputs, and
+  what differs between the modalities for the evaluation module (``classifier_for(model)``);
 * :mod:`evaluation.result_keys`: :class:`~evaluation.result_keys.ResultKey`, the one way a result's key is
   written and read (test, method, class setting, metric);
 * :mod:`evaluation.reporting`: ``metrics.json`` and its sidecar ``metrics.meta.json`` (each key's direction, the
