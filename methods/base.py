@@ -5,7 +5,7 @@ from typing import Tuple
 
 from torch import Tensor, nn
 
-from .adapters import ModelAdapter, ModelInputs, TokenSequence, adapter_for
+from .adapters import ModelAdapter, ModelInputs, adapter_for
 from .model_state import preserved_model_state
 from .targets import TargetType
 
@@ -44,7 +44,7 @@ class AttributionMethod:
         with preserved_model_state(model), adapter.eager_attention():
             scores = self.attribute(adapter, batch, target)
         layout = adapter.layout(batch)
-        if isinstance(layout, TokenSequence) and scores.dim() == 2:
+        if layout.has_padding and scores.dim() == 2:
             scores = layout.output(scores)  # padding exactly 0, whatever the method computed there
         return scores.detach().to(dtype=batch.score_dtype, device=batch.device)
 
