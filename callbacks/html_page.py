@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 
+from .reporter import ResultsReporter
+
 
 def publish_html_page(trainer: pl.Trainer, filename: str, wandb_key: str, page: str) -> None:
     """Write ``page`` (a whole HTML document) to ``<run folder>/<filename>`` and log it to W&B as ``wandb_key``."""
-    from .reporter import ResultsReporter
-
     try:
         folder = ResultsReporter.of(trainer).output_dir
     except (LookupError, ValueError, RuntimeError):

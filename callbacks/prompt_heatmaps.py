@@ -41,6 +41,7 @@ from torch import Tensor
 from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.words import WordAttribution, check_reduction, page_html, text_heatmap_html, word_scores
 from evaluation.words.heatmap import escape
+from models.clip import PromptScorer
 
 from .html_page import publish_html_page
 
@@ -150,8 +151,6 @@ class PromptHeatmaps(pl.Callback):
     def explain(self, pl_module) -> None:
         """Explain the collected images' texts with the module's methods (fills ``rows``, ``texts``,
         ``class_word_top1``, ``failed``)."""
-        from models.clip import PromptScorer
-
         model = pl_module.model
         tokenizer = getattr(model, "tokenizer", None)
         if getattr(model, "clip", None) is None or tokenizer is None:

@@ -70,6 +70,7 @@ from evaluation.words import REDUCTIONS, document_word_scores, word_mask
 from evaluation.result_keys import ResultKey
 
 from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
+from .reporter import ResultsReporter
 
 PREFIX = "rationale"
 COVERAGE = ResultKey(PREFIX, metric="coverage").format()
@@ -206,8 +207,6 @@ class RationaleTest(EvaluationCallback):
     def on_test_epoch_end(self, trainer, pl_module) -> None:
         super().on_test_epoch_end(trainer, pl_module)      # compute(): gathers, scores, reports
         if self.export_jsonl and trainer.is_global_zero:
-            from .reporter import ResultsReporter
-
             folder = ResultsReporter.of(trainer).output_dir
             if folder is not None:
                 self.write_jsonl(Path(folder) / "rationales")

@@ -30,6 +30,7 @@ from comparison.figures import Figure, build_figures
 from comparison.html import dashboard
 from comparison.runs import Run, RunLoadError, load_runs, load_wandb_project
 from comparison.tables import Table, build_tables, tables_csv, tables_markdown
+from comparison.wandb_report import build_report, save_report
 
 
 @dataclass
@@ -111,8 +112,6 @@ def main(args: Optional[Sequence[str]] = None) -> Comparison:
         (out / name).write_text(text, encoding="utf-8")
         result.files[name] = out / name
     if ns.wandb_report:
-        from comparison.wandb_report import build_report, save_report
-
         result.report = build_report(runs, tables, ns.wandb_project, ns.wandb_entity, ns.title)
         print(f"W&B report: {save_report(result.report)}")
     print(f"compared {len(runs)} runs (reference {reference}): {out / 'dashboard.html'}")

@@ -36,6 +36,9 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from methods.adapters.hf_text import special_positions
+from methods.random_baseline import random_token_scores
+
 from .pixel_maps import pixel_maps
 
 
@@ -110,8 +113,6 @@ class PixelPerturber(Perturber):
         return pixel_maps(relevance, images.shape[-2:], self._grid(layout)).flatten(1)
 
     def tie_scores(self, sample_ids: Tensor, batch: Mapping[str, Any], layout: Any, seed: int) -> Tensor:
-        from methods.random_baseline import random_token_scores
-
         if layout is None:
             raise ValueError("pixel perturbation: the random tie convention needs the model's patch grid (layout)")
         images = self._images(batch)
@@ -196,8 +197,6 @@ class TokenPerturber(Perturber):
     def _special(self, batch: Mapping[str, Any]) -> Tensor:
         special = batch.get("special_tokens_mask")
         if special is None:
-            from methods.adapters.hf_text import special_positions
-
             return special_positions(self._real(batch).long())
         return special.bool()
 
@@ -210,8 +209,6 @@ class TokenPerturber(Perturber):
         return scores.clamp(min=0) if self.clamp else scores
 
     def tie_scores(self, sample_ids: Tensor, batch: Mapping[str, Any], layout: Any, seed: int) -> Tensor:
-        from methods.random_baseline import random_token_scores
-
         ids = self._tensor(batch, "input_ids")
         # a function of (seed, id) and the position alone: a sample's tie order does not depend on its padding
         return random_token_scores(sample_ids, ids.shape[1], seed).to(ids.device)
