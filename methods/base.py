@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .adapters import ModelAdapter, ModelInputs, TokenSequence, adapter_for
+from .adapters import ModelAdapter, ModelInputs, RawInputs, SampleIds, TokenSequence, adapter_for
 from .model_state import preserved_model_state
 from .targets import TargetType
 
@@ -34,7 +34,8 @@ class AttributionMethod:
     class_specific: bool = True
     pixel_level: bool = False
 
-    def __call__(self, model: nn.Module, inputs, target: TargetType = None, sample_ids=None) -> Tensor:
+    def __call__(self, model: nn.Module, inputs: RawInputs, target: TargetType = None,
+                 sample_ids: SampleIds = None) -> Tensor:
         adapter = adapter_for(model)
         batch = adapter.prepare_inputs(inputs, sample_ids=sample_ids)
         with preserved_model_state(model), adapter.eager_attention():
