@@ -5,7 +5,7 @@ from typing import Tuple
 
 from torch import Tensor, nn
 
-from .adapters import ModelAdapter, ModelInputs, adapter_for
+from .adapters import ModelAdapter, ModelInputs, RawInputs, SampleIds, adapter_for
 from .model_state import preserved_model_state
 from .targets import TargetType
 
@@ -37,7 +37,8 @@ class AttributionMethod:
     #: options holding a 0-based block index (negative values count from the end), checked against the depth
     layer_options: Tuple[str, ...] = ()
 
-    def __call__(self, model: nn.Module, inputs, target: TargetType = None, sample_ids=None) -> Tensor:
+    def __call__(self, model: nn.Module, inputs: RawInputs, target: TargetType = None,
+                 sample_ids: SampleIds = None) -> Tensor:
         adapter = adapter_for(model)
         self.check_adapter(adapter)
         batch = adapter.prepare_inputs(inputs, sample_ids=sample_ids)

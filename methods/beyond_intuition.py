@@ -5,7 +5,7 @@ Layer indices are 0-based: the authors' code counts from 1 for these methods; it
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -146,7 +146,7 @@ class _BeyondIntuition(AttributionMethod):
         for start in range(0, batch, samples):
             part = inputs if samples == batch else _sample_slice(inputs, start, start + samples)
             part_target = target[start:start + samples]
-            total = 0
+            total: Union[int, Tensor] = 0
             for i in range(0, len(alphas), chunk_steps):
                 chunk = alphas[i:i + chunk_steps]
                 with ActivationRecorder() as rec:
@@ -155,6 +155,7 @@ class _BeyondIntuition(AttributionMethod):
                 score = target_score(logits, part_target.repeat(len(chunk)), self.gradient_of)
                 (grad,) = torch.autograd.grad(score, rec["attn"])
                 total = total + grad.unflatten(0, (len(chunk), part.batch_size)).sum(dim=0)
+            assert isinstance(total, Tensor), "no integration steps"
             parts.append(total)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -192,7 +193,7 @@ class BeyondIntuitionHead(_BeyondIntuition):
         "    weights (see ``attention_perception_headwise``) times the reasoning feedback.\n\n"
         "    Default ``start_layer``: 3 for images = the authors' 1-based 4 used by their perception test for ViT-B;\n"
         "    the last block for sequences (their BERT ``generate_ours``: ``blocks=[layer[-1]]``).\n\n    "
-        + _BeyondIntuition.__doc__
+        + (_BeyondIntuition.__doc__ or "")
     )
 
     default_start_layers = {"vit": 3, "bert": -1}
@@ -222,7 +223,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
         "    (``vproj_cal(ln_1(x))`` after ``x = x + attention(...)``), of the block's first norm applied to the\n"
         "    post-attention residual stream (``'post_attention'``; adapters with ``records_post_attention_values``:\n"
         "    the CLIP towers).\n\n    "
-        + _BeyondIntuition.__doc__
+        + (_BeyondIntuition.__doc__ or "")
     )
 
     DENOMINATORS = ("block_input", "attention_input")

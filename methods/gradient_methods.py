@@ -5,7 +5,7 @@ layout of the inputs (``[B, P]`` patch scores for images). Layer indices are 0-b
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -166,13 +166,11 @@ class CDAM(AttributionMethod):
     TOKENS = ("auto", "attention_input", "block_input")
     TOKEN_ALIASES = {"norm1": "attention_input"}
 
-    def __init__(self, concept: Optional[Sequence[float]] = None, tokens: str = "auto"):
+    def __init__(self, concept: Optional[Union[Tensor, Sequence[float]]] = None, tokens: str = "auto"):
         tokens = self.TOKEN_ALIASES.get(tokens, tokens)
         if tokens not in self.TOKENS:
             raise ValueError(f"cdam: tokens must be one of {self.TOKENS} (or 'norm1'), got {tokens!r}")
-        if concept is not None:
-            concept = torch.as_tensor(concept).detach().flatten()
-        self.concept = concept
+        self.concept = None if concept is None else torch.as_tensor(concept).detach().flatten()
         self.tokens = tokens
         self.class_specific = concept is None
 

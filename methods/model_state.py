@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -38,7 +38,7 @@ def preserved_model_state(model: nn.Module, eval_mode: bool = True) -> Iterator[
     """
     training = {name: m.training for name, m in model.named_modules()}
     requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
-    grads: Dict[str, torch.Tensor] = {name: p.grad for name, p in model.named_parameters()}
+    grads: Dict[str, Optional[torch.Tensor]] = {name: p.grad for name, p in model.named_parameters()}
     fused = {name: m.fused_attn for name, m in model.named_modules() if hasattr(m, "fused_attn")}
     hf_impl = {
         name: m.config._attn_implementation

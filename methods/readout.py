@@ -8,7 +8,7 @@ columns (``layout.output``).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, TypeGuard
 
 import torch
 from torch import Tensor
@@ -55,7 +55,9 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
     if kind == "class_token":
         return matrix[..., 0, :]
     if kind == "position":
-        positions = adapter.context(inputs).readout_positions.to(matrix.device)
+        positions = adapter.context(inputs).readout_positions
+        assert positions is not None, "a model read out at a position has them in its context"
+        positions = positions.to(matrix.device)
         index = positions.reshape((-1,) + (1,) * (matrix.dim() - 2)).expand(matrix.shape[:-2] + (1,))
         return matrix.gather(-2, index[..., None].expand(matrix.shape[:-2] + (1, matrix.shape[-1])))[..., 0, :]
     return (layout or adapter.layout(inputs)).mean_over_content_rows(matrix)
@@ -76,7 +78,7 @@ def check_class_token_score(value: str) -> str:
     return value
 
 
-def is_sequence(layout: Layout) -> bool:
+def is_sequence(layout: Layout) -> TypeGuard[TokenSequence]:
     """Whether ``layout`` is a token sequence (text), where the authors' BERT conventions apply."""
     return isinstance(layout, TokenSequence)
 

@@ -1,15 +1,18 @@
 """timm-style registry of attribution methods: ``build_method(name, **options)``."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Type
+from typing import Any, Callable, Dict, List, Type, TypeVar
 
-_REGISTRY: Dict[str, type] = {}
+from .base import AttributionMethod
+
+M = TypeVar("M", bound=Type[AttributionMethod])
+_REGISTRY: Dict[str, Type[AttributionMethod]] = {}
 
 
-def register_method(name: str) -> Callable[[Type], Type]:
+def register_method(name: str) -> Callable[[M], M]:
     """Class decorator that makes an :class:`AttributionMethod` buildable by ``name``."""
 
-    def decorator(cls: Type) -> Type:
+    def decorator(cls: M) -> M:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
             raise ValueError(f"attribution method {name!r} is already registered by {_REGISTRY[name].__qualname__}")
         cls.name = name
@@ -24,7 +27,7 @@ def available_methods() -> List[str]:
     return sorted(_REGISTRY)
 
 
-def method_class(name: str) -> type:
+def method_class(name: str) -> Type[AttributionMethod]:
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -33,7 +36,7 @@ def method_class(name: str) -> type:
         ) from None
 
 
-def build_method(name: str, **options):
+def build_method(name: str, **options: Any) -> AttributionMethod:
     """Instantiate the method registered as ``name`` with keyword ``options``.
 
     Unknown names raise ``KeyError`` listing every registered method; unknown options raise ``TypeError``

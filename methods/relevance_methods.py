@@ -13,6 +13,8 @@ methods use the model as given.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from torch import Tensor
 
 from .base import AttributionMethod, check_start_layer
@@ -34,7 +36,7 @@ class _LRPMethod(AttributionMethod):
     default_rules = "ours"
     default_class_token_score = "zero"
 
-    def __init__(self, rules: str = None, readout: str = "auto", class_token_score: str = "auto"):
+    def __init__(self, rules: Optional[str] = None, readout: str = "auto", class_token_score: str = "auto"):
         self.rules = self.default_rules if rules is None else rules
         get_rules(self.rules)  # validate early
         self.readout = check_readout(readout)
@@ -58,8 +60,9 @@ class _LRPMethod(AttributionMethod):
         return layout.output(row)
 
 
-def _relevance_times_gradient(_layer: int, cam: Tensor, grad: Tensor) -> Tensor:
+def _relevance_times_gradient(_layer: int, cam: Tensor, grad: Optional[Tensor]) -> Tensor:
     """``mean_h relu(grad_A * R_A)`` ``[B, N, N]``, in the gradient's storage (the engine's ``cam_reduce``)."""
+    assert grad is not None, "the layer's attention gradient (grad_layers) is needed"
     return grad.mul_(cam).clamp_(min=0).mean(dim=1)
 
 
@@ -82,7 +85,7 @@ class FullLRP(_LRPMethod):
 
     default_rules = "orig"
 
-    def __init__(self, rules: str = None, class_token_score: str = "auto", text_input: str = "encoder_input"):
+    def __init__(self, rules: Optional[str] = None, class_token_score: str = "auto", text_input: str = "encoder_input"):
         super().__init__(rules, class_token_score=class_token_score)
         if text_input not in INPUT_POINTS:
             raise ValueError(f"lrp: text_input must be one of {INPUT_POINTS}, got {text_input!r}")
@@ -98,6 +101,7 @@ class FullLRP(_LRPMethod):
     def attribute(self, adapter, inputs, target) -> Tensor:
         res = LRPEngine(self.rules, input_point=self.text_input).run(adapter, inputs, target, to_input=True)
         layout = adapter.layout(inputs)
+        assert res.input_relevance is not None   # to_input=True
         if is_sequence(layout):
             row = res.input_relevance.sum(dim=-1)
             return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
@@ -153,8 +157,8 @@ class TransformerAttribution(_LRPMethod):
     #: ``row_normalize=None`` by the layout's reference code (``Layout.reference``)
     AUTO_ROW_NORMALIZE = {"vit": False, "bert": True}
 
-    def __init__(self, start_layer: int = 0, row_normalize: bool = None, rules: str = None, readout: str = "auto",
-                 class_token_score: str = "auto", include_padding: bool = False):
+    def __init__(self, start_layer: int = 0, row_normalize: Optional[bool] = None, rules: Optional[str] = None,
+                 readout: str = "auto", class_token_score: str = "auto", include_padding: bool = False):
         super().__init__(rules, readout, class_token_score)
         self.start_layer = start_layer
         self.row_normalize = row_normalize
@@ -181,8 +185,8 @@ class LRPRollout(_LRPMethod):
 
     layer_options = ("start_layer",)
 
-    def __init__(self, start_layer: int = 0, row_normalize: bool = False, rules: str = None, readout: str = "auto",
-                 class_token_score: str = "auto"):
+    def __init__(self, start_layer: int = 0, row_normalize: bool = False, rules: Optional[str] = None,
+                 readout: str = "auto", class_token_score: str = "auto"):
         super().__init__(rules, readout, class_token_score)
         self.start_layer = start_layer
         self.row_normalize = row_normalize

@@ -15,6 +15,8 @@ from .base import (  # noqa: F401
     ModelAdapter,
     ModelInputs,
     PatchGrid,
+    RawInputs,
+    SampleIds,
     SequenceContext,
     TokenSequence,
     adapter_for,

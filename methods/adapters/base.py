@@ -26,7 +26,7 @@ import abc
 import contextlib
 import weakref
 from dataclasses import dataclass, replace
-from typing import Callable, Dict, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from torch import Tensor, nn
@@ -34,6 +34,11 @@ from torch import Tensor, nn
 from .recorder import ActivationRecorder
 
 READOUT_KINDS = ("class_token", "mean_content", "position")
+
+#: what a caller passes: a tensor, or a mapping of tensors as a tokenizer or processor returns it
+RawInputs = Union[Tensor, Mapping[str, Any]]
+#: optional per-sample ids: a ``LongTensor[B]`` or a list of ints
+SampleIds = Optional[Union[Tensor, Sequence[int]]]
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -64,7 +69,7 @@ class ModelInputs:
                        sample_ids=self.sample_ids if int(first.shape[0]) == self.batch_size else None)
 
 
-def check_sample_ids(sample_ids, batch_size: int) -> Optional[Tensor]:
+def check_sample_ids(sample_ids: SampleIds, batch_size: int) -> Optional[Tensor]:
     """``None`` or an integer ``LongTensor[B]`` of per-sample ids (a list is accepted)."""
     if sample_ids is None:
         return None
@@ -130,7 +135,7 @@ class PatchGrid:
         inside[:, self.content] = True
         return inside
 
-    def batch_content_positions(self, num_positions: int, device) -> Tensor:
+    def batch_content_positions(self, num_positions: int, device: Union[torch.device, str, None]) -> Tensor:
         """The indices of the positions that are content in some sample of the batch (the patches)."""
         return torch.arange(num_positions, device=device)[self.content]
 
@@ -189,7 +194,7 @@ class TokenSequence:
     def content_positions(self, like: Tensor) -> Tensor:
         return self.content_mask.to(like.device)
 
-    def batch_content_positions(self, num_positions: int, device) -> Tensor:
+    def batch_content_positions(self, num_positions: int, device: Union[torch.device, str, None]) -> Tensor:
         return self.content_mask.any(dim=0).nonzero().flatten().to(device)
 
     def content_scores(self, scores: Tensor) -> Tensor:
@@ -224,7 +229,7 @@ class SequenceContext:
 
     def repeat(self, times: int) -> "SequenceContext":
         """The context of ``times`` copies of the batch, copy-major (``[c0 s0, c0 s1, ..., c1 s0, ...]``)."""
-        def rep(t):
+        def rep(t: Optional[Tensor]) -> Optional[Tensor]:
             return None if t is None else t.repeat((times,) + (1,) * (t.dim() - 1))
         return SequenceContext(rep(self.attention_mask), rep(self.readout_positions))
 
@@ -265,7 +270,7 @@ class ModelAdapter(abc.ABC):
     #: capability: :meth:`record_post_attention_values`
     records_post_attention_values: bool = False
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module) -> None:
         self.model = model
         self._signature = self.signature_of(model)
 
@@ -303,11 +308,11 @@ class ModelAdapter(abc.ABC):
 
     # -------------------------------------------------------------- inputs, layout
     @abc.abstractmethod
-    def prepare_inputs(self, inputs, sample_ids=None) -> ModelInputs:
+    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
         """Validate a tensor or a mapping of tensors as a tokenizer/processor returns it; errors name the problem."""
 
     @abc.abstractmethod
-    def layout(self, inputs: ModelInputs) -> Layout:
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> Layout:
         """The layout of ``inputs`` (a :class:`ModelInputs`, or raw inputs, which are validated first)."""
 
     @abc.abstractmethod
@@ -367,25 +372,27 @@ class ModelAdapter(abc.ABC):
 
     # -------------------------------------------------------------- where methods hook
     @abc.abstractmethod
-    def record_attention(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False,
+    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                          transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
         """Record block ``layer``'s post-softmax attention ``[B, H, N, N]`` (after dropout: identity in eval), the
         tensor the references hook; ``require_grad`` makes it differentiable for ``d logit / d A``."""
 
     @abc.abstractmethod
-    def record_values(self, rec: ActivationRecorder, layer: int, key) -> None:
+    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """Record block ``layer``'s value projection ``[B, N, D]`` (heads merged, bias included)."""
 
     @abc.abstractmethod
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                               require_grad: bool = False) -> None:
         """Record the hidden states entering block ``layer``'s attention: the norm output in a pre-norm block,
         the block input in a post-norm one."""
 
     @abc.abstractmethod
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                           require_grad: bool = False) -> None:
         """Record the residual stream entering block ``layer``."""
 
-    def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key) -> None:
+    def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """Record the value projection ``[B, N, D]`` of the block's first norm applied to the residual stream
         after the attention sub-layer (Beyond Intuition's CLIP token scale); only where
         :attr:`records_post_attention_values`."""
@@ -400,7 +407,7 @@ class ModelAdapter(abc.ABC):
 
     # -------------------------------------------------------------- attention implementation
     @abc.abstractmethod
-    def eager_attention(self) -> contextlib.AbstractContextManager:
+    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
         """Context in which the attention probabilities are materialised (fused attention switched off),
         restoring the model's setting on exit."""
 

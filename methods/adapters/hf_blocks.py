@@ -2,26 +2,31 @@
 encoder's layers with the mask the model itself builds, make the attention probabilities differentiable with
 frozen parameters, and switch the config to eager attention for the duration of a call.
 
-A family adapter mixes :class:`HFEncoderBlocks` in before :class:`~methods.adapters.base.ModelAdapter` and says
+A family adapter derives from :class:`HFEncoderBlocks` (a :class:`~methods.adapters.base.ModelAdapter`) and says
 where its config lives (:meth:`~HFEncoderBlocks.attention_config`), which mask its layers take
 (:meth:`~HFEncoderBlocks.block_mask`) and which extra keyword arguments (:meth:`~HFEncoderBlocks.block_kwargs`).
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 from torch import Tensor
 
-from .base import ModelInputs, SequenceContext
+from .base import ModelAdapter, ModelInputs, SequenceContext
 
 
-class HFEncoderBlocks:
+class HFEncoderBlocks(ModelAdapter):
     """``run_blocks``, ``forward`` and ``eager_attention`` of a Hugging Face encoder whose layers are called as
     ``layer(hidden, mask, **kwargs)``."""
 
-    def attention_config(self):
+    #: the model and its encoder layers, whose submodules are read by name (torch types those as
+    #: ``Tensor | Module``)
+    model: Any
+    blocks: List[Any]
+
+    def attention_config(self) -> Any:
         """The ``PretrainedConfig`` whose ``_attn_implementation`` the layers read."""
         return self.model.config
 
@@ -30,7 +35,7 @@ class HFEncoderBlocks:
         (``None``: no mask)."""
         return None
 
-    def block_kwargs(self) -> dict:
+    def block_kwargs(self) -> Dict[str, Any]:
         """Extra keyword arguments of every layer call (CLIP's text tower: ``is_causal``)."""
         return {}
 

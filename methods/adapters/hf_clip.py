@@ -31,12 +31,12 @@ Both towers are pre-norm (``x + attn(layer_norm1(x))``, ``h + mlp(layer_norm2(h)
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
-from .base import (AttentionLinears, ModelAdapter, ModelInputs, PatchGrid, SequenceContext, TokenSequence,
+from .base import (AttentionLinears, ModelInputs, PatchGrid, RawInputs, SampleIds, SequenceContext, TokenSequence,
                    check_sample_ids, register_adapter)
 from .hf_blocks import HFEncoderBlocks
 from .hf_text import _check_ids_like
@@ -50,7 +50,7 @@ TOKEN_EMBEDDING_SCALE = "token_embedding_scale"
 TOWERS = ("vision", "text")
 
 
-def _clip_model_class():
+def _clip_model_class() -> Optional[type]:
     try:
         import transformers
     except ImportError:  # pragma: no cover - a dependency
@@ -58,22 +58,22 @@ def _clip_model_class():
     return transformers.CLIPModel
 
 
-class _HFCLIPTower(HFEncoderBlocks, ModelAdapter):
+class _HFCLIPTower(HFEncoderBlocks):
     """Shared machinery of the two CLIP towers (see the module docstring); a subclass names its tower."""
 
     tower = "?"
     pre_norm = True
     records_post_attention_values = True
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.clip = model.clip
+        self.clip: Any = model.clip
         self.tower_model = self.tower_of(self.clip)
         self.blocks = list(self.tower_model.encoder.layers)
         self.config = self.tower_model.config
 
     @classmethod
-    def tower_of(cls, clip: nn.Module) -> nn.Module:
+    def tower_of(cls, clip: Any) -> Any:
         return clip.vision_model if cls.tower == "vision" else clip.text_model
 
     @classmethod
@@ -96,7 +96,7 @@ class _HFCLIPTower(HFEncoderBlocks, ModelAdapter):
         return None
 
     @classmethod
-    def signature_of(cls, model: nn.Module) -> tuple:
+    def signature_of(cls, model: Any) -> tuple:
         tower = cls.tower_of(model.clip)
         return (cls.tower, len(tower.encoder.layers), int(tower.config.num_attention_heads))
 
@@ -118,7 +118,7 @@ class _HFCLIPTower(HFEncoderBlocks, ModelAdapter):
         raise NotImplementedError
 
     # ------------------------------------------------------------------ forward pieces
-    def attention_config(self):
+    def attention_config(self) -> Any:
         return self.config   # the tower's own config: the other tower keeps its attention implementation
 
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
@@ -132,23 +132,25 @@ class _HFCLIPTower(HFEncoderBlocks, ModelAdapter):
         return embedding if pre_logits else self.model.logits_from_embeddings(embedding)
 
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False,
+    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                          transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
         """The probabilities returned by ``CLIPAttention`` (``(attn_output, attn_weights)`` in eager mode; after
         dropout, identity in eval), the tensor MM's and BI's CLIP code hook. ``require_grad`` needs autograd
         recorded from this block on (see :meth:`forward`)."""
         rec.output(self.blocks[layer].self_attn, key, transform=transform, index=1, require_grad=require_grad)
 
-    def record_values(self, rec: ActivationRecorder, layer: int, key) -> None:
+    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         rec.output(self.blocks[layer].self_attn.v_proj, key)
 
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                               require_grad: bool = False) -> None:
         rec.output(self.blocks[layer].layer_norm1, key, require_grad=require_grad)
 
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                           require_grad: bool = False) -> None:
         rec.input(self.blocks[layer], key, require_grad=require_grad)
 
-    def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key) -> None:
+    def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """Beyond Intuition's CLIP token scale reads ``v`` of ``layer_norm1`` applied to the residual stream
         **after** the attention sub-layer (``CLIP/CLIP/clip/model.py``: ``vproj_cal(self.ln_1(x))`` after
         ``x = x + attention(...)``), not of the attention input: record that ``[B, N, D]`` value projection
@@ -156,7 +158,7 @@ class _HFCLIPTower(HFEncoderBlocks, ModelAdapter):
         without changing the forward."""
         block = self.blocks[layer]
 
-        def hook(_module, args):
+        def hook(_module: nn.Module, args: Tuple[Any, ...]) -> None:
             with torch.no_grad():
                 rec.outputs[key] = block.self_attn.v_proj(block.layer_norm1(args[0]))
 
@@ -194,7 +196,7 @@ class HFCLIPVisionAdapter(_HFCLIPTower):
     def projection(self) -> nn.Linear:
         return self.clip.visual_projection
 
-    def prepare_inputs(self, inputs, sample_ids=None) -> ModelInputs:
+    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
         images = inputs.get("pixel_values") if isinstance(inputs, Mapping) else inputs
         if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != int(self.config.num_channels):
             shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
@@ -210,7 +212,7 @@ class HFCLIPVisionAdapter(_HFCLIPTower):
         return ModelInputs({"pixel_values": images}, int(images.shape[0]), images.dtype, images.device,
                            check_sample_ids(sample_ids, int(images.shape[0])))
 
-    def layout(self, inputs) -> PatchGrid:
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> PatchGrid:
         if not isinstance(inputs, ModelInputs):
             inputs = self.prepare_inputs(inputs)
         images = inputs["pixel_values"]
@@ -263,7 +265,7 @@ class HFCLIPTextAdapter(_HFCLIPTower):
     def eos_token_id(self) -> int:
         return int(self.tower_model.eos_token_id)
 
-    def prepare_inputs(self, inputs, sample_ids=None) -> ModelInputs:
+    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
         if isinstance(inputs, Tensor):
             inputs = {"input_ids": inputs}
         if not isinstance(inputs, Mapping):
@@ -313,7 +315,7 @@ class HFCLIPTextAdapter(_HFCLIPTower):
         dtype = self.tower_model.embeddings.token_embedding.weight.dtype
         return ModelInputs(tensors, int(shape[0]), dtype, ids.device, check_sample_ids(sample_ids, int(shape[0])))
 
-    def layout(self, inputs) -> TokenSequence:
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
         if not isinstance(inputs, ModelInputs):
             inputs = self.prepare_inputs(inputs)
         mask = inputs["attention_mask"]
@@ -348,11 +350,12 @@ class HFCLIPTextAdapter(_HFCLIPTower):
                                   attention_mask=None if mask is None else mask.to(hidden.device),
                                   past_key_values=None)
 
-    def block_kwargs(self) -> dict:
+    def block_kwargs(self) -> Dict[str, Any]:
         return {"is_causal": True}
 
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         normed = self.tower_model.final_layer_norm(hidden)
+        assert context.readout_positions is not None, "the text tower's context holds the EOS positions"
         positions = context.readout_positions.to(normed.device)
         return normed[torch.arange(normed.shape[0], device=normed.device), positions]
 

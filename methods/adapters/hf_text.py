@@ -7,13 +7,13 @@ each block, the head), so its logits are the model's.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional, Tuple
+from typing import Any, Callable, Hashable, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
-from .base import (AttentionLinears, ModelAdapter, ModelInputs, SequenceContext, TokenSequence, check_sample_ids,
-                   register_adapter)
+from .base import (AttentionLinears, ModelInputs, RawInputs, SampleIds, SequenceContext, TokenSequence,
+                   check_sample_ids, register_adapter)
 from .hf_blocks import HFEncoderBlocks
 from .recorder import ActivationRecorder
 
@@ -23,7 +23,7 @@ TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_ma
 EMBEDDING_SCALE = "embedding_scale"
 
 
-def _check_ids_like(name: str, tensor, shape) -> Tensor:
+def _check_ids_like(name: str, tensor: Any, shape: Optional[Sequence[int]]) -> Tensor:
     if not isinstance(tensor, Tensor):
         raise ValueError(f"{name} must be a tensor [B, N], got {type(tensor).__name__}")
     if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
@@ -47,7 +47,7 @@ def special_positions(attention_mask: Tensor) -> Tensor:
     return special
 
 
-class HFTextAdapter(HFEncoderBlocks, ModelAdapter):
+class HFTextAdapter(HFEncoderBlocks):
     """Shared machinery of stock ``transformers`` encoder classifiers read at position 0 ([CLS] / ``<s>``) with
     post-norm blocks and separate query/key/value projections; a family subclass names its submodules.
 
@@ -66,13 +66,13 @@ class HFTextAdapter(HFEncoderBlocks, ModelAdapter):
     base_attr = "?"
     uses_token_types = True
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.base = getattr(model, self.base_attr)
+        self.base: Any = getattr(model, self.base_attr)
         self.blocks = list(self.block_list(self.base))
 
     @staticmethod
-    def block_list(base: nn.Module):
+    def block_list(base: Any) -> Any:
         return base.encoder.layer
 
     @classmethod
@@ -89,11 +89,11 @@ class HFTextAdapter(HFEncoderBlocks, ModelAdapter):
         return None
 
     @classmethod
-    def signature_of(cls, model: nn.Module) -> tuple:
+    def signature_of(cls, model: Any) -> tuple:
         return (len(cls.block_list(getattr(model, cls.base_attr))), cls.num_heads_of(model.config))
 
     @staticmethod
-    def num_heads_of(config) -> int:
+    def num_heads_of(config: Any) -> int:
         return int(config.num_attention_heads)
 
     def max_length(self) -> int:
@@ -129,14 +129,16 @@ class HFTextAdapter(HFEncoderBlocks, ModelAdapter):
     def width(self) -> int:
         """The encoder's width (the input width of block 0's query projection; ELECTRA-small's embeddings are
         narrower)."""
-        return int(self.attention_linears(0).q.in_features)
+        query = self.attention_linears(0).q
+        assert query is not None  # text families have separate projections
+        return int(query.in_features)
 
     @property
     def has_class_token(self) -> bool:
         return True
 
     # ------------------------------------------------------------------ inputs, layout
-    def prepare_inputs(self, inputs, sample_ids=None) -> ModelInputs:
+    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
         if isinstance(inputs, Tensor):
             inputs = {"input_ids": inputs}
         if not isinstance(inputs, Mapping):
@@ -185,7 +187,7 @@ class HFTextAdapter(HFEncoderBlocks, ModelAdapter):
         dtype = self.model.get_input_embeddings().weight.dtype
         return ModelInputs(tensors, int(shape[0]), dtype, ids.device, check_sample_ids(sample_ids, int(shape[0])))
 
-    def layout(self, inputs) -> TokenSequence:
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
         if not isinstance(inputs, ModelInputs):
             inputs = self.prepare_inputs(inputs)
         mask = inputs["attention_mask"]
@@ -233,20 +235,24 @@ class HFTextAdapter(HFEncoderBlocks, ModelAdapter):
         return inputs.with_tensors(**repeated, **{EMBEDDING_SCALE: scale})
 
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False,
+    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                          transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
         """The probabilities returned by ``BertSelfAttention`` (``(attn_output, attn_weights)`` in eager mode;
         after dropout, identity in eval). ``require_grad`` needs autograd recorded from this block on (see
         :meth:`forward`)."""
         rec.output(self.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
 
-    def record_values(self, rec: ActivationRecorder, layer: int, key) -> None:
-        rec.output(self.attention_linears(layer).v, key)
+    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        value = self.attention_linears(layer).v
+        assert value is not None  # text families have separate projections
+        rec.output(value, key)
 
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                               require_grad: bool = False) -> None:
         rec.input(self.blocks[layer], key, require_grad=require_grad)   # post-norm: the block input
 
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                           require_grad: bool = False) -> None:
         rec.input(self.blocks[layer], key, require_grad=require_grad)
 
     def attention_linears(self, layer: int) -> AttentionLinears:
@@ -334,11 +340,11 @@ class HFDistilBertAdapter(HFTextAdapter):
     uses_token_types = False
 
     @staticmethod
-    def block_list(base: nn.Module):
+    def block_list(base: Any) -> Any:
         return base.transformer.layer
 
     @staticmethod
-    def num_heads_of(config) -> int:
+    def num_heads_of(config: Any) -> int:
         return int(config.n_heads)
 
     def embeddings(self, inputs: ModelInputs) -> Tensor:

@@ -1,7 +1,7 @@
 """Forward hooks that keep chosen activations of one forward pass."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, List, Optional
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 from torch import Tensor, nn
 
@@ -24,7 +24,7 @@ class ActivationRecorder:
         """Keep ``module``'s output (element ``index`` of a tuple output when given). With ``index``, the kept
         tensor has already been used by the module, so ``require_grad`` cannot make it a point to differentiate
         to: it must already be part of the autograd graph (``RuntimeError`` otherwise)."""
-        def hook(_module, _inputs, out):
+        def hook(_module: nn.Module, _inputs: Any, out: Any) -> None:
             if index is not None:
                 out = out[index]
                 if require_grad and not out.requires_grad:
@@ -37,7 +37,7 @@ class ActivationRecorder:
         self._handles.append(module.register_forward_hook(hook))
 
     def input(self, module: nn.Module, key: Hashable, require_grad: bool = False) -> None:
-        def hook(_module, inputs):
+        def hook(_module: nn.Module, inputs: Tuple[Any, ...]) -> Optional[Tuple[Any, ...]]:
             x = inputs[0]
             if require_grad and not x.requires_grad:
                 x = x.detach().requires_grad_(True)
@@ -61,5 +61,5 @@ class ActivationRecorder:
     def __enter__(self) -> "ActivationRecorder":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.remove()

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Mapping, Optional, Tuple
+from typing import Any, Callable, Hashable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from torch import Tensor, nn
 
-from .base import (AttentionLinears, ModelAdapter, ModelInputs, PatchGrid, SequenceContext, check_sample_ids,
-                   register_adapter)
+from .base import (AttentionLinears, ModelAdapter, ModelInputs, PatchGrid, RawInputs, SampleIds, SequenceContext,
+                   check_sample_ids, register_adapter)
 from .recorder import ActivationRecorder
 
 SUPPORTED_POOLS = ("token", "avg")
@@ -22,8 +22,11 @@ class TimmViTAdapter(ModelAdapter):
 
     family = "timm VisionTransformer"
     pre_norm = True
+    #: the model and its blocks, whose submodules are read by name (torch types those as ``Tensor | Module``)
+    model: Any
+    blocks: List[Any]
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: Any) -> None:
         super().__init__(model)
         self.blocks = list(model.blocks)
         self.num_prefix_tokens = int(model.num_prefix_tokens)
@@ -44,7 +47,7 @@ class TimmViTAdapter(ModelAdapter):
         return None
 
     @classmethod
-    def signature_of(cls, model: nn.Module) -> tuple:
+    def signature_of(cls, model: Any) -> tuple:
         return (model.global_pool, len(model.blocks), int(model.num_prefix_tokens))
 
     # ------------------------------------------------------------------ structure
@@ -66,7 +69,7 @@ class TimmViTAdapter(ModelAdapter):
         return bool(getattr(m, "has_class_token", m.cls_token is not None))
 
     # ------------------------------------------------------------------ inputs, layout
-    def prepare_inputs(self, inputs, sample_ids=None) -> ModelInputs:
+    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
         images = inputs.get("pixel_values") if isinstance(inputs, Mapping) else inputs
         if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != 3:
             shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
@@ -81,7 +84,7 @@ class TimmViTAdapter(ModelAdapter):
         return ModelInputs({"pixel_values": images}, int(images.shape[0]), images.dtype, images.device,
                            check_sample_ids(sample_ids, int(images.shape[0])))
 
-    def layout(self, inputs) -> PatchGrid:
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> PatchGrid:
         if not isinstance(inputs, ModelInputs):
             inputs = self.prepare_inputs(inputs)
         images = inputs["pixel_values"]
@@ -117,18 +120,20 @@ class TimmViTAdapter(ModelAdapter):
         return inputs.with_tensors(pixel_values=(alphas[:, None, None, None, None] * images[None]).flatten(0, 1))
 
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False,
+    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                          transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
         rec.output(self.blocks[layer].attn.attn_drop, key, require_grad=require_grad, transform=transform)
 
-    def record_values(self, rec: ActivationRecorder, layer: int, key) -> None:
+    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         dim = self.width
         rec.output(self.blocks[layer].attn.qkv, key, transform=lambda out: out[..., 2 * dim:3 * dim])
 
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                               require_grad: bool = False) -> None:
         rec.output(self.blocks[layer].norm1, key, require_grad=require_grad)
 
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key, require_grad: bool = False) -> None:
+    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                           require_grad: bool = False) -> None:
         rec.input(self.blocks[layer], key, require_grad=require_grad)
 
     def attention_linears(self, layer: int) -> AttentionLinears:

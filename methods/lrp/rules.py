@@ -29,7 +29,7 @@ mapping.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -156,22 +156,25 @@ def linear_alpha1_beta0_shared(x: Tensor, layers: Sequence[Tuple[Tensor, Tensor,
     of the additions).
     """
     if any(out is None for _, _, out, _ in layers):
-        total = None
+        total: Optional[Tensor] = None
         for weight, relevance, out, bias in layers:
             r = linear_alpha1_beta0(x, weight, relevance, out, bias)
             total = r if total is None else total.add_(r)
+        assert total is not None, "no Linear layers"
         return total
     n_in = x.shape[-1]
     abs_x = x.abs().reshape(-1, n_in)
-    t = u = None
+    t: Optional[Tensor] = None
+    u: Optional[Tensor] = None
     for weight, relevance, out, bias in layers:
         abs_w = weight.abs()
         s = _half_quotient(abs_x, abs_w, relevance, out, bias)
-        if t is None:
+        if t is None or u is None:
             t, u = torch.mm(s, weight), torch.mm(s, abs_w)
         else:
             t.addmm_(s, weight)
             u.addmm_(s, abs_w)
+    assert t is not None and u is not None, "no Linear layers"
     r_in = abs_x.mul_(u)
     r_in.addcmul_(x.reshape(-1, n_in), t)
     return r_in.reshape(x.shape)
@@ -202,17 +205,19 @@ def linear_separate_groups_shared(x: Tensor, layers: Sequence[Tuple[Tensor, Tens
     summed up to float rounding."""
     n_in = x.shape[-1]
     xp, xn = _split(x.reshape(-1, n_in))
-    tp = tn = None
+    tp: Optional[Tensor] = None
+    tn: Optional[Tensor] = None
     for weight, relevance, _out, _bias in layers:
         wp, wn = _split(weight)
         r = relevance.reshape(-1, weight.shape[0])
         sp = safe_divide_(r, F.linear(xp, wp))
         sn = safe_divide_(r, F.linear(xn, wn))
-        if tp is None:
+        if tp is None or tn is None:
             tp, tn = torch.mm(sp, wp), torch.mm(sn, wn)
         else:
             tp.addmm_(sp, wp)
             tn.addmm_(sn, wn)
+    assert tp is not None and tn is not None, "no Linear layers"
     r_in = xp.mul_(tp)
     return r_in.add_(xn.mul_(tn)).reshape(x.shape)
 
@@ -378,10 +383,11 @@ class RuleSet:
         shared = self.rules.get("linear_shared")
         if shared is not None:
             return shared(x, layers)
-        total = None
+        total: Optional[Tensor] = None
         for weight, relevance, out, bias in layers:
             r = self.rules["linear"](x, weight, relevance, out, bias)
             total = r if total is None else total + r
+        assert total is not None, "no Linear layers"
         return total
 
     def mask_add(self, scores: Tensor, mask: Optional[Tensor], relevance: Tensor) -> Tensor:
@@ -394,7 +400,7 @@ class RuleSet:
         return self.rules["add"](scores, torch.zeros_like(scores) if mask is None else mask, relevance)[0]
 
 
-_SHARED = {
+_SHARED: Dict[str, Callable[..., Any]] = {
     "clone": clone,
     "matmul": matmul_grad_x_input,
     "input_conv": conv_zb,
@@ -421,7 +427,7 @@ RULE_SETS: Dict[str, RuleSet] = {
 }
 
 
-def get_rules(name) -> RuleSet:
+def get_rules(name: Union[str, RuleSet]) -> RuleSet:
     if isinstance(name, RuleSet):
         return name
     try:

@@ -45,6 +45,7 @@ def attention_relprop(rules, q: Tensor, k: Tensor, v: Tensor, attn: Tensor, rele
     if not (mask is not None if mask_add is None else mask_add):
         r_q, r_kt = rules["matmul"](q, kt, r_attn, scale=0.5)
         return r_attn, r_q, r_kt.transpose(-2, -1), r_v
+    assert scale is not None, "the mask's Add needs the scores' divisor"
     qk = torch.matmul(q, kt)
     if math.frexp(scale)[0] == 0.5:   # a power of two (head_dim 4**k): the scores in qk's storage, then back
         r_scores = rules.mask_add(qk.div_(scale), mask, r_attn)
@@ -200,8 +201,10 @@ def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears
         return tensor.reshape(batch, tensor.shape[1], heads, -1).transpose(1, 2)
 
     if fused:
+        assert t.qkv is not None, "a fused projection records qkv"
         q, k, v = t.qkv.reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
     else:
+        assert t.q is not None and t.k is not None and t.v is not None, "separate projections record q, k, v"
         q, k, v = heads_first(t.q), heads_first(t.k), heads_first(t.v)
     query_rows = slice(None) if rows is None else rows
     mask = t.mask
@@ -216,7 +219,9 @@ def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears
     if not need_below:
         return None, r_attn
     x_in = t.qkv_in
-    if not fused:
+    if linears.qkv is None:
+        assert linears.q is not None and linears.k is not None and linears.v is not None
+        assert t.q is not None and t.k is not None and t.v is not None
         # The Linear rule per projection (TE's BERT: query, key, value relprops, then their clone), summed
         # (RuleSet.linear_shared: one pass over the shared input for all three).
         def merged(r: Tensor) -> Tensor:           # [B, H, n, d] -> [B, n, H*d]
@@ -233,6 +238,7 @@ def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears
             r_in[:, rows] += rules["linear"](x_in[:, rows], linears.q.weight, merged(r_q), t.q[:, rows],
                                              linears.q.bias)
         return rules["clone"](t.x, [r_x, r_in]), r_attn
+    assert t.qkv is not None
     weight, bias, qkv_out = linears.qkv.weight, linears.qkv.bias, t.qkv
     if rows is None:
         r_qkv = torch.stack([r.transpose(1, 2) for r in (r_q, r_k, r_v)], dim=2).reshape(batch, tokens, -1)

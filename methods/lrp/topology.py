@@ -1,14 +1,17 @@
 """Registry of LRP topologies: one per adapter class (model family)."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple, Type
+from typing import Callable, Dict, Tuple, Type, TypeVar
 
-TOPOLOGIES: Dict[type, Type] = {}
+from ..adapters import ModelAdapter
+
+T = TypeVar("T", bound="Type[Topology]")
+TOPOLOGIES: Dict[Type[ModelAdapter], Type[Topology]] = {}
 
 
-def register_topology(adapter_class: type) -> Callable[[Type], Type]:
+def register_topology(adapter_class: Type[ModelAdapter]) -> Callable[[T], T]:
     """Class decorator: the topology used for models whose adapter is ``adapter_class``."""
-    def decorator(cls: Type) -> Type:
+    def decorator(cls: T) -> T:
         TOPOLOGIES[adapter_class] = cls
         return cls
     return decorator
@@ -41,7 +44,7 @@ class Topology:
         self.model = adapter.model
 
 
-def topology_for(adapter):
+def topology_for(adapter: ModelAdapter):
     """The LRP topology of ``adapter``'s family; ``TypeError`` naming the supported families otherwise."""
     cls = TOPOLOGIES.get(type(adapter))
     if cls is None:
