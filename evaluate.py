@@ -42,12 +42,12 @@ from typing import Any, Dict, List, Optional, Protocol, runtime_checkable
 
 import pytorch_lightning as pl
 
+import training  # noqa: F401  (registers the trained: and synthetic model sources, in DDP children too)
 from callbacks.accuracy import CleanAccuracyTest
 from callbacks.base import EvaluationCallback
 from callbacks.progress import ProgressCheckpoint, ProgressError, RunProgress, check_fresh_run_dir
 from callbacks.reporter import ResultsReporter
 from cli import EvaluateCLI, check_data_paths
-import training  # noqa: F401  (registers the trained: and synthetic model sources, in DDP children too)
 from datamodules.unrepeated import UnrepeatedTestData
 from methods.cpu_memory import retain_freed_memory
 

@@ -63,11 +63,18 @@ from torchmetrics import Metric
 from evaluation.eraser_export import eraser_row, write_eraser_jsonl
 from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.metrics import MeanOverImages
-from evaluation.rationale_metrics import (DEFAULT_IOU_THRESHOLD, SoftAUPRC, SpanIOUF1, TokenF1, soft_auprc,
-                                          span_iou_matches, token_counts)
+from evaluation.rationale_metrics import (
+    DEFAULT_IOU_THRESHOLD,
+    SoftAUPRC,
+    SpanIOUF1,
+    TokenF1,
+    soft_auprc,
+    span_iou_matches,
+    token_counts,
+)
 from evaluation.rationale_selection import DEFAULT_KS, check_ks, top_k_masks
-from evaluation.words import REDUCTIONS, document_word_scores, word_mask
 from evaluation.result_keys import ResultKey
+from evaluation.words import REDUCTIONS, document_word_scores, word_mask
 
 from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
 from .reporter import ResultsReporter
@@ -401,7 +408,7 @@ class RationaleTest(EvaluationCallback):
             for setting in self.class_settings:
                 key = self._key(method, setting)
 
-                def result(metric: str) -> str:
+                def result(metric: str, method: str = method, setting: str = setting) -> str:
                     return ResultKey(PREFIX, method, setting, metric).format()
 
                 # every rank: torchmetrics syncs the sums (and squeezes a single k to 0-d: reshape back)
@@ -425,7 +432,7 @@ class RationaleTest(EvaluationCallback):
         keys: Dict[str, Tuple[Optional[bool], bool]] = {}
         for method in self._built_methods:
             for setting in self.class_settings:
-                def result(metric: str) -> str:
+                def result(metric: str, method: str = method, setting: str = setting) -> str:
                     return ResultKey(PREFIX, method, setting, metric).format()
 
                 token = TokenF1.higher_is_better

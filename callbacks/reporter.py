@@ -28,8 +28,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import pytorch_lightning as pl
 from pytorch_lightning.loggers import WandbLogger
 
-from evaluation.reporting import (META_FILE, META_SUMMARY_KEY, log_curves, metrics_meta, results_table, write_json,
-                                  write_metrics_json)
+from evaluation.reporting import (
+    META_FILE,
+    META_SUMMARY_KEY,
+    log_curves,
+    metrics_meta,
+    results_table,
+    write_json,
+    write_metrics_json,
+)
 from evaluation.result_keys import ResultKey
 
 

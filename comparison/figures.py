@@ -85,8 +85,8 @@ def _curve(run: Run, method: str, direction: str, setting: str):
 
 
 def curves_plotly(runs: Sequence[Run], setting: str, direction: str, methods: Sequence[str], ncols: int = 4):
-    from plotly.subplots import make_subplots
     import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
 
     nrows = math.ceil(len(methods) / ncols)
     titles = []

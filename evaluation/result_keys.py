@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Optional
+
 #: the test whose keys put the metric before the method (module docstring)
 CDAM = "cdam_analysis"
 DISCRIMINATION = "discrimination/"

@@ -5,14 +5,15 @@
     scores = method(model, inputs, target=None)   # [B, P] patch scores for images ([B, H, W] pixels for lrp);
                                                   # [B, N] per input position for token sequences
 """
-from .registry import available_methods, build_method, method_class, register_method  # noqa: F401
+# Importing the method modules registers them.
+from . import (
+    ablation_methods,  # noqa: F401,E402
+    attention_methods,  # noqa: F401,E402
+    beyond_intuition,  # noqa: F401,E402
+    gradient_methods,  # noqa: F401,E402
+    random_baseline,  # noqa: F401,E402
+    relevance_methods,  # noqa: F401,E402
+)
 from .base import AttributionMethod  # noqa: F401
 from .maps import minmax_normalize, tokens_to_map  # noqa: F401
-
-# Importing the method modules registers them.
-from . import attention_methods  # noqa: F401,E402
-from . import gradient_methods  # noqa: F401,E402
-from . import beyond_intuition  # noqa: F401,E402
-from . import ablation_methods  # noqa: F401,E402
-from . import relevance_methods  # noqa: F401,E402
-from . import random_baseline  # noqa: F401,E402
+from .registry import available_methods, build_method, method_class, register_method  # noqa: F401

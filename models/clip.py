@@ -36,10 +36,9 @@ text side: :class:`PromptScorer`).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
-
 import json
 import os
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import Tensor, nn

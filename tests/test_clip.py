@@ -283,8 +283,9 @@ def test_lrp_conserves_relevance_on_both_towers():
     """No reference exists for LRP on CLIP: with the conservative ``"ours"`` rules, the relevance entering the
     first block sums to the one-hot target (1) per sample, on both towers (float64); full LRP runs to the
     pixels (image) and to the encoder input (text, where it still sums to 1)."""
-    from methods.lrp import LRPEngine
     from test_method_contract import _clip_classifier, _clip_images, _clip_scorer, _clip_token_batch
+
+    from methods.lrp import LRPEngine
 
     for model, inputs in ((_clip_classifier().eval(), _clip_images(3)), (_clip_scorer().eval(), _clip_token_batch(3))):
         adapter = adapter_for(model)
@@ -322,8 +323,9 @@ class _WordTokenizer:
 
 
 def test_zero_shot_classifier_from_prompts_follows_openais_recipe():
-    from models.clip import ZeroShotClassifier, text_embeddings
     from test_method_contract import _clip_images, _tiny_clip
+
+    from models.clip import ZeroShotClassifier, text_embeddings
 
     clip = _tiny_clip().eval()
     tok = _WordTokenizer()
@@ -361,8 +363,9 @@ def test_zero_shot_classifier_from_prompts_follows_openais_recipe():
 
 
 def test_scorer_and_input_errors_are_named():
-    from models.clip import PromptScorer, ZeroShotClassifier
     from test_method_contract import _clip_token_batch, _tiny_clip
+
+    from models.clip import PromptScorer, ZeroShotClassifier
 
     clip = _tiny_clip().eval()
     method = build_method("raw_attention")
@@ -415,10 +418,10 @@ def test_bi_subset_and_synthetic_images(tmp_path):
     """The subset index selects images of the full split in torchvision's order (class folders by wnid, files
     sorted), in the file's order; the synthetic source gives the shapes with their masks and shape prompts."""
     from PIL import Image
+    from test_method_contract import _tiny_clip
 
     from datamodules.clip_zero_shot import BI_SUBSET_FILE, CLIPZeroShotDataModule
     from models.clip import ZeroShotClassifier
-    from test_method_contract import _tiny_clip
 
     wnids = ["n01440764", "n01443537", "n01484850"]                  # classes 0, 1, 2
     for wnid in wnids:

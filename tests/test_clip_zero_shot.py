@@ -16,11 +16,19 @@ import yaml
 
 transformers = pytest.importorskip("transformers")
 
-from datamodules.synthetic_captions import (BOS, EOS, PAD, SPECIAL_TOKENS, SyntheticCaptionsDataModule,  # noqa: E402
-                                            build_caption_tokenizer, caption_vocabulary, colour_name, describe,
-                                            position_phrase)
-from models.clip import (OPENAI_CLIP_MEAN, ZeroShotClassifier, clip_source, is_clip_spec,  # noqa: E402
-                         load_zero_shot_classifier)
+from datamodules.synthetic_captions import (  # noqa: E402
+    BOS,
+    EOS,
+    PAD,
+    SPECIAL_TOKENS,
+    SyntheticCaptionsDataModule,
+    build_caption_tokenizer,
+    caption_vocabulary,
+    colour_name,
+    describe,
+    position_phrase,
+)
+from models.clip import OPENAI_CLIP_MEAN, ZeroShotClassifier, clip_source, is_clip_spec, load_zero_shot_classifier  # noqa: E402
 from models.clip_prompts import read_prompt_set, save_prompt_set  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

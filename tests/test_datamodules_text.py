@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shared_resources import SHARED_DATA, minilm_folder
 
 from datamodules.movie_reviews import RELEASE_COUNTS, MovieReviewsDataModule, eraser_tokens
 from datamodules.newsgroups import NEWSGROUPS, TwentyNewsgroupsDataModule, message_text
@@ -26,7 +27,6 @@ from datamodules.text_common import (
     whitespace_words,
 )
 from models.sources import load_tokenizer
-from shared_resources import SHARED_DATA, minilm_folder
 
 torch.set_num_threads(1)
 DATA = SHARED_DATA

@@ -20,7 +20,8 @@ from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
 from methods import build_method, minmax_normalize  # noqa: E402
 from methods.adapters import TimmViTAdapter  # noqa: E402
-from methods.lrp import LRPEngine, rules as R  # noqa: E402
+from methods.lrp import LRPEngine  # noqa: E402
+from methods.lrp import rules as R  # noqa: E402
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "golden")
 

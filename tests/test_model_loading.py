@@ -225,8 +225,7 @@ def test_files_written_here_read_with_weights_only(tmp_path):
 def test_pickled_files_need_the_explicit_opt_in(tmp_path):
     from models.checkpoint_io import PickledCheckpointError, read_checkpoint
     from models.classifier_file import load_classifier
-    from models.concepts import ConceptHead
-    from models.concepts import load_concept_heads
+    from models.concepts import ConceptHead, load_concept_heads
 
     new, old = _old_style_classifier_file(tmp_path)
     for load in (load_classifier, load_model, lambda p: read_checkpoint(p)):

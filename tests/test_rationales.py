@@ -25,6 +25,7 @@ from typing import Dict, List
 import numpy as np
 import pytest
 import torch
+from shared_resources import MOVIES, minilm_folder
 
 from callbacks.rationale import RationaleTest
 from callbacks.reporter import ResultsReporter
@@ -32,8 +33,6 @@ from evaluation.eraser_export import check_eraser_rows, eraser_row, write_eraser
 from evaluation.rationale_metrics import SoftAUPRC, SpanIOUF1, TokenF1, soft_auprc, span_iou_matches, token_counts
 from evaluation.rationale_selection import batched_runs, spans_from_mask, top_k_masks
 from evaluation.words import REDUCTIONS, document_word_scores, word_attribution_from_ids, word_mask, word_scores
-from shared_resources import MOVIES, minilm_folder
-
 
 
 # =============================================================================== ERASER, transcribed independently

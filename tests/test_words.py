@@ -12,12 +12,21 @@ from html.parser import HTMLParser
 
 import pytest
 import torch
+from shared_resources import minilm_folder
 
-from evaluation.words import (REDUCTIONS, TextHeatmap, WordAttributions, reduce_tokens, text_heatmap_html,
-                              whitespace_words, word_attribution_from_ids, word_scores, write_text_heatmap)
+from evaluation.words import (
+    REDUCTIONS,
+    TextHeatmap,
+    WordAttributions,
+    reduce_tokens,
+    text_heatmap_html,
+    whitespace_words,
+    word_attribution_from_ids,
+    word_scores,
+    write_text_heatmap,
+)
 from evaluation.words.heatmap import score_color
 from methods import build_method
-from shared_resources import minilm_folder
 
 transformers = pytest.importorskip("transformers")
 

@@ -13,6 +13,5 @@ token scores; the rationale test, the heatmap callbacks and notebooks use it).
 * :mod:`evaluation.words.heatmap`: escaped HTML heatmaps (:func:`text_heatmap_html`, :class:`TextHeatmap`).
 """
 from .heatmap import TextHeatmap, page_html, text_heatmap_html, write_text_heatmap  # noqa: F401
-from .mapping import (WordAttribution, WordAttributions, whitespace_words, word_attribution_from_ids,  # noqa: F401
-                      word_scores)
+from .mapping import WordAttribution, WordAttributions, whitespace_words, word_attribution_from_ids, word_scores  # noqa: F401
 from .reductions import REDUCTIONS, check_reduction, document_word_scores, reduce_tokens, word_mask  # noqa: F401

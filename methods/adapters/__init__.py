@@ -23,8 +23,7 @@ from .base import (  # noqa: F401
     check_sample_ids,
     register_adapter,
 )
+from .hf_clip import HFCLIPTextAdapter, HFCLIPVisionAdapter  # noqa: F401
+from .hf_text import HFBertAdapter, HFDistilBertAdapter, HFElectraAdapter, HFRobertaAdapter, HFTextAdapter  # noqa: F401
 from .recorder import ActivationRecorder  # noqa: F401
 from .timm_vit import TimmViTAdapter  # noqa: F401
-from .hf_text import (HFBertAdapter, HFDistilBertAdapter, HFElectraAdapter, HFRobertaAdapter,  # noqa: F401
-                      HFTextAdapter)
-from .hf_clip import HFCLIPTextAdapter, HFCLIPVisionAdapter  # noqa: F401

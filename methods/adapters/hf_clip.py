@@ -36,8 +36,17 @@ from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Tuple, Unio
 import torch
 from torch import Tensor, nn
 
-from .base import (AttentionLinears, ModelInputs, PatchGrid, RawInputs, SampleIds, SequenceContext, TokenSequence,
-                   check_sample_ids, register_adapter)
+from .base import (
+    AttentionLinears,
+    ModelInputs,
+    PatchGrid,
+    RawInputs,
+    SampleIds,
+    SequenceContext,
+    TokenSequence,
+    check_sample_ids,
+    register_adapter,
+)
 from .hf_blocks import HFEncoderBlocks
 from .hf_text import _check_ids_like
 from .recorder import ActivationRecorder

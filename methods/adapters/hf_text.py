@@ -12,8 +12,16 @@ from typing import Any, Callable, Hashable, Mapping, Optional, Sequence, Tuple, 
 import torch
 from torch import Tensor, nn
 
-from .base import (AttentionLinears, ModelInputs, RawInputs, SampleIds, SequenceContext, TokenSequence,
-                   check_sample_ids, register_adapter)
+from .base import (
+    AttentionLinears,
+    ModelInputs,
+    RawInputs,
+    SampleIds,
+    SequenceContext,
+    TokenSequence,
+    check_sample_ids,
+    register_adapter,
+)
 from .hf_blocks import HFEncoderBlocks
 from .recorder import ActivationRecorder
 

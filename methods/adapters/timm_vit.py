@@ -6,8 +6,17 @@ from typing import Any, Callable, Hashable, Iterator, List, Mapping, Optional, T
 
 from torch import Tensor, nn
 
-from .base import (AttentionLinears, ModelAdapter, ModelInputs, PatchGrid, RawInputs, SampleIds, SequenceContext,
-                   check_sample_ids, register_adapter)
+from .base import (
+    AttentionLinears,
+    ModelAdapter,
+    ModelInputs,
+    PatchGrid,
+    RawInputs,
+    SampleIds,
+    SequenceContext,
+    check_sample_ids,
+    register_adapter,
+)
 from .recorder import ActivationRecorder
 
 SUPPORTED_POOLS = ("token", "avg")

@@ -1,8 +1,10 @@
 """Relevance propagation (LRP) on stock Transformers: rules keyed by layer type, shared sub-layers, one short
 topology per model family, and the engine that runs them."""
+from . import (
+    hf_clip,  # noqa: F401,E402  (registers the CLIP tower topologies)
+    hf_text,  # noqa: F401,E402  (registers the Hugging Face text classifier topologies)
+    timm_vit,  # noqa: F401,E402  (registers the timm ViT topology)
+)
 from .engine import LRPEngine, LRPResult  # noqa: F401
 from .rules import RULE_SETS, RuleSet, get_rules, safe_divide  # noqa: F401
 from .topology import TOPOLOGIES, register_topology, topology_for  # noqa: F401
-from . import timm_vit  # noqa: F401,E402  (registers the timm ViT topology)
-from . import hf_text  # noqa: F401,E402  (registers the Hugging Face text classifier topologies)
-from . import hf_clip  # noqa: F401,E402  (registers the CLIP tower topologies)

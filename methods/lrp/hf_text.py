@@ -21,8 +21,14 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..adapters import (ActivationRecorder, HFBertAdapter, HFDistilBertAdapter, HFElectraAdapter, HFRobertaAdapter,
-                        HFTextAdapter)
+from ..adapters import (
+    ActivationRecorder,
+    HFBertAdapter,
+    HFDistilBertAdapter,
+    HFElectraAdapter,
+    HFRobertaAdapter,
+    HFTextAdapter,
+)
 from .sublayers import block_relprop, block_tensors, readout_relprop, record_block
 from .topology import Topology, register_topology
 
