@@ -23,8 +23,9 @@ unset: ``bf16-mixed``, ``16-mixed`` without bf16 support, on a CUDA accelerator;
 ``trainer.default_root_dir`` to ``outputs``. ``--resume <run folder>`` reads the run's config from
 ``<run folder>/progress/config.yaml`` (no ``--config``) and refuses a command line that changes the evaluation
 (only :data:`RESUME_MAY_CHANGE` may differ). A run folder is data, not code: its saved config may not switch on
-a setting that runs code from files (:data:`CODE_SWITCHES`) nor name a class outside :data:`TRUSTED_CLASS_PATHS`
-unless the command line repeats that setting or passes ``--trust_run_config`` (:func:`untrusted_settings`).
+a setting that runs code from files (:data:`CODE_SWITCHES`), name a class outside :data:`TRUSTED_CLASS_PATHS` nor
+train with a config outside ``configs/`` unless the command line repeats that setting or passes
+``--trust_run_config`` (:func:`untrusted_settings`).
 """
 from __future__ import annotations
 
@@ -291,8 +292,9 @@ class EvaluateCLI(ProjectCLI):
             shown = "; ".join(f"{key}: {value!r}" for key, value in found)
             switch = next((f"--{k} {str(v).lower()}" for k, v in found if k.rsplit(".", 1)[-1] in CODE_SWITCHES), "")
             raise SystemExit(f"error: --resume {self.resume_dir}: the run folder's saved config {self.default_config} "
-                             f"lets files run code or names a class outside this project's packages and Lightning's "
-                             f"loggers and callbacks ({shown}). A run folder is data: accept "
+                             f"lets files run code (allow_pickle, trust_remote_code), names a class outside this "
+                             f"project's packages and Lightning's loggers and callbacks, or trains with a config "
+                             f"outside configs/ ({shown}). A run folder is data: accept "
                              f"{'a setting by repeating it on the command line (' + switch + ') or ' if switch else ''}"
                              f"the whole saved config with --trust_run_config")
 
@@ -322,10 +324,29 @@ def _entries(config: Any, prefix: str = ""):
 
 def untrusted_settings(config: dict) -> List[tuple]:
     """``[(dotted key, value)]`` of the plain ``config`` that let files run code: a :data:`CODE_SWITCHES` key
-    switched on, or a ``class_path`` outside :data:`TRUSTED_CLASS_PATHS`, at any depth."""
+    switched on, a ``class_path`` outside :data:`TRUSTED_CLASS_PATHS`, or a model spec that trains on first use
+    (``trained:`` / ``synthetic:``, also after ``clip:``) with a config outside the project's ``configs/`` (a
+    config is code), at any depth."""
     return [(key, value) for key, value in _entries(config)
             if (key.rsplit(".", 1)[-1] in CODE_SWITCHES and value)
-            or (key.rsplit(".", 1)[-1] == "class_path" and not str(value).startswith(TRUSTED_CLASS_PATHS))]
+            or (key.rsplit(".", 1)[-1] == "class_path" and not str(value).startswith(TRUSTED_CLASS_PATHS))
+            or (isinstance(value, str) and not _project_training_spec(value))]
+
+
+def _project_training_spec(spec: str) -> bool:
+    """Whether ``spec`` is no ``trained:``/``synthetic:`` spec, or one whose config files (``+``-joined; relative
+    to the current directory, else the repository) all lie in the repository's ``configs/``."""
+    body = spec[len("clip:"):] if spec.startswith("clip:") else spec
+    prefix = next((p for p in ("trained:", "synthetic:") if body.startswith(p)), None)
+    if prefix is None:
+        return True
+    configs = (ROOT / "configs").resolve()
+    for part in body[len(prefix):].split("+"):
+        path = Path(os.path.expanduser(part))
+        path = path if path.is_absolute() or path.exists() else ROOT / path
+        if configs not in path.resolve().parents:
+            return False
+    return True
 
 
 def _yaml_value(text: Optional[str]) -> Any:

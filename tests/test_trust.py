@@ -10,6 +10,8 @@ payload that would write a marker file:
   outside the project and Lightning's loggers and callbacks, unless the command line repeats the setting or
   passes ``--trust_run_config`` (``test_resume_refuses_code_switches_of_the_saved_config``,
   ``test_resume_refuses_foreign_classes_of_the_saved_config``);
+* ``--resume``: a model spec that trains on first use with a config outside ``configs/`` is refused too
+  (``test_resume_refuses_training_configs_outside_the_project``);
 * a Hugging Face folder's own Python (``auto_map``) runs only with ``trust_remote_code=True``, never through
   ``model_kwargs`` / ``config_overrides`` (``test_remote_code_runs_only_with_the_named_opt_in``).
 """
@@ -182,6 +184,23 @@ def test_resume_refuses_foreign_classes_of_the_saved_config(tmp_path):
     assert not marker.exists()
     EvaluateCLI(["--resume", str(run), "--trust_run_config"])
     assert marker.exists()
+
+
+def test_resume_refuses_training_configs_outside_the_project(tmp_path):
+    from cli import EvaluateCLI
+    from cli.commands import untrusted_settings
+
+    evil = tmp_path / "evil.yaml"   # a train.py config is code: it could name any class
+    evil.write_text("trainer:\n  callbacks: [{class_path: tests.test_trust.TouchMarker}]\n")
+    run = _run_folder(tmp_path, _tiny_evaluate_config(tmp_path, classifier=f"trained:{evil}"))
+    with pytest.raises(SystemExit, match=rf"model\.classifier: 'trained:{evil}'.*--trust_run_config"):
+        EvaluateCLI(["--resume", str(run)])
+    ours = {"classifier": "synthetic", "a": "trained:configs/train/planted_words_bert.yaml",
+            "b": "clip:trained:configs/train/synthetic_clip.yaml", "c": "synthetic:configs/train/synthetic_vit.yaml"}
+    assert untrusted_settings({"model": ours}) == []
+    theirs = {"a": f"synthetic:{evil}", "b": f"clip:trained:configs/train/synthetic_clip.yaml+{evil}",
+              "c": "trained:../outside.yaml"}
+    assert [key for key, _ in untrusted_settings({"model": theirs})] == ["model.a", "model.b", "model.c"]
 
 
 def _remote_code_folder(tmp_path, marker: Path) -> Path:
