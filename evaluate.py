@@ -29,8 +29,10 @@ after its last batch; a run that ends normally removes that folder. ``python eva
 continues a killed run with the config saved there, on the same number of processes, each restoring its own
 checkpoint and evaluating only its samples not yet done, so ``metrics.json`` equals an uninterrupted run's. The
 command line of a resume may change only where results and logs go and how progress is shown and saved
-(``cli.commands.RESUME_MAY_CHANGE``). W&B: a resume logs to a new W&B run in the killed run's group, tagged
-``resumed``, which holds the whole run's results (the killed run's W&B run holds nothing at its end).
+(``cli.commands.RESUME_MAY_CHANGE``); a run folder is data, so a saved config that lets files run code needs
+``--trust_run_config`` (``cli.commands.untrusted_settings``; README, "Trust model"). W&B: a resume logs to a new
+W&B run in the killed run's group, tagged ``resumed``, which holds the whole run's results (the killed run's W&B
+run holds nothing at its end).
 """
 from __future__ import annotations
 

@@ -40,6 +40,7 @@ from evaluation.metrics import PerStepMean
 from evaluation.perturbers import TokenPerturber, build_perturber
 from evaluation.ranking import TIES, removal_counts, removal_masks, removal_ranks
 from evaluation.result_keys import ResultKey
+from methods.config_values import PlainDict
 
 from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
 
@@ -76,7 +77,7 @@ class ERASERFaithfulnessTest(EvaluationCallback):
 
     def __init__(self, methods: Optional[Sequence[str]] = None, class_settings: Sequence[str] = ("predicted",),
                  bins: Sequence[float] = ERASER_BINS, masking: str = "delete",
-                 masking_options: Optional[Dict[str, Any]] = None, ties: str = "random", tie_seed: int = 0,
+                 masking_options: Optional[PlainDict] = None, ties: str = "random", tie_seed: int = 0,
                  forward_batch_size: Optional[int] = None) -> None:
         super().__init__()
         bad = [s for s in class_settings if s not in CLASS_SETTINGS]

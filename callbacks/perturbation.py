@@ -53,6 +53,7 @@ from evaluation.perturbation import perturbation_correctness
 from evaluation.perturbers import build_perturber
 from evaluation.ranking import DIRECTIONS, TIES
 from evaluation.result_keys import ResultKey
+from methods.config_values import PlainDict
 
 from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
 
@@ -86,7 +87,7 @@ class PerturbationTest(EvaluationCallback):
                  class_settings: Sequence[str] = ("predicted", "target"),
                  directions: Sequence[str] = DIRECTIONS, fractions: Sequence[float] = DEFAULT_FRACTIONS,
                  auc: str = "chefer", masking: str = "chefer", forward_batch_size: Optional[int] = None,
-                 ties: str = "random", tie_seed: int = 0, masking_options: Optional[Dict[str, Any]] = None) -> None:
+                 ties: str = "random", tie_seed: int = 0, masking_options: Optional[PlainDict] = None) -> None:
         super().__init__()
         bad = [s for s in class_settings if s not in CLASS_SETTINGS]
         if bad or not class_settings:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import base64
 import io
 import math
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import pytorch_lightning as pl
 import torch
@@ -88,7 +88,7 @@ class PromptHeatmaps(pl.Callback):
 
     def __init__(self, num_images: int = 4, class_setting: str = "predicted", num_prompts: int = 2,
                  caption_key: Optional[str] = "caption", methods: Optional[Sequence[str]] = None,
-                 reduction: str = "max", scale: Any = "row") -> None:
+                 reduction: str = "max", scale: Union[str, int, float] = "row") -> None:
         super().__init__()
         if num_images < 0 or num_prompts < 0:
             raise ValueError(f"num_images and num_prompts must be >= 0, got {num_images}, {num_prompts}")

@@ -22,7 +22,10 @@ unset: ``bf16-mixed``, ``16-mixed`` without bf16 support, on a CUDA accelerator;
 ``trainer.inference_mode=False`` (the attribution methods need autograd inside ``test_step``) and defaults
 ``trainer.default_root_dir`` to ``outputs``. ``--resume <run folder>`` reads the run's config from
 ``<run folder>/progress/config.yaml`` (no ``--config``) and refuses a command line that changes the evaluation
-(only :data:`RESUME_MAY_CHANGE` may differ).
+(only :data:`RESUME_MAY_CHANGE` may differ). A run folder is data, not code: its saved config may not switch on
+a setting that runs code from files (:data:`CODE_SWITCHES`), name a class outside :data:`TRUSTED_CLASS_PATHS` nor
+train with a config outside ``configs/`` unless the command line repeats that setting or passes
+``--trust_run_config`` (:func:`untrusted_settings`).
 """
 from __future__ import annotations
 
@@ -220,7 +223,7 @@ class EvaluateCLI(ProjectCLI):
     def __init__(self, args: Optional[Sequence[str]] = None, **kwargs: Any) -> None:
         #: the run folder that ``--resume`` continues (``None``: a new run)
         self.resume_dir: Optional[Path] = None
-        given = list(sys.argv[1:] if args is None else args)
+        self.given_args = given = list(sys.argv[1:] if args is None else args)
         resume = _option_values(given, "--resume")
         if resume and resume[-1] not in (None, "", "null"):
             self.resume_dir = Path(os.path.expanduser(resume[-1]))
@@ -248,13 +251,19 @@ class EvaluateCLI(ProjectCLI):
                                  "--resume can continue a killed run (0: no checkpoints)")
         parser.add_argument("--resume", type=Optional[str], default=None,
                             help="continue the killed run in this folder (its config, its finished samples)")
+        parser.add_argument("--trust_run_config", action="store_true",
+                            help="with --resume: accept the run folder's saved config even where it lets files run "
+                                 "code (allow_pickle, trust_remote_code) or names classes outside this project")
 
     def before_instantiate_classes(self) -> None:
         self.config["trainer"]["inference_mode"] = False  # the methods need autograd inside test_step
         super().before_instantiate_classes()
         if self.resume_dir is not None:
             self.config["output_dir"] = str(self.resume_dir)
-            changed = _changed_keys(self.parser, self.config, self.default_config)
+            saved = _plain(self.parser, self.parser.parse_args(["--config", str(self.default_config)]))
+            if "--trust_run_config" not in self.given_args:
+                self._check_trusted(saved)
+            changed = _changed_keys(self.parser, self.config, saved)
             if changed:
                 shown = "; ".join(f"{key}: {before!r} -> {after!r}" for key, before, after in changed[:5])
                 raise SystemExit(f"error: --resume {self.resume_dir}: the command line changes the evaluation of "
@@ -273,10 +282,90 @@ class EvaluateCLI(ProjectCLI):
                     # a new W&B run in the killed run's group; it logs the whole run's results
                     init_args["tags"] = list(init_args["tags"]) + ["resumed"]
 
+    def _check_trusted(self, saved: dict) -> None:
+        """Exit naming every setting of the resumed run's config ``saved`` that :func:`untrusted_settings` finds
+        and the command line does not repeat (``--<key> <same value>``)."""
+        def repeated(key: str, value: Any) -> bool:
+            return any(_yaml_value(given) == value for given in _option_values(self.given_args, f"--{key}"))
+
+        found = [(key, value) for key, value in untrusted_settings(saved) if not repeated(key, value)]
+        if found:
+            shown = "; ".join(f"{key}: {value!r}" for key, value in found)
+            switch = next((f"--{k} {str(v).lower()}" for k, v in found if k.rsplit(".", 1)[-1] in CODE_SWITCHES), "")
+            raise SystemExit(f"error: --resume {self.resume_dir}: the run folder's saved config {self.default_config} "
+                             f"lets files run code (allow_pickle, trust_remote_code), names a class outside this "
+                             f"project's packages and Lightning's loggers and callbacks, or trains with a config "
+                             f"outside configs/ ({shown}). A run folder is data: accept "
+                             f"{'a setting by repeating it on the command line (' + switch + ') or ' if switch else ''}"
+                             f"the whole saved config with --trust_run_config")
+
+
+#: settings that let a model or data file run code (pickles, a Hugging Face folder's Python); a resumed run's
+#: saved config may not switch them on by itself
+CODE_SWITCHES = ("allow_pickle", "trust_remote_code")
+#: where the classes that a resumed run's saved config names may come from: this project's packages and
+#: Lightning's loggers and callbacks
+TRUSTED_CLASS_PATHS = tuple(f"{package}." for package in (
+    "methods", "models", "evaluation", "datamodules", "lightning_modules", "callbacks", "cli", "comparison",
+    "training")) + ("pytorch_lightning.loggers.", "pytorch_lightning.callbacks.", "lightning.pytorch.loggers.",
+                    "lightning.pytorch.callbacks.")
+#: trusted packages' classes that call what a config names (``LambdaCallback``'s hooks are import paths)
+UNTRUSTED_CLASSES = ("LambdaCallback",)
+
+
+def _entries(config: Any, prefix: str = ""):
+    """``(dotted key, value)`` of every mapping entry in ``config`` at any depth (list items as ``key[i]``)."""
+    if isinstance(config, dict):
+        for key, value in config.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            yield path, value
+            yield from _entries(value, path)
+    elif isinstance(config, list):
+        for i, value in enumerate(config):
+            yield from _entries(value, f"{prefix}[{i}]")
+
+
+def untrusted_settings(config: dict) -> List[tuple]:
+    """``[(dotted key, value)]`` of the plain ``config`` that let files run code: a :data:`CODE_SWITCHES` key
+    switched on, a ``class_path`` outside :data:`TRUSTED_CLASS_PATHS`, or a model spec that trains on first use
+    (``trained:`` / ``synthetic:``, also after ``clip:``) with a config outside the project's ``configs/`` (a
+    config is code), at any depth."""
+    return [(key, value) for key, value in _entries(config)
+            if (key.rsplit(".", 1)[-1] in CODE_SWITCHES and value)
+            or (key.rsplit(".", 1)[-1] == "class_path" and (not str(value).startswith(TRUSTED_CLASS_PATHS)
+                                                             or str(value).rsplit(".", 1)[-1] in UNTRUSTED_CLASSES))
+            or (isinstance(value, str) and not _project_training_spec(value))]
+
+
+def _project_training_spec(spec: str) -> bool:
+    """Whether ``spec`` is no ``trained:``/``synthetic:`` spec, or one whose config files (``+``-joined; relative
+    to the current directory, else the repository) all lie in the repository's ``configs/``."""
+    body = spec[len("clip:"):] if spec.startswith("clip:") else spec
+    prefix = next((p for p in ("trained:", "synthetic:") if body.startswith(p)), None)
+    if prefix is None:
+        return True
+    configs = (ROOT / "configs").resolve()
+    for part in body[len(prefix):].split("+"):
+        path = Path(os.path.expanduser(part))
+        path = path if path.is_absolute() or path.exists() else ROOT / path
+        if configs not in path.resolve().parents:
+            return False
+    return True
+
+
+def _yaml_value(text: Optional[str]) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text) if text is not None else None
+    except yaml.YAMLError:
+        return text
+
 
 #: dotted config keys (and the keys below them) that ``--resume`` lets the command line change: where the run's
 #: results and logs go and how progress is shown and saved, never what is evaluated
-RESUME_MAY_CHANGE = ("output_dir", "resume", "progress_every", "trainer.enable_progress_bar", "trainer.logger")
+RESUME_MAY_CHANGE = ("output_dir", "resume", "trust_run_config", "progress_every", "trainer.enable_progress_bar",
+                     "trainer.logger")
 
 
 def _option_values(args: Sequence[str], *names: str) -> List[Optional[str]]:
@@ -300,18 +389,20 @@ def _flat(config: Any, prefix: str = "") -> dict:
     return {prefix: config}
 
 
-def _changed_keys(parser, config, saved: Path) -> List[tuple]:
-    """``[(dotted key, saved value, value now)]`` where ``config`` differs from the config file ``saved`` resolved
-    by ``parser``, :data:`RESUME_MAY_CHANGE` aside."""
+def _plain(parser, config) -> dict:
+    """``config`` as the plain data that ``parser`` dumps."""
     import yaml
 
-    def plain(cfg) -> dict:
-        return _flat(yaml.safe_load(parser.dump(cfg, skip_none=False, skip_validation=True)) or {})
+    return yaml.safe_load(parser.dump(config, skip_none=False, skip_validation=True)) or {}
 
+
+def _changed_keys(parser, config, saved: dict) -> List[tuple]:
+    """``[(dotted key, saved value, value now)]`` where ``config`` differs from ``saved`` (the resumed run's config
+    file resolved by ``parser``, as plain data), :data:`RESUME_MAY_CHANGE` aside."""
     def may_change(key: str) -> bool:
         return any(key == k or key.startswith(k + ".") for k in RESUME_MAY_CHANGE)
 
-    before, now = plain(parser.parse_args(["--config", str(saved)])), plain(config)
+    before, now = _flat(saved), _flat(_plain(parser, config))
     keys = sorted(k for k in set(before) | set(now) if not may_change(k) and before.get(k) != now.get(k))
     return [(key, before.get(key), now.get(key)) for key in keys]
 

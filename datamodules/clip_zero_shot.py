@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from methods.config_values import PlainDict
 from models.clip import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ZeroShotClassifier
 from models.clip_prompts import build_prompt_set
 
@@ -85,12 +86,12 @@ class CLIPZeroShotDataModule(pl.LightningDataModule):
     """
 
     def __init__(self, images: str = "imagenet", root: Optional[str] = None, split: str = "val",
-                 prompts: str = "openai", classnames: Union[None, Sequence[str], Dict[str, Any]] = None,
+                 prompts: str = "openai", classnames: Union[None, Sequence[str], PlainDict] = None,
                  templates: Union[None, str, Sequence[str]] = None, subset_index: Optional[str] = None,
                  images_per_class: Optional[int] = None, subset_seed: int = 0, image_size: int = 224,
                  preprocessing: str = "clip", num_classes: int = 4, test_size: int = 512, two_objects: bool = False,
                  seed: int = 0, batch_size: int = 16, num_workers: int = 0,
-                 synthetic_options: Optional[Dict[str, Any]] = None) -> None:
+                 synthetic_options: Optional[PlainDict] = None) -> None:
         super().__init__()
         if images not in IMAGE_SOURCES:
             raise ValueError(f"images must be one of {IMAGE_SOURCES}, got {images!r}")

@@ -23,6 +23,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import Dataset
 
+from methods.config_values import PlainDict
+
 from .imagenet_common import PREPROCESSINGS, build_transform, standard_class_index
 from .split_loaders import SplitDataLoaders
 
@@ -93,7 +95,7 @@ class ImageNetDataModule(SplitDataLoaders, pl.LightningDataModule):
 
     def __init__(self, root: str, split: str = "val", train_split: str = "train", preprocessing: str = "chefer",
                  image_size: int = 224, images_per_class: Optional[int] = None, subset_seed: int = 0,
-                 batch_size: int = 16, num_workers: int = 0, data_config: Optional[Dict[str, Any]] = None) -> None:
+                 batch_size: int = 16, num_workers: int = 0, data_config: Optional[PlainDict] = None) -> None:
         super().__init__()
         if preprocessing not in PREPROCESSINGS:
             raise ValueError(f"unknown preprocessing {preprocessing!r}; choose one of {PREPROCESSINGS}")

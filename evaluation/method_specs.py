@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from methods import available_methods, method_class
+from methods.config_values import PlainDict
 
-MethodsSpec = Union[None, str, List[str], Dict[str, Optional[Dict[str, Any]]]]
+MethodsSpec = Union[None, str, List[str], Dict[str, Optional[PlainDict]]]
 CLASS_SETTINGS = ("predicted", "target", "other")
 
 

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from datamodules.clip_zero_shot import CLIP_MEAN, CLIP_STD
 from lightning_modules.lr_schedule import stepped_schedule
+from methods.config_values import PlainDict
 from models.checkpoint_io import cpu_float32_state_dict, fresh_export_folder
 from models.clip import ZeroShotClassifier
 from models.clip_prompts import save_prompt_set
@@ -70,7 +71,7 @@ class CLIPContrastiveModule(pl.LightningModule):
     #: train.py's default export: ``<trainer.default_root_dir>/clip`` (a folder)
     export_name = "clip"
 
-    def __init__(self, vision: Optional[Dict[str, Any]] = None, text: Optional[Dict[str, Any]] = None,
+    def __init__(self, vision: Optional[PlainDict] = None, text: Optional[PlainDict] = None,
                  vocab_size: int = 64, pad_token_id: int = 0, bos_token_id: int = 2, eos_token_id: int = 3,
                  projection_dim: int = 64, lr: float = 1e-3, weight_decay: float = 0.05,
                  betas: Tuple[float, float] = (0.9, 0.98), warmup_ratio: float = 0.1,

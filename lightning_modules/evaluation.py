@@ -46,6 +46,7 @@ from evaluation.classifier import classifier_for, model_logits
 from evaluation.method_specs import CLASS_SETTINGS, MethodsSpec, check_class_settings, method_specs
 from methods import build_method
 from methods.adapters import adapter_for
+from methods.config_values import PlainDict
 from models.concepts import load_concept_heads, resolve_concept
 from models.sources import load_model
 
@@ -92,22 +93,24 @@ class AttributionEvaluationModule(pl.LightningModule):
             concept of the files (``cdam_<kind>_concept_<name>`` with several files).
         allow_pickle: read classifier and concept files that need unpickling (``torch.load(weights_only=False)``,
             which runs code stored in the file): only for files you trust. Off by default.
+        trust_remote_code: let a Hugging Face folder run its own Python (``auto_map``; ``models.sources``, "Remote
+            code"): only for folders you trust. Off by default; ``model_kwargs`` may not set it.
     """
 
     def __init__(self, classifier: str = "synthetic", pretrained: bool = True,
-                 model_kwargs: Optional[Dict[str, Any]] = None, methods: MethodsSpec = None,
-                 method_options: Optional[Dict[str, Dict[str, Any]]] = None,
+                 model_kwargs: Optional[PlainDict] = None, methods: MethodsSpec = None,
+                 method_options: Optional[Dict[str, PlainDict]] = None,
                  class_settings: Sequence[str] = ("predicted",), mean: Optional[Sequence[float]] = None,
                  std: Optional[Sequence[float]] = None, forward_batch_size: int = 64,
                  method_batch_size: Optional[int] = None,
                  concepts: Union[None, str, List[str]] = None, concept_methods: bool = False,
-                 allow_pickle: bool = False) -> None:
+                 allow_pickle: bool = False, trust_remote_code: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.class_settings = check_class_settings(class_settings)
         if forward_batch_size < 1 or (method_batch_size is not None and method_batch_size < 1):
             raise ValueError("forward_batch_size and method_batch_size must be >= 1")
-        self.model = load_model(classifier, pretrained, model_kwargs, allow_pickle=allow_pickle)
+        self.model = load_model(classifier, pretrained, model_kwargs, allow_pickle, trust_remote_code)
         self.model.requires_grad_(False)
         self.model.eval()
         self.concept_heads = load_concept_heads(concepts, allow_pickle=allow_pickle)

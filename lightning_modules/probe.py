@@ -30,7 +30,7 @@ Conventions
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import pytorch_lightning as pl
 import torch
@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from datamodules.augment import AUGMENTATIONS, random_resized_crop_flip
 from lightning_modules.classification_step import StageSteps, classification_loss
 from lightning_modules.lr_schedule import stepped_schedule
+from methods.config_values import PlainDict
 from models.backbones import create_backbone
 
 FEATURES = ("cls", "mean_patch", "cls+mean_patch")
@@ -65,7 +66,7 @@ class LinearProbe(StageSteps, pl.LightningModule):
         features: str = "cls",
         pretrained: bool = True,
         backbone_checkpoint: Optional[str] = None,
-        backbone_kwargs: Optional[Dict[str, Any]] = None,
+        backbone_kwargs: Optional[PlainDict] = None,
         finetune: bool = False,
         lr: float = 3e-4,
         weight_decay: float = 0.0,

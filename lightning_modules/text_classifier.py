@@ -8,7 +8,8 @@ Conventions
   change that config (e.g. ``{hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2,
   intermediate_size: 64}``: a tiny BERT from scratch). With ``pretrained=True`` only overrides that keep the
   weights' shapes apply (dropout, ...). A folder without a classification head gets a new one (``num_labels``
-  outputs).
+  outputs). ``trust_remote_code`` (``--model.init_args.trust_remote_code true``): a folder's own Python may run,
+  for folders you trust only; ``config_overrides`` may not set it (:mod:`models.sources`, "Remote code").
 * ``num_layers``: keep only the first ``num_layers`` encoder layers (the config's ``num_hidden_layers``: the
   stored weights of the others are not loaded; DistilBERT's ``n_layers`` is the same key); ``None`` keeps all.
 * Freezing: ``freeze_embeddings`` stops the gradient of the embedding layer (word, position, token-type
@@ -50,8 +51,9 @@ from torch import Tensor, nn
 
 from lightning_modules.classification_step import StageSteps, classification_loss
 from lightning_modules.lr_schedule import stepped_schedule
+from methods.config_values import PlainDict
 from models.checkpoint_io import cpu_float32_state_dict, fresh_export_folder
-from models.sources import load_hf_classifier, resolve_hf_source
+from models.sources import check_remote_code_options, load_hf_classifier, resolve_hf_source
 
 #: the file an export writes beside the model: marks the folder as this module's export (replaceable)
 EXPORT_METADATA = "training.json"
@@ -83,7 +85,7 @@ class TextClassifierModule(StageSteps, pl.LightningModule):
         model: str = "hf:minilm",
         num_labels: int = 2,
         pretrained: bool = True,
-        config_overrides: Optional[Dict[str, Any]] = None,
+        config_overrides: Optional[PlainDict] = None,
         num_layers: Optional[int] = None,
         freeze_embeddings: bool = False,
         freeze_layers: int = 0,
@@ -96,6 +98,7 @@ class TextClassifierModule(StageSteps, pl.LightningModule):
         warmup_ratio: float = 0.0,
         decay: bool = True,
         label_smoothing: float = 0.0,
+        trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
         if num_labels < 2:
@@ -106,7 +109,8 @@ class TextClassifierModule(StageSteps, pl.LightningModule):
             raise ValueError(f"freeze_layers and warmup_steps must be >= 0 and warmup_ratio in [0, 1), got "
                              f"{freeze_layers}, {warmup_steps}, {warmup_ratio}")
         self.save_hyperparameters()
-        self.model = self._build(model, num_labels, pretrained, dict(config_overrides or {}), num_layers)
+        self.model = self._build(model, num_labels, pretrained, dict(config_overrides or {}), num_layers,
+                                 trust_remote_code)
         self.model.train()
         embeddings, layers = (None, ()) if not (freeze_embeddings or freeze_layers) else encoder_parts(self.model)
         if freeze_layers > len(layers):
@@ -119,20 +123,22 @@ class TextClassifierModule(StageSteps, pl.LightningModule):
 
     @staticmethod
     def _build(spec: str, num_labels: int, pretrained: bool, overrides: Dict[str, Any],
-               num_layers: Optional[int]) -> nn.Module:
+               num_layers: Optional[int], trust_remote_code: bool = False) -> nn.Module:
         from transformers import AutoConfig
 
+        check_remote_code_options(overrides, "config_overrides", trust_remote_code)
         kwargs = {**overrides, "num_labels": num_labels}
         if num_layers is not None:
             try:
-                stored = AutoConfig.from_pretrained(resolve_hf_source(spec), local_files_only=True)
+                stored = AutoConfig.from_pretrained(resolve_hf_source(spec), local_files_only=True,
+                                                    trust_remote_code=trust_remote_code)
             except (OSError, ValueError):
                 stored = None  # load_hf_classifier names the problem
             have = getattr(stored, "num_hidden_layers", None)
             if pretrained and have is not None and num_layers > have:
                 raise ValueError(f"num_layers={num_layers} but {spec!r} has {have} pretrained encoder layers")
             kwargs["num_hidden_layers"] = num_layers
-        return load_hf_classifier(spec, pretrained=pretrained, model_kwargs=kwargs)
+        return load_hf_classifier(spec, pretrained=pretrained, model_kwargs=kwargs, trust_remote_code=trust_remote_code)
 
     # ------------------------------------------------------------------------------------------ forward
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,

@@ -372,7 +372,7 @@ def load_clip(source: str, pretrained: bool = True):
         if pretrained:
             clip = CLIPModel.from_pretrained(source, local_files_only=True)
         else:
-            config = AutoConfig.from_pretrained(source, local_files_only=True)
+            config = AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
             if not isinstance(config, CLIPConfig):
                 raise ValueError(f"its config is a {type(config).__name__}, not a CLIPConfig")
             clip = CLIPModel(config)
@@ -381,7 +381,7 @@ def load_clip(source: str, pretrained: bool = True):
                          "save_pretrained folder with config.json and weights, or a hub name already in the local "
                          f"Hugging Face cache; nothing is downloaded): {err}") from err
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise ValueError(f"cannot load the tokenizer of the CLIP {source!r} from local files (tokenizer.json or "
                          f"vocab.json + merges.txt beside the model): {err}") from err
@@ -419,5 +419,5 @@ def load_zero_shot_classifier(spec: str, pretrained: bool = True,
     return classifier.eval()
 
 
-register_source(CLIP_PREFIX, lambda spec, pretrained, model_kwargs, allow_pickle:
+register_source(CLIP_PREFIX, lambda spec, pretrained, model_kwargs, allow_pickle, trust_remote_code:
                 load_zero_shot_classifier(spec, pretrained, model_kwargs), tokenizer=clip_source)

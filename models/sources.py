@@ -23,6 +23,11 @@ A spec without a registered prefix is a path to what ``train.py`` exports (:func
 file written by :func:`models.classifier_file.save_classifier`, or a Hugging Face folder); an unregistered
 ``<prefix>:`` is an error that lists the registered prefixes. Every model is returned in eval mode.
 
+Remote code: a Hugging Face folder may name its own Python (``auto_map`` in ``config.json``). It runs only with
+the named opt-in ``trust_remote_code=True`` (``load_model``, ``load_hf_classifier``; on the command line
+``--model.trust_remote_code true``), never through ``model_kwargs`` (:func:`check_remote_code_options`); every
+``from_pretrained`` here passes the opt-in explicitly, so transformers neither runs the code nor asks.
+
 Cache folder (:func:`resolve_cache_dir`): ``$TOKEN_ATTRIBUTIONS_CACHE``, default ``~/.cache/token_attributions``
 (trained classifiers, extracted datasets).
 """
@@ -47,8 +52,11 @@ TIMM_PREFIX = "timm:"
 TRAINING_PREFIXES = ("trained:", "synthetic:")
 _PREFIX = re.compile(r"[A-Za-z][\w.+-]*:")
 
-#: ``load(spec, pretrained, model_kwargs, allow_pickle) -> model`` of a source
-Loader = Callable[[str, bool, Optional[Dict[str, Any]], bool], nn.Module]
+#: ``load(spec, pretrained, model_kwargs, allow_pickle, trust_remote_code) -> model`` of a source
+Loader = Callable[[str, bool, Optional[Dict[str, Any]], bool, bool], nn.Module]
+#: options that let a Hugging Face folder run its Python: only the named opt-in ``trust_remote_code`` sets them
+REMOTE_CODE_OPTIONS = ("trust_remote_code", "code_revision")
+REMOTE_CODE_OPT_IN = "trust_remote_code=True (command line: --model.trust_remote_code true)"
 
 
 def resolve_cache_dir(path: Optional[Union[str, os.PathLike]] = None) -> Path:
@@ -77,16 +85,17 @@ _SOURCES: Dict[str, ModelSource] = {}
 def register_source(prefix: str, load: Optional[Loader] = None, *, local: Optional[Callable[[str], Path]] = None,
                     tokenizer: Optional[Callable[[str], str]] = None) -> ModelSource:
     """Load the specs ``<prefix><body>`` (and the bare ``prefix`` without its ``:``) with ``load(spec, pretrained,
-    model_kwargs, allow_pickle)``. A source of local exports gives ``local(spec)`` (a classifier file or a Hugging
-    Face folder) instead of, or with, ``load``: without ``load`` the export loads as :func:`load_export` reads
-    it, and without ``tokenizer`` its folder is the tokenizer's. Registering a prefix again replaces it."""
+    model_kwargs, allow_pickle, trust_remote_code)``. A source of local exports gives ``local(spec)`` (a classifier
+    file or a Hugging Face folder) instead of, or with, ``load``: without ``load`` the export loads as
+    :func:`load_export` reads it, and without ``tokenizer`` its folder is the tokenizer's. Registering a prefix
+    again replaces it."""
     if not _PREFIX.fullmatch(prefix):
         raise ValueError(f"a source prefix is a name ending in ':' (e.g. 'hf:'), got {prefix!r}")
     if load is None and local is None:
         raise ValueError(f"source {prefix!r} needs a loader or a local(spec) resolver")
     if load is None:
-        def load(spec, pretrained, model_kwargs, allow_pickle):
-            return load_export(local(spec), pretrained, model_kwargs, allow_pickle)
+        def load(spec, pretrained, model_kwargs, allow_pickle, trust_remote_code):
+            return load_export(local(spec), pretrained, model_kwargs, allow_pickle, trust_remote_code)
     if tokenizer is None and local is not None:
         def tokenizer(spec):
             return str(local(spec))
@@ -122,7 +131,7 @@ def _training_hint(spec: str) -> str:
 
 # ------------------------------------------------------------------------------------------ models
 def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[Dict[str, Any]] = None,
-               allow_pickle: bool = False) -> nn.Module:
+               allow_pickle: bool = False, trust_remote_code: bool = False) -> nn.Module:
     """The classifier named by ``classifier`` (see the module docstring for the specs), in eval mode.
 
     * ``timm:<name>``: ``pretrained=False`` with ``model_kwargs`` gives a random model of any size (e.g. for
@@ -137,25 +146,27 @@ def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[
     * ``clip:<folder or trained:...>``: a CLIP model in ``save_pretrained`` layout with its prompt set, as a
       zero-shot classifier (:func:`models.clip.load_zero_shot_classifier`).
     * ``allow_pickle``: for classifier files only, see :func:`models.checkpoint_io.read_checkpoint`.
+    * ``trust_remote_code``: for Hugging Face folders only, runs the folder's own Python (module docstring).
     """
+    check_remote_code_options(model_kwargs, "model_kwargs", trust_remote_code)
     source = find_source(classifier)
     if source is not None:
-        return source.load(classifier, pretrained, model_kwargs, allow_pickle).eval()
+        return source.load(classifier, pretrained, model_kwargs, allow_pickle, trust_remote_code).eval()
     path = os.path.expanduser(classifier)
     if not os.path.exists(path):
         missing = [p for p in TRAINING_PREFIXES if p not in _SOURCES]
         raise FileNotFoundError(f"classifier {classifier!r} is neither a spec of a registered source "
                                 f"({', '.join(registered_prefixes())}) nor an existing classifier file "
                                 f"(save_classifier){_training_hint(missing[0]) if missing else ''}")
-    return load_export(path, pretrained, model_kwargs, allow_pickle)
+    return load_export(path, pretrained, model_kwargs, allow_pickle, trust_remote_code)
 
 
-def load_export(path: Union[str, os.PathLike], pretrained: bool = True,
-                model_kwargs: Optional[Dict[str, Any]] = None, allow_pickle: bool = False) -> nn.Module:
+def load_export(path: Union[str, os.PathLike], pretrained: bool = True, model_kwargs: Optional[Dict[str, Any]] = None,
+                allow_pickle: bool = False, trust_remote_code: bool = False) -> nn.Module:
     """What ``train.py`` exported at ``path``: a Hugging Face folder (``save_pretrained``; ``hf:``'s loader)
     or a classifier file (:func:`models.classifier_file.load_classifier`, which takes no ``model_kwargs``)."""
     if Path(path).is_dir():
-        return load_hf_classifier(str(path), pretrained, model_kwargs)
+        return load_hf_classifier(str(path), pretrained, model_kwargs, trust_remote_code)
     if model_kwargs:
         raise ValueError("model_kwargs apply to 'timm:<name>' and 'hf:<name>' classifiers only")
     return load_classifier(path, allow_pickle=allow_pickle)
@@ -230,12 +241,24 @@ def _load_timm(name: str, pretrained: bool, model_kwargs: Optional[Dict[str, Any
         raise ValueError(f"cannot create timm model {name!r} (pretrained={pretrained}): {err}") from err
 
 
-def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optional[Dict[str, Any]] = None) -> nn.Module:
+def check_remote_code_options(options: Optional[Dict[str, Any]], where: str, trust_remote_code: bool = False) -> None:
+    """A ``ValueError`` when the free-form ``options`` (``model_kwargs``, ``config_overrides``) hold
+    ``trust_remote_code`` (only the named opt-in sets it) or, without that opt-in, ``code_revision``."""
+    for key in REMOTE_CODE_OPTIONS:
+        if key in (options or {}) and (key == "trust_remote_code" or not trust_remote_code):
+            raise ValueError(f"{where}.{key}: a Hugging Face folder's own Python runs only with the named opt-in "
+                             f"{REMOTE_CODE_OPT_IN}, not through {where}; only for folders you trust")
+
+
+def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optional[Dict[str, Any]] = None,
+                       trust_remote_code: bool = False) -> nn.Module:
     """``AutoModelForSequenceClassification`` of ``name`` (a local folder or a Hugging Face name already in the
-    local cache), never downloading; eval mode. See :func:`load_model` (``hf:``)."""
+    local cache), never downloading; eval mode. See :func:`load_model` (``hf:``; ``trust_remote_code``: the
+    folder's own Python runs, module docstring)."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    kwargs = dict(model_kwargs or {})
+    check_remote_code_options(model_kwargs, "model_kwargs", trust_remote_code)
+    kwargs = {**(model_kwargs or {}), "trust_remote_code": bool(trust_remote_code)}
     source = resolve_hf_source(name)
     if _looks_like_path(name) and not os.path.isdir(source):  # not a hub name: say that the folder is missing
         raise FileNotFoundError(f"Hugging Face model folder {source!r} does not exist (expected a folder with "
@@ -246,7 +269,8 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
                 source, local_files_only=True, output_loading_info=True, **kwargs)
         else:
             config = AutoConfig.from_pretrained(source, local_files_only=True, **kwargs)
-            model, info = AutoModelForSequenceClassification.from_config(config), {}
+            model = AutoModelForSequenceClassification.from_config(config, trust_remote_code=bool(trust_remote_code))
+            info = {}
     except (OSError, ValueError) as err:
         raise ValueError(
             f"cannot load Hugging Face model {name!r} as a sequence classifier from local files (a folder with "
@@ -288,7 +312,7 @@ def load_tokenizer(tokenizer: Any):
 
     name = tokenizer_source(tokenizer)  # hf: prefix dropped, packaged aliases (minilm), ~ expanded
     try:
-        loaded = AutoTokenizer.from_pretrained(name, local_files_only=True)
+        loaded = AutoTokenizer.from_pretrained(name, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise FileNotFoundError(
             f"cannot load the tokenizer {name!r} offline: expected a folder with tokenizer files (tokenizer.json or "
@@ -299,7 +323,8 @@ def load_tokenizer(tokenizer: Any):
     return loaded
 
 
-register_source(TIMM_PREFIX, lambda spec, pretrained, model_kwargs, allow_pickle:
+register_source(TIMM_PREFIX, lambda spec, pretrained, model_kwargs, allow_pickle, trust_remote_code:
                 _load_timm(spec[len(TIMM_PREFIX):], pretrained, model_kwargs))
-register_source(HF_PREFIX, lambda spec, pretrained, model_kwargs, allow_pickle:
-                load_hf_classifier(spec[len(HF_PREFIX):], pretrained, model_kwargs), tokenizer=resolve_hf_source)
+register_source(HF_PREFIX, lambda spec, pretrained, model_kwargs, allow_pickle, trust_remote_code:
+                load_hf_classifier(spec[len(HF_PREFIX):], pretrained, model_kwargs, trust_remote_code),
+                tokenizer=resolve_hf_source)

@@ -59,8 +59,8 @@ def registry(monkeypatch):
 def test_a_registered_source_loads_its_specs(registry):
     seen = []
 
-    def load(spec, pretrained, model_kwargs, allow_pickle):
-        seen.append((spec, pretrained, model_kwargs, allow_pickle))
+    def load(spec, pretrained, model_kwargs, allow_pickle, trust_remote_code):
+        seen.append((spec, pretrained, model_kwargs, allow_pickle, trust_remote_code))
         return torch.nn.Linear(2, 3).train()
 
     registry.register_source("tiny:", load)
@@ -68,7 +68,7 @@ def test_a_registered_source_loads_its_specs(registry):
     model = load_model("tiny:abc", pretrained=False, model_kwargs={"k": 1})
     assert isinstance(model, torch.nn.Linear) and not model.training
     assert load_model("tiny").out_features == 3  # the bare name: the source's default
-    assert seen == [("tiny:abc", False, {"k": 1}, False), ("tiny", True, None, False)]
+    assert seen == [("tiny:abc", False, {"k": 1}, False, False), ("tiny", True, None, False, False)]
     with pytest.raises(ValueError, match="names no tokenizer"):
         registry.tokenizer_source("tiny:abc")
     with pytest.raises(ValueError, match="names a model, not a local file"):

@@ -63,7 +63,8 @@ def tiny_args(run_dir, every=1, test_size=5, batch_size=2, logger=False):
 
 
 def evaluate_main(args, monkeypatch, stop=None):
-    """``evaluate.main(args)`` in this process (1 process), stopped as ``stop`` says (:class:`StopAt`)."""
+    """``evaluate.main(args)`` in this process (1 process), stopped as ``stop`` says (:class:`StopAt`). A resume
+    trusts its run folder, whose config names :class:`StopAt` (a class outside the project's packages)."""
     import evaluate
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -73,7 +74,7 @@ def evaluate_main(args, monkeypatch, stop=None):
     else:
         monkeypatch.setenv(STOP_ENV, json.dumps(stop))
     torch.set_num_threads(1)
-    return evaluate.main(list(args))
+    return evaluate.main(list(args) + (["--trust_run_config"] if "--resume" in args else []))
 
 
 def load(path):
@@ -128,8 +129,8 @@ def _kill_when(proc, files, timeout=300):
 def _resume(run):
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true", CI="1")
     env.pop(STOP_ENV, None)
-    return subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--resume", str(run)], cwd=str(ROOT),
-                          env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--resume", str(run), "--trust_run_config"],
+                          cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=600)
 
 
 def _done(run, rank):
@@ -383,7 +384,7 @@ def test_resumed_wandb_run_joins_the_group_of_the_killed_run(tmp_path, monkeypat
     config = tmp_path / "run" / "progress" / "config.yaml"
     config.parent.mkdir(parents=True)
     config.write_text(cli.parser.dump(cli.config, skip_none=False))
-    resumed = EvaluateCLI(["--resume", str(tmp_path / "run")])
+    resumed = EvaluateCLI(["--resume", str(tmp_path / "run"), "--trust_run_config"])   # the config names StopAt
     init = resumed.trainer.logger._wandb_init
     assert init["group"] == group and "resumed" in init["tags"]
     assert resumed.config["output_dir"] == str(tmp_path / "run")
