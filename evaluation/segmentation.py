@@ -12,7 +12,10 @@ image size, min-max per image) against ground-truth masks ``[B, H, W]``:
   labels ``[gt == 0, gt == 1]`` (``2 * H * W`` values), computed exactly as ``sklearn.metrics.
   average_precision_score`` (one threshold per *distinct* score, so ties form one step:
   ``AP = sum_t (R_t - R_{t-1}) P_t``), then the mean over images; NaN is counted as 0 (the reference's
-  ``np.nan_to_num``);
+  ``np.nan_to_num``). A constant map (all pixels equal before normalisation) scores 0 in *both* channels, as in
+  the reference script: its min-max normalisation divides 0 by 0 and it sets the NaNs of both channels to 0, so
+  every pixel ties and the AP is the share of positives among the ``2 * H * W`` labels, exactly 0.5 (scoring the
+  normalised all-zero map as ``[1, 0]`` instead would give ``(1 - f)^2 + f / 2`` for a foreground share ``f``);
 * ``f1``: a proper per-image F1 of the binary foreground against the mask, ``2TP / (2TP + FP + FN)`` (0 when the
   denominator is 0, sklearn's ``zero_division`` default), mean over images;
 * ``f1_rows``: what TE and BI print as "mF1": their ``get_f1_scores`` is called on one ``[H, W]`` image, so it
@@ -69,10 +72,12 @@ def average_precision(scores: Tensor, labels: Tensor) -> Tensor:
 
 
 def two_channel_ap(maps: Tensor, gt: Tensor) -> Tensor:
-    """Per-image AP of the pooled scores ``[1 - map, map]`` against ``[gt == 0, gt == 1]`` (``[B]``, NaN -> 0)."""
+    """Per-image AP of the pooled scores ``[1 - map, map]`` against ``[gt == 0, gt == 1]`` (``[B]``, NaN -> 0);
+    a constant map scores 0 in both channels (the reference's zeroed 0/0, module docstring)."""
     fg = gt.bool().flatten(1)
     flat = maps.flatten(1)
-    scores = torch.cat([1 - flat, flat], dim=1)
+    constant = (flat.amax(dim=1) == flat.amin(dim=1))[:, None]
+    scores = torch.where(constant, torch.zeros_like(flat).repeat(1, 2), torch.cat([1 - flat, flat], dim=1))
     labels = torch.cat([~fg, fg], dim=1)
     return torch.nan_to_num(average_precision(scores, labels), nan=0.0)
 

@@ -40,8 +40,10 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from evaluation.class_sets import data_class_names, label_translation, model_class_names, model_num_classes
 from evaluation.classifier import classifier_for, model_logits
 from evaluation.method_specs import CLASS_SETTINGS, MethodsSpec, check_class_settings, method_specs
 from methods import build_method
@@ -95,6 +97,9 @@ class AttributionEvaluationModule(pl.LightningModule):
             which runs code stored in the file): only for files you trust. Off by default.
         trust_remote_code: let a Hugging Face folder run its own Python (``auto_map``; ``models.sources``, "Remote
             code"): only for folders you trust. Off by default; ``model_kwargs`` may not set it.
+        class_map: ``{data class name: model class name}`` where the model calls the data's classes otherwise or
+            orders them differently (labels are translated to the model's indices); without it the model's class
+            set (names, or count) must be the datamodule's (:mod:`evaluation.class_sets`).
     """
 
     def __init__(self, classifier: str = "synthetic", pretrained: bool = True,
@@ -104,7 +109,8 @@ class AttributionEvaluationModule(pl.LightningModule):
                  std: Optional[Sequence[float]] = None, forward_batch_size: int = 64,
                  method_batch_size: Optional[int] = None,
                  concepts: Union[None, str, List[str]] = None, concept_methods: bool = False,
-                 allow_pickle: bool = False, trust_remote_code: bool = False) -> None:
+                 allow_pickle: bool = False, trust_remote_code: bool = False,
+                 class_map: Optional[Dict[str, str]] = None) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.class_settings = check_class_settings(class_settings)
@@ -117,6 +123,8 @@ class AttributionEvaluationModule(pl.LightningModule):
         self.method_specs = method_specs(methods, method_options, self.concept_heads, concept_methods)
         self.methods = self._build_methods(self.method_specs)
         self.classifier = classifier_for(self.model, forward_batch_size, mean=mean, std=std)
+        self.class_map = dict(class_map) if class_map else None
+        self.label_index: Optional[Tensor] = None
 
     # -------------------------------------------------------------------------------- set-up
     def _build_methods(self, specs: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
@@ -208,6 +216,12 @@ class AttributionEvaluationModule(pl.LightningModule):
         return out
 
     # -------------------------------------------------------------------------------- test loop
+    def setup(self, stage: str) -> None:
+        """The model's class set against the datamodule's, before the first batch (:mod:`evaluation.class_sets`)."""
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        self.label_index = label_translation(model_class_names(self.model), model_num_classes(self.model),
+                                             data_class_names(datamodule), self.class_map, warn=rank_zero_warn)
+
     def on_test_start(self) -> None:
         if torch.is_inference_mode_enabled():
             raise RuntimeError("attribution methods need autograd: build the Trainer with inference_mode=False "
@@ -216,6 +230,9 @@ class AttributionEvaluationModule(pl.LightningModule):
     def test_step(self, batch: Dict[str, Any], batch_idx: int) -> Dict[str, Any]:
         if "label" not in batch:
             raise KeyError(f"evaluation batches need 'label'; got keys {sorted(batch)}")
+        if self.label_index is not None:   # class_map: the labels in the model's indices, for the callbacks too
+            index = self.label_index.to(batch["label"].device)
+            batch.update({k: index[batch[k]] for k in ("label", "other_label") if k in batch})
         labels = batch["label"]
         inputs = self.model_inputs(batch)   # NaN or Inf pixels: ValueError naming the samples
         with torch.no_grad():

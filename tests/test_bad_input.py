@@ -218,3 +218,80 @@ def test_method_returning_nan_is_named():
     with pytest.raises(ValueError, match=r"method 'rollout' \(predicted class\) returned NaN or Inf scores for "
                                          r"samples \[8\]"):
         check_finite_relevance("rollout", "predicted", rel, torch.tensor([7, 8, 9]))
+
+
+# ------------------------------------------------------------------------------------------ class sets
+def _tiny_text_classifier(folder, names):
+    """A tiny random BERT classifier with the MiniLM tokenizer, its classes named ``names`` (id2label)."""
+    import transformers
+
+    from tests.shared_resources import minilm_folder
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(minilm_folder()), local_files_only=True)
+    config = transformers.BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=32, num_labels=len(names),
+                                     id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+    torch.manual_seed(0)
+    transformers.BertForSequenceClassification(config).save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def _test_on_sst2(folder, **module_options):
+    from datamodules.sst2 import SST2DataModule
+    from lightning_modules.evaluation import AttributionEvaluationModule
+    from tests.shared_resources import SHARED_DATA
+
+    module = AttributionEvaluationModule(classifier=f"hf:{folder}", methods=["random"],
+                                         class_settings=["target"], **module_options)
+    data = SST2DataModule(str(SHARED_DATA / "sst2" / "SST-2-val.parquet"), tokenizer=str(folder), max_length=32,
+                          batch_size=4, eval_subset=4)
+    seen = []
+
+    class Labels(pl.Callback):
+        def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            seen.append((batch["label"].clone(), outputs["targets"]["target"].clone()))
+
+    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_checkpointing=False, inference_mode=False,
+                         callbacks=[Labels()])
+    trainer.test(module, datamodule=data, verbose=False)
+    return seen
+
+
+def test_a_model_of_other_classes_is_refused_before_the_first_batch(tmp_path):
+    """A 20-class model on 2-class SST-2 used to run to the end (accuracy 0.5 and AUCs); now an error names both
+    class lists before any batch. Same count, other names: an error that says how to map them."""
+    from datamodules.newsgroups import NEWSGROUPS
+
+    twenty = _tiny_text_classifier(tmp_path / "twenty", list(NEWSGROUPS))
+    with pytest.raises(ValueError, match=r"the model has \['alt.atheism', .*\(20 classes\) but the data has "
+                                         r"\['negative', 'positive'\] \(2 classes\)"):
+        _test_on_sst2(twenty)
+    other = _tiny_text_classifier(tmp_path / "other", ["NEG", "POS"])
+    with pytest.raises(ValueError, match=r"classes \['NEG', 'POS'\].* are not the data's \['negative', 'positive'\]"
+                                         r".*--model.class_map"):
+        _test_on_sst2(other)
+
+
+def test_class_map_translates_the_labels_and_names_match_case_insensitively(tmp_path):
+    same = _tiny_text_classifier(tmp_path / "same", ["NEGATIVE", "POSITIVE"])
+    plain = _test_on_sst2(same)
+    assert all(torch.equal(label, target) for label, target in plain)
+    swapped = _tiny_text_classifier(tmp_path / "swapped", ["pos", "neg"])
+    mapped = _test_on_sst2(swapped, class_map={"negative": "neg", "positive": "pos"})
+    assert [m[0].tolist() for m in mapped] == [(1 - p[0]).tolist() for p in plain]   # 0 <-> 1 in the model's order
+    with pytest.raises(ValueError, match=r"model.class_map: the model has no class \['negative', 'good'\]"):
+        _test_on_sst2(swapped, class_map={"positive": "good"})
+
+
+def test_generic_model_class_names_warn_and_only_the_count_is_checked():
+    from evaluation.class_sets import label_translation
+
+    warnings = []
+    assert label_translation(["LABEL_0", "LABEL_1"], 2, ["negative", "positive"], warn=warnings.append) is None
+    assert "generic names" in warnings[0]
+    with pytest.raises(ValueError, match=r"the model has \['LABEL_0', 'LABEL_1', 'LABEL_2'\] \(3 classes\)"):
+        label_translation(["LABEL_0", "LABEL_1", "LABEL_2"], 3, ["negative", "positive"])
+    with pytest.raises(ValueError, match=r"the model has 4 classes but the data has"):
+        label_translation(None, 4, ["a", "b"])   # a timm classifier names no classes: its count is checked
+    assert label_translation(None, 2, ["a", "b"]) is None

@@ -101,3 +101,26 @@ def test_callback_upsamples_token_maps_and_needs_masks():
     assert set(cb.higher_is_better().values()) == {True}   # every segmentation metric: higher is better
     with pytest.raises(KeyError, match="mask"):
         cb.update({"relevance": {"m": {"predicted": rel}}}, {"image": torch.zeros(1, 3, 4, 4)})
+
+
+def test_constant_map_ties_every_pixel_as_the_reference_script():
+    """Chefer's script min-max normalises a constant map to 0/0 = NaN and zeroes the NaNs of both score channels:
+    every one of the 2 * H * W scores ties, so the AP is the share of positives, N / 2N = 0.5, whatever the mask.
+    (Scored as the all-zero normalised map [1 - 0, 0], a 4 x 4 mask with a quarter foreground would get
+    (1 - 0.25)^2 + 0.25 / 2 = 0.6875.)"""
+    gt = torch.zeros(1, 4, 4)
+    gt[0, :2, :2] = 1  # foreground share 1/4
+    raw = np.full((4, 4), 3.0)
+    with np.errstate(invalid="ignore"):
+        res = (raw - raw.min()) / (raw.max() - raw.min())   # the reference's normalisation: all NaN
+    fg_scores, bg_scores = np.nan_to_num(res), np.nan_to_num(1 - res)   # both channels zeroed
+    labels = np.concatenate([(gt[0] == 0).numpy().ravel(), (gt[0] == 1).numpy().ravel()])
+    reference = average_precision_score(labels, np.concatenate([bg_scores.ravel(), fg_scores.ravel()]))
+    assert reference == 0.5
+    assert two_channel_ap(torch.zeros(1, 4, 4), gt).tolist() == [reference]
+    cb = SegmentationTest(methods=["flat"])
+    cb.build(["flat"])
+    cb.update({"relevance": {"flat": {"predicted": torch.full((1, 4), 7.0)}}}, {"mask": gt})
+    assert cb.compute()["segmentation/flat/map"] == 0.5
+    # a map with two values is not constant: scored as before
+    assert two_channel_ap(torch.tensor([[[1.0, 0.0]]]), torch.tensor([[[1.0, 0.0]]])).tolist() == [1.0]
