@@ -74,10 +74,11 @@ def plotly_text(text: object) -> str:
 
 def slug(text: str) -> str:
     """``text`` as ``[a-z0-9_]`` (a file stem, an HTML id): other characters become ``_``; a text with characters
-    beyond letters, digits, spaces and ``_./@-`` also gets a short hash of itself, so such texts stay apart."""
+    beyond letters, digits, spaces and ``_./@-``, or a long one, is cut to 63 and gets a short hash of itself, so
+    such texts stay apart (a slug is its own slug)."""
     out = "_".join(p for p in re.split(r"[^a-z0-9]+", text.lower()) if p)
-    if not re.fullmatch(r"[\w ./@-]*", text, re.ASCII):
-        out += ("_" if out else "") + hashlib.sha1(text.encode("utf-8")).hexdigest()[:8]
+    if len(out) > 72 or not re.fullmatch(r"[\w ./@-]*", text, re.ASCII):
+        out = "_".join(p for p in (out[:63].strip("_"), hashlib.sha1(text.encode("utf-8")).hexdigest()[:8]) if p)
     return out or "_"
 
 
