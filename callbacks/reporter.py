@@ -5,7 +5,7 @@ the test epoch, on every process (the values are already reduced across processe
 metric declares (``higher_is_better``) and the x values of its curves. The reporter then
 
 * logs every scalar through Lightning (``pl_module.log``, no second reduction across processes);
-* at the end of the run, on global rank 0 only: writes ``metrics.json`` (sorted keys, NaN as ``null``;
+* at the end of the run, on global rank 0 only: writes ``metrics.json`` (sorted keys, NaN as ``null``, warned;
   :func:`evaluation.reporting.write_metrics_json`) when it has an ``output_dir``, and beside it the declarations
   ``metrics.meta.json`` (:func:`evaluation.reporting.metrics_meta`; a W&B run gets the same JSON as the summary
   value ``metrics_meta``) and the resolved config ``config.yaml`` that LightningCLI saved (its

@@ -29,7 +29,7 @@ from comparison.configs import differences_markdown
 from comparison.figures import Figure, build_figures
 from comparison.html import dashboard
 from comparison.runs import Run, RunLoadError, load_runs, load_wandb_project
-from comparison.tables import Table, build_tables, tables_csv, tables_markdown
+from comparison.tables import Table, build_tables, md_text, tables_csv, tables_markdown
 from comparison.wandb_report import build_report, save_report
 
 
@@ -105,7 +105,7 @@ def main(args: Optional[Sequence[str]] = None) -> Comparison:
     figures = build_figures(runs, tables, png_dir)
     result = Comparison(runs, reference, tables, figures, out)
     texts = {"dashboard.html": dashboard(runs, tables, figures, reference, ns.title),
-             "tables.md": f"# {ns.title}\n\n" + tables_markdown(tables),
+             "tables.md": f"# {md_text(ns.title)}\n\n" + tables_markdown(tables),
              "tables.csv": tables_csv(tables),
              "config_differences.md": differences_markdown(runs)}
     for name, text in texts.items():

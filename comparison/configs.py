@@ -11,6 +11,7 @@ import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from comparison.runs import Run
+from comparison.tables import md_text
 
 NO_CONFIG = "(no config)"
 ABSENT = "(absent)"
@@ -105,23 +106,21 @@ def config_summary(runs: Sequence[Run]) -> List[Tuple[str, str, Dict[str, str], 
 
 
 def differences_markdown(runs: Sequence[Run]) -> str:
-    """The settings summary and every differing key as Markdown tables."""
-    names = [run.name for run in runs]
-
-    def esc(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", "<br>")
-
+    """The settings summary and every differing key as Markdown tables (every name, key and value as text:
+    :func:`comparison.tables.md_text`)."""
+    names = [md_text(run.name) for run in runs]
     lines = ["### settings", "", "| section | setting | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
     for section, label, texts, differs in config_summary(runs):
         mark = " (differs)" if differs else ""
-        lines.append(f"| {section} | {label}{mark} | " + " | ".join(esc(texts[n]) for n in names) + " |")
+        lines.append(f"| {section} | {label}{mark} | " + " | ".join(md_text(texts[run.name]) for run in runs) + " |")
     diffs = config_differences(runs)
     lines += ["", "### config keys that differ", ""]
     if not diffs:
         lines.append("none" if any(run.config for run in runs) else "no run has a config")
     else:
         lines += ["| key | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
-        lines += [f"| {key} | " + " | ".join(esc(texts[n]) for n in names) + " |" for key, texts in diffs]
+        lines += [f"| {md_text(key)} | " + " | ".join(md_text(texts[run.name]) for run in runs) + " |"
+                  for key, texts in diffs]
     return "\n".join(lines) + "\n"
 
 

@@ -5,11 +5,17 @@
 * **bars** (one figure per table: perturbation AUCs, each segmentation metric, each CDAM-analysis metric): one
   bar per method and run, the run's ``random`` map marked as a dashed line in its colour;
 
-A run without a value (or a curve) is drawn as an ``x`` marked *missing* at zero, not dropped.
+A run without a value (or a curve) is drawn as an ``x`` marked *missing* at zero, not dropped; a non-finite value
+(NaN, infinity) as an ``x`` marked with it (``NaN``, ``inf``).
+
+Run data is text, never markup: every name, key part and title given to Plotly passes :func:`plotly_text` (Plotly
+reads ``<b>``-like tags in labels), and a figure's name (its file stem and HTML id) is a :func:`slug`.
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -37,7 +43,7 @@ def random_lines(table: Table) -> Dict[float, List[int]]:
     random value is the same for every row of a run)."""
     lines: Dict[float, List[int]] = {}
     for i, run in enumerate(table.runs):
-        randoms = {table.cell(r, run).random for r in table.rows} - {None}
+        randoms = {v for v in (table.cell(r, run).random for r in table.rows) if _finite(v)}
         if len(randoms) == 1:
             value = randoms.pop()
             same = next((v for v in lines if abs(v - value) <= 1e-6 * max(1.0, abs(v))), value)
@@ -59,6 +65,21 @@ class Figure:
 
 def _finite(v) -> bool:
     return v is not None and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def plotly_text(text: object) -> str:
+    """``text`` shown as itself in a Plotly label: ``&``, ``<`` and ``>`` as entities, so no tag is read."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slug(text: str) -> str:
+    """``text`` as ``[a-z0-9_]`` (a file stem, an HTML id): other characters become ``_``; a text with characters
+    beyond letters, digits, spaces and ``_./@-``, or a long one, is cut to 63 and gets a short hash of itself, so
+    such texts stay apart (a slug is its own slug)."""
+    out = "_".join(p for p in re.split(r"[^a-z0-9]+", text.lower()) if p)
+    if len(out) > 72 or not re.fullmatch(r"[\w ./@-]*", text, re.ASCII):
+        out = "_".join(p for p in (out[:63].strip("_"), hashlib.sha1(text.encode("utf-8")).hexdigest()[:8]) if p)
+    return out or "_"
 
 
 # ------------------------------------------------------------------------------------------ curves
@@ -91,32 +112,33 @@ def curves_plotly(runs: Sequence[Run], setting: str, direction: str, methods: Se
     nrows = math.ceil(len(methods) / ncols)
     titles = []
     for method in methods:
-        missing = [r.name for r in runs if _curve(r, method, direction, setting) is None]
-        titles.append(method + (f"<br><span style='font-size:10px;color:#c00'>missing: {', '.join(missing)}</span>"
-                                if missing else ""))
+        missing = [plotly_text(r.name) for r in runs if _curve(r, method, direction, setting) is None]
+        titles.append(plotly_text(method) + (f"<br><span style='font-size:10px;color:#c00'>missing: "
+                                              f"{', '.join(missing)}</span>" if missing else ""))
     fig = make_subplots(rows=nrows, cols=ncols, subplot_titles=titles, shared_yaxes=True,
                         vertical_spacing=0.5 / max(nrows, 1) if nrows > 1 else 0.1, horizontal_spacing=0.03)
     for i, run in enumerate(runs):
+        name = plotly_text(run.name)
         for j, method in enumerate(methods):
             row, col = j // ncols + 1, j % ncols + 1
             curve = _curve(run, method, direction, setting)
             if curve is not None:
-                fig.add_trace(go.Scatter(x=curve[0], y=curve[1], mode="lines+markers", name=run.name,
-                                         legendgroup=run.name, showlegend=j == 0, marker=dict(size=4),
+                fig.add_trace(go.Scatter(x=curve[0], y=curve[1], mode="lines+markers", name=name,
+                                         legendgroup=name, showlegend=j == 0, marker=dict(size=4),
                                          line=dict(color=color(i), width=line_width(i))), row=row, col=col)
             else:
                 fig.add_trace(go.Scatter(x=[0.5], y=[0], mode="markers+text", text=["missing"],
                                          textposition="top center", marker=dict(symbol="x", size=10, color=color(i)),
-                                         name=f"{run.name}: missing", legendgroup=run.name, showlegend=False),
+                                         name=f"{name}: missing", legendgroup=name, showlegend=False),
                               row=row, col=col)
             rnd = _curve(run, RANDOM, direction, setting) if method != RANDOM else None
             if rnd is not None:
-                fig.add_trace(go.Scatter(x=rnd[0], y=rnd[1], mode="lines", name=f"random ({run.name})",
-                                         legendgroup=f"random {run.name}", showlegend=j == 0,
+                fig.add_trace(go.Scatter(x=rnd[0], y=rnd[1], mode="lines", name=f"random ({name})",
+                                         legendgroup=f"random {name}", showlegend=j == 0,
                                          line=dict(color=color(i), dash="dot", width=1), opacity=0.6),
                               row=row, col=col)
     fig.update_layout(height=230 * nrows + 120, margin=dict(t=80, l=50, r=20, b=40),
-                      title=f"perturbation curves: {direction} test, {setting} class "
+                      title=f"perturbation curves: {plotly_text(direction)} test, {plotly_text(setting)} class "
                             f"(accuracy vs fraction removed; {'lower' if direction == 'positive' else 'higher'}"
                             f" is better)", legend=dict(orientation="h", y=-0.05))
     fig.update_xaxes(range=[-0.02, 1.0])
@@ -166,29 +188,35 @@ def curves_png(runs: Sequence[Run], setting: str, direction: str, methods: Seque
 
 
 # ------------------------------------------------------------------------------------------ bars
+def _gap_text(value) -> str:
+    """What a bar without a finite value is marked with: ``missing``, or the value (``NaN``, ``inf``, ``-inf``)."""
+    return "missing" if value is None else "NaN" if math.isnan(value) else format(value)
+
+
 def bars_plotly(table: Table):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    rows = table.rows
+    rows = [plotly_text(r) for r in table.rows]
     for i, run in enumerate(table.runs):
-        values = [table.cell(r, run).value for r in rows]
-        fig.add_trace(go.Bar(x=rows, y=[v if _finite(v) else None for v in values], name=run, offsetgroup=str(i),
-                             marker_color=color(i), legendgroup=run,
-                             marker_line=dict(width=[2.5 if table.cell(r, run).best else 0 for r in rows],
+        name = plotly_text(run)
+        values = [table.cell(r, run).value for r in table.rows]
+        fig.add_trace(go.Bar(x=rows, y=[v if _finite(v) else None for v in values], name=name, offsetgroup=str(i),
+                             marker_color=color(i), legendgroup=name,
+                             marker_line=dict(width=[2.5 if table.cell(r, run).best else 0 for r in table.rows],
                                               color="black")))
-        missing = [r for r in rows if table.cell(r, run).missing]
-        if missing:
-            fig.add_trace(go.Scatter(x=missing, y=[0] * len(missing), mode="markers+text", text=["missing"] * len(
-                missing), textposition="top center", marker=dict(symbol="x", size=11, color=color(i)),
-                name=f"{run}: missing", legendgroup=run, offsetgroup=str(i)))
+        gaps = [(x, _gap_text(v)) for x, v in zip(rows, values) if not _finite(v)]
+        if gaps:
+            fig.add_trace(go.Scatter(x=[x for x, _ in gaps], y=[0] * len(gaps), mode="markers+text", text=[
+                t for _, t in gaps], textposition="top center", marker=dict(symbol="x", size=11, color=color(i)),
+                name=f"{name}: missing or non-finite", legendgroup=name, offsetgroup=str(i)))
     for value, indices in random_lines(table).items():   # a legend entry, not a label the bars would hide
         fig.add_trace(go.Scatter(x=[rows[0], rows[-1]], y=[value, value], mode="lines",
                                  line=dict(color=color(indices[0]), dash="dash", width=1.5),
-                                 name=f"random map ({', '.join(table.runs[i] for i in indices)})"))
+                                 name=plotly_text(f"random map ({', '.join(table.runs[i] for i in indices)})")))
     fig.update_layout(barmode="group", height=380, margin=dict(t=60, l=50, r=20, b=110),
-                      title=f"{table_title(table)} ({direction_text(table.direction())}; black outline: best run "
-                            f"of the method; dashed: the run's random map)", title_font=dict(size=13),
+                      title=f"{plotly_text(table_title(table))} ({direction_text(table.direction())}; black outline: "
+                            f"best run of the method; dashed: the run's random map)", title_font=dict(size=13),
                       legend=dict(orientation="h", y=1.12, x=0))
     return fig
 
@@ -211,7 +239,7 @@ def bars_png(table: Table, path: Path) -> Path:
         for x, v in zip(xs, values):
             if not _finite(v):
                 ax.plot([x], [0], "x", color=color(i), markersize=9)
-                ax.annotate("missing", (x, 0), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7,
+                ax.annotate(_gap_text(v), (x, 0), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7,
                             rotation=90, color=color(i))
     for value, indices in random_lines(table).items():
         ax.axhline(value, color=color(indices[0]), linestyle="--", linewidth=1.2,
@@ -228,16 +256,20 @@ def bars_png(table: Table, path: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------ all
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in text).strip("_").lower()
-
-
 def build_figures(runs: Sequence[Run], tables: Sequence[Table], png_dir: Optional[Path] = None) -> List[Figure]:
     """Every figure (curves per class setting and direction, then bars per table except the clean accuracy),
-    each with its PNG under ``png_dir`` when given."""
+    each with its PNG under ``png_dir`` when given; names are slugs, unique (a hash added where two would meet)."""
     figures: List[Figure] = []
+    names: set = set()
+
+    def unique(text: str) -> str:
+        name = slug(text)
+        name = name if name not in names else f"{name}_{hashlib.sha1(text.encode('utf-8')).hexdigest()[:8]}"
+        names.add(name)
+        return name
+
     for (setting, direction), methods in curve_groups(runs).items():
-        name = f"perturbation_curves_{setting}_{direction}"
+        name = unique(f"perturbation_curves_{setting}_{direction}")
         fig = Figure(name, f"perturbation curves, {direction} test, {setting} class", "perturbation",
                      curves_plotly(runs, setting, direction, methods), "curves")
         if png_dir is not None:
@@ -246,8 +278,7 @@ def build_figures(runs: Sequence[Run], tables: Sequence[Table], png_dir: Optiona
     for table in tables:
         if table.test == "accuracy":
             continue
-        name = _slug(f"{table.test}_{table.setting}_{table.metric}".replace("__", "_"))
-        name = "_".join(p for p in name.split("_") if p)
+        name = unique(f"{table.test}_{table.setting}_{table.metric}")
         fig = Figure(name, table_title(table), table.test, bars_plotly(table), "bars")
         if png_dir is not None:
             fig.png = bars_png(table, png_dir / f"{name}.png")

@@ -4,18 +4,19 @@ Plotly's JavaScript is embedded once in the page (``plotly.offline.get_plotlyjs`
 its data inline, the styles are inline; nothing is loaded from elsewhere (no ``src``/``href`` to http(s)).
 Sections: the runs (source, kind, group, tags, reference), the settings and config differences, then per test
 its tables (best of each row in bold, the run's random map in grey, the delta to the reference coloured by whether
-it is better or worse in the metric's declared direction, missing values shaded) and its figures.
+it is better or worse in the metric's declared direction, missing values shaded, non-finite values flagged) and its
+figures. Run data is text, never markup: every name, key, config value and title is escaped (:func:`esc`), and every
+``id`` is a slug (:func:`comparison.figures.slug`).
 """
 from __future__ import annotations
 
 import html
-import math
 from typing import List, Optional, Sequence
 
 from comparison.configs import config_differences, config_summary
-from comparison.figures import Figure, color
+from comparison.figures import Figure, color, slug
 from comparison.runs import Run
-from comparison.tables import Table, direction_text, table_title
+from comparison.tables import Table, direction_text, number_text, table_title
 
 STYLE = """
 body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 0 1.5em 3em; color: #222; }
@@ -24,6 +25,7 @@ table { border-collapse: collapse; margin: 0.4em 0 1.2em; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 3px 7px; text-align: right; vertical-align: top; }
 th { background: #f4f4f4; } td.name, th.name { text-align: left; white-space: nowrap; }
 td.best .v { font-weight: bold; } td.best { background: #eef7ee; }
+td.nonfinite { background: #fde8c8; color: #a40; }
 td.missing { background: repeating-linear-gradient(45deg, #fff0f0, #fff0f0 6px, #fbe0e0 6px, #fbe0e0 12px);
              color: #b00; font-style: italic; text-align: center; }
 .rnd { color: #888; font-size: 11px; } .better { color: #187a18; } .worse { color: #b81c1c; } .zero { color: #888; }
@@ -39,9 +41,7 @@ def esc(text: object) -> str:
 
 
 def _num(value: Optional[float], fmt: str, signed: bool = False) -> str:
-    if value is None or not math.isfinite(value):
-        return ""
-    return format(value, ("+" if signed else "") + fmt)
+    return esc(number_text(value, fmt, signed))
 
 
 def runs_section(runs: Sequence[Run], reference: str) -> str:
@@ -93,8 +93,9 @@ def changes_section(tables: Sequence[Table], reference: str, limit: int = 40) ->
         for table in tables:
             for row in table.rows:
                 cell, ref = table.cell(row, run), table.cell(row, reference)
-                if cell.missing != ref.missing:
-                    where = f"missing in {run}" if cell.missing else f"only in {run}"
+                if cell.missing != ref.missing or cell.non_finite or ref.non_finite:
+                    where = (f"missing in {run}" if cell.missing else f"only in {run}" if ref.missing else
+                             f"non-finite: {number_text(ref.value, '')} vs {number_text(cell.value, '')}")
                     gaps.append(f"{table_title(table)}: {row} ({where})")
                 elif cell.delta is not None:
                     compared += 1
@@ -138,8 +139,9 @@ def table_html(table: Table) -> str:
                 cls = "zero" if cell.delta == 0 else {True: "better", False: "worse", None: ""}[good]
                 delta = "0" if cell.delta == 0 else _num(cell.delta, table.fmt, signed=True)
                 parts.append(f"<br><span class='{cls}'>Δ {delta}</span>")
-            cls = "best" if cell.best else ""
-            cells.append(f"<td class='{cls}' data-value='{cell.value!r}'>{''.join(parts)}</td>")
+            cls = "best" if cell.best else "nonfinite" if cell.non_finite else ""
+            flag = " <b title='not a finite number'>(non-finite)</b>" if cell.non_finite else ""
+            cells.append(f"<td class='{cls}' data-value='{cell.value!r}'>{''.join(parts)}{flag}</td>")
         body.append(f"<tr><td class='name'>{esc(row)}</td>{''.join(cells)}</tr>")
     return (f"<h3>{esc(table_title(table))}</h3><p class='note'>{esc(direction_text(table.direction()))}; bold: "
             f"best run of the row; grey: the same run's random map; Δ: difference to {esc(table.reference)} "
@@ -148,7 +150,7 @@ def table_html(table: Table) -> str:
 
 
 def figure_html(figure: Figure) -> str:
-    div = figure.plotly.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{figure.name}",
+    div = figure.plotly.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{slug(figure.name)}",
                                 config={"displaylogo": False, "responsive": True})
     return f"<div class='figure' data-figure='{esc(figure.name)}'>{div}</div>"
 
@@ -161,11 +163,11 @@ def dashboard(runs: Sequence[Run], tables: Sequence[Table], figures: Sequence[Fi
     sections: List[str] = []
     tests = list(dict.fromkeys([t.test for t in tables] + [f.section for f in figures]))
     for test in tests:
-        parts = [f"<h2 id='{esc(test)}'>{esc(test)}</h2>"]
+        parts = [f"<h2 id='{slug(test)}'>{esc(test)}</h2>"]
         parts += [table_html(t) for t in tables if t.test == test]
         parts += [figure_html(f) for f in figures if f.section == test]
         sections.append("\n".join(parts))
-    nav = "".join(f"<a href='#{esc(t)}'>{esc(t)}</a>" for t in ["runs", "changes", "config"] + tests)
+    nav = "".join(f"<a href='#{slug(t)}'>{esc(t)}</a>" for t in ["runs", "changes", "config"] + tests)
     return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{esc(title)}</title>"
             f"<style>{STYLE}</style>\n<script type='text/javascript'>{get_plotlyjs()}</script>\n</head><body>"
             f"<h1>{esc(title)}</h1><nav>{nav}</nav>"

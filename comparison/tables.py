@@ -18,7 +18,13 @@ Every cell holds the run's value, the same run's ``random`` map value for that m
 one), the delta against the reference run and whether it is the best of its row. The best follows the direction
 the metric declares (the run's ``metrics.meta.json``, :mod:`comparison.directions` for older runs); a row whose
 runs all tie, or with fewer than two values, or whose metric declares no direction, marks none. A run without a
-value for a row (the metric was not computed, or was ``null``) gets a *missing* cell: the row is kept.
+value for a row (the metric was not computed, or was ``null``) gets a *missing* cell: the row is kept. A non-finite
+value (``NaN``, ``Infinity`` in ``metrics.json``) is shown as such (``NaN``, ``inf``, ``-inf``) and flagged; it has
+no delta (never a tie), is never the best, and a non-finite reference value gives its row no deltas.
+
+The exports hold run data as text: Markdown escapes ``&``, ``<``, ``>`` (and ``|``) in every name, key and title
+(:func:`md_text`); the CSV prefixes a text cell that starts with ``=``, ``+``, ``-`` or ``@`` with ``'`` so no
+spreadsheet reads it as a formula (:func:`csv_text`; numbers stay numbers).
 """
 from __future__ import annotations
 
@@ -83,6 +89,10 @@ class Cell:
     def missing(self) -> bool:
         return self.value is None
 
+    @property
+    def non_finite(self) -> bool:
+        return self.value is not None and not math.isfinite(self.value)
+
 
 @dataclass
 class Table:
@@ -125,7 +135,7 @@ def _row_sort(row: str) -> tuple:
 
 def mark_best(values: Dict[str, Optional[float]], higher_is_better: Optional[bool]) -> List[str]:
     """The runs holding the best of ``values`` (none: no direction, fewer than two values, or all tie)."""
-    present = {run: v for run, v in values.items() if v is not None}
+    present = {run: v for run, v in values.items() if v is not None and math.isfinite(v)}
     if higher_is_better is None or len(present) < 2:
         return []
     best = max(present.values()) if higher_is_better else min(present.values())
@@ -168,7 +178,7 @@ def build_tables(runs: Sequence[Run], reference: Optional[str] = None) -> List[T
             for run in runs:
                 value = run.scalar(key)
                 random = run.scalar(info.random_key) if info.random_key and row != RANDOM else None
-                delta = None if run.name == reference or value is None or ref_value is None else (
+                delta = None if run.name == reference or not _finite(value) or not _finite(ref_value) else (
                     0.0 if same(value, ref_value) else value - ref_value)
                 table.cells[(row, run.name)] = Cell(value, random, delta)
             for name in mark_best({n: table.cells[(row, n)].value for n in names}, table.higher_is_better.get(row)):
@@ -176,26 +186,45 @@ def build_tables(runs: Sequence[Run], reference: Optional[str] = None) -> List[T
     return sorted(tables.values(), key=_sort_key)
 
 
+def _finite(value: Optional[float]) -> bool:
+    return value is not None and math.isfinite(value)
+
+
 # ------------------------------------------------------------------------------------------ text output
-def _num(value: Optional[float], fmt: str, signed: bool = False) -> str:
-    if value is None or not math.isfinite(value):
+def number_text(value: Optional[float], fmt: str, signed: bool = False) -> str:
+    """``value`` formatted; ``NaN``, ``inf``, ``-inf`` as such; empty for ``None``."""
+    if value is None:
         return ""
+    if not math.isfinite(value):
+        return "NaN" if math.isnan(value) else format(value)
     return format(value, ("+" if signed else "") + fmt)
+
+
+def md_text(text: object) -> str:
+    """``text`` as literal Markdown table text: ``&``, ``<``, ``>`` as entities, ``|`` escaped, lines joined."""
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+            .replace("\n", "<br>"))
+
+
+def csv_text(text: object) -> str:
+    """A CSV text cell no spreadsheet reads as a formula: one starting with ``=``, ``+``, ``-``, ``@`` gets ``'``."""
+    text = str(text)
+    return "'" + text if text[:1] in ("=", "+", "-", "@") else text
 
 
 def cell_text(table: Table, row: str, run: str, markdown: bool = True) -> str:
     """``**v** (random r) Δ d``: the value (bold when best), the run's random map, the delta to the reference;
-    ``missing`` when the run has no value."""
+    ``missing`` when the run has no value; a non-finite value flagged ``NaN (non-finite)``."""
     cell = table.cell(row, run)
     if cell.missing:
         return "*missing*" if markdown else "missing"
-    text = _num(cell.value, table.fmt)
+    text = number_text(cell.value, table.fmt) + (" (non-finite)" if cell.non_finite else "")
     if cell.best:
         text = f"**{text}**" if markdown else f"{text} (best)"
     if cell.random is not None:
-        text += f" (random {_num(cell.random, table.fmt)})"
+        text += f" (random {number_text(cell.random, table.fmt)})"
     if cell.delta is not None:
-        text += " Δ 0" if cell.delta == 0 else f" Δ {_num(cell.delta, table.fmt, signed=True)}"
+        text += " Δ 0" if cell.delta == 0 else f" Δ {number_text(cell.delta, table.fmt, signed=True)}"
     return text
 
 
@@ -205,13 +234,13 @@ def direction_text(higher_is_better: Optional[bool]) -> str:
 
 def table_markdown(table: Table) -> str:
     """One table as Markdown (a heading, the direction, the grid)."""
-    header = ["method"] + [f"{run} (reference)" if run == table.reference else run for run in table.runs]
-    lines = [f"### {table_title(table)}", "",
+    header = ["method"] + [md_text(run) + (" (reference)" if run == table.reference else "") for run in table.runs]
+    lines = [f"### {md_text(table_title(table))}", "",
              f"{direction_text(table.direction())}; **bold**: best of the row; (random r): the same run's random "
-             f"map; Δ: difference to `{table.reference}`", "",
+             f"map; Δ: difference to {md_text(table.reference)}", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in table.rows:
-        lines.append("| " + " | ".join([row] + [cell_text(table, row, run) for run in table.runs]) + " |")
+        lines.append("| " + " | ".join([md_text(row)] + [cell_text(table, row, run) for run in table.runs]) + " |")
     return "\n".join(lines)
 
 
@@ -229,7 +258,7 @@ def tables_markdown(tables: Sequence[Table]) -> str:
 
 
 CSV_COLUMNS = ["test", "class_setting", "metric", "method", "run", "key", "value", "random", "delta_vs_reference",
-               "best", "higher_is_better", "missing"]
+               "best", "higher_is_better", "missing", "non_finite"]
 
 
 def tables_csv(tables: Sequence[Table]) -> str:
@@ -242,9 +271,10 @@ def tables_csv(tables: Sequence[Table]) -> str:
             for run in table.runs:
                 cell = table.cell(row, run)
                 hib = table.higher_is_better.get(row)
-                writer.writerow([table.test, table.setting, table.metric, row, run, table.keys[row],
+                writer.writerow([*map(csv_text, (table.test, table.setting, table.metric, row, run, table.keys[row])),
                                  "" if cell.value is None else repr(cell.value),
                                  "" if cell.random is None else repr(cell.random),
                                  "" if cell.delta is None else repr(cell.delta),
-                                 int(cell.best), "" if hib is None else str(hib).lower(), int(cell.missing)])
+                                 int(cell.best), "" if hib is None else str(hib).lower(), int(cell.missing),
+                                 int(cell.non_finite)])
     return out.getvalue()

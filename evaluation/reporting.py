@@ -6,7 +6,8 @@ Results are one flat dict keyed by :class:`evaluation.result_keys.ResultKey` str
 ``higher_is_better`` (``{key: True | False | None}``, from the metrics) and ``curve_x`` (``{key: x values}`` of
 the curves).
 
-* :func:`write_metrics_json`: ``metrics.json``, sorted keys, NaN and infinities as ``null``;
+* :func:`write_metrics_json`: ``metrics.json``, sorted keys, NaN and infinities as ``null`` (strict JSON), never
+  silently: a ``RuntimeWarning`` names every such key and its value (:func:`non_finite`);
 * :func:`metrics_meta` / :func:`read_metrics_meta`: the two declarations as the sidecar ``metrics.meta.json``
   beside it (``{"schema_version": 1, "metrics": {key: {"higher_is_better": ..., "x": [...] (curves only)}}}``),
   so that a run's results describe themselves (``compare.py`` reads them);
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -41,8 +43,23 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def non_finite(results: Mapping[str, Any]) -> List[str]:
+    """``key=value`` of every non-finite scalar, ``key[i]=value`` of every non-finite point of a curve."""
+    found = []
+    for key, value in sorted(results.items()):
+        points = enumerate(value) if isinstance(value, (list, tuple)) else [(None, value)]
+        found += [f"{key}{'' if i is None else f'[{i}]'}={v}" for i, v in points
+                  if isinstance(v, float) and not math.isfinite(v)]
+    return found
+
+
 def write_metrics_json(results: Mapping[str, Any], path: os.PathLike) -> Path:
-    """``results`` as JSON at ``path`` (sorted keys, non-finite floats as ``null``), written atomically."""
+    """``results`` as JSON at ``path`` (sorted keys, non-finite floats as ``null`` with a warning naming each),
+    written atomically."""
+    bad = non_finite(results)
+    if bad:
+        warnings.warn(f"{path}: {len(bad)} non-finite metric value(s) written as null: {', '.join(bad)}",
+                      RuntimeWarning, stacklevel=2)
     return write_json({k: _jsonable(v) for k, v in sorted(results.items())}, path)
 
 

@@ -10,6 +10,8 @@ to do), never a silent result; and what a run computed before the error is kept 
 * a method that returns NaN for one sample: the evaluation module names the method, class setting and sample
   (``test_method_returning_nan_is_named``);
 * NaN / Inf in the inputs: refused by the evaluation module naming the samples (``test_non_finite_inputs``);
+* a non-finite metric: written to ``metrics.json`` as ``null`` with a warning naming each key
+  (``test_non_finite_metric_is_never_written_silently``);
 * a config naming an unknown method or option: the method registry names it and the choices
   (``test_unknown_method``);
 * a config naming a missing file (data folder, ``.mat``, classifier, concepts, config): named by the CLI or the
@@ -162,6 +164,24 @@ def test_non_finite_inputs(poison):
                          enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
     with pytest.raises(ValueError, match=r"sample.* 1\b.*(NaN|finite|Inf)"):
         trainer.test(module, datamodule=UnrepeatedTestData(_Images(poison)), verbose=False)
+
+
+def test_non_finite_metric_is_never_written_silently(tmp_path):
+    """evaluate.py's metrics.json holds a non-finite metric as ``null`` (strict JSON) with a warning naming every
+    such key (and point of a curve) and its value; finite results write without one."""
+    import warnings
+
+    from evaluation.reporting import write_metrics_json
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_metrics_json({"accuracy": 0.5, "perturbation/m/positive/predicted/curve": [1.0, 0.5]}, tmp_path / "a")
+    results = {"accuracy": 0.5, "segmentation/m/miou": float("nan"), "segmentation/m/map": float("-inf"),
+               "perturbation/m/positive/predicted/curve": [1.0, float("inf"), 0.2]}
+    with pytest.warns(RuntimeWarning, match=r"3 non-finite .*perturbation/m/positive/predicted/curve\[1\]=inf, "
+                                            r"segmentation/m/map=-inf, segmentation/m/miou=nan"):
+        path = write_metrics_json(results, tmp_path / "metrics.json")
+    assert json.loads(path.read_text())["segmentation/m/miou"] is None
 
 
 # ------------------------------------------------------------------------------------------ configs

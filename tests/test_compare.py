@@ -187,6 +187,119 @@ def test_every_figure_renders_in_a_headless_browser(runs):
         assert 'class="main-svg"' in chunk, f"figure {figure.name} did not render"
 
 
+#: markup and script in every part of every key: an HTML tag with an event handler, the quotes that end an attribute
+#: or a JavaScript string (a result key part holds no '/'); names, config values and the title add '</script>'
+PART = """<"'>&<img src=x onerror="document.title='pwned'">");document.title='pwned';(\""""
+TEXT = PART + "</script><script>document.title='pwned'</script>"
+
+
+def _payload_runs(tmp_path):
+    m, d, s, x, t = (PART + c for c in "mdsxt")   # method, direction, setting, metric, test
+    keys = [f"perturbation/{m}/{d}/{s}/auc", f"perturbation/random/{d}/{s}/auc", f"segmentation/{m}/{x}",
+            f"{t}/{m}/{s}/{x}", f"cdam_analysis/{x}/{m}"]
+    for i, name in enumerate("xy"):
+        metrics = {key: 0.25 + 0.5 * i for key in keys}
+        metrics[f"perturbation/{m}/{d}/{s}/curve"] = [1.0, 0.5 - 0.2 * i, 0.1]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps(metrics))
+        config = {"model": {"classifier": TEXT + name, TEXT: TEXT + name}, "seed_everything": i}
+        (tmp_path / name / "config.yaml").write_text(yaml.safe_dump(config))
+    return compare.main([str(tmp_path / "x"), str(tmp_path / "y"), "--names", TEXT, TEXT + "2", "--title", TEXT,
+                         "--out", str(tmp_path / "out")])
+
+
+def test_run_data_is_text_in_every_output(tmp_path):
+    """Markup in keys, run names, config values and the title stays text: escaped in the page, ids are slugs, no
+    event handler or injected tag; Markdown escapes it; the CSV guards formulas but keeps numbers."""
+    from html.parser import HTMLParser
+
+    c = _payload_runs(tmp_path)
+    page = (c.out / "dashboard.html").read_text()
+    tags: list = []
+
+    class Tags(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            tags.append((tag, dict(attrs)))
+
+    Tags().feed(page)
+    assert not [t for t in tags if t[0] == "img" or any(a.startswith("on") for a in t[1])]
+    assert sum(t[0] == "script" for t in tags) == 1 + len(c.figures)   # plotly.js, one per figure
+    assert all(re.fullmatch(r"[a-z0-9_-]+", a["id"]) for _, a in tags if "id" in a)
+    assert all(re.fullmatch(r"[a-z0-9_]+", f.name) and f"id='fig-{f.name}'" in page.replace('"', "'")
+               for f in c.figures) and len(c.figures) == 5
+    assert not re.search(r'(?<!\\)"\);document', page)   # no quote ends a JavaScript string of the page
+    assert "&lt;img src=x onerror=&quot;document.title=&#x27;pwned&#x27;&quot;&gt;" in page   # shown as text
+    assert f"<title>{html_escape(TEXT)}</title>" in page
+    for name in ("tables.md", "config_differences.md"):
+        md = (c.out / name).read_text()
+        assert "<img" not in md and "<script" not in md and "&lt;img src=x" in md, name
+    rows = list(csv.DictReader((c.out / "tables.csv").open()))
+    assert {r["run"] for r in rows} == {TEXT, TEXT + "2"}   # starts with '<': no formula, kept as it is
+    formula = tmp_path / "formula"
+    formula.mkdir()
+    (formula / "metrics.json").write_text(json.dumps({"segmentation/=1+2/miou": -0.5, "@sum/-m/+m/x": 1.0}))
+    c = compare.main([str(formula), "--names", "=HYPERLINK(0)", "--out", str(tmp_path / "f"), "--no-png"])
+    rows = list(csv.DictReader((c.out / "tables.csv").open()))
+    assert {r["run"] for r in rows} == {"'=HYPERLINK(0)"} and {r["method"] for r in rows} == {"'=1+2", "'-m"}
+    assert {r["test"] for r in rows} == {"segmentation", "'@sum"} and {r["class_setting"] for r in rows} == {"", "'+m"}
+    assert {r["key"] for r in rows} == {"'@sum/-m/+m/x", "segmentation/=1+2/miou"}
+    assert {r["value"] for r in rows} == {"-0.5", "1.0"}   # numbers stay numbers
+
+
+def html_escape(text):
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;").replace(
+        "'", "&#x27;")
+
+
+@pytest.mark.skipif(_browser() is None, reason="no headless browser (apt-get install chromium)")
+def test_payload_runs_no_script_in_a_headless_browser(tmp_path):
+    """The page of :func:`_payload_runs` in headless Chromium: every figure renders, no payload ran (the title is
+    still the escaped text, no injected element), the payload shows as text in the tables and the figures."""
+    c = _payload_runs(tmp_path)
+    result = subprocess.run([_browser(), "--headless", "--no-sandbox", "--disable-gpu",
+                             "--disable-background-networking", "--disable-component-update", "--no-first-run",
+                             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=15000",
+                             "--dump-dom", (c.out / "dashboard.html").as_uri()], capture_output=True, text=True,
+                            timeout=180)
+    dom = result.stdout
+    assert "</html>" in dom, result.stderr[-2000:]
+    title = re.search(r"<title>(.*?)</title>", dom, re.S).group(1)
+    assert title == TEXT.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")   # no script set it
+    assert not re.search(r"<img\b|<script>document", dom)
+    assert dom.count('class="main-svg"') >= len(c.figures)   # every figure drew
+    assert "&lt;img src=x onerror=" in dom.split('class="main-svg"', 1)[1]   # Plotly shows it as text too
+
+
+def test_non_finite_metrics_are_shown_flagged_never_tie_or_best(tmp_path):
+    """NaN / Infinity in metrics.json: shown as such, flagged, no delta (never "Δ 0"), never the best; a missing
+    value stays "missing"; a non-finite reference gives no deltas."""
+    miou, acc, rollout = "segmentation/gradcam/miou", "segmentation/gradcam/pixel_accuracy", "segmentation/rollout/miou"
+    values = {"a": {miou: 0.5, acc: 0.2, rollout: float("-inf")},
+              "b": {miou: float("inf"), acc: float("nan"), rollout: 0.3},
+              "c": {miou: 0.7, rollout: 0.3}}
+    for name, metrics in values.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps(metrics))   # NaN, Infinity, -Infinity
+    c = compare.main([str(tmp_path / n) for n in "abc"] + ["--names", "a", "b", "c", "--out", str(tmp_path / "o"),
+                                                          "--no-png"])
+    t_miou, t_acc = table(c, "segmentation", "", "miou"), table(c, "segmentation", "", "pixel_accuracy")
+    inf_cell, nan_cell = t_miou.cell("gradcam", "b"), t_acc.cell("gradcam", "b")
+    assert inf_cell.delta is None and not inf_cell.best and t_miou.cell("gradcam", "c").best   # not "Δ 0", not best
+    assert inf_cell.non_finite and not inf_cell.missing and nan_cell.non_finite and nan_cell.delta is None
+    assert t_acc.cell("gradcam", "c").missing and not t_acc.cell("gradcam", "c").non_finite
+    assert t_miou.cell("rollout", "b").delta is None and not any(t_miou.cell("rollout", r).best for r in "abc")
+    md = (c.out / "tables.md").read_text()
+    assert "| gradcam | 0.5000 | inf (non-finite) | **0.7000** Δ +0.2000 |" in md
+    assert "| gradcam | 0.2000 | NaN (non-finite) | *missing* |" in md
+    assert "| rollout | -inf (non-finite) | 0.3000 | 0.3000 |" in md and "Δ 0" not in md
+    page = (c.out / "dashboard.html").read_text()
+    assert page.count("(non-finite)</b>") == 3 and "<span class='v'>inf</span>" in page
+    assert "<span class='v'>NaN</span>" in page and "Δ 0" not in page
+    rows = {(r["metric"], r["method"], r["run"]): r for r in csv.DictReader((c.out / "tables.csv").open())}
+    assert rows[("miou", "gradcam", "b")]["value"] == "inf" and rows[("miou", "gradcam", "b")]["non_finite"] == "1"
+    assert rows[("pixel_accuracy", "gradcam", "c")]["missing"] == "1"
+
+
 def test_cdam_analysis_panels_and_declared_directions(tmp_path):
     """CDAM-analysis keys get their tables (the directions CDAMAnalysis declares) and bar figures."""
     base = {"accuracy": 0.5, "cdam_analysis/pearson/cdam__vs__rollout": 0.3, "cdam_analysis/sparsity/cdam": 0.2,
