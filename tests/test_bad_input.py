@@ -218,3 +218,29 @@ def test_method_returning_nan_is_named():
     with pytest.raises(ValueError, match=r"method 'rollout' \(predicted class\) returned NaN or Inf scores for "
                                          r"samples \[8\]"):
         check_finite_relevance("rollout", "predicted", rel, torch.tensor([7, 8, 9]))
+
+
+# ------------------------------------------------------------------------------------------ output folders
+def test_output_dir_of_an_earlier_run_is_refused_and_foreign_files_survive(tmp_path, monkeypatch):
+    """An ``--output_dir`` with an earlier ``metrics.json`` or a foreign file in ``progress/`` is refused, naming
+    the file and ``--overwrite``, and left as it was; with ``--overwrite true`` the run replaces the results and
+    removes only the progress files it wrote."""
+    root = tmp_path / "imagenet"
+    _imagenet(root, per_class=1)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text('{"earlier": 1.0}')
+    with pytest.raises(SystemExit, match=rf"earlier run \('{run / 'metrics.json'}'\).*--overwrite true"):
+        _evaluate(monkeypatch, root, run)
+    assert json.loads((run / "metrics.json").read_text()) == {"earlier": 1.0} and not (run / "progress").exists()
+    (run / "metrics.json").unlink()
+    foreign = run / "progress" / "notes.txt"
+    foreign.parent.mkdir()
+    foreign.write_text("mine")
+    with pytest.raises(SystemExit, match=rf"'{run / 'progress'}' holds files that no evaluate.py run wrote "
+                                         r"\(notes.txt\).*--overwrite true"):
+        _evaluate(monkeypatch, root, run)
+    (run / "metrics.json").write_text('{"earlier": 1.0}')
+    _evaluate(monkeypatch, root, run, "--overwrite", "true")
+    assert "earlier" not in json.loads((run / "metrics.json").read_text())
+    assert sorted(p.name for p in (run / "progress").iterdir()) == ["notes.txt"] and foreign.read_text() == "mine"
