@@ -244,3 +244,92 @@ def test_output_dir_of_an_earlier_run_is_refused_and_foreign_files_survive(tmp_p
     _evaluate(monkeypatch, root, run, "--overwrite", "true")
     assert "earlier" not in json.loads((run / "metrics.json").read_text())
     assert sorted(p.name for p in (run / "progress").iterdir()) == ["notes.txt"] and foreign.read_text() == "mine"
+
+
+# ------------------------------------------------------------------------------------------ data readers
+def test_sst2_file_with_bad_bytes_or_idx_is_named(tmp_path):
+    from datamodules.sst2 import read_sst2
+
+    path = tmp_path / "dev.tsv"
+    path.write_bytes(b"sentence\tlabel\tidx\na fine film\t1\t0\nbad \xff\xfe bytes\t0\t1\n")
+    with pytest.raises(ValueError, match=rf"{path}:3: not UTF-8 text"):
+        read_sst2(path)
+    path.write_bytes(b"sentence\tlabel\tidx\na fine film\t1\tseven\n")
+    with pytest.raises(ValueError, match=rf"{path}:2: idx 'seven' is not an integer"):
+        read_sst2(path)
+
+
+@pytest.mark.parametrize("damage", ["bytes", "evidence", "evidences", "label", "docids"])
+def test_movie_reviews_bad_annotation_is_named(tmp_path, damage):
+    from datamodules.movie_reviews import load_split
+    from tests.test_datamodules_text import write_movies
+
+    root = write_movies(tmp_path / "movies")
+    jsonl = root / "test.jsonl"
+    good, second = jsonl.read_bytes().splitlines()
+    ann = json.loads(second)
+    if damage == "bytes":
+        line = b'{"annotation_id": "\xff\xfe"}'
+    else:
+        ann.update({"evidence": {"evidences": [[7]]}, "evidences": {"evidences": [7]},
+                    "label": {"classification": ["NEG"]}, "docids": {"docids": 7}}[damage])
+        line = json.dumps(ann).encode()
+    jsonl.write_bytes(good + b"\n" + line + b"\n")
+    with pytest.raises(ValueError, match=rf"{jsonl}:2: .*(not UTF-8|evidences must be|classification \['NEG'\])"):
+        load_split(root, "test")
+
+
+@pytest.mark.parametrize("name", ["metrics.json", "config.yaml"])
+def test_run_folder_file_with_bad_bytes_is_named(tmp_path, name):
+    from comparison.runs import RunLoadError, load_run
+
+    (tmp_path / "metrics.json").write_text('{"perturbation/rollout/auc": 0.5}')
+    (tmp_path / "config.yaml").write_text("model: {classifier: synthetic}\n")
+    (tmp_path / name).write_bytes(b"{\n\xff\xfe\n")
+    with pytest.raises(RunLoadError, match=rf"{tmp_path / name}:2: not UTF-8 text"):
+        load_run(tmp_path)
+
+
+def test_concept_file_without_names_is_named(tmp_path):
+    from models.concepts import FORMAT, ConceptHead
+
+    path = tmp_path / "concepts.pt"
+    torch.save({"format": FORMAT, "kind": "mean", "vectors": torch.zeros(2, 4)}, path)
+    with pytest.raises(RuntimeError, match=rf"concept file '{path}' lacks \['names'\]"):
+        ConceptHead.load(path)
+
+
+class _Pickled:
+    """An object that only unpickling can read."""
+
+
+def test_pickled_weights_of_an_hf_folder_are_named(tmp_path):
+    from transformers import BertConfig
+
+    from models.sources import load_hf_classifier
+
+    BertConfig(vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+               num_labels=2).save_pretrained(tmp_path)
+    torch.save({"weights": _Pickled()}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=rf"weights file {tmp_path / 'pytorch_model.bin'} .*Unsupported global"):
+        load_hf_classifier(str(tmp_path))
+
+
+def test_classifier_file_asking_for_a_huge_model_is_refused_before_building_it(tmp_path):
+    """kwargs of a 10^6-wide model next to the weights of a tiny one: refused from shapes alone (meta device)."""
+    import time
+
+    from timm.models.vision_transformer import VisionTransformer
+
+    from models.classifier_file import FORMAT, load_classifier
+
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
+    payload = {"format": FORMAT, "kwargs": {**kwargs, "embed_dim": 10 ** 6}, "pretrained_cfg": {},
+               "state_dict": VisionTransformer(**kwargs).state_dict()}
+    path = tmp_path / "huge.pt"
+    torch.save(payload, path)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"classifier file '{path}' does not rebuild: .*cls_token: \(1, 1, 32\) "
+                                           r"in the weights, \(1, 1, 1000000\) from the kwargs"):
+        load_classifier(path)
+    assert time.monotonic() - start < 5
