@@ -333,3 +333,31 @@ def test_classifier_file_asking_for_a_huge_model_is_refused_before_building_it(t
                                            r"in the weights, \(1, 1, 1000000\) from the kwargs"):
         load_classifier(path)
     assert time.monotonic() - start < 5
+
+
+def test_config_file_with_bad_bytes_is_named(tmp_path, monkeypatch):
+    import evaluate
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    path = tmp_path / "config.yaml"
+    path.write_bytes(b"model: {\n\xff\xfe: 1}\n")
+    with pytest.raises(ValueError, match=rf"config file '{path}' is not valid UTF-8 YAML"):
+        evaluate.main(["--config", str(path)])
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe{}", b'{"image_mean": [0.5,'])
+def test_clip_image_processor_config_with_bad_bytes_or_json_is_named(tmp_path, content):
+    from models.clip import image_processor_config
+
+    (tmp_path / "preprocessor_config.json").write_bytes(content)
+    with pytest.raises(ValueError, match=rf"image processor config '{tmp_path / 'preprocessor_config.json'}'"):
+        image_processor_config(str(tmp_path))
+
+
+def test_subset_index_file_that_is_no_array_is_named(tmp_path):
+    from datamodules.clip_zero_shot import subset_by_index
+
+    path = tmp_path / "indices.npy"
+    path.write_bytes(b"not an array at all")
+    with pytest.raises(ValueError, match=rf"subset index file '{path}' is not a .npy array"):
+        subset_by_index(list(range(4)), path, tmp_path)
