@@ -1,5 +1,5 @@
-"""Bad input on the image side, one test per case: each gets a clear error naming the file or the sample (and what
-to do), never a silent result; and what a run computed before the error is kept (its progress checkpoints).
+"""Bad input, one test per case: each gets a clear error naming the file or the sample (and what to do), never a
+silent result; and what a run computed before the error is kept (its progress checkpoints).
 
 * corrupt, empty or truncated image: ``ImageFolderDataset`` names the file (``test_unreadable_image``); in the
   middle of a run the run stops naming it, and ``--resume`` after the file is replaced writes the metrics of a run
@@ -14,9 +14,17 @@ to do), never a silent result; and what a run computed before the error is kept 
   (``test_unknown_method``);
 * a config naming a missing file (data folder, ``.mat``, classifier, concepts, config): named by the CLI or the
   loaders (``test_missing_files``); a missing weights file is named by the timm loader
-  (``test_missing_weights_file_is_named``).
+  (``test_missing_weights_file_is_named``);
+* an ``--output_dir`` holding an earlier run's ``metrics.json`` or foreign files in ``progress/``: refused unless
+  ``--overwrite``, which keeps the foreign files (``test_output_dir_of_an_earlier_run_is_...``);
+* bad bytes, JSON, types or keys in a data file: the reader names the file and line (SST-2 ``.tsv``, Movie Reviews
+  ``.jsonl``, a run folder's ``metrics.json`` / ``config.yaml``, a ``--config`` file, CLIP's
+  ``preprocessor_config.json``, a subset index ``.npy``), a concept file without ``names``, pickled weights in an
+  ``hf:`` folder;
+* a classifier file whose kwargs ask for a huge model: refused from the shapes (a ``meta``-device build) before any
+  memory is allocated (``test_classifier_file_asking_for_a_huge_model_is_refused_before_building_it``).
 
-The classifier is a random tiny timm ViT; the data small written ImageNet folders and ``.mat`` files.
+The classifier is a random tiny timm ViT; the data small written ImageNet folders, ``.mat`` files and text files.
 """
 from __future__ import annotations
 
