@@ -287,6 +287,26 @@ def test_movie_reviews_bad_annotation_is_named(tmp_path, damage):
         load_split(root, "test")
 
 
+
+def test_archive_with_a_corrupt_compressed_stream_is_named(tmp_path):
+    """Bytes flipped inside a .tar.gz: tar's members may still extract; gzip's checksum, read to the end, fails."""
+    import tarfile
+
+    from datamodules.text_common import extract_archive
+
+    (tmp_path / "movies").mkdir()
+    (tmp_path / "movies" / "doc.txt").write_bytes(bytes(np.random.default_rng(0).integers(97, 123, 200_000,
+                                                                                          dtype=np.uint8)))
+    archive = tmp_path / "movies.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tmp_path / "movies", arcname="movies")
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    archive.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=rf"cannot extract archive '{archive}' \(corrupt"):
+        extract_archive(archive, tmp_path / "cache")
+    assert not list((tmp_path / "cache" / "datasets").iterdir())
+
 @pytest.mark.parametrize("name", ["metrics.json", "config.yaml"])
 def test_run_folder_file_with_bad_bytes_is_named(tmp_path, name):
     from comparison.runs import RunLoadError, load_run
