@@ -111,8 +111,8 @@ def _progress(cli, trainer: pl.Trainer, output_dir: Path) -> Optional[ProgressCh
             resumed = RunProgress.load(output_dir)
             resumed.check_world_size(trainer.world_size)
             return ProgressCheckpoint(output_dir, every, resumed=resumed)
-        if trainer.is_global_zero:   # before DDP starts the other processes; never lose an earlier run's files
-            check_fresh_run_dir(output_dir, overwrite=bool(cli.config.get("overwrite")))
+        # every process checks before it joins the others, so before any process writes to the folder
+        check_fresh_run_dir(output_dir, overwrite=bool(cli.config.get("overwrite")))
         if every:
             return ProgressCheckpoint(output_dir, every, config_text=cli.parser.dump(cli.config, skip_none=False))
     except ProgressError as err:

@@ -98,8 +98,6 @@ def _read_json(path: Path) -> Any:
         return json.loads(_read_text(path))
     except json.JSONDecodeError as err:
         raise RunLoadError(f"{path}: corrupt JSON ({err})") from None
-    except OSError as err:
-        raise RunLoadError(f"{path}: cannot be read ({err})") from None
 
 
 def _read_yaml(path: Path) -> Dict[str, Any]:
