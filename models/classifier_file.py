@@ -83,6 +83,9 @@ def _rebuild(kwargs: Dict[str, Any], state_dict: Dict[str, torch.Tensor]) -> nn.
     memory is allocated for them."""
     from timm.models.vision_transformer import VisionTransformer
 
+    blocks = len({key.split(".")[1] for key in state_dict if key.startswith("blocks.")})
+    if kwargs.get("depth", 12) != blocks:   # checked first: each block is a module, even on the meta device
+        raise ValueError(f"the weights hold {blocks} blocks, its kwargs ask for depth {kwargs.get('depth', 12)}")
     with torch.device("meta"):
         expected = {key: tuple(value.shape) for key, value in VisionTransformer(**kwargs).state_dict().items()}
     given = {key: tuple(value.shape) for key, value in state_dict.items()}

@@ -343,8 +343,11 @@ def test_pickled_weights_of_an_hf_folder_are_named(tmp_path):
         load_hf_classifier(str(tmp_path))
 
 
-def test_classifier_file_asking_for_a_huge_model_is_refused_before_building_it(tmp_path):
-    """kwargs of a 10^6-wide model next to the weights of a tiny one: refused from shapes alone (meta device)."""
+@pytest.mark.parametrize("huge, mismatch", [
+    ({"embed_dim": 10 ** 6}, r"cls_token: \(1, 1, 32\) in the weights, \(1, 1, 1000000\) from the kwargs"),
+    ({"depth": 10 ** 6}, "the weights hold 2 blocks, its kwargs ask for depth 1000000")])
+def test_classifier_file_asking_for_a_huge_model_is_refused_before_building_it(tmp_path, huge, mismatch):
+    """kwargs of a huge model next to the weights of a tiny one: refused from shapes alone (meta device)."""
     import time
 
     from timm.models.vision_transformer import VisionTransformer
@@ -352,13 +355,12 @@ def test_classifier_file_asking_for_a_huge_model_is_refused_before_building_it(t
     from models.classifier_file import FORMAT, load_classifier
 
     kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
-    payload = {"format": FORMAT, "kwargs": {**kwargs, "embed_dim": 10 ** 6}, "pretrained_cfg": {},
+    payload = {"format": FORMAT, "kwargs": {**kwargs, **huge}, "pretrained_cfg": {},
                "state_dict": VisionTransformer(**kwargs).state_dict()}
     path = tmp_path / "huge.pt"
     torch.save(payload, path)
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match=rf"classifier file '{path}' does not rebuild: .*cls_token: \(1, 1, 32\) "
-                                           r"in the weights, \(1, 1, 1000000\) from the kwargs"):
+    with pytest.raises(RuntimeError, match=rf"classifier file '{path}' does not rebuild: .*{mismatch}"):
         load_classifier(path)
     assert time.monotonic() - start < 5
 
