@@ -75,6 +75,8 @@ def read_sst2(path: Path) -> List[Tuple[str, int, int]]:
                              "(0 negative, 1 positive; GLUE test files are unlabelled)")
         if not isinstance(sentence, str) or not sentence.strip():
             raise ValueError(f"{str(path)!r}, row {r} (idx {idx}): empty sentence; expected a non-empty sentence")
+        if isinstance(idx, bool) or not isinstance(idx, int):
+            raise ValueError(f"{str(path)!r}, row {r}: idx {idx!r} is not an integer; expected {FORMAT}")
         out.append((sentence, int(label), int(idx)))
     if not out:
         raise ValueError(f"{str(path)!r} holds no sentence; expected {FORMAT}")

@@ -265,6 +265,13 @@ def test_sst2_file_with_bad_bytes_or_idx_is_named(tmp_path):
     path.write_bytes(b"sentence\tlabel\tidx\na fine film\t1\tseven\n")
     with pytest.raises(ValueError, match=rf"{path}:2: idx 'seven' is not an integer"):
         read_sst2(path)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "dev.parquet"
+    pq.write_table(pa.table({"sentence": ["a fine film", "dull"], "label": [1, 0], "idx": ["0", None]}), path)
+    with pytest.raises(ValueError, match=rf"'{path}', row 0: idx '0' is not an integer"):
+        read_sst2(path)
 
 
 @pytest.mark.parametrize("damage", ["bytes", "evidence", "evidences", "label", "docids"])
