@@ -352,7 +352,7 @@ def test_pickled_weights_of_an_hf_folder_are_named(tmp_path):
 
 @pytest.mark.parametrize("huge, mismatch", [
     ({"embed_dim": 10 ** 6}, r"cls_token: \(1, 1, 32\) in the weights, \(1, 1, 1000000\) from the kwargs"),
-    ({"depth": 10 ** 6}, "the weights hold 2 blocks, its kwargs ask for depth 1000000")])
+    ({"depth": 10 ** 6}, "the weights hold 2 blocks, its kwargs ask for depth 1000000")], ids=["embed_dim", "depth"])
 def test_classifier_file_asking_for_a_huge_model_is_refused_before_building_it(tmp_path, huge, mismatch):
     """kwargs of a huge model next to the weights of a tiny one: refused from shapes alone (meta device)."""
     import time
