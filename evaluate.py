@@ -25,14 +25,16 @@ otherwise. The progress bar is shown in a terminal and hidden in CI (``CI`` set 
 
 Resumable runs (:mod:`callbacks.progress`): every process checkpoints its progress (its metric states and the
 samples it finished) to ``<run folder>/progress/`` every ``--progress_every`` batches (default 10; 0: off) and
-after its last batch; a run that ends normally removes that folder. ``python evaluate.py --resume <run folder>``
-continues a killed run with the config saved there, on the same number of processes, each restoring its own
-checkpoint and evaluating only its samples not yet done, so ``metrics.json`` equals an uninterrupted run's. The
-command line of a resume may change only where results and logs go and how progress is shown and saved
-(``cli.commands.RESUME_MAY_CHANGE``); a run folder is data, so a saved config that lets files run code needs
-``--trust_run_config`` (``cli.commands.untrusted_settings``; README, "Trust model"). W&B: a resume logs to a new
-W&B run in the killed run's group, tagged ``resumed``, which holds the whole run's results (the killed run's W&B
-run holds nothing at its end).
+after its last batch; a run that ends normally removes the files it wrote there. A new run refuses an
+``--output_dir`` that holds an earlier run's ``metrics.json``, an unfinished run's progress or files in
+``progress/`` that no run wrote, unless ``--overwrite`` (which keeps the files no run wrote).
+``python evaluate.py --resume <run folder>`` continues a killed run with the config saved there, on the same
+number of processes, each restoring its own checkpoint and evaluating only its samples not yet done, so
+``metrics.json`` equals an uninterrupted run's. The command line of a resume may change only where results and
+logs go and how progress is shown and saved (``cli.commands.RESUME_MAY_CHANGE``); a run folder is data, so a saved
+config that lets files run code needs ``--trust_run_config`` (``cli.commands.untrusted_settings``; README, "Trust
+model"). W&B: a resume logs to a new W&B run in the killed run's group, tagged ``resumed``, which holds the whole
+run's results (the killed run's W&B run holds nothing at its end).
 """
 from __future__ import annotations
 
@@ -111,8 +113,9 @@ def _progress(cli, trainer: pl.Trainer, output_dir: Path) -> Optional[ProgressCh
             resumed = RunProgress.load(output_dir)
             resumed.check_world_size(trainer.world_size)
             return ProgressCheckpoint(output_dir, every, resumed=resumed)
+        # every process checks before it joins the others, so before any process writes to the folder
+        check_fresh_run_dir(output_dir, overwrite=bool(cli.config.get("overwrite")))
         if every:
-            check_fresh_run_dir(output_dir)
             return ProgressCheckpoint(output_dir, every, config_text=cli.parser.dump(cli.config, skip_none=False))
     except ProgressError as err:
         raise SystemExit(f"error: {err}") from None

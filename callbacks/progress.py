@@ -25,12 +25,14 @@ process and its ``done`` list always describe the same samples: both are taken a
 the same batch (:class:`ProgressCheckpoint` must come after every such callback in ``trainer.callbacks``).
 
 When: after every ``every``-th batch of a process and after its last batch. A run that ends normally removes the
-``progress`` folder (its results are in ``metrics.json``); a killed run leaves it, and ``--resume`` continues:
+files it wrote in ``progress/`` (its results are in ``metrics.json``), and the folder when nothing else is left in
+it; a killed run leaves them, and ``--resume`` continues:
 each process restores its own checkpoint and evaluates only its samples not yet done
 (:class:`datamodules.unrepeated.UnrepeatedTestData` with :meth:`RunProgress.split`). A process without a rank file
 (killed before its first checkpoint) starts its share from the beginning. The processes write independently (no
 collective): each file is consistent on its own, which is all a resume needs, since the metric states are sums
-reduced across processes only at the end. A new run refuses a folder that holds an unfinished run's rank files
+reduced across processes only at the end. A new run refuses a folder that holds an earlier run's ``metrics.json``,
+an unfinished run's progress or files in ``progress/`` that no run wrote, unless ``--overwrite``
 (:func:`check_fresh_run_dir`); ``--resume`` refuses a folder without ``progress/config.yaml``
 (:func:`resume_config`), unreadable or mismatched rank files (:meth:`RunProgress.load`, nothing is changed on
 disk) and another number of processes (:meth:`RunProgress.check_world_size`).
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
@@ -77,6 +79,10 @@ def progress_dir(run_dir: PathLike) -> Path:
 
 def rank_file(run_dir: PathLike, rank: int) -> Path:
     return progress_dir(run_dir) / f"rank{int(rank)}.pt"
+
+
+#: the names of the files a run writes in ``progress/`` (temporary files included); nothing else there is removed
+OWN_FILE = re.compile(r"rank\d+\.pt|config\.yaml|\.(rank\d+\.pt|config\.yaml)\.tmp")
 
 
 def rank_files(run_dir: PathLike) -> Dict[int, Path]:
@@ -229,13 +235,26 @@ def resume_config(run_dir: PathLike) -> Path:
                         f"{PROGRESS_DIR}/{CONFIG_FILE} (written at the start of runs with --progress_every > 0)")
 
 
-def check_fresh_run_dir(run_dir: PathLike) -> None:
-    """Refuse to start a new run in a folder that holds the progress of an unfinished one (it would be lost)."""
-    found = rank_files(run_dir)
-    if found:
-        raise ProgressError(f"{str(run_dir)!r} holds the progress of an unfinished run ({len(found)} progress "
-                            f"files in {str(progress_dir(run_dir))!r}): continue it with --resume {run_dir}, or "
-                            f"give another --output_dir (or delete that folder to drop its progress)")
+def check_fresh_run_dir(run_dir: PathLike, overwrite: bool = False) -> None:
+    """Refuse to start a new run in a folder that holds an earlier run's results (``metrics.json``), the progress
+    of an unfinished run, or files in ``progress/`` that no run wrote: they would be lost. With ``overwrite``
+    (``--overwrite``) the earlier run's progress files are removed now and its results replaced at the end; files
+    that no run wrote are kept."""
+    run_dir = Path(os.path.expanduser(str(run_dir)))
+    folder = progress_dir(run_dir)
+    names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    if (rank_files(run_dir) or CONFIG_FILE in names) and not overwrite:
+        raise ProgressError(f"{str(run_dir)!r} holds the progress of an unfinished run ({str(folder)!r}): continue "
+                            f"it with --resume {run_dir}, give another --output_dir, or --overwrite true to drop it")
+    if (run_dir / METRICS_FILE).exists() and not overwrite:
+        raise ProgressError(f"{str(run_dir)!r} holds the results of an earlier run ({str(run_dir / METRICS_FILE)!r}):"
+                            f" give another --output_dir, or pass --overwrite true to replace them")
+    foreign = [name for name in names if not OWN_FILE.fullmatch(name)]
+    if foreign and not overwrite:
+        raise ProgressError(f"{str(folder)!r} holds files that no evaluate.py run wrote ({', '.join(foreign[:5])}): "
+                            f"give another --output_dir, move them away, or pass --overwrite true (they are kept)")
+    if overwrite:
+        remove_progress(run_dir)
 
 
 def carries_progress(callback: Any) -> bool:
@@ -383,10 +402,16 @@ class ProgressCheckpoint(pl.Callback):
 
 
 def remove_progress(run_dir: PathLike) -> None:
-    """Remove a finished run's progress: the rank files first, the config last, so that a kill in between leaves
-    a folder that still resumes correctly (a process without a rank file redoes its share from the start)."""
+    """Remove a run's progress files (:data:`OWN_FILE`, no other file): the rank files first, the config last, so
+    that a kill in between leaves a folder that still resumes correctly (a process without a rank file redoes its
+    share from the start); then the ``progress`` folder if nothing else is left in it."""
     folder = progress_dir(run_dir)
-    for path in rank_files(run_dir).values():
-        path.unlink(missing_ok=True)
-    (folder / CONFIG_FILE).unlink(missing_ok=True)
-    shutil.rmtree(folder, ignore_errors=True)
+    if not folder.is_dir():
+        return
+    names = sorted((p.name for p in folder.iterdir() if OWN_FILE.fullmatch(p.name)), key=lambda n: CONFIG_FILE in n)
+    for name in names:
+        (folder / name).unlink(missing_ok=True)
+    try:
+        folder.rmdir()
+    except OSError:  # not empty: files that the run did not write
+        pass

@@ -18,7 +18,7 @@
 ``--concepts``, ``--test``, the best-epoch checkpoint (``--checkpoint.*``: a ``ModelCheckpoint`` on ``val/loss``
 that every training run has, so configs do not list it) and the mixed-precision default (``trainer.precision``
 unset: ``bf16-mixed``, ``16-mixed`` without bf16 support, on a CUDA accelerator; ``32-true`` otherwise).
-:class:`EvaluateCLI` adds ``--output_dir``, ``--progress_every`` and ``--resume``, forces
+:class:`EvaluateCLI` adds ``--output_dir``, ``--overwrite``, ``--progress_every`` and ``--resume``, forces
 ``trainer.inference_mode=False`` (the attribution methods need autograd inside ``test_step``) and defaults
 ``trainer.default_root_dir`` to ``outputs``. ``--resume <run folder>`` reads the run's config from
 ``<run folder>/progress/config.yaml`` (no ``--config``) and refuses a command line that changes the evaluation
@@ -254,6 +254,9 @@ class EvaluateCLI(ProjectCLI):
         parser.add_argument("--trust_run_config", action="store_true",
                             help="with --resume: accept the run folder's saved config even where it lets files run "
                                  "code (allow_pickle, trust_remote_code) or names classes outside this project")
+        parser.add_argument("--overwrite", type=bool, default=False,
+                            help="start a new run in an --output_dir that holds an earlier run's results or progress "
+                                 "(replaced; other files are kept)")
 
     def before_instantiate_classes(self) -> None:
         self.config["trainer"]["inference_mode"] = False  # the methods need autograd inside test_step
@@ -364,8 +367,8 @@ def _yaml_value(text: Optional[str]) -> Any:
 
 #: dotted config keys (and the keys below them) that ``--resume`` lets the command line change: where the run's
 #: results and logs go and how progress is shown and saved, never what is evaluated
-RESUME_MAY_CHANGE = ("output_dir", "resume", "trust_run_config", "progress_every", "trainer.enable_progress_bar",
-                     "trainer.logger")
+RESUME_MAY_CHANGE = ("output_dir", "resume", "trust_run_config", "overwrite", "progress_every",
+                     "trainer.enable_progress_bar", "trainer.logger")
 
 
 def _option_values(args: Sequence[str], *names: str) -> List[Optional[str]]:

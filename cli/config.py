@@ -33,8 +33,8 @@ def _bases(path: Path) -> List[Path]:
     """The files that the config file ``path`` names under ``base:`` (resolved, in the order given)."""
     try:
         content = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"config file {str(path)!r} is not valid YAML: {err}") from err
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ValueError(f"config file {str(path)!r} is not valid UTF-8 YAML: {err}") from err
     if not isinstance(content, dict) or content.get(BASE_KEY) is None:
         return []
     value = content[BASE_KEY]

@@ -85,11 +85,14 @@ def curve_fractions(config: Optional[Mapping[str, Any]], length: int) -> List[fl
     return xs if len(xs) == length else [float(i) for i in range(length)]
 
 
-def _read_json(path: Path) -> Any:
+def _read_text(path: Path) -> str:
+    """The UTF-8 text of ``path``; a :class:`RunLoadError` naming the file (and line) when it cannot be read."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise RunLoadError(f"{path}: corrupt JSON ({err})") from None
+        data = path.read_bytes()
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise RunLoadError(f"{path}:{line}: not UTF-8 text ({err.reason})") from None
     except OSError as err:
         raise RunLoadError(f"{path}: cannot be read ({err})") from None
 
@@ -111,11 +114,18 @@ def _summary_meta(summary: Mapping[str, Any], where: str) -> Dict[str, Any]:
     return _read_meta(None if text is None else _json_value(text, where), where)
 
 
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(_read_text(path))
+    except json.JSONDecodeError as err:
+        raise RunLoadError(f"{path}: corrupt JSON ({err})") from None
+
+
 def _read_yaml(path: Path) -> Dict[str, Any]:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(_read_text(path))
     except yaml.YAMLError as err:
         raise RunLoadError(f"{path}: corrupt YAML ({err})") from None
     if data is None:

@@ -65,7 +65,10 @@ def subset_by_index(samples: list, index_file: Union[str, Path], folder: Union[s
     path = Path(index_file).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"subset index file {str(path)!r} does not exist")
-    indices = np.load(path, allow_pickle=False)
+    try:
+        indices = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"subset index file {str(path)!r} is not a .npy array: {err}") from err
     if indices.ndim != 1 or not np.issubdtype(indices.dtype, np.integer):
         raise ValueError(f"subset index file {str(path)!r} must hold a 1-d integer array, got {indices.dtype} "
                          f"{indices.shape}")

@@ -72,11 +72,15 @@ def load_split(root: Path, split: str, cache: Optional[Dict[str, List[str]]] = N
         raise FileNotFoundError(f"split file {str(jsonl)!r} does not exist; expected {LAYOUT}")
     cache = {} if cache is None else cache
     documents: List[TextDocument] = []
-    with open(jsonl, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
+    with open(jsonl, "rb") as handle:
+        for line_no, raw in enumerate(handle, 1):
+            where = f"{jsonl}:{line_no}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{where}: not UTF-8 text ({err.reason}); expected a JSON annotation") from None
             if not line.strip():
                 continue
-            where = f"{jsonl}:{line_no}"
             try:
                 ann = json.loads(line)
             except json.JSONDecodeError as err:
@@ -88,10 +92,15 @@ def load_split(root: Path, split: str, cache: Optional[Dict[str, List[str]]] = N
                 raise ValueError(f"{where}: annotation lacks {missing}; expected annotation_id, classification and "
                                  "evidences")
             label = ann["classification"]
-            if label not in LABELS:
+            if not isinstance(label, str) or label not in LABELS:
                 raise ValueError(f"{where}: classification {label!r} is not one of {sorted(LABELS)}")
-            evidences = [ev for group in ann["evidences"] or [] for ev in group]
-            docids = {str(ev["docid"]) for ev in evidences if "docid" in ev} | set(map(str, ann.get("docids") or []))
+            groups, listed = ann["evidences"] or [], ann.get("docids") or []
+            if not (isinstance(groups, list) and all(isinstance(g, list) and all(isinstance(ev, dict) for ev in g)
+                                                     for g in groups) and isinstance(listed, list)):
+                raise ValueError(f"{where}: evidences must be a list of lists of evidences (objects with docid, "
+                                 f"start_token, end_token) and docids a list; got {str(groups)[:80]}, {listed!r}")
+            evidences = [ev for group in groups for ev in group]
+            docids = {str(ev["docid"]) for ev in evidences if "docid" in ev} | set(map(str, listed))
             if not docids:
                 docids = {str(ann["annotation_id"])}
             if len(docids) != 1:
@@ -116,7 +125,7 @@ def load_split(root: Path, split: str, cache: Optional[Dict[str, List[str]]] = N
                                      f"of {len(words)} tokens")
                 text = ev.get("text")
                 if text is not None and " ".join(words[start:end]) != text:
-                    raise ValueError(f"{where}: evidence text {text[:60]!r} differs from tokens {start}..{end} of "
+                    raise ValueError(f"{where}: evidence text {str(text)[:60]!r} differs from tokens {start}..{end} of "
                                      f"document {docid!r} ({' '.join(words[start:end])[:60]!r}): the document is not "
                                      "the one the spans index")
                 rationale[start:end] = True

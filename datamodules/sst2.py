@@ -14,6 +14,7 @@ Files: GLUE's parquet (``SST-2-val.parquet``, as the Hugging Face ``glue/sst2`` 
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -41,8 +42,13 @@ def read_sst2(path: Path) -> List[Tuple[str, int, int]]:
         sentences, labels = data["sentence"], data["label"]
         ids = data.get("idx") or list(range(len(sentences)))
     elif suffix in (".tsv", ".txt"):
-        with open(path, encoding="utf-8", newline="") as handle:
-            rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+        data = path.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            line = data[:err.start].count(b"\n") + 1
+            raise ValueError(f"{path}:{line}: not UTF-8 text ({err.reason}); expected {FORMAT}") from None
+        rows = list(csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE))
         if not rows or not {"sentence", "label"} <= set(rows[0]):
             raise ValueError(f"{str(path)!r} has header {rows[0] if rows else []}; expected {FORMAT}")
         header = rows[0]
@@ -57,6 +63,8 @@ def read_sst2(path: Path) -> List[Tuple[str, int, int]]:
                 labels.append(int(row[col_l]))
             except ValueError:
                 raise ValueError(f"{path}:{r + 2}: label {row[col_l]!r} is not one of {LABELS}") from None
+            if col_i is not None and not row[col_i].strip().lstrip("-").isdigit():
+                raise ValueError(f"{path}:{r + 2}: idx {row[col_i]!r} is not an integer ({FORMAT})")
             ids.append(int(row[col_i]) if col_i is not None else r)
     else:
         raise ValueError(f"{str(path)!r}: unknown file type {suffix!r}; expected {FORMAT}")
@@ -67,6 +75,8 @@ def read_sst2(path: Path) -> List[Tuple[str, int, int]]:
                              "(0 negative, 1 positive; GLUE test files are unlabelled)")
         if not isinstance(sentence, str) or not sentence.strip():
             raise ValueError(f"{str(path)!r}, row {r} (idx {idx}): empty sentence; expected a non-empty sentence")
+        if isinstance(idx, bool) or not isinstance(idx, int):
+            raise ValueError(f"{str(path)!r}, row {r}: idx {idx!r} is not an integer; expected {FORMAT}")
         out.append((sentence, int(label), int(idx)))
     if not out:
         raise ValueError(f"{str(path)!r} holds no sentence; expected {FORMAT}")

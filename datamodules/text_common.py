@@ -130,7 +130,8 @@ def _remove_tree(path: Path) -> None:
 
 def extract_archive(path: PathLike, cache_dir: Optional[PathLike] = None) -> Path:
     """The folder where the archive ``path`` (tar, tar.gz/bz2/xz or zip) is extracted, under
-    ``<cache>/datasets/<archive name>-<sha256 of its content>/``; extracted once.
+    ``<cache>/datasets/<archive name>-<sha256 of its content>/``; extracted once. A corrupt archive (a compressed
+    stream whose checksum fails included) is an error naming it; nothing of it is kept.
 
     Safe under concurrent processes: each extracts into its own temporary folder beside the target and renames
     it into place (atomic); a process that finds the target already there discards its copy.
@@ -163,6 +164,8 @@ def extract_archive(path: PathLike, cache_dir: Optional[PathLike] = None) -> Pat
                         archive.extractall(tmp, members=members, filter="data")
                     else:  # pragma: no cover - Python without extraction filters
                         archive.extractall(tmp, members=members)
+                    while archive.fileobj.read(1 << 20):   # to the end: a compressed stream's checksum is checked
+                        pass
         except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as err:
             raise ValueError(f"cannot extract archive {str(path)!r} (corrupt or not an archive): {err}") from err
         for folder, dirs, _ in os.walk(tmp):  # members may be read-only folders: keep the copy removable

@@ -78,8 +78,23 @@ def vit_constructor_kwargs(model: nn.Module) -> Dict[str, Any]:
 
 
 def _rebuild(kwargs: Dict[str, Any], state_dict: Dict[str, torch.Tensor]) -> nn.Module:
+    """The model that ``kwargs`` build with the weights ``state_dict``; built on the ``meta`` device first (no
+    memory), so that kwargs whose shapes differ from the weights' (e.g. a huge ``embed_dim``) fail before any
+    memory is allocated for them."""
     from timm.models.vision_transformer import VisionTransformer
 
+    blocks = len({key.split(".")[1] for key in state_dict if key.startswith("blocks.")})
+    if kwargs.get("depth", 12) != blocks:   # checked first: each block is a module, even on the meta device
+        raise ValueError(f"the weights hold {blocks} blocks, its kwargs ask for depth {kwargs.get('depth', 12)}")
+    with torch.device("meta"):
+        expected = {key: tuple(value.shape) for key, value in VisionTransformer(**kwargs).state_dict().items()}
+    given = {key: tuple(value.shape) for key, value in state_dict.items()}
+    wrong = [f"{key}: {given.get(key, 'missing')} in the weights, {shape} from the kwargs"
+             for key, shape in expected.items() if given.get(key) != shape]
+    wrong += [f"{key}: unexpected in the weights" for key in given if key not in expected]
+    if wrong:
+        raise ValueError(f"the weights do not fit the model its kwargs {kwargs} build ({len(wrong)} tensors; "
+                         f"{'; '.join(wrong[:3])})")
     model = VisionTransformer(**kwargs)
     model.load_state_dict(state_dict, strict=True)
     return model.eval()
@@ -163,6 +178,13 @@ def read_classifier_file(path: PathLike, allow_pickle: bool = False) -> Dict[str
     missing = [k for k in ("kwargs", "state_dict", "pretrained_cfg") if k not in payload]
     if missing:
         raise RuntimeError(f"classifier file {str(path)!r} lacks {missing}")
+    kinds = {"kwargs": dict, "state_dict": dict, "pretrained_cfg": dict}
+    wrong = [f"{key} is a {type(payload[key]).__name__}" for key, kind in kinds.items()
+             if not isinstance(payload[key], kind)]
+    wrong += [f"state_dict[{key!r}] is a {type(value).__name__}" for key, value in payload["state_dict"].items()
+              if not isinstance(value, torch.Tensor)][:3] if isinstance(payload["state_dict"], dict) else []
+    if wrong:
+        raise RuntimeError(f"classifier file {str(path)!r}: {'; '.join(wrong)} (expected dicts, tensors as weights)")
     return payload
 
 

@@ -317,8 +317,11 @@ def image_processor_config(source: str) -> Optional[dict]:
         path = found if isinstance(found, str) else None
     if path is None:
         return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except ValueError as err:   # bad bytes or bad JSON
+        raise ValueError(f"image processor config {str(path)!r} is not UTF-8 JSON: {err}") from err
 
 
 def pretrained_cfg_from_processor(clip: nn.Module, processor: Optional[Mapping], num_classes: int) -> dict:

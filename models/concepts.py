@@ -225,7 +225,13 @@ class ConceptHead(nn.Module):
         payload = read_checkpoint(path, allow_pickle=allow_pickle, what="concept file")
         if not isinstance(payload, dict) or payload.get("format") != FORMAT:
             raise RuntimeError(f"{str(path)!r} is not a concept file written by ConceptHead.save")
-        head = cls(payload["names"], payload["vectors"], kind=payload["kind"])
+        missing = [key for key in ("names", "vectors", "kind") if key not in payload]
+        if missing or not isinstance(payload["vectors"], Tensor) or not isinstance(payload["names"], (list, tuple)):
+            raise RuntimeError(f"concept file {str(path)!r} lacks {missing or 'names (a list) or vectors (a tensor)'}")
+        try:
+            head = cls(payload["names"], payload["vectors"], kind=payload["kind"])
+        except (TypeError, ValueError) as err:
+            raise RuntimeError(f"concept file {str(path)!r}: {err}") from err
         head.metadata = payload.get("metadata", {})
         return head
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,10 +272,16 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
             config = AutoConfig.from_pretrained(source, local_files_only=True, **kwargs)
             model = AutoModelForSequenceClassification.from_config(config, trust_remote_code=bool(trust_remote_code))
             info = {}
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, pickle.UnpicklingError) as err:
+        detail = str(err)
+        if isinstance(err, pickle.UnpicklingError):   # torch.load(weights_only=True) of a .bin file
+            files = sorted(str(f) for f in Path(source).glob("*.bin")) if os.path.isdir(source) else [source]
+            why = re.search(r"Unsupported (global: GLOBAL [\w.]+|operand \d+)", detail) or re.search(".*", detail)
+            detail = (f"the weights file {', '.join(files)} is corrupt or holds Python objects that only unpickling "
+                      f"can read (refused: save the model as safetensors): {why.group(0)}")
         raise ValueError(
             f"cannot load Hugging Face model {name!r} as a sequence classifier from local files (a folder with "
-            f"config.json and weights, or a model already in the Hugging Face cache; nothing is downloaded): {err}"
+            f"config.json and weights, or a model already in the Hugging Face cache; nothing is downloaded): {detail}"
         ) from err
     model.newly_initialized_keys = sorted(info.get("missing_keys", ())) if pretrained else None
     return model.eval()

@@ -1,5 +1,5 @@
-"""Bad input on the image side, one test per case: each gets a clear error naming the file or the sample (and what
-to do), never a silent result; and what a run computed before the error is kept (its progress checkpoints).
+"""Bad input, one test per case: each gets a clear error naming the file or the sample (and what to do), never a
+silent result; and what a run computed before the error is kept (its progress checkpoints).
 
 * corrupt, empty or truncated image: ``ImageFolderDataset`` names the file (``test_unreadable_image``); in the
   middle of a run the run stops naming it, and ``--resume`` after the file is replaced writes the metrics of a run
@@ -16,9 +16,17 @@ to do), never a silent result; and what a run computed before the error is kept 
   (``test_unknown_method``);
 * a config naming a missing file (data folder, ``.mat``, classifier, concepts, config): named by the CLI or the
   loaders (``test_missing_files``); a missing weights file is named by the timm loader
-  (``test_missing_weights_file_is_named``).
+  (``test_missing_weights_file_is_named``);
+* an ``--output_dir`` holding an earlier run's ``metrics.json`` or foreign files in ``progress/``: refused unless
+  ``--overwrite``, which keeps the foreign files (``test_output_dir_of_an_earlier_run_is_...``);
+* bad bytes, JSON, types or keys in a data file: the reader names the file and line (SST-2 ``.tsv``, Movie Reviews
+  ``.jsonl``, a run folder's ``metrics.json`` / ``config.yaml``, a ``--config`` file, CLIP's
+  ``preprocessor_config.json``, a subset index ``.npy``), a concept file without ``names``, pickled weights in an
+  ``hf:`` folder;
+* a classifier file whose kwargs ask for a huge model: refused from the shapes (a ``meta``-device build) before any
+  memory is allocated (``test_classifier_file_asking_for_a_huge_model_is_refused_before_building_it``).
 
-The classifier is a random tiny timm ViT; the data small written ImageNet folders and ``.mat`` files.
+The classifier is a random tiny timm ViT; the data small written ImageNet folders, ``.mat`` files and text files.
 """
 from __future__ import annotations
 
@@ -315,3 +323,175 @@ def test_generic_model_class_names_warn_and_only_the_count_is_checked():
     with pytest.raises(ValueError, match=r"the model has 4 classes but the data has"):
         label_translation(None, 4, ["a", "b"])   # a timm classifier names no classes: its count is checked
     assert label_translation(None, 2, ["a", "b"]) is None
+
+
+# ------------------------------------------------------------------------------------------ output folders
+def test_output_dir_of_an_earlier_run_is_refused_and_foreign_files_survive(tmp_path, monkeypatch):
+    """An ``--output_dir`` with an earlier ``metrics.json`` or a foreign file in ``progress/`` is refused, naming
+    the file and ``--overwrite``, and left as it was; with ``--overwrite true`` the run replaces the results and
+    removes only the progress files it wrote."""
+    root = tmp_path / "imagenet"
+    _imagenet(root, per_class=1)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text('{"earlier": 1.0}')
+    with pytest.raises(SystemExit, match=rf"earlier run \('{run / 'metrics.json'}'\).*--overwrite true"):
+        _evaluate(monkeypatch, root, run)
+    assert json.loads((run / "metrics.json").read_text()) == {"earlier": 1.0} and not (run / "progress").exists()
+    (run / "metrics.json").unlink()
+    foreign = run / "progress" / "notes.txt"
+    foreign.parent.mkdir()
+    foreign.write_text("mine")
+    with pytest.raises(SystemExit, match=rf"'{run / 'progress'}' holds files that no evaluate.py run wrote "
+                                         r"\(notes.txt\).*--overwrite true"):
+        _evaluate(monkeypatch, root, run)
+    (run / "metrics.json").write_text('{"earlier": 1.0}')
+    _evaluate(monkeypatch, root, run, "--overwrite", "true")
+    assert "earlier" not in json.loads((run / "metrics.json").read_text())
+    assert sorted(p.name for p in (run / "progress").iterdir()) == ["notes.txt"] and foreign.read_text() == "mine"
+
+
+# ------------------------------------------------------------------------------------------ data readers
+def test_sst2_file_with_bad_bytes_or_idx_is_named(tmp_path):
+    from datamodules.sst2 import read_sst2
+
+    path = tmp_path / "dev.tsv"
+    path.write_bytes(b"sentence\tlabel\tidx\na fine film\t1\t0\nbad \xff\xfe bytes\t0\t1\n")
+    with pytest.raises(ValueError, match=rf"{path}:3: not UTF-8 text"):
+        read_sst2(path)
+    path.write_bytes(b"sentence\tlabel\tidx\na fine film\t1\tseven\n")
+    with pytest.raises(ValueError, match=rf"{path}:2: idx 'seven' is not an integer"):
+        read_sst2(path)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "dev.parquet"
+    pq.write_table(pa.table({"sentence": ["a fine film", "dull"], "label": [1, 0], "idx": ["0", None]}), path)
+    with pytest.raises(ValueError, match=rf"'{path}', row 0: idx '0' is not an integer"):
+        read_sst2(path)
+
+
+@pytest.mark.parametrize("damage", ["bytes", "evidence", "evidences", "label", "docids"])
+def test_movie_reviews_bad_annotation_is_named(tmp_path, damage):
+    from datamodules.movie_reviews import load_split
+    from tests.test_datamodules_text import write_movies
+
+    root = write_movies(tmp_path / "movies")
+    jsonl = root / "test.jsonl"
+    good, second = jsonl.read_bytes().splitlines()
+    ann = json.loads(second)
+    if damage == "bytes":
+        line = b'{"annotation_id": "\xff\xfe"}'
+    else:
+        ann.update({"evidence": {"evidences": [[7]]}, "evidences": {"evidences": [7]},
+                    "label": {"classification": ["NEG"]}, "docids": {"docids": 7}}[damage])
+        line = json.dumps(ann).encode()
+    jsonl.write_bytes(good + b"\n" + line + b"\n")
+    with pytest.raises(ValueError, match=rf"{jsonl}:2: .*(not UTF-8|evidences must be|classification \['NEG'\])"):
+        load_split(root, "test")
+
+
+
+def test_archive_with_a_corrupt_compressed_stream_is_named(tmp_path):
+    """Bytes flipped inside a .tar.gz: tar's members may still extract; gzip's checksum, read to the end, fails."""
+    import tarfile
+
+    from datamodules.text_common import extract_archive
+
+    (tmp_path / "movies").mkdir()
+    (tmp_path / "movies" / "doc.txt").write_bytes(bytes(np.random.default_rng(0).integers(97, 123, 200_000,
+                                                                                          dtype=np.uint8)))
+    archive = tmp_path / "movies.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tmp_path / "movies", arcname="movies")
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0x55
+    archive.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=rf"cannot extract archive '{archive}' \(corrupt"):
+        extract_archive(archive, tmp_path / "cache")
+    assert not list((tmp_path / "cache" / "datasets").iterdir())
+
+@pytest.mark.parametrize("name", ["metrics.json", "config.yaml"])
+def test_run_folder_file_with_bad_bytes_is_named(tmp_path, name):
+    from comparison.runs import RunLoadError, load_run
+
+    (tmp_path / "metrics.json").write_text('{"perturbation/rollout/auc": 0.5}')
+    (tmp_path / "config.yaml").write_text("model: {classifier: synthetic}\n")
+    (tmp_path / name).write_bytes(b"{\n\xff\xfe\n")
+    with pytest.raises(RunLoadError, match=rf"{tmp_path / name}:2: not UTF-8 text"):
+        load_run(tmp_path)
+
+
+def test_concept_file_without_names_is_named(tmp_path):
+    from models.concepts import FORMAT, ConceptHead
+
+    path = tmp_path / "concepts.pt"
+    torch.save({"format": FORMAT, "kind": "mean", "vectors": torch.zeros(2, 4)}, path)
+    with pytest.raises(RuntimeError, match=rf"concept file '{path}' lacks \['names'\]"):
+        ConceptHead.load(path)
+
+
+class _Pickled:
+    """An object that only unpickling can read."""
+
+
+def test_pickled_weights_of_an_hf_folder_are_named(tmp_path):
+    from transformers import BertConfig
+
+    from models.sources import load_hf_classifier
+
+    BertConfig(vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+               num_labels=2).save_pretrained(tmp_path)
+    torch.save({"weights": _Pickled()}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=rf"weights file {tmp_path / 'pytorch_model.bin'} .*Unsupported global"):
+        load_hf_classifier(str(tmp_path))
+
+
+@pytest.mark.parametrize("huge, mismatch", [
+    ({"embed_dim": 10 ** 6}, r"cls_token: \(1, 1, 32\) in the weights, \(1, 1, 1000000\) from the kwargs"),
+    ({"depth": 10 ** 6}, "the weights hold 2 blocks, its kwargs ask for depth 1000000")], ids=["embed_dim", "depth"])
+def test_classifier_file_asking_for_a_huge_model_is_refused_before_building_it(tmp_path, huge, mismatch):
+    """kwargs of a huge model next to the weights of a tiny one: refused from shapes alone (meta device)."""
+    import time
+
+    from timm.models.vision_transformer import VisionTransformer
+
+    from models.classifier_file import FORMAT, load_classifier
+
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
+    payload = {"format": FORMAT, "kwargs": {**kwargs, **huge}, "pretrained_cfg": {},
+               "state_dict": VisionTransformer(**kwargs).state_dict()}
+    path = tmp_path / "huge.pt"
+    torch.save(payload, path)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=rf"classifier file '{path}' does not rebuild: .*{mismatch}"):
+        load_classifier(path)
+    assert time.monotonic() - start < 5
+
+
+def test_config_file_with_bad_bytes_is_named(tmp_path, monkeypatch):
+    import evaluate
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    path = tmp_path / "config.yaml"
+    path.write_bytes(b"model: {\n\xff\xfe: 1}\n")
+    with pytest.raises(ValueError, match=rf"config file '{path}' is not valid UTF-8 YAML"):
+        evaluate.main(["--config", str(path)])
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe{}", b'{"image_mean": [0.5,'])
+def test_clip_image_processor_config_with_bad_bytes_or_json_is_named(tmp_path, content):
+    from models.clip import image_processor_config
+
+    (tmp_path / "preprocessor_config.json").write_bytes(content)
+    with pytest.raises(ValueError, match=rf"image processor config '{tmp_path / 'preprocessor_config.json'}'"):
+        image_processor_config(str(tmp_path))
+
+
+def test_subset_index_file_that_is_no_array_is_named(tmp_path):
+    from datamodules.clip_zero_shot import subset_by_index
+
+    path = tmp_path / "indices.npy"
+    path.write_bytes(b"not an array at all")
+    with pytest.raises(ValueError, match=rf"subset index file '{path}' is not a .npy array"):
+        subset_by_index(list(range(4)), path, tmp_path)
