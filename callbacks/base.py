@@ -177,6 +177,16 @@ class EvaluationCallback(pl.Callback):
                 p.kind is inspect.Parameter.VAR_POSITIONAL for p in inspect.signature(build).parameters.values()):
             cls.build = _recording_build(build)   # a build(*args) cannot be called back by name: not recorded
 
+    def _select(self, methods: Optional[Sequence[str]], class_settings: Sequence[str],
+                allowed: Sequence[str] = CLASS_SETTINGS) -> None:
+        """Set ``methods`` (``None``: every method of the outputs) and ``class_settings``, a non-empty subset of
+        ``allowed`` (and of :data:`CLASS_SETTINGS`), which the callback requires."""
+        if not class_settings or any(s not in allowed or s not in CLASS_SETTINGS for s in class_settings):
+            raise ValueError(f"class_settings must be a non-empty subset of {allowed}, got {list(class_settings)}")
+        self.methods: Optional[List[str]] = list(methods) if methods is not None else None
+        self.class_settings = tuple(class_settings)
+        self.required_class_settings = self.class_settings
+
     @staticmethod
     def declared_class_settings(callbacks: Iterable[Any], base: Sequence[str] = ()) -> tuple:
         """The union of ``base`` and the settings the ``EvaluationCallback``s among ``callbacks`` declare, in the

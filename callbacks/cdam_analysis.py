@@ -45,10 +45,6 @@ from .base import EvaluationCallback, Result, outputs_device, relevance_for
 PREFIX = "cdam_analysis"
 
 
-def _f64(x):
-    return x.detach().to(torch.float64)
-
-
 def _key(method: str, metric: str) -> ResultKey:
     return ResultKey(PREFIX, method, metric=metric)
 
@@ -142,7 +138,7 @@ class CDAMAnalysis(EvaluationCallback):
         for name, s in maps.items():
             m[_key(name, "sparsity")].update(sparsity_per_image(s, self.fraction))
             m[_key(name, "sparsity_absmax")].update(sparsity_per_image(s, self.fraction, absolute_max=True))
-            m[_key(name, "nonpositive_max")].update((_f64(s).flatten(1).amax(dim=1) <= 0).to(torch.float64))
+            m[_key(name, "nonpositive_max")].update((s.detach().flatten(1).amax(dim=1) <= 0).to(torch.float64))
         if not self.discrimination:
             return
         if "other_mask" not in batch or "mask" not in batch:

@@ -35,7 +35,6 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.metrics import PerStepMean
 from evaluation.perturbers import TokenPerturber, build_perturber
 from evaluation.ranking import TIES, removal_counts, removal_masks, removal_ranks
@@ -80,10 +79,7 @@ class ERASERFaithfulnessTest(EvaluationCallback):
                  masking_options: Optional[PlainDict] = None, ties: str = "random", tie_seed: int = 0,
                  forward_batch_size: Optional[int] = None) -> None:
         super().__init__()
-        bad = [s for s in class_settings if s not in CLASS_SETTINGS]
-        if bad or not class_settings:
-            raise ValueError(f"class_settings must be a non-empty subset of {CLASS_SETTINGS}, "
-                             f"got {list(class_settings)}")
+        self._select(methods, class_settings)
         bins = [float(q) for q in bins]
         if not bins or any(not 0.0 < q <= 1.0 for q in bins) or sorted(set(bins)) != bins:
             raise ValueError(f"bins must be increasing fractions in (0, 1], got {bins}")
@@ -95,9 +91,6 @@ class ERASERFaithfulnessTest(EvaluationCallback):
         self.perturber = build_perturber(masking, **options)
         if not isinstance(self.perturber, TokenPerturber):
             raise ValueError(f"masking {masking!r} is not a token removal; choose one of {TokenPerturber.REMOVALS}")
-        self.methods: Optional[List[str]] = list(methods) if methods is not None else None
-        self.class_settings = tuple(class_settings)
-        self.required_class_settings = self.class_settings
         self.bins, self.masking, self.ties, self.tie_seed = bins, masking, ties, int(tie_seed)
         self.forward_batch_size = forward_batch_size
         self._metrics: Dict[ResultKey, Metric] = {}

@@ -47,7 +47,6 @@ from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from evaluation.auc import AUC_CONVENTIONS, DEFAULT_FRACTIONS, check_fractions, curve_x, perturbation_auc
-from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.metrics import PerturbationCurve, perturbation_curve
 from evaluation.perturbation import perturbation_correctness
 from evaluation.perturbers import build_perturber
@@ -89,10 +88,7 @@ class PerturbationTest(EvaluationCallback):
                  auc: str = "chefer", masking: str = "chefer", forward_batch_size: Optional[int] = None,
                  ties: str = "random", tie_seed: int = 0, masking_options: Optional[PlainDict] = None) -> None:
         super().__init__()
-        bad = [s for s in class_settings if s not in CLASS_SETTINGS]
-        if bad or not class_settings:
-            raise ValueError(f"class_settings must be a non-empty subset of {CLASS_SETTINGS}, "
-                             f"got {list(class_settings)}")
+        self._select(methods, class_settings)
         bad = [d for d in directions if d not in DIRECTIONS]
         if bad or not directions:
             raise ValueError(f"directions must be a non-empty subset of {DIRECTIONS}, got {list(directions)}")
@@ -103,9 +99,6 @@ class PerturbationTest(EvaluationCallback):
         self.perturber = build_perturber(masking, **self.masking_options)
         if ties not in TIES:
             raise ValueError(f"unknown tie-breaking convention {ties!r}; choose one of {TIES}")
-        self.methods: Optional[List[str]] = list(methods) if methods is not None else None
-        self.class_settings = tuple(class_settings)
-        self.required_class_settings = self.class_settings
         self.directions = tuple(directions)
         self.auc = auc
         self.masking = masking

@@ -61,7 +61,6 @@ import torch
 from torchmetrics import Metric
 
 from evaluation.eraser_export import eraser_row, write_eraser_jsonl
-from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.metrics import MeanOverImages
 from evaluation.rationale_metrics import (
     DEFAULT_IOU_THRESHOLD,
@@ -122,17 +121,11 @@ class RationaleTest(EvaluationCallback):
                  iou_threshold: float = DEFAULT_IOU_THRESHOLD, clamp: bool = True, export_jsonl: bool = True,
                  class_names: Optional[Sequence[str]] = None) -> None:
         super().__init__()
-        bad = [s for s in class_settings if s not in SUPPORTED_SETTINGS or s not in CLASS_SETTINGS]
-        if bad or not class_settings:
-            raise ValueError(f"class_settings must be a non-empty subset of {SUPPORTED_SETTINGS}, "
-                             f"got {list(class_settings)}")
+        self._select(methods, class_settings, SUPPORTED_SETTINGS)
         if reduction not in REDUCTIONS:
             raise ValueError(f"unknown word reduction {reduction!r}; choose one of {REDUCTIONS}")
         if not 0.0 < float(iou_threshold) <= 1.0:
             raise ValueError(f"iou_threshold must lie in (0, 1], got {iou_threshold}")
-        self.methods: Optional[List[str]] = list(methods) if methods is not None else None
-        self.class_settings = tuple(class_settings)
-        self.required_class_settings = self.class_settings
         self.ks = check_ks(ks)
         self.reduction = reduction
         self.iou_threshold = float(iou_threshold)

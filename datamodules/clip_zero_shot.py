@@ -160,14 +160,7 @@ class CLIPZeroShotDataModule(pl.LightningDataModule):
         return DataLoader(self.dataset(), batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0, drop_last=False)
 
-    def val_dataloader(self) -> DataLoader:
-        return self._loader()
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader()
-
-    def predict_dataloader(self) -> DataLoader:
-        return self._loader()
+    val_dataloader = test_dataloader = predict_dataloader = _loader
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """``[B, 3, H, W]`` in [0, 1] -> CLIP-normalised pixels."""

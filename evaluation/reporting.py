@@ -158,54 +158,48 @@ def results_table(results: Mapping[str, Any], higher_is_better: Optional[Mapping
                           for c in columns)
             lines.append(method.ljust(width) + "".join(text.rjust(col_w + 2) for text in cells_text))
 
-    pert: Dict[str, Dict[str, float]] = {}
-    pert_keys: Dict[str, List[str]] = {}
-    seg: Dict[str, Dict[str, float]] = {}
-    seg_keys: Dict[str, List[str]] = {}
-    rat: Dict[str, Dict[str, float]] = {}
-    rat_keys: Dict[str, List[str]] = {}
-    eraser: Dict[str, Dict[str, float]] = {}
-    eraser_keys: Dict[str, List[str]] = {}
+    # per grid: cells {method: {column: value}} and the keys of each column
+    grids: Dict[str, Tuple[Dict[str, Dict[str, float]], Dict[str, List[str]]]] = {
+        name: ({}, {}) for name in ("perturbation", "segmentation", "rationale", "eraser")}
     other: Dict[str, float] = {}
+
+    def put(name: str, method: str, column: str, key: str, value: float) -> None:
+        grids[name][0].setdefault(method, {})[column] = value
+        grids[name][1].setdefault(column, []).append(key)
+
     for key, value in results.items():
         k = ResultKey.parse(key)
         if k.test == "rationale" and k.setting and isinstance(value, (int, float)):
             if k.metric.startswith("token_f1@") or k.metric in ("auprc", "iou_f1"):
-                column = f"{k.setting}/{k.metric.replace('token_f1@', 'f1@')}"
-                rat.setdefault(k.method, {})[column] = value
-                rat_keys.setdefault(column, []).append(key)
+                put("rationale", k.method, f"{k.setting}/{k.metric.replace('token_f1@', 'f1@')}", key, value)
             continue
         if k.test == "eraser" and k.setting and isinstance(value, (int, float)):
             if k.metric.startswith("aopc_"):
-                column = f"{k.setting}/{k.metric[len('aopc_'):]}"
-                eraser.setdefault(k.method, {})[column] = value
-                eraser_keys.setdefault(column, []).append(key)
+                put("eraser", k.method, f"{k.setting}/{k.metric[len('aopc_'):]}", key, value)
             continue
         if k.test == "perturbation" and k.direction and k.metric == "auc":
-            column = f"{k.direction}/{k.setting}"
-            pert.setdefault(k.method, {})[column] = value
-            pert_keys.setdefault(column, []).append(key)
+            put("perturbation", k.method, f"{k.direction}/{k.setting}", key, value)
         elif k.test == "segmentation" and k.method and not k.setting:
-            seg.setdefault(k.method, {})[k.metric] = value
-            seg_keys.setdefault(k.metric, []).append(key)
+            put("segmentation", k.method, k.metric, key, value)
         elif key != "accuracy" and isinstance(value, (int, float)) and k.test != "perturbation":
             other[key] = float(value)
+    pert_keys, seg_keys, rat_keys, eraser_keys = (grids[name][1] for name in grids)
     pert_cols = [c for c in ("positive/predicted", "negative/predicted", "positive/target", "negative/target")
                  if c in pert_keys]
     pert_cols += sorted(set(pert_keys) - set(pert_cols))
-    grid("perturbation AUC", pert, pert_keys, pert_cols, ".2f")
+    grid("perturbation AUC", *grids["perturbation"], pert_cols, ".2f")
     seg_cols = [c for c in ("pixel_accuracy", "miou", "map", "f1", "f1_rows") if c in seg_keys]
     seg_cols += sorted(set(seg_keys) - set(seg_cols))
-    grid("segmentation", seg, seg_keys, seg_cols, ".4f")
+    grid("segmentation", *grids["segmentation"], seg_cols, ".4f")
 
     def rationale_order(column: str):
         setting, name = column.split("/", 1)
         k = int(name[3:]) if name.startswith("f1@") and name[3:].isdigit() else 10 ** 6 + len(name)
         return setting, k, name
 
-    grid("rationale: token F1 (instance macro) of the top-k words, AUPRC", rat, rat_keys,
+    grid("rationale: token F1 (instance macro) of the top-k words, AUPRC", *grids["rationale"],
          sorted(rat_keys, key=rationale_order), ".3f")
-    grid("ERASER faithfulness: AOPC (mean over bins)", eraser, eraser_keys, sorted(eraser_keys), ".4f")
+    grid("ERASER faithfulness: AOPC (mean over bins)", *grids["eraser"], sorted(eraser_keys), ".4f")
     if other:
         lines.append("")
         width = max(len(k) for k in other)

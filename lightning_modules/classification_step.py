@@ -1,5 +1,5 @@
 """The loss, the logging and the step methods that every classifier LightningModule here shares
-(``LinearProbe``, ``TextClassifierModule``).
+(``LinearProbe``, ``TextClassifierModule``; ``CLIPContrastiveModule`` shares the step methods).
 
 :func:`classification_loss`: cross-entropy of the logits (computed in float32, also under mixed precision) with
 label smoothing in the ``train`` stage only; logged as ``<stage>/loss`` (per step and epoch mean in ``train``,

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from datamodules.clip_zero_shot import CLIP_MEAN, CLIP_STD
+from lightning_modules.classification_step import StageSteps
 from lightning_modules.lr_schedule import stepped_schedule
 from methods.config_values import PlainDict
 from models.checkpoint_io import cpu_float32_state_dict, fresh_export_folder
@@ -65,7 +66,7 @@ LOGIT_SCALE_INIT = math.log(1 / 0.07)
 LOGIT_SCALE_MAX = math.log(100.0)
 
 
-class CLIPContrastiveModule(pl.LightningModule):
+class CLIPContrastiveModule(StageSteps, pl.LightningModule):
     """Contrastive training of a small CLIP from scratch (module docstring for the conventions)."""
 
     #: train.py's default export: ``<trainer.default_root_dir>/clip`` (a folder)
@@ -180,15 +181,6 @@ class CLIPContrastiveModule(pl.LightningModule):
             self.log(f"{stage}/zero_shot_acc", (zero_shot == batch["label"]).float().mean(), on_step=False,
                      on_epoch=True, prog_bar=True, sync_dist=True, batch_size=size)
         return loss
-
-    def training_step(self, batch: Dict[str, Any], batch_idx: int) -> Tensor:
-        return self._step(batch, "train")
-
-    def validation_step(self, batch: Dict[str, Any], batch_idx: int) -> Tensor:
-        return self._step(batch, "val")
-
-    def test_step(self, batch: Dict[str, Any], batch_idx: int) -> Tensor:
-        return self._step(batch, "test")
 
     def _class_embeddings(self) -> Optional[Tensor]:
         """The normalised class embeddings of the datamodule's prompt set (``None`` without one)."""

@@ -10,14 +10,8 @@ classifier) and the methods to evaluate; what differs between images and texts i
   "special_tokens_mask": [B, N], "label", "index", ...}`` (``datamodules/text_common.py``), passed to the
   methods as they are;
 
-explains them with every method and returns the contract of ``callbacks/base.py``::
-
-    {"relevance":      {method_name: {class_setting: Tensor}},  # raw: [B, P] tokens or [B, H, W] pixels
-     "targets":        {class_setting: LongTensor[B]},
-     "logits":         Tensor[B, C],                              # clean logits
-     "class_specific": {method_name: bool},
-     "layout":         the model's layout of the token scores (methods.adapters: ``.grid`` for images),
-     "classifier":     evaluation.classifier.Classifier | TextClassifier}   # forwards in chunks
+explains them with every method and returns the dict that :mod:`callbacks.base` describes (raw relevance per
+method and class setting, the targets, the clean logits, ``class_specific``, the layout and the classifier).
 
 Class settings (``evaluation.method_specs.CLASS_SETTINGS``): ``predicted`` (argmax of the clean logits),
 ``target`` (``batch["label"]``) and ``other`` (``batch["other_label"]``, two-object data). The module explains its

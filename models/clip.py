@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from models.clip_prompts import Template, fill_template, zero_shot_prompt_set
+from models.clip_prompts import Template, fill_templates, zero_shot_prompt_set
 from models.sources import find_source, register_source, resolve_hf_source
 
 CLIP_PREFIX = "clip:"
@@ -173,12 +173,7 @@ class ZeroShotClassifier(nn.Module):
             if templates is None:
                 raise ValueError("from_prompts needs templates (one or a list) unless classnames is a dict of prompts")
             names = list(classnames)
-            if isinstance(templates, str) or callable(templates):
-                templates = [templates]
-            templates = list(templates)
-            if not templates:
-                raise ValueError("templates is empty")
-            prompts = [[fill_template(t, name) for t in templates] for name in names]
+            prompts = fill_templates(names, templates)
         return cls.from_prompt_lists(clip, tokenizer, names, prompts, batch_size)
 
     @classmethod

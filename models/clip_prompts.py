@@ -112,7 +112,8 @@ class PromptSet:
         return f"PromptSet({self.name!r}, classes={len(self)}, prompts per class={counts})"
 
 
-def _fill_all(classnames: Sequence[str], templates) -> List[List[str]]:
+def fill_templates(classnames: Sequence[str], templates) -> List[List[str]]:
+    """Per class name, its prompts: each of ``templates`` (one or a list) filled with it (:func:`fill_template`)."""
     if isinstance(templates, str) or callable(templates):
         templates = [templates]
     templates = list(templates)
@@ -139,7 +140,7 @@ def build_prompt_set(prompts: str, default_classnames: Optional[Sequence[str]] =
                              [[p] if isinstance(p, str) else list(p) for p in classnames.values()])
         if templates is None:
             raise ValueError("prompts='custom' with a list of classnames needs templates")
-        return PromptSet("custom", classnames, _fill_all(classnames, templates))
+        return PromptSet("custom", classnames, fill_templates(classnames, templates))
     if templates is not None:
         raise ValueError(f"templates are given by the prompt set {prompts!r}; use prompts='custom' for your own")
     if classnames is None:
@@ -148,8 +149,8 @@ def build_prompt_set(prompts: str, default_classnames: Optional[Sequence[str]] =
         else:
             classnames = list(default_classnames)
     if prompts == "bi_legacy":
-        return PromptSet(prompts, classnames, _fill_all(classnames, BI_TEMPLATE))
-    return PromptSet(prompts, classnames, _fill_all(classnames, openai_templates(simple=prompts == "simple")))
+        return PromptSet(prompts, classnames, fill_templates(classnames, BI_TEMPLATE))
+    return PromptSet(prompts, classnames, fill_templates(classnames, openai_templates(simple=prompts == "simple")))
 
 
 # ------------------------------------------------------------------------------------------ prompt files

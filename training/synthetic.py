@@ -6,11 +6,9 @@ that config with an overrides file applied), training it on first use with the s
 the specs of the source that :mod:`training` registers: :func:`models.sources.load_model` and
 ``LinearProbe(backbone_checkpoint=...)`` (:func:`models.sources.local_file`) accept them.
 
-Cache: ``<cache>/synthetic_vit-<hash>.pt``, where ``<cache>`` is ``$TOKEN_ATTRIBUTIONS_CACHE`` (default
-``~/.cache/token_attributions``) and the hash is taken over the *contents* of every config file involved (the
-config, the overrides file, and the files they build on with ``base:``) and the caller's extra arguments: the
-same model from any checkout, a new one when a file changes. The machinery (cache key, file lock, in-process
-training) is :mod:`training.cached_training`'s, shared with the ``trained:<config.yaml>`` spec.
+Cache: ``<cache>/synthetic_vit-<hash>.pt``; the cache folder, the hash over the contents of the config files and
+the extra arguments, the file lock and the in-process training are :mod:`training.cached_training`'s, shared
+with the ``trained:<config.yaml>`` spec.
 """
 from __future__ import annotations
 
@@ -24,14 +22,10 @@ SYNTHETIC_CONFIG = REPO_ROOT / "configs" / "train" / "synthetic_vit.yaml"
 
 def ensure_synthetic_classifier(cache_dir: Optional[PathLike] = None, config: PathLike = SYNTHETIC_CONFIG,
                                 extra_args: tuple = (), overrides: Optional[PathLike] = None) -> Path:
-    """Path of the trained small ViT of the synthetic benchmark, training it on first use.
-
-    The file is ``<cache>/synthetic_vit-<hash>.pt`` (:func:`training.cached_training.cache_key`: a changed config,
-    overrides file, base file or extra argument trains a new model). Training runs ``train.py``'s code in this
-    process with the arguments ``--config <config> [--config <overrides>] <extra_args>``, one process on one
-    device, W&B offline unless ``WANDB_MODE`` says otherwise, under a file lock so that concurrent callers (e.g.
-    DDP ranks) train once (:func:`training.cached_training.ensure_trained_classifier`). ``overrides`` is a YAML file
-    of ``train.py`` keys applied over ``config`` (e.g. ``configs/train/synthetic_vit_avgpool.yaml``).
+    """Path of the trained small ViT of the synthetic benchmark, training it on first use (module docstring;
+    :func:`training.cached_training.ensure_trained_classifier` runs ``train.py --config <config> [--config
+    <overrides>] <extra_args>``). ``overrides`` is a YAML file of ``train.py`` keys applied over ``config`` (e.g.
+    ``configs/train/synthetic_vit_avgpool.yaml``).
     """
     return ensure_trained_classifier(config, overrides, extra_args=extra_args, cache_dir=cache_dir,
                                      name="synthetic_vit", suffix=".pt", what="the synthetic benchmark ViT")

@@ -48,7 +48,7 @@ from .base import (
     register_adapter,
 )
 from .hf_blocks import HFEncoderBlocks
-from .hf_text import _check_ids_like
+from .hf_text import _check_ids_like, _check_token_inputs
 from .recorder import ActivationRecorder
 
 #: extra per-sample tensors of a text batch set by the adapter: the read-out (EOS) positions and, from
@@ -275,27 +275,10 @@ class HFCLIPTextAdapter(_HFCLIPTower):
         return int(self.tower_model.eos_token_id)
 
     def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        if isinstance(inputs, Tensor):
-            inputs = {"input_ids": inputs}
-        if not isinstance(inputs, Mapping):
-            raise ValueError(f"expected token ids [T, N] or a mapping as a tokenizer returns it "
-                             f"({{'input_ids', 'attention_mask', ...}}), got {type(inputs).__name__}")
-        if inputs.get("input_ids") is None:
-            given = ", ".join(map(repr, inputs.keys())) or "nothing"
-            raise ValueError(f"{self.family} needs 'input_ids' [T, N] (got {given})")
-        ids = _check_ids_like("input_ids", inputs["input_ids"], None)
-        if ids.dtype == torch.bool:
-            raise ValueError("input_ids must hold integers, got dtype torch.bool")
+        inputs, ids, mask = _check_token_inputs(inputs, self.family, int(self.config.vocab_size),
+                                                int(self.config.max_position_embeddings), batch="T",
+                                                positions_of="the CLIP text tower's")
         shape = ids.shape
-        if shape[0] == 0 or shape[1] == 0:
-            raise ValueError(f"input_ids must hold at least one sample and one token, got shape {tuple(shape)}")
-        vocab = int(self.config.vocab_size)
-        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-            raise ValueError(f"input_ids must lie in [0, {vocab}) (the model's vocabulary), got values in "
-                             f"[{int(ids.min())}, {int(ids.max())}]")
-        max_len = int(self.config.max_position_embeddings)
-        if shape[1] > max_len:
-            raise ValueError(f"sequences of {shape[1]} tokens exceed the CLIP text tower's {max_len} positions")
         ids = ids.long()
         eos = eos_positions(ids, self.eos_token_id)
         rows = torch.arange(shape[0], device=ids.device)
@@ -304,13 +287,6 @@ class HFCLIPTextAdapter(_HFCLIPTower):
             if len(missing):
                 raise ValueError(f"input_ids: samples {missing.tolist()} hold no EOS token (id {self.eos_token_id}); "
                                  "CLIP reads each text at its EOS position")
-        mask = inputs.get("attention_mask")
-        if mask is None:
-            mask = torch.ones_like(ids)
-        mask = _check_ids_like("attention_mask", mask, shape)
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError("attention_mask must hold 0 (padding) and 1 (real token) only")
-        mask = mask.long()
         if bool((mask[:, 1:] > mask[:, :-1]).any()):
             raise ValueError("attention_mask: the real tokens must come first (right padding); CLIP's absolute "
                              "positions make left padding change the text")

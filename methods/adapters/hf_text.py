@@ -44,6 +44,38 @@ def _check_ids_like(name: str, tensor: Any, shape: Optional[Sequence[int]]) -> T
     return tensor.detach()
 
 
+def _check_token_inputs(inputs: RawInputs, family: str, vocab: int, max_len: int, batch: str = "B",
+                        missing_note: str = "", positions_of: str = "the model's"
+                        ) -> Tuple[Mapping[str, Any], Tensor, Tensor]:
+    """A tokenizer's batch ``[batch, N]`` (or the ids alone) as a mapping, its checked ``input_ids`` (dtype as
+    given) and ``attention_mask`` (long, 0/1; all ones when absent), for ``vocab`` token ids and ``max_len``
+    positions."""
+    if isinstance(inputs, Tensor):
+        inputs = {"input_ids": inputs}
+    if not isinstance(inputs, Mapping):
+        raise ValueError(f"expected token ids [{batch}, N] or a mapping as a tokenizer returns it "
+                         f"({{'input_ids', 'attention_mask', ...}}), got {type(inputs).__name__}")
+    if inputs.get("input_ids") is None:
+        given = ", ".join(map(repr, inputs.keys())) or "nothing"
+        raise ValueError(f"{family} needs 'input_ids' [{batch}, N] (got {given}){missing_note}")
+    ids = _check_ids_like("input_ids", inputs["input_ids"], None)
+    if ids.dtype == torch.bool:
+        raise ValueError("input_ids must hold integers, got dtype torch.bool")
+    shape = ids.shape
+    if shape[0] == 0 or shape[1] == 0:
+        raise ValueError(f"input_ids must hold at least one sample and one token, got shape {tuple(shape)}")
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise ValueError(f"input_ids must lie in [0, {vocab}) (the model's vocabulary), got values in "
+                         f"[{int(ids.min())}, {int(ids.max())}]")
+    if shape[1] > max_len:
+        raise ValueError(f"sequences of {shape[1]} tokens exceed {positions_of} {max_len} positions")
+    mask = inputs.get("attention_mask")
+    mask = _check_ids_like("attention_mask", torch.ones_like(ids) if mask is None else mask, shape)
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError("attention_mask must hold 0 (padding) and 1 (real token) only")
+    return inputs, ids, mask.long()
+
+
 def special_positions(attention_mask: Tensor) -> Tensor:
     """Without a ``special_tokens_mask``: [CLS] at position 0 and each sample's last real token ([SEP])."""
     special = torch.zeros_like(attention_mask, dtype=torch.bool)
@@ -147,35 +179,10 @@ class HFTextAdapter(HFEncoderBlocks):
 
     # ------------------------------------------------------------------ inputs, layout
     def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        if isinstance(inputs, Tensor):
-            inputs = {"input_ids": inputs}
-        if not isinstance(inputs, Mapping):
-            raise ValueError(f"expected token ids [B, N] or a mapping as a tokenizer returns it "
-                             f"({{'input_ids', 'attention_mask', ...}}), got {type(inputs).__name__}")
-        if inputs.get("input_ids") is None:
-            given = ", ".join(map(repr, inputs.keys())) or "nothing"
-            raise ValueError(f"{self.family} needs 'input_ids' [B, N] (got {given}); inputs_embeds are not supported")
-        ids = _check_ids_like("input_ids", inputs["input_ids"], None)
-        if ids.dtype == torch.bool:
-            raise ValueError("input_ids must hold integers, got dtype torch.bool")
+        inputs, ids, mask = _check_token_inputs(inputs, self.family, int(self.model.config.vocab_size),
+                                                self.max_length(), missing_note="; inputs_embeds are not supported")
         shape = ids.shape
-        if shape[1] == 0 or shape[0] == 0:
-            raise ValueError(f"input_ids must hold at least one sample and one token, got shape {tuple(shape)}")
-        vocab = int(self.model.config.vocab_size)
-        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-            raise ValueError(f"input_ids must lie in [0, {vocab}) (the model's vocabulary), got values in "
-                             f"[{int(ids.min())}, {int(ids.max())}]")
-        max_len = self.max_length()
-        if shape[1] > max_len:
-            raise ValueError(f"sequences of {shape[1]} tokens exceed the model's {max_len} positions")
         tensors = {"input_ids": ids.long()}
-        mask = inputs.get("attention_mask")
-        if mask is None:
-            mask = torch.ones_like(tensors["input_ids"])
-        mask = _check_ids_like("attention_mask", mask, shape)
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError("attention_mask must hold 0 (padding) and 1 (real token) only")
-        mask = mask.long()
         if not bool(mask[:, 0].all()):
             raise ValueError("attention_mask: position 0 ([CLS], the read-out) must be a real token in every sample "
                              "(left padding is not supported)")
