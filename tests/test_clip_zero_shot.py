@@ -16,6 +16,7 @@ import yaml
 
 transformers = pytest.importorskip("transformers")
 
+import training  # noqa: E402,F401  (registers the trained: source that clip:trained: specs use)
 from datamodules.synthetic_captions import (  # noqa: E402
     BOS,
     EOS,
