@@ -316,16 +316,17 @@ TRUSTED_CLASS_PATHS = tuple(f"{package}." for package in (
 UNTRUSTED_CLASSES = ("LambdaCallback",)
 
 
-def _entries(config: Any, prefix: str = ""):
-    """``(dotted key, value)`` of every mapping entry in ``config`` at any depth (list items as ``key[i]``)."""
+def _entries(config: Any, prefix: str = "", lists: bool = True):
+    """``(dotted key, value)`` of every mapping entry in ``config`` at any depth (with ``lists``, the entries of
+    mappings inside lists too, as ``key[i].sub``)."""
     if isinstance(config, dict):
         for key, value in config.items():
             path = f"{prefix}.{key}" if prefix else str(key)
             yield path, value
-            yield from _entries(value, path)
-    elif isinstance(config, list):
+            yield from _entries(value, path, lists)
+    elif isinstance(config, list) and lists:
         for i, value in enumerate(config):
-            yield from _entries(value, f"{prefix}[{i}]")
+            yield from _entries(value, f"{prefix}[{i}]", lists)
 
 
 def untrusted_settings(config: dict) -> List[tuple]:
@@ -383,13 +384,9 @@ def _option_values(args: Sequence[str], *names: str) -> List[Optional[str]]:
     return values
 
 
-def _flat(config: Any, prefix: str = "") -> dict:
-    if isinstance(config, dict):
-        out = {}
-        for key, value in config.items():
-            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: config}
+def _flat(config: dict) -> dict:
+    """``{dotted key: value}`` of the leaves of the mappings in ``config`` (a list is one value)."""
+    return {key: value for key, value in _entries(config, lists=False) if not isinstance(value, dict)}
 
 
 def _plain(parser, config) -> dict:
