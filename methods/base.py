@@ -1,6 +1,7 @@
 """The call shape every attribution method shares: ``method(model, inputs, target=None, sample_ids=None)``."""
 from __future__ import annotations
 
+import contextlib
 from typing import Tuple
 
 from torch import Tensor, nn
@@ -25,7 +26,8 @@ class AttributionMethod:
 
     It resolves the model's adapter (once per model), checks the options against it (:meth:`check_adapter`;
     :meth:`check` does the same before any batch), validates the inputs, runs :meth:`attribute` with the
-    model in eval mode and eager attention inside :func:`preserved_model_state` (the model comes back exactly as
+    model in eval mode and eager attention (unless the method never reads attention probabilities:
+    :attr:`reads_attention`) inside :func:`preserved_model_state` (the model comes back exactly as
     it was), and returns raw scores in the layout of the inputs (``adapter.layout``): ``[B, P]`` patch scores
     in row-major grid order for images (full ``lrp``: ``[B, H, W]`` pixel maps), ``[B, N]`` per input position
     for sequences with padding exactly 0; in the images' dtype (the model's for token ids) and on the inputs'
@@ -36,13 +38,17 @@ class AttributionMethod:
     class_specific: bool = True
     #: options holding a 0-based block index (negative values count from the end), checked against the depth
     layer_options: Tuple[str, ...] = ()
+    #: whether the method reads the attention probabilities (then the call runs with eager attention; a method
+    #: that never does keeps the model's fused / sdpa attention)
+    reads_attention: bool = True
 
     def __call__(self, model: nn.Module, inputs: RawInputs, target: TargetType = None,
                  sample_ids: SampleIds = None) -> Tensor:
         adapter = adapter_for(model)
         self.check_adapter(adapter)
         batch = adapter.prepare_inputs(inputs, sample_ids=sample_ids)
-        with preserved_model_state(model), adapter.eager_attention():
+        attention = adapter.eager_attention() if self.reads_attention else contextlib.nullcontext()
+        with preserved_model_state(model), attention:
             scores = self.attribute(adapter, batch, target)
         layout = adapter.layout(batch)
         if layout.has_padding and scores.dim() == 2:

@@ -26,7 +26,7 @@ import abc
 import contextlib
 import weakref
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from torch import Tensor, nn
@@ -404,6 +404,42 @@ class ModelAdapter(abc.ABC):
     @abc.abstractmethod
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         """The MLP's two linear layers (up-projection, down-projection) of block ``layer``."""
+
+    # -------------------------------------------------------------- relevance rules (AttnLRP, CP-LRP)
+    def rule_scope(self) -> nn.Module:
+        """The module whose norms and element-wise activations carry the rules of :mod:`methods.attnlrp`
+        (found by type, as LXT patches classes: ``nn.LayerNorm`` and the activation modules of torch, timm and
+        transformers)."""
+        return self.model
+
+    def rule_problems(self) -> List[str]:
+        """What in this model has no relevance rule of :mod:`methods.attnlrp` (e.g. a gated MLP), or ``[]``."""
+        return []
+
+    def input_embedding(self) -> nn.Module:
+        """The module whose output is the per-position input embedding: the token-id embedding for text (no
+        position or token-type share), the patch embedding for images (no [CLS], no positions)."""
+        raise NotImplementedError(f"{self.family} does not name its input embedding")
+
+    def embedding_scores(self, products: Tensor) -> Tensor:
+        """``embedding * gradient`` (the :meth:`input_embedding` output's shape) summed over the width: scores
+        ``[B, num_scores]`` in the output layout (token positions; patches in row-major grid order)."""
+        return products.sum(dim=-1).flatten(1)
+
+    @contextlib.contextmanager
+    def head_rules(self, epsilon: float) -> Iterator[None]:
+        """Within it, :meth:`head` applies the identity rule (:mod:`methods.adapters.gradient_rules`, with the
+        stabiliser ``epsilon``) to the non-linearities it computes itself rather than through a module (a
+        functional ``tanh`` or ``relu``, CLIP's L2 normalisation); the values are unchanged."""
+        before = self.head_rule_epsilon
+        self.head_rule_epsilon = epsilon
+        try:
+            yield
+        finally:
+            self.head_rule_epsilon = before
+
+    #: the identity rule's stabiliser while :meth:`head_rules` is in force (``None``: plain gradients)
+    head_rule_epsilon: Optional[float] = None
 
     # -------------------------------------------------------------- attention implementation
     @abc.abstractmethod

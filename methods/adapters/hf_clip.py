@@ -47,6 +47,7 @@ from .base import (
     check_sample_ids,
     register_adapter,
 )
+from .gradient_rules import normalized_rule
 from .hf_blocks import HFEncoderBlocks
 from .hf_text import _check_ids_like, _check_token_inputs
 from .recorder import ActivationRecorder
@@ -134,11 +135,27 @@ class _HFCLIPTower(HFEncoderBlocks):
         """The normed read-out token ``[B, D]`` (before the projection)."""
         raise NotImplementedError
 
+    def score_weight(self) -> Tensor:
+        """``logit_scale.exp() * E``: the logits as a bias-free Linear on the L2-normalised embedding, ``E`` the
+        scorer's fixed, normalised embeddings of the other modality (``class_embeddings`` / ``image_embeddings``)."""
+        fixed = self.model.class_embeddings if self.tower == "vision" else self.model.image_embeddings
+        return self.clip.logit_scale.exp().to(fixed) * fixed
+
     def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
         """Final norm, read-out, projection (``pre_logits``: the projected, unnormalised embedding), then the
-        scorer's ``logits_from_embeddings`` (``logit_scale.exp() * cosine``)."""
+        scorer's ``logits_from_embeddings`` (``logit_scale.exp() * cosine``). Under :meth:`head_rules` the
+        gradient treats the embedding's norm as a constant (the logits' values are the scorer's)."""
         embedding = self.projection()(self.pooled(hidden, context))
-        return embedding if pre_logits else self.model.logits_from_embeddings(embedding)
+        if pre_logits:
+            return embedding
+        logits = self.model.logits_from_embeddings(embedding)
+        if self.head_rule_epsilon is None:
+            return logits
+        ruled = normalized_rule(embedding, self.head_rule_epsilon) @ self.score_weight().to(embedding).t()
+        return logits.detach() + (ruled - ruled.detach())
+
+    def rule_scope(self) -> nn.Module:
+        return self.tower_model
 
     # ------------------------------------------------------------------ where methods hook
     def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
@@ -205,6 +222,13 @@ class HFCLIPVisionAdapter(_HFCLIPTower):
     def projection(self) -> nn.Linear:
         return self.clip.visual_projection
 
+    def input_embedding(self) -> nn.Module:
+        return self.tower_model.embeddings.patch_embedding
+
+    def embedding_scores(self, products: Tensor) -> Tensor:
+        """The patch convolution's ``[B, D, rows, cols]`` summed over ``D``: ``[B, rows * cols]``."""
+        return products.sum(dim=1).flatten(1)
+
     def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
         images = inputs.get("pixel_values") if isinstance(inputs, Mapping) else inputs
         if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != int(self.config.num_channels):
@@ -269,6 +293,9 @@ class HFCLIPTextAdapter(_HFCLIPTower):
 
     def projection(self) -> nn.Linear:
         return self.clip.text_projection
+
+    def input_embedding(self) -> nn.Module:
+        return self.tower_model.embeddings.token_embedding
 
     @property
     def eos_token_id(self) -> int:

@@ -22,6 +22,7 @@ from .base import (
     check_sample_ids,
     register_adapter,
 )
+from .gradient_rules import apply_identity_rule
 from .hf_blocks import HFEncoderBlocks
 from .recorder import ActivationRecorder
 
@@ -249,6 +250,10 @@ class HFTextAdapter(HFEncoderBlocks):
         scale = alphas.to(device=inputs.device, dtype=inputs.score_dtype).repeat_interleave(inputs.batch_size)
         return inputs.with_tensors(**repeated, **{EMBEDDING_SCALE: scale})
 
+    def input_embedding(self) -> nn.Module:
+        """The word embeddings (``get_input_embeddings()``: LXT's ``input_embeds``)."""
+        return self.model.get_input_embeddings()
+
     # ------------------------------------------------------------------ where methods hook
     def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                          transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
@@ -317,7 +322,7 @@ class _DenseHeadOnFirstToken(HFTextAdapter):
         """The head's ``forward`` step by step (``pre_logits``: the input of ``out_proj``)."""
         head = self.model.classifier
         x = head.dropout(hidden[:, 0, :])
-        x = self.head_activation(head.dense(x))
+        x = self.head_activation(head.dense(x))   # a module (ELECTRA) or functional (RoBERTa: head_rule_epsilon)
         x = head.dropout(x)
         return x if pre_logits else head.out_proj(x)
 
@@ -340,7 +345,7 @@ class HFRobertaAdapter(_DenseHeadOnFirstToken):
         return int(self.model.config.max_position_embeddings) - int(self.model.config.pad_token_id) - 1
 
     def head_activation(self, x: Tensor) -> Tensor:
-        return torch.tanh(x)
+        return apply_identity_rule(torch.tanh, x, self.head_rule_epsilon)
 
 
 @register_adapter
@@ -382,7 +387,8 @@ class HFDistilBertAdapter(HFTextAdapter):
     def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
         """``DistilBertForSequenceClassification.forward``'s head (``pre_logits``: the classifier's input)."""
         m = self.model
-        pooled = m.dropout(nn.functional.relu(m.pre_classifier(hidden[:, 0])))
+        pooled = m.dropout(apply_identity_rule(nn.functional.relu, m.pre_classifier(hidden[:, 0]),
+                                               self.head_rule_epsilon))
         return pooled if pre_logits else m.classifier(pooled)
 
     def head_linears(self) -> Tuple[nn.Linear, ...]:

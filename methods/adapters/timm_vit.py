@@ -153,6 +153,22 @@ class TimmViTAdapter(ModelAdapter):
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
 
+    # ------------------------------------------------------------------ relevance rules
+    def input_embedding(self) -> nn.Module:
+        return self.model.patch_embed
+
+    def rule_problems(self) -> List[str]:
+        """Gated MLPs (SwiGLU, GLU) and gated attention have no rule here: the uniform rule on their products is
+        not applied."""
+        problems = []
+        for i, block in enumerate(self.blocks):
+            mlp = getattr(block, "mlp", None)
+            if mlp is not None and any(hasattr(mlp, name) for name in ("fc1_g", "fc1_x", "gate")):
+                problems.append(f"block {i} gated mlp {type(mlp).__name__}")
+            if getattr(getattr(block, "attn", None), "gate", None) is not None:
+                problems.append(f"block {i} gated attention")
+        return problems
+
     @contextlib.contextmanager
     def eager_attention(self) -> Iterator[None]:
         """Switch timm's fused attention off (it never materialises the attention matrix) and restore it."""

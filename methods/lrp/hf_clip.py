@@ -60,12 +60,6 @@ class _CLIPTowerTopology(Topology):
             raise TypeError(f"LRP rules are not defined for this CLIP {adapter.tower} tower: "
                             f"{'; '.join(problems[:6])}")
 
-    def fixed_embeddings(self) -> Tensor:
-        """``logit_scale.exp() * E``: the weight of the score as a Linear on the normalised embedding."""
-        model = self.model
-        fixed = model.class_embeddings if self.adapter.tower == "vision" else model.image_embeddings
-        return model.clip.logit_scale.exp().to(fixed) * fixed
-
     def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
                grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
         """Hooks for the rule inputs of ``blocks``, the head (projection input and output, last hidden states)
@@ -92,7 +86,7 @@ class _CLIPTowerTopology(Topology):
         embedding), the projection, the final norm (identity) and the read-out selection."""
         z = acts["embedding"]
         normed = z / z.norm(p=2, dim=-1, keepdim=True)
-        r = rules["linear"](normed, self.fixed_embeddings().to(z), relevance_logits)
+        r = rules["linear"](normed, self.adapter.score_weight().to(z), relevance_logits)
         r = rules["linear"](acts["proj_in"], self.adapter.projection().weight, r)
         return self.readout(rules, acts, r)
 

@@ -1,0 +1,106 @@
+"""Autograd functions through which LRP rules act in Input x Gradient form (Arras et al. 2025; LXT's "efficient"
+mode): each returns its input's forward value unchanged and replaces only the gradient, so a model run through
+them gives bit-identical logits while its backward pass carries relevance.
+
+They are applied from forward hooks (:mod:`methods.attnlrp`) and, for the few non-linearities an adapter's head
+computes itself (a functional ``tanh``, CLIP's L2 normalisation), by the adapter's head (:meth:`ModelAdapter.
+head_rules`). Names follow Achtibat et al. 2024 (AttnLRP, ICML): the identity rule (their Eq. 9) on element-wise
+non-linearities and on normalisations, the uniform rule (Eq. 7) on multiplicative interactions.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+#: LXT's stabiliser of the identity rule (``lxt/efficient/rules.py``: ``output / (input + 1e-10)``)
+IDENTITY_EPSILON = 1e-10
+
+
+class _IdentityRule(torch.autograd.Function):
+    """``y = f(x)`` given as ``(x, y)``; backward ``g * y / (x + eps)`` (AttnLRP Eq. 9 as LXT computes it: the
+    ratio formed in the forward, the stabiliser *added* to ``x`` whatever its sign)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, y: Tensor, epsilon: float) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(y / (x + epsilon))
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:  # type: ignore[override]
+        (ratio,) = ctx.saved_tensors
+        return ratio * grad, None, None
+
+
+def identity_rule(x: Tensor, y: Tensor, epsilon: float = IDENTITY_EPSILON) -> Tensor:
+    """``y`` (the value of an element-wise non-linearity at ``x``), with the identity rule's gradient to ``x``:
+    relevance passes through unchanged (``x * grad_x = y * grad_y``)."""
+    if not x.requires_grad:
+        return y
+    return _IdentityRule.apply(x, y.detach(), epsilon)
+
+
+def apply_identity_rule(fn: Callable[[Tensor], Tensor], x: Tensor, epsilon: Optional[float]) -> Tensor:
+    """``fn(x)``; with the identity rule's gradient unless ``epsilon`` is ``None`` (no rule in force)."""
+    y = fn(x)
+    return y if epsilon is None else identity_rule(x, y, epsilon)
+
+
+class _LayerNormRule(torch.autograd.Function):
+    """Stock LayerNorm output ``y`` of ``x``; backward of ``(x - mean(x)) / stop_grad(std) * w + b`` (the
+    identity rule on the normalisation, as LXT's ``layer_norm_forward``: the mean subtraction keeps its gradient,
+    the standard deviation ``sqrt(var + eps)``, biased variance, is a constant)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, y: Tensor, weight: Optional[Tensor],  # type: ignore[override]
+                eps: float) -> Tensor:
+        var = torch.var_mean(x.detach(), dim=-1, keepdim=True, unbiased=False)[0]
+        ctx.save_for_backward((var + eps).sqrt(), weight)
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:  # type: ignore[override]
+        std, weight = ctx.saved_tensors
+        scaled = (grad if weight is None else grad * weight) / std
+        return scaled - scaled.mean(dim=-1, keepdim=True), None, None, None
+
+
+def layer_norm_rule(x: Tensor, y: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+    """``y = LayerNorm(x)`` over the last dimension, with the identity rule's gradient to ``x``."""
+    if not x.requires_grad:
+        return y
+    return _LayerNormRule.apply(x, y.detach(), None if weight is None else weight.detach(), eps)
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """Identity forward; backward ``grad * factor`` (a scalar, or a vector over the last dimension)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, factor: Any) -> Tensor:  # type: ignore[override]
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:  # type: ignore[override]
+        factor = ctx.factor
+        if isinstance(factor, Tensor):
+            factor = factor.to(device=grad.device, dtype=grad.dtype)
+        return grad * factor, None
+
+
+def scale_gradient(x: Tensor, factor: Any) -> Tensor:
+    """``x`` with its gradient multiplied by ``factor``: the uniform rule on a product of ``k`` factors is
+    ``1 / k`` on each (LXT's ``divide_gradient``); ``0`` stops the gradient (CP-LRP's constant attention)."""
+    if not x.requires_grad:
+        return x
+    if isinstance(factor, (int, float)) and factor == 0:
+        return x.detach()
+    return _ScaleGradient.apply(x, factor)
+
+
+def normalized_rule(z: Tensor, epsilon: Optional[float]) -> Tensor:
+    """``z / ||z||_2`` over the last dimension; with a rule in force (``epsilon`` not ``None``) the norm is a
+    constant for the gradient (the identity rule on a normalisation, as on LayerNorm and RMSNorm)."""
+    norm = z.norm(p=2, dim=-1, keepdim=True)
+    return z / (norm if epsilon is None else norm.detach())

@@ -1,0 +1,217 @@
+"""AttnLRP and CP-LRP as one forward and one backward pass (Input x Gradient with modified local gradients).
+
+Achtibat et al. 2024, "AttnLRP: Attention-Aware Layer-Wise Relevance Propagation for Transformers" (ICML), in
+the Gradient x Input form of Arras et al. 2025 that LXT, the authors' library, runs in its "efficient" mode
+(``lxt/efficient/``). The rules come from forward hooks on the stock model's own modules, registered for one
+call and removed after it: no class, function or attention implementation is patched, every forward value is
+the stock model's (the logits are bit-identical), only gradients change:
+
+* **Linear layers, additions, embeddings, average pooling**: the plain gradient, i.e. epsilon-LRP with the
+  biases keeping their share (LXT efficient mode: no stabiliser on linear layers);
+* **LayerNorm** (every ``nn.LayerNorm`` of the model: block norms, the final norm, BERT's embedding norm, q/k
+  norms): the identity rule as LXT's ``layer_norm_forward``, ``(x - mean) / stop_grad(sqrt(var + eps)) * w + b``;
+* **element-wise activations** (every activation module of torch, timm and ``transformers``: the MLP's GELU,
+  BERT's pooler tanh, ELECTRA's head GELU; the functional tanh / ReLU of RoBERTa's and DistilBERT's heads through
+  the adapter's :meth:`~methods.adapters.ModelAdapter.head_rules`): the identity rule (AttnLRP Eq. 9), gradient
+  ``g * act(x) / (x + epsilon)`` with LXT's ``epsilon = 1e-10`` added whatever the sign of ``x``;
+* **attention** (``attnlrp``): the uniform rule (AttnLRP Eq. 7) on both matrix products, ``q k^T`` and ``A v``:
+  gradients at ``q`` and ``k`` times 1/4 and at ``v`` times 1/2 (LXT's wrapper of every attention function;
+  applied here at the outputs of the q/k/v projections, which is the same since backward is linear in the
+  incoming gradient); the softmax keeps its plain gradient (LXT's efficient mode). ``cp_lrp`` (Ali et al.
+  2022, "XAI for Transformers: Better Explanations through Conservative Propagation"): ``q`` and ``k``
+  detached, so the attention probabilities are constants, ``v`` plain;
+* **CLIP's score** ``logit_scale.exp() * cos(z, e_c)``: the identity rule on the L2 normalisation (the norm a
+  constant, as LayerNorm's deviation): no reference exists (LXT's OpenCLIP example is explicit-mode).
+
+Relevance is ``x * dlogit/dx`` of the explained logit (the raw logit, not a one-hot 1: LXT backpropagates the
+logit itself) summed over the embedding width, at ``level``:
+
+* ``"tokens"`` (default; LXT's convention): ``x`` is the output of the model's input embedding only (text: the
+  word embeddings, so position and token-type embeddings keep their own share, as in LXT's BERT and GPT-2
+  goldens; images: the patch embedding, so [CLS], register tokens and the position embedding keep theirs);
+  output ``[B, N]`` for text (every real token, special tokens included, exactly 0 at padding) and ``[B, P]``
+  patch scores for images;
+* ``"pixels"`` (images only): ``x`` is the normalised image; output ``[B, H, W]`` summed over the channels.
+
+Scores are raw (not normalised, sign kept), so conservation can be read off them; :meth:`relevance_by_layer`
+reports the relevance entering every block for that check (LXT#27, #32). The attention stays as the model was
+built (fused / sdpa or eager): these methods never read the attention probabilities. ``epsilon``: the identity
+rule's stabiliser. Padding needs nothing of its own: a padded key's probability is exactly 0, so no gradient
+reaches it. Where the paper's softmax rule (Eq. 13, with its bias term) differs from LXT's efficient mode, the
+code is followed (see ``../shared/golden/README-attnlrp.md``).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .adapters import ActivationRecorder, ModelAdapter, ModelInputs, adapter_for
+from .adapters.gradient_rules import IDENTITY_EPSILON, identity_rule, layer_norm_rule, scale_gradient
+from .base import AttributionMethod
+from .model_state import preserved_model_state
+from .registry import register_method
+from .targets import TargetType, class_score, resolve_target
+
+LEVELS = ("tokens", "pixels")
+#: gradient factors on (query, key, value) per variant: the uniform rule on two products, or constant attention
+ATTENTION_FACTORS = {"attnlrp": (0.25, 0.25, 0.5), "cp_lrp": (0.0, 0.0, 1.0)}
+#: modules of these packages are element-wise activations, except the classes named in _NOT_ELEMENTWISE
+_ACTIVATION_MODULES = ("torch.nn.modules.activation", "transformers.activations", "timm.layers.activations")
+_NOT_ELEMENTWISE = {"Softmax", "Softmin", "LogSoftmax", "Softmax2d", "MultiheadAttention", "GLU", "ClassInstantier"}
+
+
+def is_elementwise_activation(module: nn.Module) -> bool:
+    """Whether ``module`` is an element-wise activation module of torch, timm or ``transformers``."""
+    cls = type(module)
+    return cls.__module__ in _ACTIVATION_MODULES and cls.__name__ not in _NOT_ELEMENTWISE
+
+
+def _activation_hook(epsilon: float):
+    def hook(_module: nn.Module, inputs: Tuple[Any, ...], output: Tensor) -> Tensor:
+        return identity_rule(inputs[0], output, epsilon)
+    return hook
+
+
+def _layer_norm_hook(module: nn.LayerNorm, inputs: Tuple[Any, ...], output: Tensor) -> Tensor:
+    return layer_norm_rule(inputs[0], output, module.weight, module.eps)
+
+
+def _gradient_factor_hook(factor: Any):
+    def hook(_module: nn.Module, _inputs: Tuple[Any, ...], output: Tensor) -> Tensor:
+        return scale_gradient(output, factor)
+    return hook
+
+
+@contextlib.contextmanager
+def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTITY_EPSILON) -> Iterator[None]:
+    """The rules of ``variant`` (``"attnlrp"`` or ``"cp_lrp"``) on ``adapter``'s model for the duration of the
+    block: forward hooks on its norms, activations and attention projections, and the adapter's
+    :meth:`~methods.adapters.ModelAdapter.head_rules`; all removed on exit."""
+    q_factor, k_factor, v_factor = ATTENTION_FACTORS[variant]
+    handles = []
+    try:
+        for module in adapter.rule_scope().modules():
+            if isinstance(module, nn.LayerNorm):
+                if len(module.normalized_shape) != 1:
+                    raise TypeError(f"{variant}: LayerNorm over {tuple(module.normalized_shape)} (the rule "
+                                    "normalises the last dimension only)")
+                handles.append(module.register_forward_hook(_layer_norm_hook))
+            elif is_elementwise_activation(module):
+                handles.append(module.register_forward_hook(_activation_hook(epsilon)))
+        for layer in range(adapter.depth):
+            linears = adapter.attention_linears(layer)
+            if linears.qkv is not None:
+                third = linears.qkv.out_features // 3
+                factors = torch.tensor([q_factor] * third + [k_factor] * third + [v_factor] * third)
+                handles.append(linears.qkv.register_forward_hook(_gradient_factor_hook(factors)))
+            else:
+                for linear, factor in ((linears.q, q_factor), (linears.k, k_factor), (linears.v, v_factor)):
+                    if linear is not None and factor != 1.0:
+                        handles.append(linear.register_forward_hook(_gradient_factor_hook(factor)))
+        with adapter.head_rules(epsilon):
+            yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+class _GradientLRP(AttributionMethod):
+    """Shared by :class:`AttnLRP` and :class:`CPLRP` (see the module docstring)."""
+
+    variant = "?"
+    reads_attention = False
+
+    def __init__(self, level: str = "tokens", epsilon: float = IDENTITY_EPSILON):
+        if level not in LEVELS:
+            raise ValueError(f"{self.name}: level must be one of {LEVELS}, got {level!r}")
+        if not epsilon >= 0:
+            raise ValueError(f"{self.name}: epsilon must be >= 0, got {epsilon!r}")
+        self.level = level
+        self.epsilon = float(epsilon)
+
+    def check_adapter(self, adapter: ModelAdapter) -> None:
+        super().check_adapter(adapter)
+        if self.level == "pixels" and adapter.modality != "image":
+            raise ValueError(f"{self.name}: level='pixels' needs an image model; {type(adapter.model).__name__} "
+                             f"({adapter.family}) reads {adapter.modality}")
+        problems = adapter.rule_problems()
+        if problems:
+            raise TypeError(f"{self.name}: no relevance rule for parts of this {type(adapter.model).__name__} "
+                            f"({adapter.family}): {'; '.join(problems[:6])}")
+
+    def _backward(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType,
+                  layer_inputs: bool = False) -> Dict[str, Any]:
+        """One forward under the rules, one ``autograd.grad`` of the target logits: the input ``x`` and its
+        gradient, the logits, the resolved target and (``layer_inputs``) every block input with its gradient."""
+        for p in adapter.model.parameters():   # restored by preserved_model_state; no weight gradients
+            p.requires_grad_(False)
+        pixels = self.level == "pixels"
+        if pixels:
+            inputs = inputs.with_tensors(pixel_values=inputs["pixel_values"].detach().requires_grad_(True))
+        with ActivationRecorder() as rec, relevance_rules(adapter, self.variant, self.epsilon), torch.enable_grad():
+            if not pixels:
+                rec.output(adapter.input_embedding(), "x", require_grad=True)
+            if layer_inputs:
+                for l in range(adapter.depth):
+                    adapter.record_block_input(rec, l, ("block", l))
+            context = adapter.context(inputs)
+            logits = adapter.head(adapter.run_blocks(adapter.embed(inputs), context), context)
+            x = inputs["pixel_values"] if pixels else rec["x"]
+            blocks: List[Tensor] = [rec[("block", l)] for l in range(adapter.depth)] if layer_inputs else []
+        target = resolve_target(logits, target)
+        grads = torch.autograd.grad(class_score(logits, target), [x] + blocks)
+        return dict(x=x.detach(), grad=grads[0], logits=logits.detach(), target=target,
+                    blocks=[(b.detach(), g) for b, g in zip(blocks, grads[1:])])
+
+    def _scores(self, adapter: ModelAdapter, x: Tensor, grad: Tensor) -> Tensor:
+        products = x * grad
+        return products.sum(dim=1) if self.level == "pixels" else adapter.embedding_scores(products)
+
+    def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
+        out = self._backward(adapter, inputs, target)
+        return self._scores(adapter, out["x"], out["grad"])
+
+    def relevance_by_layer(self, model: nn.Module, inputs: Any, target: TargetType = None) -> Dict[str, Tensor]:
+        """The conservation report of one call, per sample: ``logit`` ``[B]`` (the explained logit), ``blocks``
+        ``[depth, B]`` (the relevance entering each block: ``sum(h_l * dlogit/dh_l)`` over positions and width),
+        ``input`` ``[B]`` (the sum of this method's scores, padding 0) and ``scores`` (the scores themselves).
+        Where every rule conserves (``cp_lrp`` on a bias-free model) each entry equals ``logit``."""
+        adapter = self.prepare(model)
+        batch = adapter.prepare_inputs(inputs)
+        with preserved_model_state(model):
+            out = self._backward(adapter, batch, target, layer_inputs=True)
+        scores = self._scores(adapter, out["x"], out["grad"])
+        layout = adapter.layout(batch)
+        if layout.has_padding and scores.dim() == 2:
+            scores = layout.output(scores)
+        blocks = torch.stack([(h * g).flatten(1).sum(dim=1) for h, g in out["blocks"]])
+        logit = out["logits"].gather(1, out["target"][:, None])[:, 0]
+        return dict(logit=logit, blocks=blocks, input=scores.flatten(1).sum(dim=1), scores=scores)
+
+    def prepare(self, model: nn.Module) -> ModelAdapter:
+        """``model``'s adapter, with this method's options checked against it."""
+        adapter = adapter_for(model)
+        self.check_adapter(adapter)
+        return adapter
+
+
+@register_method("attnlrp")
+class AttnLRP(_GradientLRP):
+    """AttnLRP (Achtibat et al. 2024): LayerNorm and element-wise activations by the identity rule (Eq. 9), the
+    uniform rule (Eq. 7) on ``q k^T`` and ``A v``, the softmax by its gradient, linear layers by epsilon-LRP
+    (plain gradient), as LXT's efficient mode. Options: ``level`` (``"tokens"``, ``"pixels"``), ``epsilon``
+    (1e-10). See :mod:`methods.attnlrp` for every convention."""
+
+    variant = "attnlrp"
+
+
+@register_method("cp_lrp")
+class CPLRP(_GradientLRP):
+    """CP-LRP (Ali et al. 2022; LXT's ``cp_LRP`` maps): AttnLRP's rules outside attention, the attention
+    probabilities constant (gradient stopped at ``q`` and ``k``), ``v`` by its gradient. Exactly conservative
+    on a bias-free model. Options and conventions as :class:`AttnLRP` (:mod:`methods.attnlrp`)."""
+
+    variant = "cp_lrp"
