@@ -23,12 +23,12 @@ class _IdentityRule(torch.autograd.Function):
     ratio formed in the forward, the stabiliser *added* to ``x`` whatever its sign)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, y: Tensor, epsilon: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, y: Tensor, epsilon: float) -> Tensor:
         ctx.save_for_backward(y / (x + epsilon))
         return y.view_as(y)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         (ratio,) = ctx.saved_tensors
         return ratio * grad, None, None
 
@@ -53,14 +53,14 @@ class _LayerNormRule(torch.autograd.Function):
     the standard deviation ``sqrt(var + eps)``, biased variance, is a constant)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, y: Tensor, weight: Optional[Tensor],  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, y: Tensor, weight: Optional[Tensor],
                 eps: float) -> Tensor:
         var = torch.var_mean(x.detach(), dim=-1, keepdim=True, unbiased=False)[0]
         ctx.save_for_backward((var + eps).sqrt(), weight)
         return y.view_as(y)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         std, weight = ctx.saved_tensors
         scaled = (grad if weight is None else grad * weight) / std
         return scaled - scaled.mean(dim=-1, keepdim=True), None, None, None
@@ -77,12 +77,12 @@ class _ScaleGradient(torch.autograd.Function):
     """Identity forward; backward ``grad * factor`` (a scalar, or a vector over the last dimension)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, factor: Any) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: Tensor, factor: Any) -> Tensor:
         ctx.factor = factor
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
         factor = ctx.factor
         if isinstance(factor, Tensor):
             factor = factor.to(device=grad.device, dtype=grad.dtype)
