@@ -32,10 +32,14 @@ raw_attention, rollout                            1 forward                     
 gradcam, generic_attribution, cdam                1 forward+backward                     <= 1.3
 beyond_intuition_head / _token                    1 forward+backward + ``steps`` fwds    <= 1.3
 transformer_attribution                           1 forward+backward                     <= 2.5
+attnlrp, cp_lrp                                   1 forward+backward                     <= 1.3
 partial_lrp, lrp, lrp_rollout                     1 forward+backward                     (report)
 random                                            1 forward                              (report)
 token_ablation                                    (number of patches) forwards           (report)
 ================================================  =====================================  ======
+
+AttnLRP and CP-LRP also have a memory target: their peak extra memory at most 1.5x the forward+backward
+anchor's at the same batch size ("peak / fwd+bwd"; a row over it is ``FAIL (memory)``).
 
 Peak memory ("peak extra MiB"): the increase of memory over the state with the model and the inputs allocated,
 during the *first* call in the process. CUDA: ``torch.cuda.max_memory_allocated() - memory_allocated()`` before
@@ -103,7 +107,11 @@ COSTS = {
     "lrp": ("forward+backward", None),
     "lrp_rollout": ("forward+backward", None),
     "token_ablation": ("patches", None),
+    "attnlrp": ("forward+backward", 1.3),
+    "cp_lrp": ("forward+backward", 1.3),
 }
+#: method -> target of its peak extra memory over the forward+backward anchor's (same batch size)
+MEMORY_TARGETS = {"attnlrp": 1.5, "cp_lrp": 1.5}
 DEFAULT_COST = ("forward+backward", None)  # a method registered later without an entry here
 TOKEN_ABLATION = "token_ablation"
 
@@ -345,10 +353,15 @@ def make_rows(results: List[dict], skipped: List[dict]) -> List[dict]:
                          ms_per_image=1000 * statistics.median(values) / r["batch"], samples=len(values),
                          anchor=None, anchor_ms_per_image=None, ratio=None, target=None, status="anchor",
                          peak_extra_mib=r["peak_extra_mib"], memory_note=r["memory_note"]))
+    anchor_peaks = {(r["batch"], r["name"]): r["peak_extra_mib"] for r in results if r["name"] in ANCHORS}
     for r in results:
         if r["name"] in ANCHORS:
             continue
         kind, target = COSTS.get(r["name"], DEFAULT_COST)
+        anchor_peak = anchor_peaks.get((r["batch"], FORWARD_BACKWARD))
+        memory_ratio = (r["peak_extra_mib"] / anchor_peak if r["peak_extra_mib"] is not None and anchor_peak
+                        else None)
+        memory_target = MEMORY_TARGETS.get(r["name"])
         seconds = statistics.median(r["samples"][r["name"]])
         anchor_s = _anchor_seconds(kind, r)
         ratio = seconds / anchor_s
@@ -357,11 +370,14 @@ def make_rows(results: List[dict], skipped: List[dict]) -> List[dict]:
             one = dict(r, samples={a: [v[i]] for a, v in r["samples"].items()})
             paired.append(s / _anchor_seconds(kind, one))
         status = "report" if target is None else ("pass" if ratio <= target else "FAIL")
+        if memory_target is not None and memory_ratio is not None and memory_ratio > memory_target:
+            status = "FAIL (memory)"
         rows.append(dict(method=r["name"], kind="method", batch=r["batch"], ms_per_image=1000 * seconds / r["batch"],
                          samples=len(r["samples"][r["name"]]), anchor=_anchor_label(kind, r),
                          anchor_ms_per_image=1000 * anchor_s / r["batch"], ratio=ratio, paired_ratios=paired,
                          target=target, status=status, peak_extra_mib=r["peak_extra_mib"],
-                         memory_note=r["memory_note"], first_call_ms_per_image=1000 * r["first_call_s"] / r["batch"],
+                         memory_note=r["memory_note"], memory_ratio=memory_ratio, memory_target=memory_target,
+                         first_call_ms_per_image=1000 * r["first_call_s"] / r["batch"],
                          method_repr=r.get("method_repr"), adjusted=r.get("adjusted")))
     for s in skipped:
         rows.append(dict(method=s["name"], kind="method", batch=s["batch"], ms_per_image=None, samples=0, anchor=None,
@@ -374,14 +390,17 @@ def format_table(rows: List[dict]) -> str:
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
-    header = ("method", "batch", "ms/image", "anchor", "anchor ms/img", "ratio", "target", "result", "peak extra MiB")
+    header = ("method", "batch", "ms/image", "anchor", "anchor ms/img", "ratio", "target", "result", "peak extra MiB",
+              "peak / fwd+bwd")
     lines = []
     body = []
     for row in rows:
         body.append((row["method"] if row["kind"] == "method" else f"[{row['method']}]", str(row["batch"]),
                      fmt(row["ms_per_image"], ".1f"), row["anchor"] or "-", fmt(row["anchor_ms_per_image"], ".1f"),
                      fmt(row["ratio"], ".2f"), "-" if row["target"] is None else f"<={row['target']}",
-                     row["status"], fmt(row["peak_extra_mib"], ".0f")))
+                     row["status"], fmt(row["peak_extra_mib"], ".0f"),
+                     fmt(row.get("memory_ratio"), ".2f") + (f" (<={row['memory_target']})" if row.get("memory_target")
+                                                            else "")))
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
     lines.append("  ".join(h.ljust(w) if i in (0, 3, 7) else h.rjust(w)
                            for i, (h, w) in enumerate(zip(header, widths))))
@@ -404,8 +423,8 @@ def _notes(args, results) -> List[str]:
          "[forward]: model(images) under torch.no_grad(), fused attention as timm ships it. [forward+backward]: "
          "model(x) then torch.autograd.grad(sum of the target logits, x) with x = images.requires_grad_(): the "
          "backward runs through the whole network (fused attention). ")
-        + "Methods switch to eager attention themselves (they need the attention matrices); that overhead is part "
-        "of their ratio.",
+        + "Methods that read attention switch to eager attention themselves (that overhead is part of their "
+        "ratio); attnlrp and cp_lrp keep the model's fused attention.",
         "beyond_intuition_*: anchor = 1 fwd+bwd + `steps` forwards (steps from the method's defaults). "
         "token_ablation: anchor = (number of patches, or of content tokens) forwards of the full sequence.",
         f"token_ablation runs one forward per patch: timed only at batch sizes {args.token_ablation_batch_sizes} "
@@ -415,8 +434,8 @@ def _notes(args, results) -> List[str]:
         "warm-up); CPU numbers include one-time library initialisation; relative to the model and inputs "
         "already allocated.",
         "Targets: PROTOCOLS.md section 7 / the issue: <=1.3 for raw_attention, rollout, gradcam, "
-        "generic_attribution, cdam, beyond_intuition_*; <=2.5 for transformer_attribution; 'report' rows have no "
-        "target.",
+        "generic_attribution, cdam, beyond_intuition_*, attnlrp, cp_lrp; <=2.5 for transformer_attribution; "
+        "attnlrp and cp_lrp: peak extra memory <=1.5x the forward+backward's; 'report' rows have no target.",
     ]
 
 

@@ -103,6 +103,18 @@ def test_anchor_arithmetic(bench):
     assert rows["transformer_attribution"]["status"] == "FAIL"
 
 
+def test_memory_target_of_attnlrp(bench):
+    """attnlrp / cp_lrp: peak extra memory against the forward+backward anchor's at the same batch size."""
+    def result(name, peak, seconds=1.0):
+        return dict(name=name, batch=4, first_call_s=1.0, peak_extra_mib=peak, memory_note="n", num_patches=196,
+                    samples={name: [seconds]} if name == "forward+backward" else
+                    {name: [seconds], "forward+backward": [1.0]})
+    rows = {r["method"]: r for r in bench.make_rows(
+        [result("forward+backward", 100.0), result("attnlrp", 140.0), result("cp_lrp", 160.0)], [])}
+    assert rows["attnlrp"]["memory_ratio"] == pytest.approx(1.4) and rows["attnlrp"]["status"] == "pass"
+    assert rows["cp_lrp"]["memory_ratio"] == pytest.approx(1.6) and rows["cp_lrp"]["status"] == "FAIL (memory)"
+
+
 def test_unknown_method_is_refused(bench):
     with pytest.raises(SystemExit, match="unknown methods"):
         bench.main(["--model-size", "tiny", "--isolation", "none", "--methods", "nope"])
