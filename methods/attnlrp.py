@@ -37,19 +37,24 @@ Scores are raw (not normalised, sign kept), so conservation can be read off them
 reports the relevance entering every block for that check (LXT#27, #32). The attention stays as the model was
 built (fused / sdpa or eager): these methods never read the attention probabilities. ``epsilon``: the identity
 rule's stabiliser. Padding needs nothing of its own: a padded key's probability is exactly 0, so no gradient
-reaches it. Where the paper's softmax rule (Eq. 13, with its bias term) differs from LXT's efficient mode, the
+reaches it. ``gamma`` / ``conv_gamma`` (default ``None``: off, LXT's efficient default) put the gamma rule
+on every ``nn.Linear`` / ``nn.Conv2d`` of the model (weights and biases ``p + gamma * p.clamp(min=0)``, zennit's
+``Gamma`` with stabiliser 1e-6, divided by the input stabilised by 1e-10, as LXT's patch of zennit), what LXT's
+ViT example tunes (its linear gamma 0-1, conv gamma 0.1-100; ``conv_gamma`` acts at ``level="pixels"``).
+Where the paper's softmax rule (Eq. 13, with its bias term) differs from LXT's efficient mode, the
 code is followed (see ``../shared/golden/README-attnlrp.md``).
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .adapters import ActivationRecorder, ModelAdapter, ModelInputs, adapter_for
-from .adapters.gradient_rules import IDENTITY_EPSILON, identity_rule, layer_norm_rule, scale_gradient
+from .adapters.gradient_rules import IDENTITY_EPSILON, gamma_rule, identity_rule, layer_norm_rule, scale_gradient
 from .base import AttributionMethod
 from .model_state import preserved_model_state
 from .registry import register_method
@@ -79,6 +84,22 @@ def _layer_norm_hook(module: nn.LayerNorm, inputs: Tuple[Any, ...], output: Tens
     return layer_norm_rule(inputs[0], output, module.weight, module.eps)
 
 
+def _gamma_parameter(p: Any, gamma: float) -> Any:
+    return None if p is None else p + gamma * p.clamp(min=0)
+
+
+def _gamma_hook(gamma: float):
+    """The gamma rule on an ``nn.Linear`` or ``nn.Conv2d`` (weight and bias modified, as zennit's ``Gamma``)."""
+    def hook(module: nn.Module, inputs: Tuple[Any, ...], output: Tensor) -> Tensor:
+        def modified(x: Tensor) -> Tensor:
+            weight, bias = _gamma_parameter(module.weight, gamma), _gamma_parameter(module.bias, gamma)
+            if isinstance(module, nn.Conv2d):
+                return F.conv2d(x, weight, bias, module.stride, module.padding, module.dilation, module.groups)
+            return F.linear(x, weight, bias)
+        return gamma_rule(inputs[0], output, modified)
+    return hook
+
+
 def _gradient_factor_hook(factor: Any):
     def hook(_module: nn.Module, _inputs: Tuple[Any, ...], output: Tensor) -> Tensor:
         return scale_gradient(output, factor)
@@ -86,15 +107,21 @@ def _gradient_factor_hook(factor: Any):
 
 
 @contextlib.contextmanager
-def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTITY_EPSILON) -> Iterator[None]:
+def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTITY_EPSILON,
+                    gamma: Optional[float] = None, conv_gamma: Optional[float] = None) -> Iterator[None]:
     """The rules of ``variant`` (``"attnlrp"`` or ``"cp_lrp"``) on ``adapter``'s model for the duration of the
-    block: forward hooks on its norms, activations and attention projections, and the adapter's
-    :meth:`~methods.adapters.ModelAdapter.head_rules`; all removed on exit."""
+    block: forward hooks on its norms, activations, attention projections and (with ``gamma`` / ``conv_gamma``)
+    linear and convolution layers, and the adapter's :meth:`~methods.adapters.ModelAdapter.head_rules`; all
+    removed on exit."""
     q_factor, k_factor, v_factor = ATTENTION_FACTORS[variant]
     handles = []
     try:
         for module in adapter.rule_scope().modules():
-            if isinstance(module, nn.LayerNorm):
+            if isinstance(module, nn.Linear) and gamma is not None:
+                handles.append(module.register_forward_hook(_gamma_hook(gamma)))
+            elif isinstance(module, nn.Conv2d) and conv_gamma is not None:
+                handles.append(module.register_forward_hook(_gamma_hook(conv_gamma)))
+            elif isinstance(module, nn.LayerNorm):
                 if len(module.normalized_shape) != 1:
                     raise TypeError(f"{variant}: LayerNorm over {tuple(module.normalized_shape)} (the rule "
                                     "normalises the last dimension only)")
@@ -124,13 +151,17 @@ class _GradientLRP(AttributionMethod):
     variant = "?"
     reads_attention = False
 
-    def __init__(self, level: str = "tokens", epsilon: float = IDENTITY_EPSILON):
+    def __init__(self, level: str = "tokens", epsilon: float = IDENTITY_EPSILON, gamma: Optional[float] = None,
+                 conv_gamma: Optional[float] = None):
         if level not in LEVELS:
             raise ValueError(f"{self.name}: level must be one of {LEVELS}, got {level!r}")
-        if not epsilon >= 0:
-            raise ValueError(f"{self.name}: epsilon must be >= 0, got {epsilon!r}")
+        for option, value in (("epsilon", epsilon), ("gamma", gamma), ("conv_gamma", conv_gamma)):
+            if value is not None and not value >= 0:
+                raise ValueError(f"{self.name}: {option} must be >= 0, got {value!r}")
         self.level = level
         self.epsilon = float(epsilon)
+        self.gamma = gamma
+        self.conv_gamma = conv_gamma
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
@@ -151,7 +182,8 @@ class _GradientLRP(AttributionMethod):
         pixels = self.level == "pixels"
         if pixels:
             inputs = inputs.with_tensors(pixel_values=inputs["pixel_values"].detach().requires_grad_(True))
-        with ActivationRecorder() as rec, relevance_rules(adapter, self.variant, self.epsilon), torch.enable_grad():
+        rules = relevance_rules(adapter, self.variant, self.epsilon, self.gamma, self.conv_gamma)
+        with ActivationRecorder() as rec, rules, torch.enable_grad():
             if not pixels:
                 rec.output(adapter.input_embedding(), "x", require_grad=True)
             if layer_inputs:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from methods import build_method
+from methods.adapters import gradient_rules
 from methods.attnlrp import is_elementwise_activation
 from tests.test_method_contract import _clip_classifier, _clip_images, _clip_scorer, _clip_token_batch, _token_batch
 
@@ -249,3 +250,28 @@ def test_activation_modules_are_found_by_type():
         assert is_elementwise_activation(module), type(module).__name__
     for module in (nn.Softmax(dim=-1), nn.GLU(), nn.Linear(2, 2), nn.LayerNorm(2)):
         assert not is_elementwise_activation(module), type(module).__name__
+
+
+def test_gamma_rule_options(monkeypatch):
+    """``gamma`` (every Linear) and ``conv_gamma`` (the patch convolution, at the pixels) as LXT's ViT example
+    sets them through zennit: a different map; gamma 0 is the plain map up to zennit's stabiliser; CP-LRP on a
+    bias-free model conserves up to what that stabiliser (1e-6 on each layer's modified output) absorbs
+    (measured here: 1.5e-4 of the logit), and exactly once it is made negligible."""
+    model, images, target = _tiny_vit(), _images(), torch.tensor([0, 1, 2])
+    plain = build_method("attnlrp")(model, images, target=target)
+    zero = build_method("attnlrp", gamma=0.0)(model, images, target=target)
+    tuned = build_method("attnlrp", gamma=0.25)(model, images, target=target)
+    assert (zero - plain).abs().max() < 1e-2 * plain.abs().max()
+    assert (tuned - plain).abs().max() > 1e-1 * plain.abs().max()
+    method = build_method("cp_lrp", level="pixels", gamma=0.25, conv_gamma=0.1)
+    report = method.relevance_by_layer(_tiny_vit(True), images, target)
+    scale = float(report["logit"].abs().max())
+    for sums in list(report["blocks"]) + [report["input"]]:
+        torch.testing.assert_close(sums, report["logit"], rtol=0, atol=1e-3 * scale)
+    stabilize = gradient_rules._stabilize
+    monkeypatch.setattr(gradient_rules, "_stabilize", lambda z, eps: stabilize(z, 1e-14 if eps == 1e-6 else eps))
+    report = method.relevance_by_layer(_tiny_vit(True), images, target)
+    for sums in list(report["blocks"]) + [report["input"]]:
+        torch.testing.assert_close(sums, report["logit"], rtol=0, atol=1e-7 * scale)
+    with pytest.raises(ValueError, match="gamma must be >= 0"):
+        build_method("attnlrp", gamma=-0.5)

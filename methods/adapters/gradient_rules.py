@@ -104,3 +104,39 @@ def normalized_rule(z: Tensor, epsilon: Optional[float]) -> Tensor:
     constant for the gradient (the identity rule on a normalisation, as on LayerNorm and RMSNorm)."""
     norm = z.norm(p=2, dim=-1, keepdim=True)
     return z / (norm if epsilon is None else norm.detach())
+
+
+def _stabilize(z: Tensor, epsilon: float) -> Tensor:
+    """zennit's ``stabilize``: ``z`` moved away from 0 by ``epsilon`` in the direction of its sign (+ at 0)."""
+    return z + ((z == 0).to(z) + z.sign()) * epsilon
+
+
+class _GammaRule(torch.autograd.Function):
+    """Output ``y`` of a linear map ``lin`` (``nn.Linear`` / ``nn.Conv2d`` as a function of ``x``); backward of
+    the gamma rule in Input x Gradient form, as LXT's patch of zennit's ``Gamma`` computes it
+    (``lxt/efficient/zennit_patches.py``): the relevance at the output ``R = grad * y``; the modified map
+    ``lin_g`` with parameters ``p + gamma * p.clamp(min=0)`` (weight and bias); ``R_x = x * J_g^T (R /
+    stab(lin_g(x), 1e-6))``; the gradient ``R_x / stab(x, 1e-10)``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, y: Tensor, modified: Callable[[Tensor], Tensor]) -> Tensor:
+        ctx.save_for_backward(x, y)
+        ctx.modified = modified
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
+        x, y = ctx.saved_tensors
+        with torch.enable_grad():
+            x_in = x.detach().requires_grad_(True)
+            z = ctx.modified(x_in)
+            (relevance,) = torch.autograd.grad(z, x_in, grad * y / _stabilize(z.detach(), 1e-6))
+        return x * relevance / _stabilize(x, IDENTITY_EPSILON), None, None
+
+
+def gamma_rule(x: Tensor, y: Tensor, modified: Callable[[Tensor], Tensor]) -> Tensor:
+    """``y`` (a linear layer's output at ``x``) with the gamma rule's gradient; ``modified`` is the layer with
+    its gamma-modified parameters."""
+    if not x.requires_grad:
+        return y
+    return _GammaRule.apply(x, y.detach(), modified)

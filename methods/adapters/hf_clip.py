@@ -155,7 +155,7 @@ class _HFCLIPTower(HFEncoderBlocks):
         return logits.detach() + (ruled - ruled.detach())
 
     def rule_scope(self) -> nn.Module:
-        return self.tower_model
+        return nn.ModuleList([self.tower_model, self.projection()])
 
     # ------------------------------------------------------------------ where methods hook
     def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
