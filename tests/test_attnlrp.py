@@ -22,7 +22,7 @@ timm = pytest.importorskip("timm")
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden"
 CASES = json.loads((GOLDEN / "attnlrp.cases.json").read_text()) if (GOLDEN / "attnlrp.cases.json").exists() else []
 #: the families whose adapters exist (the decoder cases hold once the decoder family lands: issue 26)
-ADAPTED = {"hf_seq_cls"}
+ADAPTED = {"hf_seq_cls", "hf_causal_lm"}
 
 
 def _case_id(case: dict) -> str:

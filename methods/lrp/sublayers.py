@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..adapters import AttentionLinears
+from ..adapters import AttentionLinears, Projection, linear_weight
 
 
 def attention_relprop(rules, q: Tensor, k: Tensor, v: Tensor, attn: Tensor, relevance_ctx: Tensor,
@@ -227,15 +227,15 @@ def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears
         def merged(r: Tensor) -> Tensor:           # [B, H, n, d] -> [B, n, H*d]
             return r.transpose(1, 2).reshape(batch, r.shape[2], -1)
 
-        def term(linear: nn.Linear, r: Tensor, out: Tensor):
-            return linear.weight, merged(r), out, linear.bias
+        def term(linear: Projection, r: Tensor, out: Tensor):
+            return linear_weight(linear), merged(r), out, linear.bias
 
         if rows is None:
             r_in = rules.linear_shared(x_in, [term(linears.q, r_q, t.q), term(linears.k, r_k, t.k),
                                               term(linears.v, r_v, t.v)])
         else:
             r_in = rules.linear_shared(x_in, [term(linears.k, r_k, t.k), term(linears.v, r_v, t.v)])
-            r_in[:, rows] += rules["linear"](x_in[:, rows], linears.q.weight, merged(r_q), t.q[:, rows],
+            r_in[:, rows] += rules["linear"](x_in[:, rows], linear_weight(linears.q), merged(r_q), t.q[:, rows],
                                              linears.q.bias)
         return rules["clone"](t.x, [r_x, r_in]), r_attn
     assert t.qkv is not None
