@@ -306,8 +306,14 @@ def _decoder_logits(model: nn.Module, inputs: dict) -> Tensor:
 
 
 def _decoder_family(name: str, kind: str, head: str, side: str) -> Family:
-    from methods.adapters import (HFGemma3Adapter, HFGPT2Adapter, HFLlamaAdapter, HFMistralAdapter,
-                                  HFQwen2Adapter, HFQwen3Adapter)
+    from methods.adapters import (
+        HFGemma3Adapter,
+        HFGPT2Adapter,
+        HFLlamaAdapter,
+        HFMistralAdapter,
+        HFQwen2Adapter,
+        HFQwen3Adapter,
+    )
 
     adapter = {"gpt2": HFGPT2Adapter, "llama": HFLlamaAdapter, "mistral": HFMistralAdapter,
                "qwen2": HFQwen2Adapter, "qwen3": HFQwen3Adapter, "gemma3": HFGemma3Adapter}[kind]
