@@ -10,6 +10,15 @@ the stock model's (the logits are bit-identical), only gradients change:
   biases keeping their share (LXT efficient mode: no stabiliser on linear layers);
 * **LayerNorm** (every ``nn.LayerNorm`` of the model: block norms, the final norm, BERT's embedding norm, q/k
   norms): the identity rule as LXT's ``layer_norm_forward``, ``(x - mean) / stop_grad(sqrt(var + eps)) * w + b``;
+* **RMSNorm** (every module whose class name ends in ``RMSNorm``: Llama's, Mistral's, Qwen2/3's incl. Qwen3's
+  q/k norms, Gemma's ``(1 + w)`` form): the identity rule as LXT's ``rms_norm_forward``, ``x *
+  stop_grad(rsqrt(mean(x^2) + eps))``, the statistics in float32 and the casts of the stock module (an RMSNorm
+  of another form is refused);
+* **gated MLP** (the adapter's :meth:`~methods.adapters.ModelAdapter.gated_mlps`, ``down_proj(act_fn(gate_proj(x))
+  * up_proj(x))``): ``attnlrp``: the identity rule on ``act_fn`` (found by type, as every activation) and the
+  uniform rule on the product (the gradient of ``down_proj``'s input times 1/2, a forward pre-hook); ``cp_lrp``:
+  the gate branch detached (``gate_proj``'s output), no 1/2 (LXT's ``gated_mlp_forward`` /
+  ``cp_gated_mlp_forward``);
 * **element-wise activations** (every activation module of torch, timm and ``transformers``: the MLP's GELU,
   BERT's pooler tanh, ELECTRA's head GELU; the functional tanh / ReLU of RoBERTa's and DistilBERT's heads through
   the adapter's :meth:`~methods.adapters.ModelAdapter.head_rules`): the identity rule (AttnLRP Eq. 9), gradient
@@ -17,9 +26,11 @@ the stock model's (the logits are bit-identical), only gradients change:
 * **attention** (``attnlrp``): the uniform rule (AttnLRP Eq. 7) on both matrix products, ``q k^T`` and ``A v``:
   gradients at ``q`` and ``k`` times 1/4 and at ``v`` times 1/2 (LXT's wrapper of every attention function;
   applied here at the outputs of the q/k/v projections, which is the same since backward is linear in the
-  incoming gradient); the softmax keeps its plain gradient (LXT's efficient mode). ``cp_lrp`` (Ali et al.
-  2022, "XAI for Transformers: Better Explanations through Conservative Propagation"): ``q`` and ``k``
-  detached, so the attention probabilities are constants, ``v`` plain;
+  incoming gradient and the rotary embedding and the repetition of grouped key/value heads are linear; GPT-2's
+  fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds); the softmax keeps its plain gradient
+  (LXT's efficient mode). ``cp_lrp`` (Ali et al. 2022, "XAI for Transformers: Better Explanations through
+  Conservative Propagation"): ``q`` and ``k`` detached, so the attention probabilities are constants, ``v``
+  plain;
 * **CLIP's score** ``logit_scale.exp() * cos(z, e_c)``: the identity rule on the L2 normalisation (the norm a
   constant, as LayerNorm's deviation): no reference exists (LXT's OpenCLIP example is explicit-mode).
 
@@ -28,7 +39,8 @@ logit itself) summed over the embedding width, at ``level``:
 
 * ``"tokens"`` (default; LXT's convention): ``x`` is the output of the model's input embedding only (text: the
   word embeddings, so position and token-type embeddings keep their own share, as in LXT's BERT and GPT-2
-  goldens; images: the patch embedding, so [CLS], register tokens and the position embedding keep theirs);
+  goldens; decoders: ``wte`` / ``embed_tokens``, Gemma 3's scaled output; images: the patch embedding, so
+  [CLS], register tokens and the position embedding keep theirs);
   output ``[B, N]`` for text (every real token, special tokens included, exactly 0 at padding) and ``[B, P]``
   patch scores for images;
 * ``"pixels"`` (images only): ``x`` is the normalised image; output ``[B, H, W]`` summed over the channels.
@@ -38,9 +50,9 @@ reports the relevance entering every block for that check (LXT#27, #32). The att
 built (fused / sdpa or eager): these methods never read the attention probabilities. ``epsilon``: the identity
 rule's stabiliser. Padding needs nothing of its own: a padded key's probability is exactly 0, so no gradient
 reaches it. ``gamma`` / ``conv_gamma`` (default ``None``: off, LXT's efficient default) put the gamma rule
-on every ``nn.Linear`` / ``nn.Conv2d`` of the model (weights and biases ``p + gamma * p.clamp(min=0)``, zennit's
-``Gamma`` with stabiliser 1e-6, divided by the input stabilised by 1e-10, as LXT's patch of zennit), what LXT's
-ViT example tunes (its linear gamma 0-1, conv gamma 0.1-100; ``conv_gamma`` acts at ``level="pixels"``).
+on every ``nn.Linear`` (and GPT-2's ``Conv1D``) / ``nn.Conv2d`` of the model (weights and biases ``p + gamma *
+p.clamp(min=0)``, zennit's ``Gamma`` with stabiliser 1e-6, divided by the input stabilised by 1e-10, as LXT's
+patch of zennit), what LXT's ViT example tunes (its linear gamma 0-1, conv gamma 0.1-100; ``conv_gamma`` acts at ``level="pixels"``).
 Where the paper's softmax rule (Eq. 13, with its bias term) differs from LXT's efficient mode, the
 code is followed (see ``../shared/golden/README-attnlrp.md``).
 """
