@@ -52,9 +52,9 @@ rule's stabiliser. Padding needs nothing of its own: a padded key's probability 
 reaches it. ``gamma`` / ``conv_gamma`` (default ``None``: off, LXT's efficient default) put the gamma rule
 on every ``nn.Linear`` (and GPT-2's ``Conv1D``) / ``nn.Conv2d`` of the model (weights and biases ``p + gamma *
 p.clamp(min=0)``, zennit's ``Gamma`` with stabiliser 1e-6, divided by the input stabilised by 1e-10, as LXT's
-patch of zennit), what LXT's ViT example tunes (its linear gamma 0-1, conv gamma 0.1-100; ``conv_gamma`` acts at ``level="pixels"``).
-Where the paper's softmax rule (Eq. 13, with its bias term) differs from LXT's efficient mode, the
-code is followed (see ``../shared/golden/README-attnlrp.md``).
+patch of zennit), what LXT's ViT example tunes (its linear gamma 0-1, conv gamma 0.1-100; ``conv_gamma`` acts
+at ``level="pixels"``). Where the paper's softmax rule (Eq. 13, with its bias term) differs from LXT's efficient
+mode, the code is followed (see ``../shared/golden/README-attnlrp.md``).
 """
 from __future__ import annotations
 
