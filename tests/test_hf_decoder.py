@@ -165,3 +165,39 @@ def test_gamma_option_reaches_gpt2_conv1d():
     plain = build_method("attnlrp")(model, inputs, target=torch.tensor([1, 2]))
     tuned = build_method("attnlrp", gamma=0.25)(model, inputs, target=torch.tensor([1, 2]))
     assert (tuned - plain).abs().max() > 1e-2 * plain.abs().max()
+
+
+@pytest.mark.parametrize("kind", DECODER_KINDS)
+@pytest.mark.parametrize("head", ["lm", "seq_cls"])
+def test_lrp_conserves_relevance_on_decoders(kind, head):
+    """No reference exists for LRP on decoders: with the conservative ``"ours"`` rules the relevance entering
+    every block sums to the one-hot target (1) per sample (float64, left padding), as for CLIP's towers; full
+    LRP to the encoder input sums to 1 as well (GPT-2: to the embedding sum; at its word embeddings the position
+    share is dropped)."""
+    from methods.lrp import LRPEngine
+
+    model = _tiny_decoder(kind, head).eval()
+    inputs = _decoder_batch(3, "left")
+    adapter = adapter_for(model)
+    prepared = adapter.prepare_inputs(inputs)
+    engine = LRPEngine("ours")
+    topology = engine.topology(adapter)
+    with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
+        topology.record(rec, range(adapter.depth), True, layer_outputs=True)
+        logits = adapter.forward(prepared, grad_from_block=adapter.depth)
+    acts = dict(rec.outputs)
+    acts["readout_positions"] = adapter.context(prepared).readout_positions
+    relevance = torch.zeros_like(logits)
+    relevance[:, 1] = 1
+    ones = torch.ones(3, dtype=torch.float64)
+    r = topology.head_relprop(engine.rules, acts, relevance)
+    torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6)
+    for l in reversed(range(adapter.depth)):
+        r, cam = topology.block_relprop(engine.rules, acts, l, r, True)
+        torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6, msg=f"block {l}")
+        assert cam.shape == (3, adapter.num_heads, 9, 9)
+        assert (r[inputs["attention_mask"] == 0] == 0).all()
+    full = build_method("lrp", rules="ours", class_token_score="keep")(model, inputs, target=1)
+    torch.testing.assert_close(full.sum(dim=1), ones, rtol=0, atol=1e-6)
+    words = build_method("lrp", rules="ours", text_input="word_embeddings")(model, inputs, target=1)
+    assert torch.isfinite(words).all() and (words[inputs["attention_mask"] == 0] == 0).all()

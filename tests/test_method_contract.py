@@ -47,8 +47,6 @@ class Family:
     padding: Callable[[object], Optional[Tensor]] = lambda inputs: None
     options: Optional[dict] = None
     logits: Callable[[nn.Module, object], Tensor] = lambda model, inputs: model(inputs)
-    #: methods undefined on this family: name -> (the error they raise, the reason); run as visible skips
-    undefined: Optional[dict] = None
 
 
 def _tiny_vit(global_pool: str) -> nn.Module:
@@ -307,14 +305,6 @@ def _decoder_logits(model: nn.Module, inputs: dict) -> Tensor:
     return logits[torch.arange(mask.shape[0]), last]
 
 
-#: the methods that propagate relevance in closed form through an LRP topology (``methods/lrp/``), none of which
-#: exists for decoders yet: they refuse them with ``topology_for``'s TypeError
-LRP_TOPOLOGY_METHODS = ("lrp", "partial_lrp", "transformer_attribution", "lrp_rollout")
-NO_DECODER_TOPOLOGY = (TypeError, "no LRP topology for model class",
-                       "undefined for decoders: no LRP topology of decoder LMs (RMSNorm, RoPE, grouped-query "
-                       "attention, gated MLP) in methods/lrp/ yet; the method refuses them with a TypeError")
-
-
 def _decoder_family(name: str, kind: str, head: str, side: str) -> Family:
     from methods.adapters import (
         HFGemma3Adapter,
@@ -344,7 +334,6 @@ def _decoder_family(name: str, kind: str, head: str, side: str) -> Family:
         shape=lambda x, pixels: tuple(x["input_ids"].shape),
         options={"beyond_intuition_head": {"steps": 4}, "beyond_intuition_token": {"steps": 4}},
         logits=lambda model, x: _decoder_logits(model, {k: v for k, v in x.items() if k != "special_tokens_mask"}),
-        undefined={m: NO_DECODER_TOPOLOGY for m in LRP_TOPOLOGY_METHODS},
     )
 
 
@@ -394,22 +383,9 @@ def family(request):
     return request.param
 
 
-def _skip_if_undefined(family: Family, name: str, model: nn.Module, inputs: object) -> None:
-    """A method undefined on the family must refuse it with the declared error; the test is then skipped with
-    the reason (never silently)."""
-    undefined = (family.undefined or {}).get(name)
-    if undefined is None:
-        return
-    error, match, reason = undefined
-    with pytest.raises(error, match=match):
-        build_method(name, **dict((family.options or {}).get(name, {})))(model, inputs)
-    pytest.skip(f"{name} on {family.name}: {reason}")
-
-
 @pytest.mark.parametrize("name", available_methods())
 def test_method_contract(family, name):
     model = _prepare(family.build())
-    _skip_if_undefined(family, name, model, family.inputs(3))
     before = _snapshot(model)
     options = dict((family.options or {}).get(name, {}))
     method = build_method(name, **options)
@@ -450,7 +426,6 @@ def test_default_target_is_the_prediction(family, name):
     inputs = family.inputs(2)
     if not method_class(name).class_specific:
         return
-    _skip_if_undefined(family, name, model, inputs)
     logits = family.logits(model, inputs)
     predicted = method(model, inputs, sample_ids=torch.tensor([0, 1]))
     explicit = method(model, inputs, target=logits.argmax(-1), sample_ids=torch.tensor([0, 1]))
