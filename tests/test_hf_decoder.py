@@ -201,3 +201,11 @@ def test_lrp_conserves_relevance_on_decoders(kind, head):
     torch.testing.assert_close(full.sum(dim=1), ones, rtol=0, atol=1e-6)
     words = build_method("lrp", rules="ours", text_input="word_embeddings")(model, inputs, target=1)
     assert torch.isfinite(words).all() and (words[inputs["attention_mask"] == 0] == 0).all()
+
+
+def test_sequence_length_limits():
+    """GPT-2's learned positions bound the length (``n_positions``); rotary positions do not."""
+    ids = torch.randint(3, 40, (1, 40))
+    with pytest.raises(ValueError, match="exceed"):
+        adapter_for(_tiny_decoder("gpt2")).prepare_inputs(ids)
+    assert adapter_for(_tiny_decoder("llama")).prepare_inputs(ids).batch_size == 1

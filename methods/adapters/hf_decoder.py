@@ -99,10 +99,9 @@ def unmask_padding_queries(mask: Any, attention_mask: Tensor) -> Any:
     itself (additive float masks: 0 on its diagonal entry; boolean masks: ``True``); other masks unchanged."""
     if not isinstance(mask, Tensor) or mask.dim() != 4 or bool(attention_mask.all()):
         return mask
-    batch, _, n, _ = mask.shape
+    if tuple(mask.shape[:1] + mask.shape[2:]) != (attention_mask.shape[0],) + (attention_mask.shape[1],) * 2:
+        return mask                                  # pragma: no cover - not a per-sample [B, 1, N, N] mask
     rows, cols = (attention_mask.to(mask.device) == 0).nonzero(as_tuple=True)
-    if mask.shape[0] != batch or n != attention_mask.shape[1]:   # pragma: no cover - not a per-sample mask
-        return mask
     mask = mask.clone()
     mask[rows, 0, cols, cols] = True if mask.dtype == torch.bool else 0
     return mask
@@ -188,9 +187,12 @@ class _HFDecoder(HFEncoderBlocks):
         return self.blocks[layer].input_layernorm
 
     # ------------------------------------------------------------------ inputs, layout
+    def max_length(self) -> int:
+        """The longest sequence accepted: unbounded for rotary positions (GPT-2: its ``n_positions``)."""
+        return 1 << 62
+
     def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        inputs, ids, mask = _check_token_inputs(inputs, self.family, int(self.config.vocab_size),
-                                                int(getattr(self.config, "max_position_embeddings", 1 << 62)),
+        inputs, ids, mask = _check_token_inputs(inputs, self.family, int(self.config.vocab_size), self.max_length(),
                                                 missing_note="; inputs_embeds are not supported")
         shape = ids.shape
         runs = (mask[:, 1:] > mask[:, :-1]).long().sum(dim=1) + mask[:, 0]
@@ -492,6 +494,9 @@ class HFGPT2Adapter(_HFDecoder):
     @staticmethod
     def layers_of(base: Any) -> Any:
         return base.h
+
+    def max_length(self) -> int:
+        return int(self.config.n_positions)
 
     def final_norm(self) -> nn.Module:
         return self.base.ln_f
