@@ -10,6 +10,15 @@ the stock model's (the logits are bit-identical), only gradients change:
   biases keeping their share (LXT efficient mode: no stabiliser on linear layers);
 * **LayerNorm** (every ``nn.LayerNorm`` of the model: block norms, the final norm, BERT's embedding norm, q/k
   norms): the identity rule as LXT's ``layer_norm_forward``, ``(x - mean) / stop_grad(sqrt(var + eps)) * w + b``;
+* **RMSNorm** (every module whose class name ends in ``RMSNorm``: Llama's, Mistral's, Qwen2/3's incl. Qwen3's
+  q/k norms, Gemma's ``(1 + w)`` form): the identity rule as LXT's ``rms_norm_forward``, ``x *
+  stop_grad(rsqrt(mean(x^2) + eps))``, the statistics in float32 and the casts of the stock module (an RMSNorm
+  of another form is refused);
+* **gated MLP** (the adapter's :meth:`~methods.adapters.ModelAdapter.gated_mlps`, ``down_proj(act_fn(gate_proj(x))
+  * up_proj(x))``): ``attnlrp``: the identity rule on ``act_fn`` (found by type, as every activation) and the
+  uniform rule on the product (the gradient of ``down_proj``'s input times 1/2, a forward pre-hook); ``cp_lrp``:
+  the gate branch detached (``gate_proj``'s output), no 1/2 (LXT's ``gated_mlp_forward`` /
+  ``cp_gated_mlp_forward``);
 * **element-wise activations** (every activation module of torch, timm and ``transformers``: the MLP's GELU,
   BERT's pooler tanh, ELECTRA's head GELU; the functional tanh / ReLU of RoBERTa's and DistilBERT's heads through
   the adapter's :meth:`~methods.adapters.ModelAdapter.head_rules`): the identity rule (AttnLRP Eq. 9), gradient
@@ -17,9 +26,11 @@ the stock model's (the logits are bit-identical), only gradients change:
 * **attention** (``attnlrp``): the uniform rule (AttnLRP Eq. 7) on both matrix products, ``q k^T`` and ``A v``:
   gradients at ``q`` and ``k`` times 1/4 and at ``v`` times 1/2 (LXT's wrapper of every attention function;
   applied here at the outputs of the q/k/v projections, which is the same since backward is linear in the
-  incoming gradient); the softmax keeps its plain gradient (LXT's efficient mode). ``cp_lrp`` (Ali et al.
-  2022, "XAI for Transformers: Better Explanations through Conservative Propagation"): ``q`` and ``k``
-  detached, so the attention probabilities are constants, ``v`` plain;
+  incoming gradient and the rotary embedding and the repetition of grouped key/value heads are linear; GPT-2's
+  fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds); the softmax keeps its plain gradient
+  (LXT's efficient mode). ``cp_lrp`` (Ali et al. 2022, "XAI for Transformers: Better Explanations through
+  Conservative Propagation"): ``q`` and ``k`` detached, so the attention probabilities are constants, ``v``
+  plain;
 * **CLIP's score** ``logit_scale.exp() * cos(z, e_c)``: the identity rule on the L2 normalisation (the norm a
   constant, as LayerNorm's deviation): no reference exists (LXT's OpenCLIP example is explicit-mode).
 
@@ -28,7 +39,8 @@ logit itself) summed over the embedding width, at ``level``:
 
 * ``"tokens"`` (default; LXT's convention): ``x`` is the output of the model's input embedding only (text: the
   word embeddings, so position and token-type embeddings keep their own share, as in LXT's BERT and GPT-2
-  goldens; images: the patch embedding, so [CLS], register tokens and the position embedding keep theirs);
+  goldens; decoders: ``wte`` / ``embed_tokens``, Gemma 3's scaled output; images: the patch embedding, so
+  [CLS], register tokens and the position embedding keep theirs);
   output ``[B, N]`` for text (every real token, special tokens included, exactly 0 at padding) and ``[B, P]``
   patch scores for images;
 * ``"pixels"`` (images only): ``x`` is the normalised image; output ``[B, H, W]`` summed over the channels.
@@ -38,11 +50,11 @@ reports the relevance entering every block for that check (LXT#27, #32). The att
 built (fused / sdpa or eager): these methods never read the attention probabilities. ``epsilon``: the identity
 rule's stabiliser. Padding needs nothing of its own: a padded key's probability is exactly 0, so no gradient
 reaches it. ``gamma`` / ``conv_gamma`` (default ``None``: off, LXT's efficient default) put the gamma rule
-on every ``nn.Linear`` / ``nn.Conv2d`` of the model (weights and biases ``p + gamma * p.clamp(min=0)``, zennit's
-``Gamma`` with stabiliser 1e-6, divided by the input stabilised by 1e-10, as LXT's patch of zennit), what LXT's
-ViT example tunes (its linear gamma 0-1, conv gamma 0.1-100; ``conv_gamma`` acts at ``level="pixels"``).
-Where the paper's softmax rule (Eq. 13, with its bias term) differs from LXT's efficient mode, the
-code is followed (see ``../shared/golden/README-attnlrp.md``).
+on every ``nn.Linear`` (and GPT-2's ``Conv1D``) / ``nn.Conv2d`` of the model (weights and biases ``p + gamma *
+p.clamp(min=0)``, zennit's ``Gamma`` with stabiliser 1e-6, divided by the input stabilised by 1e-10, as LXT's
+patch of zennit), what LXT's ViT example tunes (its linear gamma 0-1, conv gamma 0.1-100; ``conv_gamma`` acts
+at ``level="pixels"``). Where the paper's softmax rule (Eq. 13, with its bias term) differs from LXT's efficient
+mode, the code is followed (see ``../shared/golden/README-attnlrp.md``).
 """
 from __future__ import annotations
 
@@ -52,9 +64,17 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers.pytorch_utils import Conv1D
 
-from .adapters import ActivationRecorder, ModelAdapter, ModelInputs, adapter_for
-from .adapters.gradient_rules import IDENTITY_EPSILON, gamma_rule, identity_rule, layer_norm_rule, scale_gradient
+from .adapters import ActivationRecorder, ModelAdapter, ModelInputs, adapter_for, out_features
+from .adapters.gradient_rules import (
+    IDENTITY_EPSILON,
+    gamma_rule,
+    identity_rule,
+    layer_norm_rule,
+    rms_norm_rule,
+    scale_gradient,
+)
 from .base import AttributionMethod
 from .model_state import preserved_model_state
 from .registry import register_method
@@ -84,6 +104,51 @@ def _layer_norm_hook(module: nn.LayerNorm, inputs: Tuple[Any, ...], output: Tens
     return layer_norm_rule(inputs[0], output, module.weight, module.eps)
 
 
+def is_rms_norm(module: nn.Module) -> bool:
+    """Whether ``module`` is an RMSNorm (a class whose name ends in ``RMSNorm``: Llama's, Qwen's, Gemma's, ...)."""
+    return type(module).__name__.endswith("RMSNorm")
+
+
+def rms_norm_form(module: nn.Module) -> Optional[Tuple[float, bool]]:
+    """``(eps, offset)`` of an RMSNorm module of a known form: ``variance_epsilon`` and ``w * norm(x)`` (Llama,
+    Mistral, Qwen2/3: ``offset`` False), or a Gemma class with ``eps`` and ``(1 + w) * norm(x)`` (``offset``
+    True); ``None`` otherwise."""
+    variance_epsilon, eps = getattr(module, "variance_epsilon", None), getattr(module, "eps", None)
+    if isinstance(variance_epsilon, float):
+        return variance_epsilon, False
+    if type(module).__name__.startswith("Gemma") and isinstance(eps, float):
+        return eps, True
+    return None
+
+
+def _rms_norm_hook(eps: float, offset: bool):
+    def hook(module: nn.Module, inputs: Tuple[Any, ...], output: Tensor) -> Tensor:
+        return rms_norm_rule(inputs[0], output, getattr(module, "weight", None), eps, offset)
+    return hook
+
+
+def _halve_input_gradient(_module: nn.Module, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
+    """Forward pre-hook: the first input's gradient times 1/2 (the uniform rule on the product that forms it)."""
+    return (scale_gradient(inputs[0], 0.5),) + tuple(inputs[1:])
+
+
+def _detach_output(_module: nn.Module, _inputs: Tuple[Any, ...], output: Tensor) -> Tensor:
+    return output.detach()
+
+
+def rule_scope_problems(adapter: ModelAdapter) -> List[str]:
+    """What in the adapter's rule scope the rules here cannot handle: RMSNorms of an unknown form, gated MLPs
+    whose activation is not an element-wise activation module."""
+    problems = [f"{name or 'model'}: {type(module).__name__} of unknown form"
+                for name, module in adapter.rule_scope().named_modules()
+                if is_rms_norm(module) and rms_norm_form(module) is None]
+    for i, mlp in enumerate(adapter.gated_mlps()):
+        if not is_elementwise_activation(getattr(mlp, "act_fn", None) or nn.Identity()):
+            problems.append(f"gated mlp {i}: activation {type(getattr(mlp, 'act_fn', None)).__name__} is not an "
+                            "element-wise activation module")
+    return problems
+
+
 def _gamma_parameter(p: Any, gamma: float) -> Any:
     return None if p is None else p + gamma * p.clamp(min=0)
 
@@ -95,6 +160,8 @@ def _gamma_hook(gamma: float):
             weight, bias = _gamma_parameter(module.weight, gamma), _gamma_parameter(module.bias, gamma)
             if isinstance(module, nn.Conv2d):
                 return F.conv2d(x, weight, bias, module.stride, module.padding, module.dilation, module.groups)
+            if isinstance(module, Conv1D):   # GPT-2's linear layers: weight stored [in, out]
+                return F.linear(x, weight.t(), bias)
             return F.linear(x, weight, bias)
         return gamma_rule(inputs[0], output, modified)
     return hook
@@ -117,7 +184,7 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
     handles = []
     try:
         for module in adapter.rule_scope().modules():
-            if isinstance(module, nn.Linear) and gamma is not None:
+            if isinstance(module, (nn.Linear, Conv1D)) and gamma is not None:
                 handles.append(module.register_forward_hook(_gamma_hook(gamma)))
             elif isinstance(module, nn.Conv2d) and conv_gamma is not None:
                 handles.append(module.register_forward_hook(_gamma_hook(conv_gamma)))
@@ -126,12 +193,23 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                     raise TypeError(f"{variant}: LayerNorm over {tuple(module.normalized_shape)} (the rule "
                                     "normalises the last dimension only)")
                 handles.append(module.register_forward_hook(_layer_norm_hook))
+            elif is_rms_norm(module):
+                form = rms_norm_form(module)
+                if form is None:
+                    raise TypeError(f"{variant}: {type(module).__name__} of unknown form")
+                handles.append(module.register_forward_hook(_rms_norm_hook(*form)))
             elif is_elementwise_activation(module):
                 handles.append(module.register_forward_hook(_activation_hook(epsilon)))
+        mlp: Any
+        for mlp in adapter.gated_mlps():
+            if variant == "cp_lrp":
+                handles.append(mlp.gate_proj.register_forward_hook(_detach_output))
+            else:
+                handles.append(mlp.down_proj.register_forward_pre_hook(_halve_input_gradient))
         for layer in range(adapter.depth):
             linears = adapter.attention_linears(layer)
             if linears.qkv is not None:
-                third = linears.qkv.out_features // 3
+                third = out_features(linears.qkv) // 3
                 factors = torch.tensor([q_factor] * third + [k_factor] * third + [v_factor] * third)
                 handles.append(linears.qkv.register_forward_hook(_gradient_factor_hook(factors)))
             else:
@@ -168,7 +246,7 @@ class _GradientLRP(AttributionMethod):
         if self.level == "pixels" and adapter.modality != "image":
             raise ValueError(f"{self.name}: level='pixels' needs an image model; {type(adapter.model).__name__} "
                              f"({adapter.family}) reads {adapter.modality}")
-        problems = adapter.rule_problems()
+        problems = adapter.rule_problems() + rule_scope_problems(adapter)
         if problems:
             raise TypeError(f"{self.name}: no relevance rule for parts of this {type(adapter.model).__name__} "
                             f"({adapter.family}): {'; '.join(problems[:6])}")

@@ -10,7 +10,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from .adapters import ActivationRecorder, ModelInputs
+from .adapters import ActivationRecorder, ModelInputs, linear_weight
 from .attention_gradients import attention_and_gradients, check_gradient_of, target_score
 from .base import AttributionMethod, check_start_layer
 from .readout import check_class_token_score, check_readout, read_out, set_class_token_score
@@ -270,7 +270,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
         updates = [
             attention_perception_tokenwise(
                 rec[("a", l)].detach(), rec[("z", l)].detach(), rec[("v", l)].detach(),
-                adapter.attention_linears(l).out.weight.detach(),
+                linear_weight(adapter.attention_linears(l).out).detach(),
                 rec[("ln", l)].detach() if use_attention_input else None)
             for l in layers
         ]

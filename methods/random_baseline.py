@@ -34,8 +34,9 @@ def random_token_scores(indices: Tensor, num_tokens: int, seed: int = 0) -> Tens
 class RandomBaseline(AttributionMethod):
     """Uniform random scores in the layout of the inputs (class-agnostic), seeded per sample (module docstring).
 
-    Images: ``[B, P]``, one score per patch. Sequences: ``[B, N]``, one score per position (padding 0); without
-    ids a sequence is seeded by its real tokens, so padding changes nothing.
+    Images: ``[B, P]``, one score per patch. Sequences: ``[B, N]``, one score per position (padding 0), the k-th
+    real token getting the k-th draw (so left padding changes nothing either); without ids a sequence is seeded
+    by its real tokens, so padding changes nothing.
     """
 
     class_specific = False
@@ -55,6 +56,9 @@ class RandomBaseline(AttributionMethod):
                 seeded_uniform(f"{self.seed}:pixels:".encode() + sample.detach().cpu().float().numpy().tobytes(),
                                count)
                 for sample in samples])
+        if layout.has_padding:   # the k-th real token gets the k-th draw, whichever side the padding is on
+            order = (layout.real_positions(scores).long().cumsum(dim=-1) - 1).clamp(min=0)
+            scores = scores.gather(1, order.to(scores.device))
         return scores.to(device=inputs.device, dtype=inputs.score_dtype)
 
     def __repr__(self) -> str:

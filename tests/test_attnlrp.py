@@ -21,8 +21,8 @@ timm = pytest.importorskip("timm")
 
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden"
 CASES = json.loads((GOLDEN / "attnlrp.cases.json").read_text()) if (GOLDEN / "attnlrp.cases.json").exists() else []
-#: the families whose adapters exist (the decoder cases hold once the decoder family lands: issue 26)
-ADAPTED = {"hf_seq_cls"}
+#: the families whose adapters exist: the encoder classifiers (BERT) and the decoder LMs (GPT-2, Llama, Qwen2)
+ADAPTED = {"hf_seq_cls", "hf_causal_lm"}
 
 
 def _case_id(case: dict) -> str:
@@ -62,7 +62,7 @@ def test_lxt_golden(case, golden_files):
     the sequence alone on its real tokens (tolerance from the case: 1e-4 float32, 1e-6 / 1e-5 float64, relative
     to max |golden|), exactly 0 at padding."""
     if case["model"] not in ADAPTED:
-        pytest.skip(f"{case['arch']} is a decoder: its adapter comes with the decoder family (issue 26)")
+        pytest.skip(f"no adapter for {case['model']} ({case['arch']})")
     weights, f64 = golden_files
     gold_file = weights if case["dtype"] == "float32" else f64
     model = _golden_model(case, weights)

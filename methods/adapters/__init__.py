@@ -15,15 +15,26 @@ from .base import (  # noqa: F401
     ModelAdapter,
     ModelInputs,
     PatchGrid,
+    Projection,
     RawInputs,
     SampleIds,
     SequenceContext,
     TokenSequence,
     adapter_for,
     check_sample_ids,
+    linear_weight,
+    out_features,
     register_adapter,
 )
 from .hf_clip import HFCLIPTextAdapter, HFCLIPVisionAdapter  # noqa: F401
+from .hf_decoder import (  # noqa: F401
+    HFGemma3Adapter,
+    HFGPT2Adapter,
+    HFLlamaAdapter,
+    HFMistralAdapter,
+    HFQwen2Adapter,
+    HFQwen3Adapter,
+)
 from .hf_text import HFBertAdapter, HFDistilBertAdapter, HFElectraAdapter, HFRobertaAdapter, HFTextAdapter  # noqa: F401
 from .recorder import ActivationRecorder  # noqa: F401
 from .timm_vit import TimmViTAdapter  # noqa: F401

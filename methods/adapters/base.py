@@ -26,12 +26,29 @@ import abc
 import contextlib
 import weakref
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Hashable, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Hashable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
 
 import torch
 from torch import Tensor, nn
 
 from .recorder import ActivationRecorder
+
+if TYPE_CHECKING:
+    from transformers.pytorch_utils import Conv1D
 
 READOUT_KINDS = ("class_token", "mean_content", "position")
 
@@ -221,30 +238,49 @@ Layout = Union[PatchGrid, TokenSequence]
 @dataclass(frozen=True)
 class SequenceContext:
     """What blocks and head need besides the hidden states: the attention mask (``[B, N]``, 1 real / 0 padding;
-    ``None`` when all positions are real) and the read-out positions (``[B]``; ``None`` unless the read-out is
-    ``"position"``)."""
+    ``None`` when all positions are real), the read-out positions (``[B]``; ``None`` unless the read-out is
+    ``"position"``) and the position ids (``[B, N]``) of families whose blocks apply positions themselves
+    (rotary embeddings of decoder LMs; ``None`` elsewhere)."""
 
     attention_mask: Optional[Tensor] = None
     readout_positions: Optional[Tensor] = None
+    position_ids: Optional[Tensor] = None
 
     def repeat(self, times: int) -> "SequenceContext":
         """The context of ``times`` copies of the batch, copy-major (``[c0 s0, c0 s1, ..., c1 s0, ...]``)."""
         def rep(t: Optional[Tensor]) -> Optional[Tensor]:
             return None if t is None else t.repeat((times,) + (1,) * (t.dim() - 1))
-        return SequenceContext(rep(self.attention_mask), rep(self.readout_positions))
+        return SequenceContext(rep(self.attention_mask), rep(self.readout_positions), rep(self.position_ids))
 
 
 # ------------------------------------------------------------------------------------------ hook points
+#: a linear layer: ``nn.Linear``, or ``transformers``' ``Conv1D`` (GPT-2), a linear layer whose weight is stored
+#: transposed (``[in, out]``); read its weight with :func:`linear_weight`, its width with :func:`out_features`
+Projection = Union[nn.Linear, "Conv1D"]
+
+
+def linear_weight(layer: Projection) -> Tensor:
+    """The weight of ``layer`` as ``nn.Linear`` stores it: ``[out, in]`` (a ``Conv1D``'s, transposed)."""
+    return layer.weight if isinstance(layer, nn.Linear) else layer.weight.t()
+
+
+def out_features(layer: Projection) -> int:
+    """The output width of ``layer``."""
+    return int(layer.out_features if isinstance(layer, nn.Linear) else layer.nf)
+
+
 @dataclass(frozen=True)
 class AttentionLinears:
-    """The linear layers of one attention sub-layer: a fused ``qkv`` projection (timm) or separate ``q``, ``k``,
-    ``v`` projections (Hugging Face), and the output projection ``out``."""
+    """The linear layers of one attention sub-layer: a fused ``qkv`` projection (timm; GPT-2's ``c_attn``, a
+    ``Conv1D``: output ``[q | k | v]``, width ``3 * D``) or separate ``q``, ``k``, ``v`` projections (Hugging
+    Face; with grouped-query attention ``k`` and ``v`` are narrower than ``q``), and the output projection
+    ``out``. Read weights with :func:`linear_weight`."""
 
-    out: nn.Linear
-    qkv: Optional[nn.Linear] = None
-    q: Optional[nn.Linear] = None
-    k: Optional[nn.Linear] = None
-    v: Optional[nn.Linear] = None
+    out: Projection
+    qkv: Optional[Projection] = None
+    q: Optional[Projection] = None
+    k: Optional[Projection] = None
+    v: Optional[Projection] = None
 
 
 # ------------------------------------------------------------------------------------------ interface
@@ -355,7 +391,7 @@ class ModelAdapter(abc.ABC):
                        removed: Tensor) -> Tuple[Tensor, SequenceContext]:
         """``len(removed) * B`` sequences (sample-major: ``[s0 r0, s0 r1, ..., s1 r0, ...]``), each the hidden
         states without one position of ``removed`` (the others keep their positional embedding), with the
-        matching context (attention mask shortened; read-out positions shifted)."""
+        matching context (attention mask and position ids shortened; read-out positions shifted)."""
         batch, n = hidden.shape[:2]
         r = len(removed)
         keep = torch.arange(n, device=hidden.device)[None, :].expand(r, n)
@@ -368,7 +404,10 @@ class ModelAdapter(abc.ABC):
         if positions is not None:
             shift = (removed.to(positions.device)[None, :] < positions[:, None]).long()
             positions = (positions[:, None] - shift).flatten()
-        return shortened, SequenceContext(mask, positions)
+        ids = context.position_ids
+        if ids is not None:
+            ids = ids[:, keep.to(ids.device)].flatten(0, 1)
+        return shortened, SequenceContext(mask, positions, ids)
 
     # -------------------------------------------------------------- where methods hook
     @abc.abstractmethod
@@ -402,8 +441,9 @@ class ModelAdapter(abc.ABC):
     def attention_linears(self, layer: int) -> AttentionLinears: ...
 
     @abc.abstractmethod
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        """The MLP's two linear layers (up-projection, down-projection) of block ``layer``."""
+    def mlp_linears(self, layer: int) -> Tuple[Projection, Projection]:
+        """The MLP's two linear layers (up-projection, down-projection) of block ``layer`` (a gated MLP:
+        ``up_proj`` and ``down_proj``; its gate is the family's own member)."""
 
     # -------------------------------------------------------------- relevance rules (AttnLRP, CP-LRP)
     def rule_scope(self) -> nn.Module:
@@ -414,6 +454,12 @@ class ModelAdapter(abc.ABC):
 
     def rule_problems(self) -> List[str]:
         """What in this model has no relevance rule of :mod:`methods.attnlrp` (e.g. a gated MLP), or ``[]``."""
+        return []
+
+    def gated_mlps(self) -> List[nn.Module]:
+        """The gated MLPs of the model, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (Llama's, Qwen's,
+        Gemma's), which :mod:`methods.attnlrp` gives their rules (the identity rule on the activation, the uniform
+        rule on the product); ``[]`` (default) when there are none."""
         return []
 
     def input_embedding(self) -> nn.Module:

@@ -74,6 +74,41 @@ def layer_norm_rule(x: Tensor, y: Tensor, weight: Optional[Tensor], eps: float) 
     return _LayerNormRule.apply(x, y.detach(), None if weight is None else weight.detach(), eps)
 
 
+class _RMSNormRule(torch.autograd.Function):
+    """Stock RMSNorm output ``y`` of ``x``; backward of the identity rule on the normalisation, ``x *
+    stop_grad(rsqrt(mean(x^2) + eps))`` (LXT's ``rms_norm_forward``), in the dtypes of the stock module: the
+    statistics in float32; ``offset`` ``False`` (Llama, Mistral, Qwen): ``w * (x32 * r).to(dtype)``, so the
+    gradient is ``((g * w).float() * r).to(dtype)``; ``True`` (Gemma): ``(x32 * r * (1 + w32)).to(dtype)``, so
+    ``(g.float() * (1 + w32) * r).to(dtype)``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, y: Tensor, weight: Optional[Tensor], eps: float, offset: bool) -> Tensor:
+        x32 = x.detach().to(torch.float32)
+        ctx.save_for_backward(torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps), weight)
+        ctx.offset = offset
+        ctx.dtype = x.dtype
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Optional[Tensor], ...]:
+        r, weight = ctx.saved_tensors
+        if ctx.offset:
+            scaled = grad.to(torch.float32)
+            if weight is not None:
+                scaled = scaled * (1.0 + weight.to(torch.float32))
+        else:
+            scaled = (grad if weight is None else grad * weight).to(torch.float32)
+        return (scaled * r).to(ctx.dtype), None, None, None, None
+
+
+def rms_norm_rule(x: Tensor, y: Tensor, weight: Optional[Tensor], eps: float, offset: bool = False) -> Tensor:
+    """``y = RMSNorm(x)`` over the last dimension (``offset``: the ``1 + weight`` scale of Gemma), with the
+    identity rule's gradient to ``x``."""
+    if not x.requires_grad:
+        return y
+    return _RMSNormRule.apply(x, y.detach(), None if weight is None else weight.detach(), eps, offset)
+
+
 class _ScaleGradient(torch.autograd.Function):
     """Identity forward; backward ``grad * factor`` (a scalar, or a vector over the last dimension)."""
 

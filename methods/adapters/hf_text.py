@@ -20,6 +20,7 @@ from .base import (
     SequenceContext,
     TokenSequence,
     check_sample_ids,
+    linear_weight,
     register_adapter,
 )
 from .gradient_rules import apply_identity_rule
@@ -172,7 +173,7 @@ class HFTextAdapter(HFEncoderBlocks):
         narrower)."""
         query = self.attention_linears(0).q
         assert query is not None  # text families have separate projections
-        return int(query.in_features)
+        return int(linear_weight(query).shape[1])
 
     @property
     def has_class_token(self) -> bool:

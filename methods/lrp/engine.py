@@ -88,9 +88,11 @@ class LRPEngine:
             del grads
         del logits
         acts = {k: v.detach() for k, v in acts.items()}
-        mask = adapter.context(inputs).attention_mask
-        if mask is not None:
-            acts["attention_mask"] = mask
+        context = adapter.context(inputs)
+        if context.attention_mask is not None:
+            acts["attention_mask"] = context.attention_mask
+        if context.readout_positions is not None:
+            acts["readout_positions"] = context.readout_positions
         with torch.no_grad():
             relevance = torch.zeros_like(result.logits)
             relevance.scatter_(1, target[:, None], 1.0)

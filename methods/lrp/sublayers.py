@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from ..adapters import AttentionLinears
+from ..adapters import AttentionLinears, Projection, linear_weight
 
 
 def attention_relprop(rules, q: Tensor, k: Tensor, v: Tensor, attn: Tensor, relevance_ctx: Tensor,
@@ -163,7 +163,7 @@ def block_tensors(acts, layer: int, **extra) -> BlockTensors:
     return BlockTensors(**fields)
 
 
-def residual_mlp_relprop(rules, t: BlockTensors, fc1: nn.Linear, fc2: nn.Linear, relevance: Tensor,
+def residual_mlp_relprop(rules, t: BlockTensors, fc1: Projection, fc2: Projection, relevance: Tensor,
                          rows: Optional[Tensor]) -> Tensor:
     """``y = h + mlp(h')`` (``h' = norm2(h)`` pre-norm, ``h`` post-norm; norms and activations identity): Add,
     the two MLP linears, then the clone of ``h``. ``rows``: the active tokens (``None``: all). Returns the
@@ -174,8 +174,8 @@ def residual_mlp_relprop(rules, t: BlockTensors, fc1: nn.Linear, fc2: nn.Linear,
     x, a, m_out = act(t.x), act(t.attn_out), act(t.mlp_out)
     h = x + a if t.mlp_in is None else act(t.mlp_in)
     r_h, r_m = rules["add"](h, m_out, relevance)
-    r_m = rules["linear"](act(t.fc2_in), fc2.weight, r_m, m_out, fc2.bias)
-    r_m = rules["linear"](act(t.fc1_in), fc1.weight, r_m, act(t.fc1_out), fc1.bias)
+    r_m = rules["linear"](act(t.fc2_in), linear_weight(fc2), r_m, m_out, fc2.bias)
+    r_m = rules["linear"](act(t.fc1_in), linear_weight(fc1), r_m, act(t.fc1_out), fc1.bias)
     return rules["clone"](h, [r_h, r_m])
 
 
@@ -193,7 +193,7 @@ def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears
     r_x, r_a = rules["add"](x, a, relevance)
     ctx = act(t.proj_in)                           # A @ v (query rows of the active tokens), heads merged
     out = linears.out
-    r_ctx = rules["linear"](ctx, out.weight, r_a, a, out.bias)
+    r_ctx = rules["linear"](ctx, linear_weight(out), r_a, a, out.bias)
     batch, tokens = t.x.shape[:2]
     fused = linears.qkv is not None
 
@@ -227,19 +227,19 @@ def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears
         def merged(r: Tensor) -> Tensor:           # [B, H, n, d] -> [B, n, H*d]
             return r.transpose(1, 2).reshape(batch, r.shape[2], -1)
 
-        def term(linear: nn.Linear, r: Tensor, out: Tensor):
-            return linear.weight, merged(r), out, linear.bias
+        def term(linear: Projection, r: Tensor, out: Tensor):
+            return linear_weight(linear), merged(r), out, linear.bias
 
         if rows is None:
             r_in = rules.linear_shared(x_in, [term(linears.q, r_q, t.q), term(linears.k, r_k, t.k),
                                               term(linears.v, r_v, t.v)])
         else:
             r_in = rules.linear_shared(x_in, [term(linears.k, r_k, t.k), term(linears.v, r_v, t.v)])
-            r_in[:, rows] += rules["linear"](x_in[:, rows], linears.q.weight, merged(r_q), t.q[:, rows],
+            r_in[:, rows] += rules["linear"](x_in[:, rows], linear_weight(linears.q), merged(r_q), t.q[:, rows],
                                              linears.q.bias)
         return rules["clone"](t.x, [r_x, r_in]), r_attn
     assert t.qkv is not None
-    weight, bias, qkv_out = linears.qkv.weight, linears.qkv.bias, t.qkv
+    weight, bias, qkv_out = linear_weight(linears.qkv), linears.qkv.bias, t.qkv
     if rows is None:
         r_qkv = torch.stack([r.transpose(1, 2) for r in (r_q, r_k, r_v)], dim=2).reshape(batch, tokens, -1)
         r_in = rules["linear"](x_in, weight, r_qkv, qkv_out, bias)
@@ -254,7 +254,7 @@ def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears
     return rules["clone"](t.x, [r_x, r_in]), r_attn
 
 
-def block_relprop(rules, t: BlockTensors, linears: AttentionLinears, mlp: Tuple[nn.Linear, nn.Linear], heads: int,
+def block_relprop(rules, t: BlockTensors, linears: AttentionLinears, mlp: Tuple[Projection, Projection], heads: int,
                   relevance: Tensor, need_below: bool) -> Tuple[Optional[Tensor], Tensor]:
     """Relevance through one Transformer block (residual MLP, then residual attention), on the active tokens.
     Returns ``(R at the block input or None, R_A [B, H, N, N])``."""

@@ -1,0 +1,219 @@
+"""LRP topology of stock ``transformers`` decoder LMs and their sequence classifiers (GPT-2, Llama, Mistral,
+Qwen2, Qwen3, Gemma 3 text; :mod:`methods.adapters.hf_decoder`). No reference implementation exists (Chefer's
+and Beyond Intuition's code cover ViT, BERT and CLIP): this is the graph of the CLIP text tower (a causal,
+pre-norm tower read at a per-sample position) with the decoders' parts, built from the shared rules and
+sub-layers, and checked by relevance conservation (``tests/test_hf_decoder.py``: with the conservative
+``"ours"`` rules the relevance entering every block sums to the one-hot target, per sample).
+
+Graph (forward order):
+
+* GPT-2: ``wte + wpe`` (Add, the position share dropped at ``"word_embeddings"``) -> blocks ``x + attn(ln_1(x))``,
+  ``h + c_proj(act(c_fc(ln_2(h))))`` with ``Conv1D`` linears (Linear rules on their transposed weights), fused
+  ``c_attn`` -> ``[q | k | v]`` (the shared sub-layers);
+* Llama-like: ``embed_tokens`` (the encoder input itself) -> blocks ``x + o_proj(attn(norm(x)))``,
+  ``h + down_proj(act(gate_proj(h')) * up_proj(h'))``:
+
+  - RMSNorms (block norms, the final norm, Qwen3's / Gemma's q/k norms) identity, as LayerNorm;
+  - the rotary embedding: relevance passes coordinate-wise (identity, as through the norms) between the q/k
+    projections' outputs and the rotated ``q``, ``k`` of ``q k^T`` (the attention core reads the rotated ones,
+    recomputed from the recorded projections with the model's own ``apply_rotary_pos_emb``);
+  - grouped-query attention: the key/value heads repeated for their query heads (``repeat_kv``) in the core,
+    the relevance of the copies summed back (the clone rule) before ``k_proj`` / ``v_proj``;
+  - the gated MLP: ``down_proj``'s Linear rule, the product ``act(gate) * up`` by the uniform rule (half of its
+    relevance to each factor), the activation identity, the Linear rules of ``gate_proj`` and ``up_proj``
+    (their shared input: one clone);
+* the read-out: the final norm (identity), each row's read-out position (the selection rule), ``lm_head`` /
+  ``score`` (Linear rule); Gemma 3's final logit soft-capping ``cap * tanh(z / cap)`` identity.
+
+The additive attention mask is left out of the Add rule of the scores (``mask=None``), as for CLIP's text tower:
+a masked key's probability is exactly 0, so its relevance is 0. Every block runs on all positions (no
+active-token shortcut). Full LRP stops at the encoder input (``"encoder_input"``: for GPT-2 the embedding sum,
+for the others the token embeddings) or at the token embeddings (``"word_embeddings"``).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from ..adapters import ActivationRecorder, linear_weight
+from ..adapters.hf_decoder import (
+    HFGemma3Adapter,
+    HFGPT2Adapter,
+    HFLlamaAdapter,
+    HFMistralAdapter,
+    HFQwen2Adapter,
+    HFQwen3Adapter,
+    _HFDecoder,
+    repeat_heads,
+)
+from .sublayers import attention_relprop, block_relprop, block_tensors, embedding_sum_relprop, record_block
+from .topology import Topology, register_topology
+
+INPUT_POINTS = ("encoder_input", "word_embeddings")
+
+
+class _DecoderTopology(Topology):
+    """Shared: the head in reverse, the blocks (GPT-2: the shared pre-norm sub-layers; the others: the decoder
+    block of the module docstring) and the input."""
+
+    input_points = INPUT_POINTS
+    adapter: Any
+
+    @staticmethod
+    def check(adapter: _HFDecoder) -> None:
+        problems = adapter.rule_problems()
+        if problems:
+            raise TypeError(f"LRP rules are not defined for this {type(adapter.model).__name__}: "
+                            f"{'; '.join(problems[:6])}")
+
+    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
+               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
+        """Hooks for the rule inputs of ``blocks`` (:func:`~methods.lrp.sublayers.record_block`, plus the gate's
+        output and the rotary embedding of the Llama-like blocks), the final norm's output and, with
+        ``to_input``, the embeddings."""
+        adapter = self.adapter
+        for l in blocks:
+            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
+            record_block(rec, adapter, l, layer_outputs)
+            self.record_block_extra(rec, l)
+        rec.output(adapter.final_norm(), "normed")
+        if to_input:
+            self.record_input(rec)
+
+    def record_block_extra(self, rec: ActivationRecorder, layer: int) -> None:
+        pass
+
+    def record_input(self, rec: ActivationRecorder) -> None:
+        rec.output(self.adapter.input_embedding(), "token_embeddings")
+
+    @torch.no_grad()
+    def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
+        """Relevance at the last block's output ``[B, N, D]``: the head's Linear rule on the normed read-out row,
+        the selection of that row (the final norm and Gemma's soft-capping identity)."""
+        normed = acts["normed"]
+        positions = acts["readout_positions"].to(normed.device)
+        rows = torch.arange(normed.shape[0], device=normed.device)
+        picked = normed[rows, positions]
+        head = self.adapter.classifier()
+        r = rules["linear"](picked.clone(), linear_weight(head), relevance_logits.to(picked), None, None)
+        out = torch.zeros_like(normed)
+        out[rows, positions] = rules["select"](picked, r)
+        return out
+
+    @torch.no_grad()
+    def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
+        """``[B, N, D]``: the relevance at the encoder input, or at the token embeddings."""
+        if self.input_point not in INPUT_POINTS:
+            raise ValueError(f"input_point must be one of {INPUT_POINTS}, got {self.input_point!r}")
+        return relevance
+
+
+@register_topology(HFGPT2Adapter)
+class HFGPT2Topology(_DecoderTopology):
+    """GPT-2: the shared pre-norm block (fused ``Conv1D`` q/k/v), ``wte + wpe`` at the input."""
+
+    def record_input(self, rec: ActivationRecorder) -> None:
+        super().record_input(rec)
+        rec.output(self.adapter.base.wpe, "position_embeddings")
+
+    @torch.no_grad()
+    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
+        tensors = block_tensors(acts, layer)
+        return block_relprop(rules, tensors, self.adapter.attention_linears(layer), self.adapter.mlp_linears(layer),
+                             self.adapter.num_heads, relevance, need_below)
+
+    @torch.no_grad()
+    def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
+        relevance = super().input_relprop(rules, acts, relevance)
+        if self.input_point == "encoder_input":
+            return relevance
+        tokens = acts["token_embeddings"]
+        return embedding_sum_relprop(rules, tokens, acts["position_embeddings"].expand_as(tokens), relevance)
+
+
+class _RopeDecoderTopology(_DecoderTopology):
+    """Llama-like decoders (see the module docstring)."""
+
+    def record_block_extra(self, rec: ActivationRecorder, layer: int) -> None:
+        block = self.adapter.blocks[layer]
+        rec.output(block.mlp.gate_proj, ("gate", layer))
+
+        def keep_rotary(_module, _args, kwargs):
+            rec.outputs[("cos", layer)], rec.outputs[("sin", layer)] = kwargs["position_embeddings"]
+
+        rec._handles.append(block.self_attn.register_forward_pre_hook(keep_rotary, with_kwargs=True))
+
+    def _rotated(self, layer: int, q_out: Tensor, k_out: Tensor, rotary) -> tuple:
+        """The rotated ``q`` ``[B, H, N, d]`` and ``k`` ``[B, kv, N, d]`` as the attention module forms them."""
+        attn: Any = self.adapter.blocks[layer].self_attn
+        batch, tokens = q_out.shape[:2]
+        d = int(attn.head_dim)
+        q = q_out.reshape(batch, tokens, -1, d)
+        k = k_out.reshape(batch, tokens, -1, d)
+        if getattr(attn, "q_norm", None) is not None:   # over the last dimension: before or after the transpose
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = rotary
+        apply = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        return apply(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+
+    @torch.no_grad()
+    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
+        """Relevance through block ``layer``: ``(R at the block input or None, R_A [B, H, N, N])``."""
+        adapter = self.adapter
+        block: Any = adapter.blocks[layer]
+        attn, mlp = block.self_attn, block.mlp
+
+        def get(key):
+            return acts.get((key, layer))
+
+        x, a = get("x"), get("attn_out")
+        h = x + a
+        # the gated MLP: y = h + down(act(gate(h')) * up(h'))
+        r_h, r_m = rules["add"](h, get("mlp_out"), relevance)
+        r_p = rules["linear"](get("fc2_in"), linear_weight(mlp.down_proj), r_m, get("mlp_out"), mlp.down_proj.bias)
+        r_half = r_p.mul_(0.5)                                       # the uniform rule on the product
+        r_in = rules.linear_shared(get("fc1_in"), [
+            (linear_weight(mlp.gate_proj), r_half, acts.pop(("gate", layer), None), mlp.gate_proj.bias),
+            (linear_weight(mlp.up_proj), r_half.clone(), get("fc1_out"), mlp.up_proj.bias)])
+        r_h = rules["clone"](h, [r_h, r_in])
+        # the attention: y = x + o(attn(x'))
+        r_x, r_a = rules["add"](x, a, r_h)
+        ctx = get("proj_in")
+        r_ctx = rules["linear"](ctx, linear_weight(attn.o_proj), r_a, a, attn.o_proj.bias)
+        batch, tokens = x.shape[:2]
+        heads = adapter.num_heads
+        groups = int(attn.num_key_value_groups)
+        kv_heads = heads // groups
+
+        def heads_first(t: Tensor) -> Tensor:                     # [B, N, h*d] -> [B, h, N, d]
+            return t.reshape(batch, tokens, -1, int(attn.head_dim)).transpose(1, 2)
+
+        def merged(t: Tensor) -> Tensor:                          # [B, h, N, d] -> [B, N, h*d]
+            return t.transpose(1, 2).reshape(batch, tokens, -1)
+
+        q, k = self._rotated(layer, get("q"), get("k"), (acts.pop(("cos", layer)), acts.pop(("sin", layer))))
+        v = repeat_heads(get("v"), kv_heads, groups)
+        k = merged(k)
+        k = heads_first(repeat_heads(k, kv_heads, groups))
+        r_attn, r_q, r_k, r_v = attention_relprop(rules, q, k, heads_first(v), get("attn"), heads_first(r_ctx),
+                                                  need_qk=need_below, ctx=heads_first(ctx), mask=None)
+        if not need_below:
+            return None, r_attn
+
+        def folded(r: Tensor) -> Tensor:                          # the copies of a key/value head summed back
+            return merged(r.reshape(batch, kv_heads, groups, tokens, -1).sum(dim=2))
+
+        r_in = rules.linear_shared(get("qkv_in"), [
+            (linear_weight(attn.q_proj), merged(r_q), get("q"), attn.q_proj.bias),
+            (linear_weight(attn.k_proj), folded(r_k), get("k"), attn.k_proj.bias),
+            (linear_weight(attn.v_proj), folded(r_v), get("v"), attn.v_proj.bias)])
+        return rules["clone"](x, [r_x, r_in]), r_attn
+
+
+for _adapter in (HFLlamaAdapter, HFMistralAdapter, HFQwen2Adapter, HFQwen3Adapter, HFGemma3Adapter):
+    register_topology(_adapter)(type(f"{_adapter.__name__[2:-7]}Topology", (_RopeDecoderTopology,), {
+        "__doc__": f"Relevance pass over {_adapter.family} (see the module docstring).",
+        "__module__": __name__}))
