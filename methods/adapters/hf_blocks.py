@@ -9,7 +9,7 @@ where its config lives (:meth:`~HFEncoderBlocks.attention_config`), which mask i
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -20,11 +20,6 @@ from .base import ModelAdapter, ModelInputs, SequenceContext
 class HFEncoderBlocks(ModelAdapter):
     """``run_blocks``, ``forward`` and ``eager_attention`` of a Hugging Face encoder whose layers are called as
     ``layer(hidden, mask, **kwargs)``."""
-
-    #: the model and its encoder layers, whose submodules are read by name (torch types those as
-    #: ``Tensor | Module``)
-    model: Any
-    blocks: List[Any]
 
     def attention_config(self) -> Any:
         """The ``PretrainedConfig`` whose ``_attn_implementation`` the layers read."""

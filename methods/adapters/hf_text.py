@@ -158,10 +158,6 @@ class HFTextAdapter(HFEncoderBlocks):
 
     # ------------------------------------------------------------------ structure
     @property
-    def depth(self) -> int:
-        return len(self.blocks)
-
-    @property
     def num_heads(self) -> int:
         return self.num_heads_of(self.model.config)
 
@@ -265,10 +261,6 @@ class HFTextAdapter(HFEncoderBlocks):
     def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
                                require_grad: bool = False) -> None:
         rec.input(self.blocks[layer], key, require_grad=require_grad)   # post-norm: the block input
-
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                           require_grad: bool = False) -> None:
-        rec.input(self.blocks[layer], key, require_grad=require_grad)
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attention = self.blocks[layer].attention
