@@ -36,7 +36,6 @@ Conventions
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -48,15 +47,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from datamodules.clip_zero_shot import CLIP_MEAN, CLIP_STD
-from lightning_modules.classification_step import StageSteps
+from lightning_modules.classification_step import EXPORT_METADATA, FolderExport, StageSteps
 from lightning_modules.lr_schedule import stepped_schedule
 from methods.config_values import PlainDict
 from models.checkpoint_io import cpu_float32_state_dict, fresh_export_folder
 from models.clip import ZeroShotClassifier
 from models.clip_prompts import save_prompt_set
 
-#: the file an export writes beside the model: marks the folder as this module's export (replaceable)
-EXPORT_METADATA = "training.json"
 VISION_DEFAULTS: Dict[str, Any] = dict(image_size=64, patch_size=8, hidden_size=64, intermediate_size=256,
                                        num_hidden_layers=4, num_attention_heads=4)
 TEXT_DEFAULTS: Dict[str, Any] = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=4,
@@ -66,7 +63,7 @@ LOGIT_SCALE_INIT = math.log(1 / 0.07)
 LOGIT_SCALE_MAX = math.log(100.0)
 
 
-class CLIPContrastiveModule(StageSteps, pl.LightningModule):
+class CLIPContrastiveModule(FolderExport, StageSteps, pl.LightningModule):
     """Contrastive training of a small CLIP from scratch (module docstring for the conventions)."""
 
     #: train.py's default export: ``<trainer.default_root_dir>/clip`` (a folder)
@@ -127,11 +124,6 @@ class CLIPContrastiveModule(StageSteps, pl.LightningModule):
         return self.clip.logit_scale.exp() * image @ text.t()
 
     # ------------------------------------------------------------------------------------------ checks
-    def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if datamodule is not None:
-            self.check_datamodule(datamodule)
-
     def check_datamodule(self, datamodule: Any) -> None:
         """The datamodule serves this model: its tokenizer fits the embeddings and has the model's special-token
         ids and at most its positions, its images are the model's size."""
@@ -219,10 +211,8 @@ class CLIPContrastiveModule(StageSteps, pl.LightningModule):
     def export(self, folder: Union[str, os.PathLike], datamodule: Any,
                metadata: Optional[Dict[str, Any]] = None) -> Path:
         """Write the model, the datamodule's tokenizer, the image processor and prompt set, and ``metadata``
-        (plain values) in ``training.json`` to ``folder`` (module docstring); returns the folder.
-
-        A folder that holds an earlier export (its ``training.json``) is replaced; any other existing, non-empty
-        path is refused, naming it."""
+        (plain values) in ``training.json`` to ``folder`` (module docstring; an earlier export is replaced:
+        :class:`~lightning_modules.classification_step.FolderExport`); returns the folder."""
         from transformers import CLIPImageProcessor
 
         self.check_datamodule(datamodule)
@@ -239,7 +229,4 @@ class CLIPContrastiveModule(StageSteps, pl.LightningModule):
                            resample=3).save_pretrained(str(folder))
         save_prompt_set(folder, prompt_set.classnames, prompt_set.prompts,
                         templates=getattr(datamodule, "templates", None))
-        info = {"classes": list(prompt_set.classnames), "datamodule": type(datamodule).__name__,
-                "hparams": dict(self.hparams), **(metadata or {})}
-        (folder / EXPORT_METADATA).write_text(json.dumps(info, indent=2, default=str) + "\n")
-        return folder
+        return self.write_export_info(folder, datamodule, metadata, classes=list(prompt_set.classnames))
