@@ -269,6 +269,8 @@ class ModelAdapter(abc.ABC):
     layout_class: Type[Layout] = PatchGrid
     #: capability: :meth:`record_post_attention_values`
     records_post_attention_values: bool = False
+    #: whether :meth:`forward` makes the hidden states entering ``grad_from_block`` require grad
+    hidden_requires_grad: bool = False
     #: the model and its blocks, whose submodules are read by name (torch types those as ``Tensor | Module``)
     model: Any
     blocks: List[Any]
@@ -339,12 +341,15 @@ class ModelAdapter(abc.ABC):
         """The model's logits, with autograd recorded only from block ``grad_from_block`` on.
 
         Everything before that block runs under ``torch.no_grad()``: methods that need gradients only down to
-        some block pay for no graph below it (``grad_from_block=depth``: no graph at all but the head's).
+        some block pay for no graph below it (``grad_from_block=depth``: no graph at all but the head's). With
+        :attr:`hidden_requires_grad` the hidden states entering that block require grad.
         """
         context = self.context(inputs)
         with torch.no_grad():
             hidden = self.run_blocks(self.embed(inputs), context, 0, grad_from_block)
         with torch.enable_grad():
+            if self.hidden_requires_grad and grad_from_block < self.depth:
+                hidden = hidden.detach().requires_grad_(True)
             hidden = self.run_blocks(hidden, context, grad_from_block)
             return self.head(hidden, context, pre_logits=pre_logits)
 
