@@ -102,24 +102,16 @@ def sha256_file(path: PathLike) -> str:
 
 
 def write_atomic(obj: Any, path: PathLike) -> Path:
-    """``torch.save(obj)`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    """``obj`` (UTF-8 text for a ``str``, else ``torch.save(obj)``) to ``path`` through a temporary file in the same
+    folder, flushed to disk, and ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
-
-
-def write_text_atomic(text: str, path: PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
+        if isinstance(obj, str):
+            f.write(obj.encode("utf-8"))
+        else:
+            torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -307,7 +299,7 @@ class ProgressCheckpoint(pl.Callback):
                                f"{late} come after it in trainer.callbacks")
         config = progress_dir(self.run_dir) / CONFIG_FILE
         if self.resumed is None and trainer.is_global_zero:
-            write_text_atomic(self.config_text, config)
+            write_atomic(self.config_text, config)
         trainer.strategy.barrier("progress_config")
         self._config_sha256 = sha256_file(config)
         if self.resumed is not None and trainer.is_global_zero:
