@@ -84,6 +84,18 @@ class _EvalNoGrad:
         self.no_grad.__exit__(*exc)
 
 
+def _fixed_embeddings(clip: nn.Module, embeddings: Any, what: str) -> Tensor:
+    """``embeddings`` ``[C, projection_dim]`` (C >= 1, floating point), L2-normalised; else a ``ValueError``."""
+    embeddings = torch.as_tensor(embeddings).detach()
+    dim = int(clip.config.projection_dim)
+    if embeddings.dim() != 2 or embeddings.shape[1] != dim or embeddings.shape[0] == 0:
+        raise ValueError(f"{what} must be [{what[0].upper()}, {dim}] ({what[0].upper()} >= 1, the model's "
+                         f"projection_dim), got {tuple(embeddings.shape)}")
+    if not embeddings.dtype.is_floating_point:
+        raise ValueError(f"{what} must be floating point, got dtype {embeddings.dtype}")
+    return F.normalize(embeddings, dim=-1)
+
+
 def _scaled_cosine(clip: nn.Module, embeddings: Tensor, others: Tensor) -> Tensor:
     """``logit_scale.exp() * cos(embeddings, others)``: ``[B, D] x [C, D] -> [B, C]``, CLIP's own logits
     (``others`` already normalised)."""
@@ -127,16 +139,10 @@ class ZeroShotClassifier(nn.Module):
     def __init__(self, clip: nn.Module, class_embeddings: Tensor, classnames: Optional[Sequence[str]] = None):
         super().__init__()
         self.clip = _check_clip(clip)
-        embeddings = torch.as_tensor(class_embeddings).detach()
-        dim = int(clip.config.projection_dim)
-        if embeddings.dim() != 2 or embeddings.shape[1] != dim or embeddings.shape[0] == 0:
-            raise ValueError(f"class_embeddings must be [C, {dim}] (C >= 1 classes, the model's projection_dim), got "
-                             f"{tuple(embeddings.shape)}")
-        if not embeddings.dtype.is_floating_point:
-            raise ValueError(f"class_embeddings must be floating point, got dtype {embeddings.dtype}")
+        embeddings = _fixed_embeddings(clip, class_embeddings, "class_embeddings")
         if classnames is not None and len(classnames) != embeddings.shape[0]:
             raise ValueError(f"{len(classnames)} classnames for {embeddings.shape[0]} class embeddings")
-        self.register_buffer("class_embeddings", F.normalize(embeddings, dim=-1))
+        self.register_buffer("class_embeddings", embeddings)
         self.classnames = list(classnames) if classnames is not None else None
         self.pretrained_cfg = clip_pretrained_cfg(clip, num_classes=embeddings.shape[0])
 
@@ -245,14 +251,8 @@ class PromptScorer(nn.Module):
                 shape = tuple(pixel_values.shape) if isinstance(pixel_values, Tensor) else type(pixel_values).__name__
                 raise ValueError(f"pixel_values must be a normalised image batch [I, 3, S, S], got {shape}")
             with _EvalNoGrad(clip):
-                pooled = clip.vision_model(pixel_values=pixel_values).pooler_output
-                image_embeddings = clip.visual_projection(pooled)
-        embeddings = torch.as_tensor(image_embeddings).detach()
-        dim = int(clip.config.projection_dim)
-        if embeddings.dim() != 2 or embeddings.shape[1] != dim or embeddings.shape[0] == 0:
-            raise ValueError(f"image_embeddings must be [I, {dim}] (the model's projection_dim), got "
-                             f"{tuple(embeddings.shape)}")
-        self.register_buffer("image_embeddings", F.normalize(embeddings, dim=-1))
+                image_embeddings = clip.visual_projection(clip.vision_model(pixel_values=pixel_values).pooler_output)
+        self.register_buffer("image_embeddings", _fixed_embeddings(clip, image_embeddings, "image_embeddings"))
 
     @property
     def num_images(self) -> int:
