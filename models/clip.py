@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from models.clip_prompts import Template, fill_templates, zero_shot_prompt_set
-from models.sources import find_source, register_source, resolve_hf_source
+from models.sources import find_source, looks_like_path, register_source, resolve_hf_source
 
 CLIP_PREFIX = "clip:"
 #: the model_kwargs of a ``clip:`` spec
@@ -345,7 +345,7 @@ def clip_source(spec: str) -> str:
     """What ``from_pretrained`` reads for ``clip:<source>``: the local export of a registered source of files
     (:func:`models.sources.find_source`; ``trained:<config.yaml>``: its cached folder, trained on first use),
     else :func:`models.sources.resolve_hf_source` of the source (``hf:`` dropped, ``~`` expanded). A source
-    that can only be a path (absolute, ``~``, ``./``, more than one ``/``) must be a folder."""
+    that can only be a path (:func:`models.sources.looks_like_path`) must be a folder."""
     if not is_clip_spec(spec) or not spec[len(CLIP_PREFIX):]:
         raise ValueError(f"{spec!r} is not 'clip:<folder, cached hub name or trained:<config.yaml>>'")
     body = spec[len(CLIP_PREFIX):]
@@ -353,9 +353,7 @@ def clip_source(spec: str) -> str:
     if registered is not None and registered.local is not None:
         return str(registered.local(body))
     source = resolve_hf_source(body)
-    name = body[len("hf:"):] if body.startswith("hf:") else body
-    path_only = os.path.isabs(name) or name.startswith(("~", "./", "../")) or name.count("/") > 1
-    if path_only and not os.path.isdir(source):
+    if looks_like_path(body[len("hf:"):] if body.startswith("hf:") else body) and not os.path.isdir(source):
         raise FileNotFoundError(f"CLIP folder {source!r} (from {spec!r}) does not exist (expected a save_pretrained "
                                 "folder: config.json, weights and tokenizer files)")
     return source

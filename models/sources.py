@@ -261,7 +261,7 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
     check_remote_code_options(model_kwargs, "model_kwargs", trust_remote_code)
     kwargs = {**(model_kwargs or {}), "trust_remote_code": bool(trust_remote_code)}
     source = resolve_hf_source(name)
-    if _looks_like_path(name) and not os.path.isdir(source):  # not a hub name: say that the folder is missing
+    if looks_like_path(name) and not os.path.isdir(source):  # not a hub name: say that the folder is missing
         raise FileNotFoundError(f"Hugging Face model folder {source!r} does not exist (expected a folder with "
                                 "config.json and weights, e.g. written by train.py or save_pretrained)")
     try:
@@ -287,7 +287,7 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
     return model.eval()
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     """Whether ``name`` can only be a folder, not a hub name (``org/name``): absolute, ``~``, ``./``, ``../``, or
     more than one ``/``."""
     return (os.path.isabs(name) or name.startswith(("~", "./", "../", "." + os.sep)) or name.count("/") > 1
