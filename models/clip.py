@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from models.clip_prompts import Template, fill_templates, zero_shot_prompt_set
+from models.clip_prompts import Template, custom_prompt_set, zero_shot_prompt_set
 from models.sources import find_source, looks_like_path, register_source, resolve_hf_source
 
 CLIP_PREFIX = "clip:"
@@ -168,19 +168,10 @@ class ZeroShotClassifier(nn.Module):
         ``tokenizer``: called as a Hugging Face tokenizer, ``tokenizer(texts, padding=True, truncation=True,
         return_tensors="pt")`` -> ``{"input_ids", "attention_mask"}``.
         """
-        if isinstance(classnames, Mapping):
-            if templates is not None:
-                raise ValueError("from_prompts: give templates or a dict of per-class prompts, not both")
-            names = list(classnames)
-            prompts = [[p] if isinstance(p, str) else list(p) for p in classnames.values()]
-        else:
-            if isinstance(classnames, str):
-                raise ValueError("classnames must be a list of class names (or a dict of prompts), got a string")
-            if templates is None:
-                raise ValueError("from_prompts needs templates (one or a list) unless classnames is a dict of prompts")
-            names = list(classnames)
-            prompts = fill_templates(names, templates)
-        return cls.from_prompt_lists(clip, tokenizer, names, prompts, batch_size)
+        if isinstance(classnames, str):
+            raise ValueError("classnames must be a list of class names (or a dict of prompts), got a string")
+        prompt_set = custom_prompt_set(classnames, templates)
+        return cls.from_prompt_lists(clip, tokenizer, prompt_set.classnames, prompt_set.prompts, batch_size)
 
     @classmethod
     def from_prompt_lists(cls, clip: nn.Module, tokenizer: Callable, classnames: Sequence[str],
