@@ -73,7 +73,7 @@ from evaluation.rationale_metrics import (
 )
 from evaluation.rationale_selection import DEFAULT_KS, check_ks, top_k_masks
 from evaluation.result_keys import ResultKey
-from evaluation.words import REDUCTIONS, document_word_scores, word_mask
+from evaluation.words import check_reduction, document_word_scores, word_mask
 
 from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
 from .reporter import ResultsReporter
@@ -128,8 +128,7 @@ class RationaleTest(EvaluationCallback):
                  class_names: Optional[Sequence[str]] = None) -> None:
         super().__init__()
         self._select(methods, class_settings, SUPPORTED_SETTINGS)
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"unknown word reduction {reduction!r}; choose one of {REDUCTIONS}")
+        check_reduction(reduction)
         if not 0.0 < float(iou_threshold) <= 1.0:
             raise ValueError(f"iou_threshold must lie in (0, 1], got {iou_threshold}")
         self.ks = check_ks(ks)
