@@ -31,11 +31,8 @@ each process restores its own checkpoint and evaluates only its samples not yet 
 (:class:`datamodules.unrepeated.UnrepeatedTestData` with :meth:`RunProgress.split`). A process without a rank file
 (killed before its first checkpoint) starts its share from the beginning. The processes write independently (no
 collective): each file is consistent on its own, which is all a resume needs, since the metric states are sums
-reduced across processes only at the end. A new run refuses a folder that holds an earlier run's ``metrics.json``,
-an unfinished run's progress or files in ``progress/`` that no run wrote, unless ``--overwrite``
-(:func:`check_fresh_run_dir`); ``--resume`` refuses a folder without ``progress/config.yaml``
-(:func:`resume_config`), unreadable or mismatched rank files (:meth:`RunProgress.load`, nothing is changed on
-disk) and another number of processes (:meth:`RunProgress.check_world_size`).
+reduced across processes only at the end. What a new run and a resume refuse: :func:`check_fresh_run_dir`,
+:func:`resume_config`, :meth:`RunProgress.load` (nothing is changed on disk), :meth:`RunProgress.check_world_size`.
 
 Samples are named by ``batch["index"]``, which must be the sample's position in the test dataset (every
 datamodule of this project does so); a process that sees an index outside its share or twice stops with an error
