@@ -25,8 +25,6 @@ from .base import (
 from .hf_blocks import HFEncoderBlocks
 from .recorder import ActivationRecorder
 
-#: the tensors a tokenizer returns that the adapter reads (others are ignored)
-TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask")
 #: an extra per-sample tensor set by :meth:`HFBertAdapter.interpolate`: the factor on the embedding output
 EMBEDDING_SCALE = "embedding_scale"
 
