@@ -28,10 +28,8 @@ bottom, which scores unlike the random map: it matters for maps with many equal 
 whose ``relu`` can leave many tokens, and whole images, at zero (measured in ``benchmarks/README.md``). (The
 references use ``torch.topk``, whose order among ties is unspecified.)
 
-AUC conventions (:mod:`evaluation.auc`; the raw curve is always stored; both in percent of accuracy x fraction):
-
-* ``chefer`` (default): ``100 * trapezoid(y, x)`` with ``x = [0] + fractions`` and ``y[0]`` = clean accuracy;
-* ``bi``: ``100 * sklearn.metrics.auc`` over ``x = [0] + fractions + [1.0]`` with ``y = [clean] + accs + [0]``.
+AUC conventions (``auc``: ``chefer``, the default, or ``bi``): :mod:`evaluation.auc`; the raw curve is always
+stored.
 
 Results: ``perturbation/<method>/<positive|negative>/<predicted|target>/auc`` (positive: lower is better;
 negative: higher is better, as :class:`evaluation.metrics.PositivePerturbationCurve` and
