@@ -54,7 +54,6 @@ def fill_template(template: Template, classname: str) -> str:
     return template.format(classname)
 
 
-
 def open_clip_zero_shot_metadata() -> ModuleType:
     """``open_clip/zero_shot_metadata.py`` of the installed ``open_clip_torch`` (plain lists; loaded from its file so
     that ``open_clip``'s own imports are not needed). ``ImportError`` naming the package otherwise."""

