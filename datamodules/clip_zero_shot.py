@@ -27,10 +27,11 @@ from typing import List, Optional, Sequence, Union
 
 import numpy as np
 import pytorch_lightning as pl
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from methods.config_values import PlainDict
-from models.clip import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+from models.clip import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ZeroShotClassifier
 from models.clip_prompts import build_prompt_set
 
 from .imagenet import LAYOUT, ImageFolderDataset, scan_split
@@ -81,8 +82,8 @@ def subset_by_index(samples: list, index_file: Union[str, Path], folder: Union[s
 class CLIPZeroShotDataModule(pl.LightningDataModule):
     """Images and a prompt set for CLIP zero-shot classification (module docstring).
 
-    ``prompt_set``: the :class:`models.clip_prompts.PromptSet` (the zero-shot classifier's:
-    :meth:`models.clip.ZeroShotClassifier.from_prompt_lists`); ``classnames``; ``mean`` / ``std``: CLIP's
+    ``prompt_set``: the :class:`models.clip_prompts.PromptSet`; ``classnames``; ``zero_shot_classifier(clip,
+    tokenizer)``: the :class:`models.clip.ZeroShotClassifier` built from it; ``mean`` / ``std``: CLIP's
     normalisation. The test, validation and predict loaders give the evaluated images; ``index`` is the position in
     the evaluated list.
     """
@@ -132,6 +133,12 @@ class CLIPZeroShotDataModule(pl.LightningDataModule):
     def num_classes(self) -> int:
         return len(self.prompt_set)
 
+    def zero_shot_classifier(self, clip, tokenizer, batch_size: int = 256) -> ZeroShotClassifier:
+        """The zero-shot classifier of the prompt set (OpenAI's recipe: :meth:`ZeroShotClassifier.from_prompts`)."""
+        prompts = self.prompt_set
+        return ZeroShotClassifier.from_prompts(clip, tokenizer, dict(zip(prompts.classnames, prompts.prompts)),
+                                               batch_size=batch_size)
+
     def dataset(self) -> Dataset:
         if self._dataset is None:
             if self._synthetic is not None:
@@ -154,3 +161,9 @@ class CLIPZeroShotDataModule(pl.LightningDataModule):
                           persistent_workers=self.num_workers > 0, drop_last=False)
 
     val_dataloader = test_dataloader = predict_dataloader = _loader
+
+    def normalize(self, images: torch.Tensor) -> torch.Tensor:
+        """``[B, 3, H, W]`` in [0, 1] -> CLIP-normalised pixels."""
+        mean = torch.tensor(self.mean, dtype=images.dtype, device=images.device)[:, None, None]
+        std = torch.tensor(self.std, dtype=images.dtype, device=images.device)[:, None, None]
+        return (images - mean) / std
