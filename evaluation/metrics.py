@@ -48,32 +48,47 @@ class CleanAccuracy(SumsMetric):
         return self.correct / self.total if self.total > 0 else torch.tensor(float("nan"), dtype=torch.float64)
 
 
-class PerturbationCurve(SumsMetric):
-    """Accuracy per perturbation step: float64 sums of correct predictions per step and of samples.
+class PerStepMean(SumsMetric):
+    """Mean over samples of a value per step (e.g. a probability drop per perturbation bin): float64 sums of the
+    values ``[B, num_points]`` per step and of the number of samples."""
+
+    higher_is_better: Optional[bool] = None
+    #: the names of the two states: the sums of the values per step, the number of samples
+    sum_names = ("total", "count")
+    #: what ``update`` takes, for its error message
+    values_name = "values"
+
+    def __init__(self, num_points: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_points = int(num_points)
+        self.add_sums(self.sum_names[0], shape=(self.num_points,))
+        self.add_sums(self.sum_names[1])
+
+    def update(self, values: Tensor) -> None:
+        """``values``: ``[B, num_points]``."""
+        if values.dim() != 2 or values.shape[1] != self.num_points:
+            raise ValueError(f"expected {self.values_name} [B, {self.num_points}], got {tuple(values.shape)}")
+        sums, count = self.sum_names
+        setattr(self, sums, getattr(self, sums) + f64(values).sum(dim=0))
+        setattr(self, count, getattr(self, count) + values.shape[0])
+
+    def compute(self) -> Tensor:
+        sums, count = (getattr(self, name) for name in self.sum_names)
+        if count == 0:
+            return torch.full((self.num_points,), float("nan"), dtype=torch.float64)
+        return sums / count
+
+
+class PerturbationCurve(PerStepMean):
+    """Accuracy per perturbation step: ``update`` takes the correctness, bool ``[B, num_points]`` (column 0: the
+    clean prediction); states: the correct predictions per step and the samples.
 
     The direction of its area depends on the test: :class:`PositivePerturbationCurve`,
     :class:`NegativePerturbationCurve` (:func:`perturbation_curve` picks one by direction).
     """
 
-    higher_is_better: Optional[bool] = None
-
-    def __init__(self, num_points: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.num_points = int(num_points)
-        self.add_sums("correct", shape=(self.num_points,))
-        self.add_sums("total")
-
-    def update(self, correct: Tensor) -> None:
-        """``correct``: bool ``[B, num_points]`` (column 0: clean prediction)."""
-        if correct.dim() != 2 or correct.shape[1] != self.num_points:
-            raise ValueError(f"expected correctness [B, {self.num_points}], got {tuple(correct.shape)}")
-        self.correct += correct.to(torch.float64).sum(dim=0)
-        self.total += correct.shape[0]
-
-    def compute(self) -> Tensor:
-        if self.total == 0:
-            return torch.full((self.num_points,), float("nan"), dtype=torch.float64)
-        return self.correct / self.total
+    sum_names = ("correct", "total")
+    values_name = "correctness"
 
 
 class PositivePerturbationCurve(PerturbationCurve):
@@ -143,29 +158,4 @@ class MeanOverImages(SumsMetric):
     def compute(self) -> Tensor:
         if self.count == 0:
             return torch.tensor(float("nan"), dtype=torch.float64)
-        return self.total / self.count
-
-
-class PerStepMean(SumsMetric):
-    """Mean over samples of a value per step (e.g. a probability drop per perturbation bin): float64 sums of the
-    values ``[B, num_points]`` and of the number of samples."""
-
-    higher_is_better: Optional[bool] = None
-
-    def __init__(self, num_points: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.num_points = int(num_points)
-        self.add_sums("total", shape=(self.num_points,))
-        self.add_sums("count")
-
-    def update(self, values: Tensor) -> None:
-        """``values``: ``[B, num_points]``."""
-        if values.dim() != 2 or values.shape[1] != self.num_points:
-            raise ValueError(f"expected values [B, {self.num_points}], got {tuple(values.shape)}")
-        self.total += f64(values).sum(dim=0)
-        self.count += values.shape[0]
-
-    def compute(self) -> Tensor:
-        if self.count == 0:
-            return torch.full((self.num_points,), float("nan"), dtype=torch.float64)
         return self.total / self.count
