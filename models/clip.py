@@ -200,9 +200,7 @@ class ZeroShotClassifier(nn.Module):
 
     def image_embeddings(self, pixel_values: Tensor) -> Tensor:
         """Projected, unnormalised image embeddings ``[B, D]`` (``get_image_features``)."""
-        tower = self.clip.vision_model
-        pooled = tower(pixel_values=pixel_values).pooler_output
-        return self.clip.visual_projection(pooled)
+        return self.clip.visual_projection(self.clip.vision_model(pixel_values=pixel_values).pooler_output)
 
     def logits_from_embeddings(self, embeddings: Tensor) -> Tensor:
         """``[B, D]`` projected image embeddings -> logits ``[B, C]``."""
