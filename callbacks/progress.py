@@ -170,12 +170,12 @@ class RunProgress:
             if len(set(values.values())) > 1:
                 raise ProgressError(f"the progress files of {str(progress_dir(run_dir))!r} disagree on {key} "
                                     f"({values}): they are of different runs")
-        world = next(iter(ranks.values()))["world_size"] if ranks else None
-        stray = [rank for rank in ranks if world is not None and rank >= int(world)]
+        progress = cls(run_dir, config, ranks)
+        stray = [rank for rank in ranks if rank >= int(progress.world_size or 0)]
         if stray:
             raise ProgressError(f"{str(progress_dir(run_dir))!r} holds files of processes {stray} but the run had "
-                                f"{world} processes: they are of another run")
-        return cls(run_dir, config, ranks)
+                                f"{progress.world_size} processes: they are of another run")
+        return progress
 
     @property
     def world_size(self) -> Optional[int]:
