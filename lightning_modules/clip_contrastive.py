@@ -210,9 +210,8 @@ class CLIPContrastiveModule(FolderExport, StageSteps, pl.LightningModule):
     # ------------------------------------------------------------------------------------------ export
     def export(self, folder: Union[str, os.PathLike], datamodule: Any,
                metadata: Optional[Dict[str, Any]] = None) -> Path:
-        """Write the model, the datamodule's tokenizer, the image processor and prompt set, and ``metadata``
-        (plain values) in ``training.json`` to ``folder`` (module docstring; an earlier export is replaced:
-        :class:`~lightning_modules.classification_step.FolderExport`); returns the folder."""
+        """Write the export (module docstring) with ``metadata`` to ``folder``; returns it
+        (:class:`~lightning_modules.classification_step.FolderExport`)."""
         from transformers import CLIPImageProcessor
 
         self.check_datamodule(datamodule)

@@ -206,10 +206,8 @@ class TextClassifierModule(FolderExport, StageSteps, pl.LightningModule):
     # ------------------------------------------------------------------------------------------ export
     def export(self, folder: Union[str, os.PathLike], datamodule: Any,
                metadata: Optional[Dict[str, Any]] = None) -> Path:
-        """Write the model (``save_pretrained``, safetensors, float32), the datamodule's tokenizer and
-        ``id2label``/``label2id`` from ``datamodule.classes`` (``LABEL_<i>`` without them) to ``folder``, with
-        ``metadata`` (plain values) in ``training.json``; returns the folder (an earlier export is replaced:
-        :class:`~lightning_modules.classification_step.FolderExport`)."""
+        """Write the export (module docstring; ``LABEL_<i>`` class names without ``datamodule.classes``) with
+        ``metadata`` to ``folder``; returns it (:class:`~lightning_modules.classification_step.FolderExport`)."""
         self.check_datamodule(datamodule)
         folder = fresh_export_folder(folder, EXPORT_METADATA, type(self).__name__)
         classes = [str(c) for c in (getattr(datamodule, "classes", None) or [])]
