@@ -26,13 +26,9 @@ local files only (never downloaded). ``<source>``: a folder (``config.json`` + w
 optionally, ``preprocessor_config.json`` and this package's prompt file ``prompts.json``), a hub name already in
 the local Hugging Face cache (``openai/clip-vit-base-patch32``; an ``hf:`` prefix is allowed), or a
 ``trained:<config.yaml>`` spec (:mod:`training.cached_training`: the small CLIP of the synthetic benchmark,
-``trained:configs/train/synthetic_clip.yaml``, trained on first use and cached). The prompts
-(:mod:`models.clip_prompts`) come from the ``model_kwargs`` (``prompts``, ``classnames``, ``templates``:
-:func:`~models.clip_prompts.zero_shot_prompt_set`), by default from the folder's ``prompts.json``
-(:func:`~models.clip_prompts.save_prompt_set`). The classifier carries ``pretrained_cfg`` (the keys timm's
-``resolve_data_config`` reads: CLIP's mean/std from the image processor, input size, bicubic interpolation,
-centre crop), so an evaluation normalises and sizes images as CLIP does, and ``tokenizer`` (the model's, for the
-text side: :class:`PromptScorer`).
+``trained:configs/train/synthetic_clip.yaml``, trained on first use and cached). The classifier's prompts, its
+``pretrained_cfg`` (so that an evaluation normalises and sizes images as CLIP does) and ``tokenizer`` (for the
+text side: :class:`PromptScorer`): :func:`load_zero_shot_classifier`.
 """
 from __future__ import annotations
 
@@ -382,8 +378,8 @@ def load_zero_shot_classifier(spec: str, pretrained: bool = True,
     (:func:`models.clip_prompts.zero_shot_prompt_set`), ``prompt_batch_size`` (prompts per text forward, default
     256). ``pretrained=False``: random weights of the same architecture (tests). The classifier also carries
     ``tokenizer``, ``source`` (the folder or name read), ``prompt_set`` and ``prompts`` (the prompts of each
-    class), and ``pretrained_cfg`` with the image processor's
-    mean/std and crop (:func:`pretrained_cfg_from_processor`).
+    class), and ``pretrained_cfg`` with the image processor's mean/std and crop (:func:`pretrained_cfg_from_processor`:
+    the keys timm's ``resolve_data_config`` reads).
     """
     kwargs = dict(model_kwargs or {})
     unknown = sorted(set(kwargs) - set(CLIP_KWARGS))
