@@ -25,8 +25,7 @@ Conventions
 * Recipe: AdamW (``lr``, ``betas``, ``weight_decay`` on weight matrices only: none on biases, LayerNorms,
   embeddings and the temperature), learning rate warmed up linearly over ``warmup_ratio`` of the optimizer steps
   then cosine-decayed to 0, stepped every optimizer step.
-* Checks before training (``setup``): the datamodule's tokenizer fits the embeddings, its special-token ids and
-  ``max_length`` are the model's, its images are ``image_size`` pixels.
+* Checks before training (``setup``): :meth:`CLIPContrastiveModule.check_datamodule`.
 * Export (:meth:`export`): one folder in ``save_pretrained`` layout that ``CLIPModel.from_pretrained``,
   ``AutoTokenizer.from_pretrained``, ``CLIPImageProcessor.from_pretrained`` and
   :func:`models.clip.load_zero_shot_classifier` (``clip:<folder>``) read: the model (safetensors, float32), the

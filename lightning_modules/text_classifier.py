@@ -29,9 +29,7 @@ Conventions
   ``test/loss``, ``test/acc``, as :class:`~lightning_modules.probe.LinearProbe` logs them.
 * Tokenizer: a text datamodule given none gets the model's (:meth:`data_config`: the folder or name the model
   is read from, e.g. the packaged MiniLM's); one given explicitly is kept.
-* Checks before training (``setup``): the datamodule's ``classes`` count equals ``num_labels`` and its
-  tokenizer's vocabulary fits the model's embeddings; the datamodule must have a ``tokenizer`` (the export
-  needs it).
+* Checks before training (``setup``): :meth:`TextClassifierModule.check_datamodule`.
 * Export (:meth:`export`): the model with ``save_pretrained`` (safetensors), the datamodule's tokenizer, and
   ``id2label``/``label2id`` from the datamodule's ``classes``, plus ``training.json`` (metrics, checkpoint,
   the datamodule's ``max_length``) in one folder that ``AutoModelForSequenceClassification.from_pretrained`` and
