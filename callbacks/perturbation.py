@@ -17,16 +17,14 @@ and direction, on every batch:
    and scored by top-1 accuracy **against the ground-truth label**, whatever class was explained; step 0 is the
    clean accuracy (:func:`evaluation.perturbation.perturbation_correctness`).
 
-Tie-breaking (``ties``): units are ordered by a *stable* descending sort of the (possibly negated) scores.
-``random`` (default): among equal scores in the order of the random baseline's map of the same sample
-(``methods.random_baseline``: token scores seeded by ``(tie_seed, batch["index"])``, turned into unit scores like
-every map), negated in the negative test as the map is. So a map that ranks nothing (a constant map) is scored
+Tie-breaking (``ties``, :mod:`evaluation.ranking`): ``random`` (default) orders equal scores by the random
+baseline's map of the same sample (``methods.random_baseline``: token scores seeded by ``(tie_seed,
+batch["index"])``, turned into unit scores like every map). So a map that ranks nothing (a constant map) is scored
 exactly like the ``random`` method with ``seed=tie_seed`` -- the null that "better than a random map" compares
-against -- and the order is the same on any number of processes. ``index``: among equal scores the unit with the
-smaller flat index (``y * W + x`` for pixels) first, in both directions; a constant map is then removed top to
-bottom, which scores unlike the random map: it matters for maps with many equal scores, such as Grad-CAM's,
-whose ``relu`` can leave many tokens, and whole images, at zero (measured in ``benchmarks/README.md``). (The
-references use ``torch.topk``, whose order among ties is unspecified.)
+against -- and the order is the same on any number of processes. Under ``index`` a constant map is removed top to
+bottom (``y * W + x`` for pixels), which scores unlike the random map: it matters for maps with many equal scores,
+such as Grad-CAM's, whose ``relu`` can leave many tokens, and whole images, at zero (measured in
+``benchmarks/README.md``). (The references use ``torch.topk``, whose order among ties is unspecified.)
 
 AUC conventions (``auc``: ``chefer``, the default, or ``bi``): :mod:`evaluation.auc`; the raw curve is always
 stored.

@@ -8,13 +8,10 @@ For every method and class setting (``target``: the map explained the gold label
    ``cam.clamp(min=0)``; ``clamp=False`` keeps the signs) and reduced to the document's words
    (:func:`evaluation.words.document_word_scores`: ``max`` over a word's tokens by default, Chefer's; a word
    with no token in the input is uncovered and scores 0);
-2. for each ``k`` in ``ks`` (5, 10, ..., 80) the top-``k`` covered words are the hard rationale (ties: smaller
-   word index first; uncovered words never chosen; one top-k per ``k``, where Chefer's script accumulates its
-   list across ``k``: :mod:`evaluation.rationale_selection`);
+2. for each ``k`` in ``ks`` (5, 10, ..., 80) the top-``k`` covered words are the hard rationale (ties, uncovered
+   words, one top-k per ``k``: :mod:`evaluation.rationale_selection`);
 3. scored against the document's human rationale (``batch["rationale"]``, the union of every evidence) exactly as
-   ERASER's scorer does: token precision/recall/F1 per instance, then ``instance_macro`` (Chefer's number) and
-   ``instance_micro``; IOU-F1 at ``iou_threshold`` over the maximal runs; AUPRC of the soft word scores over the
-   whole document (uncovered words 0).
+   ERASER's scorer does (:mod:`evaluation.rationale_metrics`; IOU-F1 at ``iou_threshold``).
 
 Documents and windows
 ---------------------
