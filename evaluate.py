@@ -23,18 +23,14 @@ beside it ``metrics.meta.json`` holds each result's declared direction and each 
 W&B is the default logger and runs offline unless ``WANDB_MODE=online`` (or the logger's init args) say
 otherwise. The progress bar is shown in a terminal and hidden in CI (``CI`` set or stdout not a TTY).
 
-Resumable runs (:mod:`callbacks.progress`): every process checkpoints its progress (its metric states and the
-samples it finished) to ``<run folder>/progress/`` every ``--progress_every`` batches (default 10; 0: off) and
-after its last batch; a run that ends normally removes the files it wrote there. A new run refuses an
-``--output_dir`` that holds an earlier run's ``metrics.json``, an unfinished run's progress or files in
-``progress/`` that no run wrote, unless ``--overwrite`` (which keeps the files no run wrote).
-``python evaluate.py --resume <run folder>`` continues a killed run with the config saved there, on the same
-number of processes, each restoring its own checkpoint and evaluating only its samples not yet done, so
-``metrics.json`` equals an uninterrupted run's. The command line of a resume may change only where results and
-logs go and how progress is shown and saved (``cli.commands.RESUME_MAY_CHANGE``); a run folder is data, so a saved
-config that lets files run code needs ``--trust_run_config`` (``cli.commands.untrusted_settings``; README, "Trust
-model"). W&B: a resume logs to a new W&B run in the killed run's group, tagged ``resumed``, which holds the whole
-run's results (the killed run's W&B run holds nothing at its end).
+Resumable runs (:mod:`callbacks.progress`, which describes the files and the checks): every process checkpoints
+its progress to ``<run folder>/progress/`` every ``--progress_every`` batches (default 10; 0: off);
+``python evaluate.py --resume <run folder>`` continues a killed run with the config saved there, so that
+``metrics.json`` equals an uninterrupted run's. A new run refuses a folder that holds an earlier run unless
+``--overwrite``. The command line of a resume may change only where results and logs go and how progress is shown
+and saved (``cli.commands.RESUME_MAY_CHANGE``); a saved config that lets files run code needs
+``--trust_run_config`` (README, "Trust model"). W&B: a resume logs to a new W&B run in the killed run's group,
+tagged ``resumed``.
 """
 from __future__ import annotations
 

@@ -75,6 +75,18 @@ def relevance_for(relevance: Dict[str, Dict[str, Tensor]], method: str, setting:
                        f"{{{have}}}") from None
 
 
+def tie_scores(perturber: Any, ties: str, batch: Dict[str, Any], layout: Any, seed: int, owner: str
+               ) -> Optional[Tensor]:
+    """The unit scores that order equal scores in the ``random`` tie convention (each sample's random map, from
+    ``batch["index"]``; :mod:`evaluation.ranking`), ``None`` for ``index``."""
+    if ties != "random":
+        return None
+    if "index" not in batch:
+        raise KeyError(f"{owner}: ties='random' orders ties by each sample's random map, drawn from its dataset "
+                       "index, but the batch has no 'index'")
+    return perturber.tie_scores(batch["index"], batch, layout, seed)
+
+
 class OncePerMap:
     """Results computed once per relevance tensor of a batch: a class-agnostic method gives the same tensor object
     for every class setting, so its tests run once (``key``: extra values that must match too, e.g. the explained
@@ -224,7 +236,13 @@ class EvaluationCallback(pl.Callback):
 
     def reset(self) -> None:
         """Forget the metrics of a previous run (they are built again at the first batch)."""
-        raise NotImplementedError
+        self._metrics, self._built_methods = {}, []
+
+    def _build_at_first_batch(self, outputs: Dict[str, Any]) -> None:
+        """``build`` the metrics unless built: for ``methods``, else for every method of the outputs."""
+        if not self._metrics:
+            self.build(self.methods if self.methods is not None else list(outputs["relevance"]),
+                       outputs_device(outputs))
 
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
         raise NotImplementedError

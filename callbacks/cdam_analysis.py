@@ -1,9 +1,8 @@
 """CDAM analyses (Brocki & Chung; PROTOCOLS.md section 6) as an evaluation callback.
 
-The per-image pieces are in :mod:`evaluation.cdam`, the torchmetrics states in :mod:`evaluation.metrics`.
-
-Metrics (keys ``cdam_analysis/...``), all accumulated in torchmetrics states that are sums (float64) so the
-result on N processes equals the result on one, up to float64 summation order:
+The per-image pieces and the mask convention (a map's positive share on an object's mask) are in
+:mod:`evaluation.cdam`, the torchmetrics states (float64 sums) in :mod:`evaluation.metrics`. Metrics (keys
+``cdam_analysis/...``):
 
 * ``pearson/<a>__vs__<b>``: Pearson correlation between methods ``a`` and ``b`` over the raw scores pooled
   across all images and tokens (sums of x, y, x^2, y^2, xy and n), class setting ``class_setting``
@@ -20,12 +19,6 @@ result on N processes equals the result on one, up to float64 summation order:
   ``.../pearson_target_other_per_image`` (mean of per-image correlations) between the two maps.
   Declared directions: a map's share on its own object is higher-is-better, its share on the other object
   lower-is-better; agreement, sparsity and the target-other correlations declare none.
-
-Mask convention: a token map ``[B, P]`` (row-major grid ``h x w``, ``h * w = P``, same aspect as the image) is
-compared with the mask *downsampled by area* to the token grid: token i carries the fraction ``c_i`` of its
-patch covered by the object, and ``share = sum_i relu(s_i) c_i / sum_i relu(s_i)``. This is exactly the pixel
-share of the map upsampled by nearest-neighbour replication (CDAM's visualisation). Pixel maps ``[B, H, W]`` are
-compared with the mask area-pooled to the map's size.
 """
 from __future__ import annotations
 

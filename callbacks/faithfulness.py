@@ -23,8 +23,7 @@ Conventions (each an option):
 * the probability is re-computed by ``outputs["classifier"]`` (``forward_batch_size`` sequences per forward).
 
 Results: ``eraser/<method>/<setting>/comprehensiveness@<q>``, ``.../sufficiency@<q>``, ``.../aopc_comprehensiveness``,
-``.../aopc_sufficiency`` and the curves ``.../comprehensiveness`` / ``.../sufficiency`` over the bins. States are
-float64 sums over samples, so one process and N processes give the same values.
+``.../aopc_sufficiency`` and the curves ``.../comprehensiveness`` / ``.../sufficiency`` over the bins.
 """
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ from evaluation.ranking import TIES, removal_counts, removal_masks, removal_rank
 from evaluation.result_keys import ResultKey
 from methods.config_values import PlainDict
 
-from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
+from .base import EvaluationCallback, OncePerMap, Result, relevance_for, tie_scores
 
 PREFIX = "eraser"
 #: ERASER's AOPC bins (fractions of the tokens)
@@ -110,9 +109,6 @@ class ERASERFaithfulnessTest(EvaluationCallback):
                 self._metrics[self._key(m, s, "sufficiency")] = Sufficiency(len(self.bins))
         self._place_metrics(device)
 
-    def reset(self) -> None:
-        self._metrics, self._built_methods = {}, []
-
     # -------------------------------------------------------------------------------- update
     def _drops(self, batch: Dict[str, Any], scores: Tensor, classes: Tensor, p_full: Tensor, classifier: Any,
                tie_scores: Optional[Tensor]) -> Dict[str, Tensor]:
@@ -132,16 +128,10 @@ class ERASERFaithfulnessTest(EvaluationCallback):
 
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
         relevance = outputs["relevance"]
-        if not self._metrics:
-            self.build(self.methods if self.methods is not None else list(relevance), outputs_device(outputs))
+        self._build_at_first_batch(outputs)
         classifier = outputs["classifier"]
         full = torch.softmax(outputs["logits"].detach().double(), dim=-1)
-        tie_scores = None
-        if self.ties == "random":
-            if "index" not in batch:
-                raise KeyError("eraser faithfulness: ties='random' orders ties by each sample's random map, drawn "
-                               "from its dataset index, but the batch has no 'index'")
-            tie_scores = self.perturber.tie_scores(batch["index"], batch, outputs.get("layout"), self.tie_seed)
+        ties = tie_scores(self.perturber, self.ties, batch, outputs.get("layout"), self.tie_seed, "eraser faithfulness")
         for method in self._built_methods:
             once = OncePerMap()   # the same map explaining the same classes: its drops are computed once
             for setting in self.class_settings:
@@ -151,7 +141,7 @@ class ERASERFaithfulnessTest(EvaluationCallback):
                 def drops(rel=rel, classes=classes):
                     scores = self.perturber.unit_scores(rel, batch, outputs.get("layout"))
                     p_full = full.gather(1, classes[:, None].to(full.device))[:, 0]
-                    return self._drops(batch, scores, classes, p_full, classifier, tie_scores)
+                    return self._drops(batch, scores, classes, p_full, classifier, ties)
 
                 reuse = once.get(rel, drops, key=classes)
                 for what, values in reuse.items():

@@ -9,37 +9,29 @@ and direction, on every batch:
    at 0 (Beyond Intuition's scripts);
 2. ``positive`` removes the most relevant units first, ``negative`` negates the scores first (least relevant
    removed first) (:mod:`evaluation.ranking`);
-3. for each fraction ``p`` in ``fractions`` (default 0.1, ..., 0.9) the top ``k = int(p * N)`` units are removed;
-   masking ``chefer`` (default): a removed pixel is 0 in [0, 1] space **before** the model's normalisation
-   (black) in all three channels; ``mean``: the model's mean colour, i.e. 0 **after** normalisation (Beyond
-   Intuition's CLIP test). Texts: ``pad`` (Beyond Intuition): a removed token gets input id [PAD] and attention
-   mask 0; ``N`` is each sample's number of real non-special tokens (``masking_options: {fraction_of: padded}``:
-   the padded length, BI's 20 Newsgroups script); special tokens are never removed by default;
+3. for each fraction ``p`` in ``fractions`` (default 0.1, ..., 0.9) the top ``k = int(p * N)`` units are removed
+   as the ``masking`` convention says (:mod:`evaluation.perturbers`; images: ``chefer``, the default, or ``mean``;
+   texts: ``pad``, ``mask`` or ``delete``, ``N`` each sample's real non-special tokens unless
+   ``masking_options: {fraction_of: padded}``);
 4. every perturbed input is re-classified by ``outputs["classifier"]`` (``forward_batch_size`` inputs per forward)
    and scored by top-1 accuracy **against the ground-truth label**, whatever class was explained; step 0 is the
    clean accuracy (:func:`evaluation.perturbation.perturbation_correctness`).
 
-Tie-breaking (``ties``): units are ordered by a *stable* descending sort of the (possibly negated) scores.
-``random`` (default): among equal scores in the order of the random baseline's map of the same sample
-(``methods.random_baseline``: token scores seeded by ``(tie_seed, batch["index"])``, turned into unit scores like
-every map), negated in the negative test as the map is. So a map that ranks nothing (a constant map) is scored
+Tie-breaking (``ties``, :mod:`evaluation.ranking`): ``random`` (default) orders equal scores by the random
+baseline's map of the same sample (``methods.random_baseline``: token scores seeded by ``(tie_seed,
+batch["index"])``, turned into unit scores like every map). So a map that ranks nothing (a constant map) is scored
 exactly like the ``random`` method with ``seed=tie_seed`` -- the null that "better than a random map" compares
-against -- and the order is the same on any number of processes. ``index``: among equal scores the unit with the
-smaller flat index (``y * W + x`` for pixels) first, in both directions; a constant map is then removed top to
-bottom, which scores unlike the random map: it matters for maps with many equal scores, such as Grad-CAM's,
-whose ``relu`` can leave many tokens, and whole images, at zero (measured in ``benchmarks/README.md``). (The
-references use ``torch.topk``, whose order among ties is unspecified.)
+against -- and the order is the same on any number of processes. Under ``index`` a constant map is removed top to
+bottom (``y * W + x`` for pixels), which scores unlike the random map: it matters for maps with many equal scores,
+such as Grad-CAM's, whose ``relu`` can leave many tokens, and whole images, at zero (measured in
+``benchmarks/README.md``). (The references use ``torch.topk``, whose order among ties is unspecified.)
 
-AUC conventions (:mod:`evaluation.auc`; the raw curve is always stored; both in percent of accuracy x fraction):
-
-* ``chefer`` (default): ``100 * trapezoid(y, x)`` with ``x = [0] + fractions`` and ``y[0]`` = clean accuracy;
-* ``bi``: ``100 * sklearn.metrics.auc`` over ``x = [0] + fractions + [1.0]`` with ``y = [clean] + accs + [0]``.
+AUC conventions (``auc``: ``chefer``, the default, or ``bi``): :mod:`evaluation.auc`; the raw curve is always
+stored.
 
 Results: ``perturbation/<method>/<positive|negative>/<predicted|target>/auc`` (positive: lower is better;
 negative: higher is better, as :class:`evaluation.metrics.PositivePerturbationCurve` and
-``NegativePerturbationCurve`` declare) and ``.../curve`` (the accuracy at ``[0] + fractions``, in [0, 1]). States
-are float64 sums of per-step correct counts and of the number of samples, so one process and N processes (each
-sample seen exactly once) give the same values.
+``NegativePerturbationCurve`` declare) and ``.../curve`` (the accuracy at ``[0] + fractions``, in [0, 1]).
 """
 from __future__ import annotations
 
@@ -54,7 +46,7 @@ from evaluation.ranking import DIRECTIONS, TIES
 from evaluation.result_keys import ResultKey
 from methods.config_values import PlainDict
 
-from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
+from .base import EvaluationCallback, OncePerMap, Result, relevance_for, tie_scores
 
 PREFIX = "perturbation"
 
@@ -127,23 +119,14 @@ class PerturbationTest(EvaluationCallback):
         }
         self._place_metrics(device)
 
-    def reset(self) -> None:
-        self._metrics, self._built_methods = {}, []
-
     # -------------------------------------------------------------------------------- update
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
         relevance = outputs["relevance"]
-        if not self._metrics:
-            self.build(self.methods if self.methods is not None else list(relevance), outputs_device(outputs))
+        self._build_at_first_batch(outputs)
         labels = batch["label"]
         classifier, layout = outputs["classifier"], outputs.get("layout")
         clean_correct = outputs["logits"].argmax(dim=-1) == labels
-        tie_scores = None
-        if self.ties == "random":
-            if "index" not in batch:
-                raise KeyError("perturbation: ties='random' orders ties by each sample's random map, drawn from its "
-                               "dataset index, but the batch has no 'index'")
-            tie_scores = self.perturber.tie_scores(batch["index"], batch, layout, self.tie_seed)
+        ties = tie_scores(self.perturber, self.ties, batch, layout, self.tie_seed, "perturbation")
 
         for method in self._built_methods:
             once = OncePerMap()   # class-agnostic methods give the same tensor for every setting: test it once
@@ -153,7 +136,7 @@ class PerturbationTest(EvaluationCallback):
                 def correctness(rel=rel):
                     scores = self.perturber.unit_scores(rel, batch, layout)
                     return {d: perturbation_correctness(self.perturber, batch, scores, labels, clean_correct,
-                                                        self.fractions, d, classifier, tie_scores,
+                                                        self.fractions, d, classifier, ties,
                                                         self.forward_batch_size)
                             for d in self.directions}
 

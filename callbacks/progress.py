@@ -31,11 +31,8 @@ each process restores its own checkpoint and evaluates only its samples not yet 
 (:class:`datamodules.unrepeated.UnrepeatedTestData` with :meth:`RunProgress.split`). A process without a rank file
 (killed before its first checkpoint) starts its share from the beginning. The processes write independently (no
 collective): each file is consistent on its own, which is all a resume needs, since the metric states are sums
-reduced across processes only at the end. A new run refuses a folder that holds an earlier run's ``metrics.json``,
-an unfinished run's progress or files in ``progress/`` that no run wrote, unless ``--overwrite``
-(:func:`check_fresh_run_dir`); ``--resume`` refuses a folder without ``progress/config.yaml``
-(:func:`resume_config`), unreadable or mismatched rank files (:meth:`RunProgress.load`, nothing is changed on
-disk) and another number of processes (:meth:`RunProgress.check_world_size`).
+reduced across processes only at the end. What a new run and a resume refuse: :func:`check_fresh_run_dir`,
+:func:`resume_config`, :meth:`RunProgress.load` (nothing is changed on disk), :meth:`RunProgress.check_world_size`.
 
 Samples are named by ``batch["index"]``, which must be the sample's position in the test dataset (every
 datamodule of this project does so); a process that sees an index outside its share or twice stops with an error
@@ -102,24 +99,16 @@ def sha256_file(path: PathLike) -> str:
 
 
 def write_atomic(obj: Any, path: PathLike) -> Path:
-    """``torch.save(obj)`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    """``obj`` (UTF-8 text for a ``str``, else ``torch.save(obj)``) to ``path`` through a temporary file in the same
+    folder, flushed to disk, and ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
-
-
-def write_text_atomic(text: str, path: PathLike) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
+        if isinstance(obj, str):
+            f.write(obj.encode("utf-8"))
+        else:
+            torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -181,12 +170,12 @@ class RunProgress:
             if len(set(values.values())) > 1:
                 raise ProgressError(f"the progress files of {str(progress_dir(run_dir))!r} disagree on {key} "
                                     f"({values}): they are of different runs")
-        world = next(iter(ranks.values()))["world_size"] if ranks else None
-        stray = [rank for rank in ranks if world is not None and rank >= int(world)]
+        progress = cls(run_dir, config, ranks)
+        stray = [rank for rank in ranks if rank >= int(progress.world_size or 0)]
         if stray:
             raise ProgressError(f"{str(progress_dir(run_dir))!r} holds files of processes {stray} but the run had "
-                                f"{world} processes: they are of another run")
-        return cls(run_dir, config, ranks)
+                                f"{progress.world_size} processes: they are of another run")
+        return progress
 
     @property
     def world_size(self) -> Optional[int]:
@@ -307,7 +296,7 @@ class ProgressCheckpoint(pl.Callback):
                                f"{late} come after it in trainer.callbacks")
         config = progress_dir(self.run_dir) / CONFIG_FILE
         if self.resumed is None and trainer.is_global_zero:
-            write_text_atomic(self.config_text, config)
+            write_atomic(self.config_text, config)
         trainer.strategy.barrier("progress_config")
         self._config_sha256 = sha256_file(config)
         if self.resumed is not None and trainer.is_global_zero:

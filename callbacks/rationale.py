@@ -8,13 +8,10 @@ For every method and class setting (``target``: the map explained the gold label
    ``cam.clamp(min=0)``; ``clamp=False`` keeps the signs) and reduced to the document's words
    (:func:`evaluation.words.document_word_scores`: ``max`` over a word's tokens by default, Chefer's; a word
    with no token in the input is uncovered and scores 0);
-2. for each ``k`` in ``ks`` (5, 10, ..., 80) the top-``k`` covered words are the hard rationale (ties: smaller
-   word index first; uncovered words never chosen; one top-k per ``k``, where Chefer's script accumulates its
-   list across ``k``: :mod:`evaluation.rationale_selection`);
+2. for each ``k`` in ``ks`` (5, 10, ..., 80) the top-``k`` covered words are the hard rationale (ties, uncovered
+   words, one top-k per ``k``: :mod:`evaluation.rationale_selection`);
 3. scored against the document's human rationale (``batch["rationale"]``, the union of every evidence) exactly as
-   ERASER's scorer does: token precision/recall/F1 per instance, then ``instance_macro`` (Chefer's number) and
-   ``instance_micro``; IOU-F1 at ``iou_threshold`` over the maximal runs; AUPRC of the soft word scores over the
-   whole document (uncovered words 0).
+   ERASER's scorer does (:mod:`evaluation.rationale_metrics`; IOU-F1 at ``iou_threshold``).
 
 Documents and windows
 ---------------------
@@ -73,7 +70,7 @@ from evaluation.rationale_metrics import (
 )
 from evaluation.rationale_selection import DEFAULT_KS, check_ks, top_k_masks
 from evaluation.result_keys import ResultKey
-from evaluation.words import REDUCTIONS, document_word_scores, word_mask
+from evaluation.words import check_reduction, document_word_scores, word_mask
 
 from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
 from .reporter import ResultsReporter
@@ -86,6 +83,12 @@ BATCH_KEYS = ("word_ids", "word_offset", "num_words", "rationale", "label", "doc
 #: documents scored per chunk at the end of the epoch
 CHUNK = 64
 SUPPORTED_SETTINGS = ("target", "predicted")
+#: the metric states of a method and setting
+STATES = {"token": TokenF1, "iou": SpanIOUF1, "auprc": SoftAUPRC}
+#: result metric -> (metric state, its computed value): one result per k (``<metric><k>``), curves over k
+POINTS = {"token_f1@": ("token", "f1"), "token_f1_micro@": ("token", "micro_f1")}
+CURVES = {"token_f1": ("token", "f1"), "token_precision": ("token", "p"), "token_recall": ("token", "r"),
+          "token_f1_micro": ("token", "micro_f1"), "iou_f1": ("iou", "f1"), "iou_f1_micro": ("iou", "micro_f1")}
 
 
 def _distributed() -> Tuple[int, int]:
@@ -122,8 +125,7 @@ class RationaleTest(EvaluationCallback):
                  class_names: Optional[Sequence[str]] = None) -> None:
         super().__init__()
         self._select(methods, class_settings, SUPPORTED_SETTINGS)
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"unknown word reduction {reduction!r}; choose one of {REDUCTIONS}")
+        check_reduction(reduction)
         if not 0.0 < float(iou_threshold) <= 1.0:
             raise ValueError(f"iou_threshold must lie in (0, 1], got {iou_threshold}")
         self.ks = check_ks(ks)
@@ -139,16 +141,17 @@ class RationaleTest(EvaluationCallback):
     def _key(method: str, setting: str) -> str:
         return f"{PREFIX}/{method}/{setting}"
 
+    def _pairs(self) -> List[Tuple[str, str]]:
+        return [(m, s) for m in self._built_methods for s in self.class_settings]
+
     def build(self, methods: Sequence[str], device=None) -> None:
         """Metric states per method and class setting: token P/R/F1, IOU-F1, AUPRC; and the coverage."""
         self._built_methods = list(methods)
         self._metrics: Dict[str, Metric] = {}
-        for m in methods:
-            for s in self.class_settings:
-                key = self._key(m, s)
-                self._metrics[f"{key}/token"] = TokenF1(len(self.ks))
-                self._metrics[f"{key}/iou"] = SpanIOUF1(len(self.ks))
-                self._metrics[f"{key}/auprc"] = SoftAUPRC()
+        for m, s in self._pairs():
+            self._metrics[f"{self._key(m, s)}/token"] = TokenF1(len(self.ks))
+            self._metrics[f"{self._key(m, s)}/iou"] = SpanIOUF1(len(self.ks))
+            self._metrics[f"{self._key(m, s)}/auprc"] = SoftAUPRC()
         self._metrics[f"{PREFIX}/coverage"] = MeanOverImages()
         self._place_metrics(device)
 
@@ -238,25 +241,24 @@ class RationaleTest(EvaluationCallback):
         self._register_samples(batch, probs)
 
         once = OncePerMap()      # class-agnostic methods give one tensor for every setting: reduce it once
-        for method in self._built_methods:
-            for setting in self.class_settings:
-                rel = relevance_for(relevance, method, setting, "rationale")
+        for method, setting in self._pairs():
+            rel = relevance_for(relevance, method, setting, "rationale")
 
-                def word_scores(rel=rel, method=method, setting=setting):
-                    scores = rel.detach()
-                    if scores.dtype != torch.float64:
-                        scores = scores.float()          # half precision: reduce in float32 (numpy has no bf16)
-                    if self.clamp:
-                        scores = scores.clamp(min=0)
-                    try:
-                        words = document_word_scores(scores, word_ids.to(scores.device), word_offset, num_words,
-                                                     self.reduction)
-                    except ValueError as err:
-                        raise ValueError(f"rationale: method {method!r}, setting {setting!r}: {err}") from None
-                    return words[0].cpu().numpy(), words[1].cpu().numpy()
+            def word_scores(rel=rel, method=method, setting=setting):
+                scores = rel.detach()
+                if scores.dtype != torch.float64:
+                    scores = scores.float()          # half precision: reduce in float32 (numpy has no bf16)
+                if self.clamp:
+                    scores = scores.clamp(min=0)
+                try:
+                    words = document_word_scores(scores, word_ids.to(scores.device), word_offset, num_words,
+                                                 self.reduction)
+                except ValueError as err:
+                    raise ValueError(f"rationale: method {method!r}, setting {setting!r}: {err}") from None
+                return words[0].cpu().numpy(), words[1].cpu().numpy()
 
-                words = once.get(rel, word_scores)
-                self._merge_scores(self._key(method, setting), batch["document_index"], num_words, *words)
+            words = once.get(rel, word_scores)
+            self._merge_scores(self._key(method, setting), batch["document_index"], num_words, *words)
 
     def _register_samples(self, batch: Dict[str, Any], probs: Optional[np.ndarray]) -> None:
         num_words = batch["num_words"].tolist()
@@ -308,8 +310,8 @@ class RationaleTest(EvaluationCallback):
         if duplicated:
             raise ValueError(f"rationale: annotation ids {duplicated[:5]} belong to more than one document index")
         classes = {d: self._document_classification(documents[d]) for d in order} if self.export_jsonl else {}
-        self._rows = {self._key(m, s): ([], {k: [] for k in self.ks})
-                      for m in self._built_methods for s in self.class_settings} if self.export_jsonl else {}
+        self._rows = ({self._key(m, s): ([], {k: [] for k in self.ks}) for m, s in self._pairs()}
+                      if self.export_jsonl else {})
         for start in range(0, len(order), CHUNK):
             self._score_chunk(order[start:start + CHUNK], documents, scores, classes)
 
@@ -323,26 +325,25 @@ class RationaleTest(EvaluationCallback):
         for i, d in enumerate(chunk):
             truth[i, : n[i]] = torch.from_numpy(documents[d]["rationale"])
         valid = word_mask(n, width)
-        for method in self._built_methods:
-            for setting in self.class_settings:
-                key = self._key(method, setting)
-                table = scores.get(key, {})
-                missing = [documents[d]["annotation_id"] for d in chunk if d not in table]
-                if missing:
-                    raise RuntimeError(f"rationale: no word scores of {key} for documents {missing[:3]}")
-                s = torch.zeros(len(chunk), width, dtype=torch.float64)
-                c = torch.zeros(len(chunk), width, dtype=torch.bool)
-                for i, d in enumerate(chunk):
-                    s[i, : n[i]] = torch.from_numpy(table[d][0].astype(np.float64))
-                    c[i, : n[i]] = torch.from_numpy(table[d][1])
-                hard = top_k_masks(s, c, self.ks)
-                device = self._metrics[f"{key}/token"].device
-                self._metrics[f"{key}/token"].update(*(x.to(device) for x in token_counts(hard, truth)))
-                self._metrics[f"{key}/iou"].update(
-                    *(x.to(device) for x in span_iou_matches(hard, truth, self.iou_threshold)))
-                self._metrics[f"{key}/auprc"].update(soft_auprc(s, truth, valid).to(device))
-                if key in self._rows:
-                    self._add_rows(self._rows[key], chunk, documents, classes, s, hard.numpy(), n.tolist())
+        for method, setting in self._pairs():
+            key = self._key(method, setting)
+            table = scores.get(key, {})
+            missing = [documents[d]["annotation_id"] for d in chunk if d not in table]
+            if missing:
+                raise RuntimeError(f"rationale: no word scores of {key} for documents {missing[:3]}")
+            s = torch.zeros(len(chunk), width, dtype=torch.float64)
+            c = torch.zeros(len(chunk), width, dtype=torch.bool)
+            for i, d in enumerate(chunk):
+                s[i, : n[i]] = torch.from_numpy(table[d][0].astype(np.float64))
+                c[i, : n[i]] = torch.from_numpy(table[d][1])
+            hard = top_k_masks(s, c, self.ks)
+            device = self._metrics[f"{key}/token"].device
+            self._metrics[f"{key}/token"].update(*(x.to(device) for x in token_counts(hard, truth)))
+            matches = span_iou_matches(hard, truth, self.iou_threshold)
+            self._metrics[f"{key}/iou"].update(*(x.to(device) for x in matches))
+            self._metrics[f"{key}/auprc"].update(soft_auprc(s, truth, valid).to(device))
+            if key in self._rows:
+                self._add_rows(self._rows[key], chunk, documents, classes, s, hard.numpy(), n.tolist())
         # coverage depends on the tokens only, not on the method: taken from the first method's covered words
         first = scores[self._key(self._built_methods[0], self.class_settings[0])] if self._built_methods else {}
         covered = torch.tensor([float(first[d][1].sum()) if d in first else 0.0 for d in chunk], dtype=torch.float64)
@@ -382,7 +383,7 @@ class RationaleTest(EvaluationCallback):
             raise RuntimeError("rationale: export_jsonl is off, no rows were kept")
         folder = Path(folder)
         paths: List[Path] = []
-        for method, setting in ((m, s) for m in self._built_methods for s in self.class_settings):
+        for method, setting in self._pairs():
             soft_rows, hard_rows = self._rows[self._key(method, setting)]
             lengths = {row["rationales"][0]["docid"]: len(row["rationales"][0]["soft_rationale_predictions"])
                        for row in soft_rows}
@@ -394,49 +395,37 @@ class RationaleTest(EvaluationCallback):
         return paths
 
     # -------------------------------------------------------------------------------- compute
+    @staticmethod
+    def _result(method: str, setting: str, metric: str) -> str:
+        return ResultKey(PREFIX, method, setting, metric).format()
+
     def compute(self) -> Dict[str, Result]:
         self.finalize()
         results: Dict[str, Result] = {}
-        for method in self._built_methods:
-            for setting in self.class_settings:
-                key = self._key(method, setting)
-
-                def result(metric: str, method: str = method, setting: str = setting) -> str:
-                    return ResultKey(PREFIX, method, setting, metric).format()
-
-                # every rank: torchmetrics syncs the sums (and squeezes a single k to 0-d: reshape back)
-                token = {n: v.reshape(-1) for n, v in self._metrics[f"{key}/token"].compute().items()}
-                iou = {n: v.reshape(-1) for n, v in self._metrics[f"{key}/iou"].compute().items()}
-                for j, k in enumerate(self.ks):
-                    results[result(f"token_f1@{k}")] = float(token["f1"][j])
-                    results[result(f"token_f1_micro@{k}")] = float(token["micro_f1"][j])
-                results[result("token_f1")] = [float(v) for v in token["f1"]]
-                results[result("token_precision")] = [float(v) for v in token["p"]]
-                results[result("token_recall")] = [float(v) for v in token["r"]]
-                results[result("token_f1_micro")] = [float(v) for v in token["micro_f1"]]
-                results[result("iou_f1")] = [float(v) for v in iou["f1"]]
-                results[result("iou_f1_micro")] = [float(v) for v in iou["micro_f1"]]
-                results[result("auprc")] = float(self._metrics[f"{key}/auprc"].compute())
+        for method, setting in self._pairs():
+            key = self._key(method, setting)
+            # every rank: torchmetrics syncs the sums (and squeezes a single k to 0-d: reshape back)
+            values = {state: {n: v.reshape(-1) for n, v in self._metrics[f"{key}/{state}"].compute().items()}
+                      for state in ("token", "iou")}
+            for j, k in enumerate(self.ks):
+                for metric, (state, name) in POINTS.items():
+                    results[self._result(method, setting, f"{metric}{k}")] = float(values[state][name][j])
+            for metric, (state, name) in CURVES.items():
+                results[self._result(method, setting, metric)] = [float(v) for v in values[state][name]]
+            results[self._result(method, setting, "auprc")] = float(self._metrics[f"{key}/auprc"].compute())
         results[COVERAGE] = float(self._metrics[f"{PREFIX}/coverage"].compute())
         return results
 
     def _result_keys(self) -> Dict[str, Tuple[Optional[bool], bool]]:
         """``{result key: (higher_is_better, is a curve over k)}``."""
         keys: Dict[str, Tuple[Optional[bool], bool]] = {}
-        for method in self._built_methods:
-            for setting in self.class_settings:
-                def result(metric: str, method: str = method, setting: str = setting) -> str:
-                    return ResultKey(PREFIX, method, setting, metric).format()
-
-                token = TokenF1.higher_is_better
-                for k in self.ks:
-                    keys[result(f"token_f1@{k}")] = (token, False)
-                    keys[result(f"token_f1_micro@{k}")] = (token, False)
-                for name in ("token_f1", "token_precision", "token_recall", "token_f1_micro"):
-                    keys[result(name)] = (token, True)
-                for name in ("iou_f1", "iou_f1_micro"):
-                    keys[result(name)] = (SpanIOUF1.higher_is_better, True)
-                keys[result("auprc")] = (SoftAUPRC.higher_is_better, False)
+        for method, setting in self._pairs():
+            for k in self.ks:
+                for metric, (state, _) in POINTS.items():
+                    keys[self._result(method, setting, f"{metric}{k}")] = (STATES[state].higher_is_better, False)
+            for metric, (state, _) in CURVES.items():
+                keys[self._result(method, setting, metric)] = (STATES[state].higher_is_better, True)
+            keys[self._result(method, setting, "auprc")] = (SoftAUPRC.higher_is_better, False)
         keys[COVERAGE] = (MeanOverImages.higher_is_better, False)
         return keys
 

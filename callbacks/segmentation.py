@@ -17,7 +17,7 @@ from evaluation.pixel_maps import pixel_maps
 from evaluation.result_keys import ResultKey
 from evaluation.segmentation import METRIC_NAMES, SegmentationMetrics
 
-from .base import EvaluationCallback, Result, outputs_device, relevance_for
+from .base import EvaluationCallback, Result, relevance_for
 
 PREFIX = "segmentation"
 
@@ -48,16 +48,12 @@ class SegmentationTest(EvaluationCallback):
         self._metrics = {m: SegmentationMetrics() for m in methods}
         self._place_metrics(device)
 
-    def reset(self) -> None:
-        self._metrics = {}
-
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
         if "mask" not in batch:
             raise KeyError("segmentation: the batch has no 'mask' (ground-truth segmentation [B, H, W]); use a "
                            "datamodule with masks (ImageNetSegmentationDataModule, SyntheticShapesDataModule)")
         relevance = outputs["relevance"]
-        if not self._metrics:
-            self.build(self.methods if self.methods is not None else list(relevance), outputs_device(outputs))
+        self._build_at_first_batch(outputs)
         gt = batch["mask"]
         if gt.dim() == 4 and gt.shape[1] == 1:
             gt = gt[:, 0]

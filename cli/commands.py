@@ -112,6 +112,13 @@ def names_model_class(args: Sequence[str]) -> bool:
     return False
 
 
+def wandb_init_args(trainer: Any) -> List[Any]:
+    """The ``init_args`` of every ``WandbLogger`` among the loggers of a trainer config."""
+    logger = trainer.get("logger")
+    return [item["init_args"] for item in (logger if isinstance(logger, list) else [logger])
+            if hasattr(item, "get") and "WandbLogger" in str(item.get("class_path", ""))]
+
+
 class ProjectCLI(LightningCLI):
     """``LightningCLI(model_class, any LightningDataModule)`` with the glue shared by the entry points."""
 
@@ -154,13 +161,10 @@ class ProjectCLI(LightningCLI):
         if self.default_root_dir is not None and trainer.get("default_root_dir") in (None, ""):
             trainer["default_root_dir"] = self.default_root_dir
         root = trainer.get("default_root_dir") or os.getcwd()
-        logger = trainer.get("logger")
-        for item in (logger if isinstance(logger, list) else [logger]):
-            if hasattr(item, "get") and "WandbLogger" in str(item.get("class_path", "")):
-                init_args = item["init_args"]
-                if init_args.get("save_dir") in (None, ".", ""):
-                    init_args["save_dir"] = str(root)
-                Path(init_args["save_dir"]).mkdir(parents=True, exist_ok=True)
+        for init_args in wandb_init_args(trainer):
+            if init_args.get("save_dir") in (None, ".", ""):
+                init_args["save_dir"] = str(root)
+            Path(init_args["save_dir"]).mkdir(parents=True, exist_ok=True)
 
 
 class TrainCLI(ProjectCLI):
@@ -272,18 +276,15 @@ class EvaluateCLI(ProjectCLI):
                 raise SystemExit(f"error: --resume {self.resume_dir}: the command line changes the evaluation of "
                                  f"the run ({shown}); a resumed run keeps its config, only "
                                  f"{', '.join(RESUME_MAY_CHANGE)} may change")
-        logger = self.config["trainer"].get("logger")
-        for item in (logger if isinstance(logger, list) else [logger]):
-            if hasattr(item, "get") and "WandbLogger" in str(item.get("class_path", "")):
-                group, tags = run_group_and_tags(self.config)
-                init_args = item["init_args"]
-                if not init_args.get("group"):
-                    init_args["group"] = group
-                if not init_args.get("tags"):
-                    init_args["tags"] = tags
-                if self.resume_dir is not None and "resumed" not in init_args["tags"]:
-                    # a new W&B run in the killed run's group; it logs the whole run's results
-                    init_args["tags"] = list(init_args["tags"]) + ["resumed"]
+        for init_args in wandb_init_args(self.config["trainer"]):
+            group, tags = run_group_and_tags(self.config)
+            if not init_args.get("group"):
+                init_args["group"] = group
+            if not init_args.get("tags"):
+                init_args["tags"] = tags
+            if self.resume_dir is not None and "resumed" not in init_args["tags"]:
+                # a new W&B run in the killed run's group; it logs the whole run's results
+                init_args["tags"] = list(init_args["tags"]) + ["resumed"]
 
     def _check_trusted(self, saved: dict) -> None:
         """Exit naming every setting of the resumed run's config ``saved`` that :func:`untrusted_settings` finds

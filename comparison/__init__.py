@@ -1,8 +1,5 @@
-"""Compare evaluation runs side by side (``compare.py``): load runs and their metrics' declared directions
-(:mod:`comparison.runs`; runs older than the declarations: :mod:`comparison.directions`), build the tables
-(:mod:`comparison.tables`), the figures (:mod:`comparison.figures`: Plotly for the page, matplotlib PNGs), the
-config differences (:mod:`comparison.configs`), the self-contained HTML dashboard (:mod:`comparison.html`) and,
-online, a W&B report with the same panels (:mod:`comparison.wandb_report`)."""
+"""Compare evaluation runs side by side (``compare.py``): load runs (:mod:`comparison.runs`), build tables,
+figures, config differences, the HTML dashboard and, online, a W&B report with the same panels."""
 from comparison.runs import Run, RunLoadError, load_run, load_runs
 
 __all__ = ["Run", "RunLoadError", "load_run", "load_runs"]

@@ -8,7 +8,7 @@ settings that explain results (model, seed, conventions, data subset) for every 
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from comparison.runs import Run
 from comparison.tables import md_text
@@ -122,7 +122,3 @@ def differences_markdown(runs: Sequence[Run]) -> str:
         lines += [f"| {md_text(key)} | " + " | ".join(md_text(texts[run.name]) for run in runs) + " |"
                   for key, texts in diffs]
     return "\n".join(lines) + "\n"
-
-
-def config_text(run: Run) -> Optional[str]:
-    return None if run.config is None else json.dumps(run.config, indent=1, sort_keys=True, default=str)

@@ -23,7 +23,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from comparison.directions import declared_directions
 from evaluation.auc import DEFAULT_FRACTIONS, curve_x
@@ -256,20 +256,28 @@ def _metrics_from_summary(summary: Mapping[str, Any]) -> Dict[str, Any]:
     return metrics
 
 
-def _curves_from_tables(files: Path) -> tuple:
-    """Curves and their x values from the run's ``curves`` table files (rows key, step, fraction, value)."""
+def _curves_from_rows(rows: Iterable[Sequence[Any]]) -> tuple:
+    """Curves and their x values ``({key: [y]}, {key: [x]})`` from ``curves`` table rows (key, step, fraction,
+    value)."""
     curves: Dict[str, Dict[int, float]] = {}
     xs: Dict[str, Dict[int, float]] = {}
+    for key, step, x, y in rows:
+        curves.setdefault(key, {})[int(step)] = y
+        xs.setdefault(key, {})[int(step)] = float(x)
+    return ({k: [v[i] for i in sorted(v)] for k, v in curves.items()},
+            {k: [v[i] for i in sorted(v)] for k, v in xs.items()})
+
+
+def _curves_from_tables(files: Path) -> tuple:
+    """:func:`_curves_from_rows` of the run's ``curves`` table files."""
+    rows: List[Sequence[Any]] = []
     for table in sorted((files / "media" / "table").glob("curves*.table.json")):
         data = _read_json(table)
         columns = data.get("columns") if isinstance(data, dict) else None
         if columns != ["key", "step", "fraction", "value"]:
             raise RunLoadError(f"{table}: expected a curves table (columns key, step, fraction, value)")
-        for key, step, x, y in data.get("data", []):
-            curves.setdefault(key, {})[int(step)] = y
-            xs.setdefault(key, {})[int(step)] = float(x)
-    return ({k: [v[i] for i in sorted(v)] for k, v in curves.items()},
-            {k: [v[i] for i in sorted(v)] for k, v in xs.items()})
+        rows += data.get("data", [])
+    return _curves_from_rows(rows)
 
 
 def _load_wandb_offline(path: Path, name: Optional[str]) -> Run:
@@ -362,21 +370,12 @@ def load_wandb_project(project: str, filters: Optional[Mapping[str, Any]] = None
     for remote in api.runs(path, filters=dict(filters or {})):
         summary = dict(remote.summary._json_dict) if hasattr(remote.summary, "_json_dict") else dict(remote.summary)
         metrics = _metrics_from_summary(summary)
-        curves: Dict[str, Dict[int, float]] = {}
-        xs: Dict[str, Dict[int, float]] = {}
-        for artifact in remote.logged_artifacts():
-            if artifact.type != "run_table" or "curves" not in artifact.name:
-                continue
-            table = artifact.get("curves")
-            if table is None:
-                continue
-            for key, step, x, y in table.data:
-                curves.setdefault(key, {})[int(step)] = y
-                xs.setdefault(key, {})[int(step)] = float(x)
-        metrics.update({k: [v[i] for i in sorted(v)] for k, v in curves.items()})
+        tables = [artifact.get("curves") for artifact in remote.logged_artifacts()
+                  if artifact.type == "run_table" and "curves" in artifact.name]
+        curves, xs = _curves_from_rows(row for table in tables if table is not None for row in table.data)
+        metrics.update(curves)
         config = {k: v for k, v in dict(remote.config).items() if not k.startswith("_")}
-        meta = {"curve_x": {k: [v[i] for i in sorted(v)] for k, v in xs.items()},
-                **_summary_meta(summary, f"wandb:{path}/{remote.id}")}
+        meta = {"curve_x": xs, **_summary_meta(summary, f"wandb:{path}/{remote.id}")}
         runs.append(Run(name=f"{remote.name} ({remote.id})", source=f"wandb:{path}/{remote.id}", kind="wandb-online",
                         metrics=metrics, config=config or None, group=remote.group, tags=list(remote.tags or []),
                         **meta))

@@ -17,9 +17,8 @@ from comparison.configs import differences_markdown
 from comparison.runs import Run
 from comparison.tables import Table, table_markdown, table_title
 
-#: the per-method tables the reporter logs (``callbacks.reporter``), one per test
-BY_METHOD_TABLES = {"perturbation": "perturbation_by_method", "segmentation": "segmentation_by_method",
-                    "cdam_analysis": "cdam_analysis_by_method"}
+#: the tests whose per-method table ``<test>_by_method`` the reporter logs (``callbacks.reporter``)
+BY_METHOD_TESTS = ("perturbation", "segmentation", "cdam_analysis")
 
 
 def run_id(run: Run) -> Optional[str]:
@@ -39,12 +38,10 @@ def build_report(runs: Sequence[Run], tables: Sequence[Table], project: str, ent
 
     ids = [i for i in (run_id(r) for r in runs) if i]
     filters = expr.And(expr.Metric("ID").isin(ids)) if ids else ""
-    runset_kwargs = dict(project=project, name="compared runs", filters=filters)
-    if entity:
-        runset_kwargs["entity"] = entity
+    where = dict(project=project, **({"entity": entity} if entity else {}))
 
     def grid(panels: List) -> "wr.PanelGrid":
-        return wr.PanelGrid(runsets=[wr.Runset(**runset_kwargs)], panels=panels)
+        return wr.PanelGrid(runsets=[wr.Runset(name="compared runs", filters=filters, **where)], panels=panels)
 
     blocks: List = [wr.H1(text=title),
                     wr.P(text=f"{len(runs)} runs: " + ", ".join(r.name for r in runs)
@@ -62,14 +59,11 @@ def build_report(runs: Sequence[Run], tables: Sequence[Table], project: str, ent
                                          orientation="v", layout=wr.Layout(w=12, h=8)))
         if test == "perturbation":
             panels.append(wr.WeavePanelSummaryTable(table_name="curves", layout=wr.Layout(w=24, h=10)))
-        if test in BY_METHOD_TABLES:
-            panels.append(wr.WeavePanelSummaryTable(table_name=BY_METHOD_TABLES[test], layout=wr.Layout(w=24, h=10)))
+        if test in BY_METHOD_TESTS:
+            panels.append(wr.WeavePanelSummaryTable(table_name=f"{test}_by_method", layout=wr.Layout(w=24, h=10)))
         if panels:
             blocks.append(grid(panels))
-    kwargs = dict(project=project, title=title, description=description, blocks=blocks)
-    if entity:
-        kwargs["entity"] = entity
-    return wr.Report(**kwargs)
+    return wr.Report(title=title, description=description, blocks=blocks, **where)
 
 
 def save_report(report, draft: bool = False) -> str:

@@ -35,6 +35,7 @@ from models.clip import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ZeroShotClassifier
 from models.clip_prompts import build_prompt_set
 
 from .imagenet import LAYOUT, ImageFolderDataset, scan_split
+from .imagenet_common import build_transform
 from .synthetic_shapes import SyntheticShapesDataModule
 
 #: CLIP's normalisation (OpenAI's preprocessing; ``CLIPImageProcessor``'s image_mean / image_std)
@@ -48,15 +49,12 @@ BI_SUBSET_FILE = Path(__file__).resolve().parent.parent.parent / "shared" / "dat
 # ------------------------------------------------------------------------------------------ images
 def clip_transform(image_size: int = 224, preprocessing: str = "clip"):
     """PIL RGB -> FloatTensor[3, S, S] in [0, 1]: ``clip`` = resize the shorter side to ``image_size`` (bicubic),
-    centre crop (CLIP's own preprocessing, before its normalisation); ``chefer`` = ``Resize((S, S))``."""
-    from torchvision import transforms as T
-
-    if preprocessing == "clip":
-        return T.Compose([T.Resize(image_size, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(image_size),
-                          T.ToTensor()])
-    if preprocessing == "chefer":
-        return T.Compose([T.Resize((image_size, image_size)), T.ToTensor()])
-    raise ValueError(f"unknown preprocessing {preprocessing!r}; choose one of {PREPROCESSINGS}")
+    centre crop (CLIP's own preprocessing, before its normalisation: timm's eval transform with ``crop_pct=1``);
+    ``chefer`` = ``Resize((S, S))`` (:func:`datamodules.imagenet_common.build_transform`)."""
+    if preprocessing not in PREPROCESSINGS:
+        raise ValueError(f"unknown preprocessing {preprocessing!r}; choose one of {PREPROCESSINGS}")
+    clip = {"input_size": (3, image_size, image_size), "crop_pct": 1.0, "interpolation": "bicubic"}
+    return build_transform("timm" if preprocessing == "clip" else "chefer", image_size, clip)
 
 
 def subset_by_index(samples: list, index_file: Union[str, Path], folder: Union[str, Path]) -> list:

@@ -131,8 +131,3 @@ class ImageNetDataModule(SplitDataLoaders, pl.LightningDataModule):
             self.datasets[which] = ImageFolderDataset(samples, transform)
         return self.datasets[which]
 
-    def setup(self, stage: Optional[str] = None) -> None:
-        if stage in ("fit", None):
-            self.dataset("train")
-        if stage in ("fit", "validate", "test", "predict", None):
-            self.dataset("eval")

@@ -254,10 +254,5 @@ class SyntheticCaptionsDataModule(SplitDataLoaders, pl.LightningDataModule):
             self.datasets[split] = SyntheticCaptionsDataset(self.shapes.dataset(split), **self._caption_options)
         return self.datasets[split]
 
-    def setup(self, stage: Optional[str] = None) -> None:
-        splits = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
-        for split in splits.get(stage, tuple(SPLITS)):
-            self.dataset(split)
-
     def collate_fn(self) -> CaptionCollate:
         return CaptionCollate(self.tokenizer)

@@ -21,7 +21,7 @@ Conventions
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 import pytorch_lightning as pl
@@ -264,10 +264,4 @@ class SyntheticShapesDataModule(SplitDataLoaders, pl.LightningDataModule):
             self.datasets[split] = SyntheticShapesDataset(self._sizes[split], split=split, two_objects=two,
                                                           cache=cache, **self._common)
         return self.datasets[split]
-
-    def setup(self, stage: Optional[str] = None) -> None:
-        splits = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",),
-                  None: tuple(SPLITS)}
-        for split in splits.get(stage, tuple(SPLITS)):
-            self.dataset(split)
 

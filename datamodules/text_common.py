@@ -419,10 +419,6 @@ class TextDataModule(SplitDataLoaders, pl.LightningDataModule):
     def load_documents(self, split: str) -> List[TextDocument]:
         raise NotImplementedError
 
-    def has_split(self, split: str) -> bool:
-        """Whether ``split`` can be loaded (``setup()`` without a stage loads the splits that can)."""
-        return True
-
     def documents(self, split: str) -> List[TextDocument]:
         if split not in self._documents:
             documents = self.load_documents(split)
@@ -436,14 +432,6 @@ class TextDataModule(SplitDataLoaders, pl.LightningDataModule):
             self.datasets[split] = TokenizedTextDataset(self.documents(split), self.tokenizer, self.max_length,
                                                         self.stride)
         return self.datasets[split]
-
-    def setup(self, stage: Optional[str] = None) -> None:
-        needed = {"fit": ("train", "val"), "validate": ("val",), "test": (self.eval_split,),
-                  "predict": (self.eval_split,)}.get(stage)
-        if needed is None:
-            needed = [s for s in ("train", "val", self.eval_split) if self.has_split(s)]
-        for split in needed:
-            self.dataset(split)
 
     def split_for(self, stage: str) -> str:
         return self.eval_split if stage in ("test", "predict") else stage

@@ -18,15 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-def _f64(x: Tensor) -> Tensor:
-    return x.detach().to(torch.float64)
+from .metrics import f64
 
 
 # ------------------------------------------------------------------------------------------ per-image pieces
 def sparsity_per_image(scores: Tensor, fraction: float = 0.05, absolute_max: bool = False) -> Tensor:
     """Share of entries with ``|s| < fraction * max(s)`` per image (``max|s|`` when ``absolute_max``)."""
-    s = _f64(scores).flatten(1)
+    s = f64(scores).flatten(1)
     peak = s.abs().amax(dim=1) if absolute_max else s.amax(dim=1)
     return (s.abs() < fraction * peak[:, None]).to(torch.float64).mean(dim=1)
 
@@ -48,13 +46,13 @@ def mask_to_map(mask: Tensor, map_shape: Tuple[int, ...], image_hw: Tuple[int, i
         h, w = map_shape
         if h_img % h or w_img % w:
             raise ValueError(f"map {h}x{w} does not divide the {h_img}x{w_img} mask")
-    cover = F.avg_pool2d(_f64(mask)[:, None], kernel_size=(h_img // h, w_img // w))[:, 0]
+    cover = F.avg_pool2d(f64(mask)[:, None], kernel_size=(h_img // h, w_img // w))[:, 0]
     return cover.flatten(1) if len(map_shape) == 1 else cover
 
 
 def positive_share(scores: Tensor, coverage: Tensor) -> Tensor:
     """Per image: sum(relu(s) * coverage) / sum(relu(s)); NaN where no score is positive."""
-    pos = _f64(scores).flatten(1).clamp_min(0)
+    pos = f64(scores).flatten(1).clamp_min(0)
     cov = coverage.flatten(1)
     total = pos.sum(dim=1)
     share = (pos * cov).sum(dim=1) / total.clamp_min(1e-300)
@@ -62,7 +60,7 @@ def positive_share(scores: Tensor, coverage: Tensor) -> Tensor:
 
 
 def pearson_per_image(x: Tensor, y: Tensor) -> Tensor:
-    x, y = _f64(x).flatten(1), _f64(y).flatten(1)
+    x, y = f64(x).flatten(1), f64(y).flatten(1)
     xc, yc = x - x.mean(dim=1, keepdim=True), y - y.mean(dim=1, keepdim=True)
     den = torch.sqrt((xc * xc).sum(1) * (yc * yc).sum(1))
     r = (xc * yc).sum(1) / den.clamp_min(1e-300)

@@ -3,13 +3,8 @@
 
 The evaluation module builds one from its model (:func:`classifier_for`: the class of the model's modality, its
 adapter's ``modality``) and hands it to the callbacks in every ``test_step`` output (``outputs["classifier"]``);
-a callback never calls the module itself. Both have the same three calls, on the inputs their perturbers produce:
-
-* ``logits(inputs, batch_size=None)`` -> ``[M, C]``;
-* ``predict(inputs, batch_size=None)`` -> predicted classes ``[M]``;
-* ``probabilities(inputs, batch_size=None)`` -> softmax ``[M, C]`` (ERASER's faithfulness scores).
-
-``batch_size`` inputs per forward (default: the classifier's ``batch_size``); gradients are never recorded.
+a callback never calls the module itself. Both have the same three calls on the inputs their perturbers produce,
+``logits``, ``predict`` and ``probabilities`` (``batch_size`` inputs per forward; gradients never recorded).
 They also answer, for the evaluation module, what differs between the modalities: ``data_config()`` (what the
 data must know of the model), ``model_inputs(batch)`` (what the model and the methods read of a batch),
 ``forward(inputs)`` (logits with autograd), ``num_samples(inputs)`` and ``take(inputs, index)`` (a part of the

@@ -9,27 +9,36 @@ its key (e.g. a share of relevance on the target object vs on the other object).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
 
-def _f64(x: Tensor) -> Tensor:
-    return x.detach().to(torch.float64)
+def f64(x: Any) -> Tensor:
+    """``x`` as a detached float64 tensor."""
+    return torch.as_tensor(x).detach().to(torch.float64)
 
 
-class CleanAccuracy(Metric):
-    """Top-1 accuracy: float64 sums of correct predictions and of samples."""
+class SumsMetric(Metric):
+    """A metric whose states are float64 sums (zeros of ``shape``) reduced with ``sum`` (module docstring)."""
 
     full_state_update = False
+
+    def add_sums(self, *names: str, shape: Tuple[int, ...] = ()) -> None:
+        for name in names:
+            self.add_state(name, default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
+
+
+class CleanAccuracy(SumsMetric):
+    """Top-1 accuracy: float64 sums of correct predictions and of samples."""
+
     higher_is_better = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.add_state("correct", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("total", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_sums("correct", "total")
 
     def update(self, logits: Tensor, labels: Tensor) -> None:
         self.correct += (logits.argmax(dim=-1) == labels).sum().to(torch.float64)
@@ -39,33 +48,47 @@ class CleanAccuracy(Metric):
         return self.correct / self.total if self.total > 0 else torch.tensor(float("nan"), dtype=torch.float64)
 
 
-class PerturbationCurve(Metric):
-    """Accuracy per perturbation step: float64 sums of correct predictions per step and of samples.
+class PerStepMean(SumsMetric):
+    """Mean over samples of a value per step (e.g. a probability drop per perturbation bin): float64 sums of the
+    values ``[B, num_points]`` per step and of the number of samples."""
+
+    higher_is_better: Optional[bool] = None
+    #: the names of the two states: the sums of the values per step, the number of samples
+    sum_names = ("total", "count")
+    #: what ``update`` takes, for its error message
+    values_name = "values"
+
+    def __init__(self, num_points: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_points = int(num_points)
+        self.add_sums(self.sum_names[0], shape=(self.num_points,))
+        self.add_sums(self.sum_names[1])
+
+    def update(self, values: Tensor) -> None:
+        """``values``: ``[B, num_points]``."""
+        if values.dim() != 2 or values.shape[1] != self.num_points:
+            raise ValueError(f"expected {self.values_name} [B, {self.num_points}], got {tuple(values.shape)}")
+        sums, count = self.sum_names
+        setattr(self, sums, getattr(self, sums) + f64(values).sum(dim=0))
+        setattr(self, count, getattr(self, count) + values.shape[0])
+
+    def compute(self) -> Tensor:
+        sums, count = (getattr(self, name) for name in self.sum_names)
+        if count == 0:
+            return torch.full((self.num_points,), float("nan"), dtype=torch.float64)
+        return sums / count
+
+
+class PerturbationCurve(PerStepMean):
+    """Accuracy per perturbation step: ``update`` takes the correctness, bool ``[B, num_points]`` (column 0: the
+    clean prediction); states: the correct predictions per step and the samples.
 
     The direction of its area depends on the test: :class:`PositivePerturbationCurve`,
     :class:`NegativePerturbationCurve` (:func:`perturbation_curve` picks one by direction).
     """
 
-    full_state_update = False
-    higher_is_better: Optional[bool] = None
-
-    def __init__(self, num_points: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.num_points = int(num_points)
-        self.add_state("correct", default=torch.zeros(self.num_points, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("total", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-
-    def update(self, correct: Tensor) -> None:
-        """``correct``: bool ``[B, num_points]`` (column 0: clean prediction)."""
-        if correct.dim() != 2 or correct.shape[1] != self.num_points:
-            raise ValueError(f"expected correctness [B, {self.num_points}], got {tuple(correct.shape)}")
-        self.correct += correct.to(torch.float64).sum(dim=0)
-        self.total += correct.shape[0]
-
-    def compute(self) -> Tensor:
-        if self.total == 0:
-            return torch.full((self.num_points,), float("nan"), dtype=torch.float64)
-        return self.correct / self.total
+    sum_names = ("correct", "total")
+    values_name = "correctness"
 
 
 class PositivePerturbationCurve(PerturbationCurve):
@@ -88,21 +111,19 @@ def perturbation_curve(direction: str, num_points: int) -> PerturbationCurve:
     return classes[direction](num_points)
 
 
-class PooledPearson(Metric):
+class PooledPearson(SumsMetric):
     """Pearson correlation of two score tensors pooled over everything passed to ``update`` (float64 sums)."""
 
-    full_state_update = False
     higher_is_better = None
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        for name in ("sx", "sy", "sxx", "syy", "sxy", "n"):
-            self.add_state(name, default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_sums("sx", "sy", "sxx", "syy", "sxy", "n")
 
     def update(self, x: Tensor, y: Tensor) -> None:
         if x.shape != y.shape:
             raise ValueError(f"pearson: shapes differ {tuple(x.shape)} vs {tuple(y.shape)}")
-        x, y = _f64(x).flatten(), _f64(y).flatten()
+        x, y = f64(x).flatten(), f64(y).flatten()
         self.sx += x.sum()
         self.sy += y.sum()
         self.sxx += (x * x).sum()
@@ -119,19 +140,17 @@ class PooledPearson(Metric):
         return cov / torch.sqrt(var)
 
 
-class MeanOverImages(Metric):
+class MeanOverImages(SumsMetric):
     """Mean of per-sample values (float64 sum and count); NaN values are skipped."""
 
-    full_state_update = False
     higher_is_better = None
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.add_state("total", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_sums("total", "count")
 
     def update(self, values: Tensor) -> None:
-        values = _f64(values).flatten()
+        values = f64(values).flatten()
         keep = ~torch.isnan(values)
         self.total += values[keep].sum()
         self.count += keep.sum()
@@ -139,30 +158,4 @@ class MeanOverImages(Metric):
     def compute(self) -> Tensor:
         if self.count == 0:
             return torch.tensor(float("nan"), dtype=torch.float64)
-        return self.total / self.count
-
-
-class PerStepMean(Metric):
-    """Mean over samples of a value per step (e.g. a probability drop per perturbation bin): float64 sums of the
-    values ``[B, num_points]`` and of the number of samples."""
-
-    full_state_update = False
-    higher_is_better: Optional[bool] = None
-
-    def __init__(self, num_points: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.num_points = int(num_points)
-        self.add_state("total", default=torch.zeros(self.num_points, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-
-    def update(self, values: Tensor) -> None:
-        """``values``: ``[B, num_points]``."""
-        if values.dim() != 2 or values.shape[1] != self.num_points:
-            raise ValueError(f"expected values [B, {self.num_points}], got {tuple(values.shape)}")
-        self.total += _f64(values).sum(dim=0)
-        self.count += values.shape[0]
-
-    def compute(self) -> Tensor:
-        if self.count == 0:
-            return torch.full((self.num_points,), float("nan"), dtype=torch.float64)
         return self.total / self.count

@@ -16,16 +16,10 @@ A new kind of input is a new subclass registered under its masking name with :fu
 does not change.
 
 Images (:class:`PixelPerturber`, PROTOCOLS.md sections 1 and 2): units are the ``H * W`` pixels of the [0, 1]
-image ``batch["image"]``, scored by the protocols' pixel maps (:func:`evaluation.pixel_maps.pixel_maps`: bilinear
-upsampling, min-max per image); a removed pixel is filled in all channels with
-
-* ``chefer`` (Chefer 2021a, default): 0 in [0, 1] space **before** the model's normalisation (black);
-* ``mean`` (Beyond Intuition's CLIP test): the model's mean colour (``classifier.mean``), i.e. 0 **after**
-  normalisation.
-
-Texts (:class:`TokenPerturber`, PROTOCOLS.md section 5): units are token positions scored by the method's token
-scores; a removed token becomes ``[PAD]`` with attention mask 0 (``pad``, Beyond Intuition), ``[MASK]``
-(``mask``) or is deleted (``delete``); special tokens are never removed by default.
+image ``batch["image"]``, scored by the protocols' pixel maps (:func:`evaluation.pixel_maps.pixel_maps`), filled
+in all channels as ``chefer`` (Chefer 2021a, default) or ``mean`` (Beyond Intuition's CLIP test) say. Texts
+(:class:`TokenPerturber`, PROTOCOLS.md section 5): units are token positions scored by the method's token scores,
+removed as ``pad`` (Beyond Intuition), ``mask`` or ``delete`` say.
 """
 from __future__ import annotations
 
@@ -86,7 +80,8 @@ class PixelPerturber(Perturber):
     """Pixels of the [0, 1] images ``batch["image"]`` ``[B, 3, H, W]`` (module docstring).
 
     Args:
-        fill: ``chefer`` (0 in [0, 1] space before normalisation) or ``mean`` (the classifier's mean colour).
+        fill: ``chefer`` (0 in [0, 1] space **before** the model's normalisation: black) or ``mean`` (the
+            classifier's mean colour, i.e. 0 **after** normalisation).
     """
 
     FILLS = ("chefer", "mean")

@@ -1,17 +1,12 @@
 """The removal order and the steps of a perturbation test, for any kind of input (PROTOCOLS.md sections 1, 2, 5).
 
 A perturbation test removes *units* of an input (pixels of an image, tokens of a text) in the order of their
-scores ``[B, N]`` and re-classifies the input after each step. This module knows nothing of what a unit is:
-
-* :func:`removal_ranks`: the rank of every unit in the removal order (0 = removed first); descending, *stable*
-  sort of the scores (``positive`` direction) or of the negated scores (``negative``: least relevant first);
-  units that may not be removed (e.g. padding) come after every removable one;
-* tie conventions (:data:`TIES`): ``index``: among equal scores the smaller flat index first (in both
-  directions); ``random``: among equal scores in the order of a tie-breaking score map of the same shape (the
-  random baseline's map of the sample, negated with the scores in the negative direction), then by index;
-* :func:`removal_counts`: ``k = int(p * n)`` units for each fraction ``p`` (the references' truncation), ``n`` one
-  number for the batch or one per sample (e.g. the real length of each text);
-* :func:`removal_masks`: step ``s`` removes the units of rank ``< k[s]``.
+scores ``[B, N]`` (:func:`removal_ranks`; the ``negative`` direction ranks the negated scores), ``k = int(p * n)``
+of them per fraction ``p`` (:func:`removal_counts`, :func:`removal_masks`), and re-classifies the input after each
+step. This module knows nothing of what a unit is. Tie conventions (:data:`TIES`): ``index``: among equal scores
+the smaller flat index first (in both directions); ``random``: among equal scores in the order of a tie-breaking
+score map of the same shape (the random baseline's map of the sample, negated with the scores in the negative
+direction), then by index.
 """
 from __future__ import annotations
 

@@ -27,8 +27,7 @@ from the hard rationales of :mod:`evaluation.rationale_selection`. PROTOCOLS.md 
   NaN, which makes ERASER's average NaN; recent versions set it to 1 with a warning): it is **left out** of the
   average and counted (``skipped``). Every annotation of the Movie Reviews test split has evidence.
 
-Every metric state is a float64 sum reduced with ``sum`` across processes, so one process and N processes that
-see every instance once give the same values (up to the order of float64 sums).
+The metric states are float64 sums (:class:`evaluation.metrics.SumsMetric`).
 """
 from __future__ import annotations
 
@@ -37,8 +36,8 @@ from typing import Any, Dict, Tuple
 import numpy as np
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
+from .metrics import SumsMetric, f64
 from .rationale_selection import batched_runs
 
 #: ERASER's default ``--iou_thresholds``
@@ -130,10 +129,6 @@ def soft_auprc(scores: Tensor, truth: Tensor, valid: Tensor) -> Tensor:
 
 
 # ============================================================================================= metric states
-def _f64(x: Any) -> Tensor:
-    return torch.as_tensor(x).detach().to(torch.float64)
-
-
 def _f1(p: Tensor, r: Tensor) -> Tensor:
     """ERASER's ``_f1``: 0 when either is 0, else the harmonic mean (NaN stays NaN)."""
     out = 2 * p * r / (p + r)
@@ -144,23 +139,21 @@ def _ratio(num: Tensor, den: Tensor, empty: float) -> Tensor:
     return torch.where(den > 0, num / den.clamp(min=1e-300), torch.full_like(num, empty))
 
 
-class TokenF1(Metric):
+class TokenF1(SumsMetric):
     """Token-level P/R/F1 per ``k`` as ERASER's ``token_prf`` (module docstring): float64 sums of per-instance
     P, R, F1 and of included instances (``instance_macro``), and of true positives, predicted and true tokens
     (``instance_micro``). ``compute`` gives ``{"p", "r", "f1", "micro_p", "micro_r", "micro_f1"}``, ``[K]`` each."""
 
-    full_state_update = False
     higher_is_better = True
 
     def __init__(self, num_ks: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.num_ks = int(num_ks)
-        for name in ("sum_p", "sum_r", "sum_f1", "instances", "tp", "n_pred", "n_truth"):
-            self.add_state(name, default=torch.zeros(self.num_ks, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_sums("sum_p", "sum_r", "sum_f1", "instances", "tp", "n_pred", "n_truth", shape=(self.num_ks,))
 
     def update(self, tp: Tensor, n_pred: Tensor, n_truth: Tensor) -> None:
         """Counts ``[B, K]`` of :func:`token_counts`."""
-        tp, n_pred, n_truth = _f64(tp), _f64(n_pred), _f64(n_truth)
+        tp, n_pred, n_truth = f64(tp), f64(n_pred), f64(n_truth)
         if tp.dim() != 2 or tp.shape[1] != self.num_ks or n_pred.shape != tp.shape or n_truth.shape != tp.shape:
             raise ValueError(f"expected counts [B, {self.num_ks}], got {tuple(tp.shape)}, {tuple(n_pred.shape)}, "
                              f"{tuple(n_truth.shape)}")
@@ -183,24 +176,22 @@ class TokenF1(Metric):
                 "micro_p": micro_p, "micro_r": micro_r, "micro_f1": _f1(micro_p, micro_r)}
 
 
-class SpanIOUF1(Metric):
+class SpanIOUF1(SumsMetric):
     """IOU-F1 per ``k`` as ERASER's ``partial_match_score`` (module docstring): float64 sums of hits, predicted
     and true spans (micro), of per-instance recall over instances with true spans and of per-instance precision
     over instances with predicted spans (macro). ``compute`` gives ``{"f1", "p", "r", "micro_f1", "micro_p",
     "micro_r"}``, ``[K]`` each (``f1``: ERASER's macro F1)."""
 
-    full_state_update = False
     higher_is_better = True
 
     def __init__(self, num_ks: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.num_ks = int(num_ks)
-        for name in ("hits", "n_pred", "n_truth", "sum_r", "with_truth", "sum_p", "with_pred"):
-            self.add_state(name, default=torch.zeros(self.num_ks, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_sums("hits", "n_pred", "n_truth", "sum_r", "with_truth", "sum_p", "with_pred", shape=(self.num_ks,))
 
     def update(self, hits: Tensor, n_pred: Tensor, n_truth: Tensor) -> None:
         """Counts ``[B, K]`` of :func:`span_iou_matches`."""
-        hits, n_pred, n_truth = _f64(hits), _f64(n_pred), _f64(n_truth)
+        hits, n_pred, n_truth = f64(hits), f64(n_pred), f64(n_truth)
         if hits.dim() != 2 or hits.shape[1] != self.num_ks or n_pred.shape != hits.shape \
                 or n_truth.shape != hits.shape:
             raise ValueError(f"expected counts [B, {self.num_ks}], got {tuple(hits.shape)}, {tuple(n_pred.shape)}, "
@@ -220,21 +211,19 @@ class SpanIOUF1(Metric):
                 "micro_r": micro_r}
 
 
-class SoftAUPRC(Metric):
+class SoftAUPRC(SumsMetric):
     """Mean per-instance AUPRC (ERASER's ``_auprc``): float64 sum and count of the instances with a true word, and
     the count of those without (``skipped``, module docstring). ``compute``: the mean (NaN without instances)."""
 
-    full_state_update = False
     higher_is_better = True
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        for name in ("total", "count", "skipped"):
-            self.add_state(name, default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_sums("total", "count", "skipped")
 
     def update(self, values: Tensor) -> None:
         """Per-instance AUPRC ``[B]`` of :func:`soft_auprc` (NaN: no true word, skipped)."""
-        values = _f64(values).flatten()
+        values = f64(values).flatten()
         keep = ~torch.isnan(values)
         self.total += values[keep].sum()
         self.count += keep.sum()

@@ -11,9 +11,7 @@ the curves).
 * :func:`metrics_meta` / :func:`read_metrics_meta`: the two declarations as the sidecar ``metrics.meta.json``
   beside it (``{"schema_version": 1, "metrics": {key: {"higher_is_better": ..., "x": [...] (curves only)}}}``),
   so that a run's results describe themselves (``compare.py`` reads them);
-* :func:`curve_rows` / :func:`log_curves`: every curve as rows ``[key, step, x, y]`` of one logger table;
-* :func:`results_table`: the text table printed at the end of a run; each column and scalar says whether higher
-  or lower is better, as its metric declares.
+* the curves as one logger table (:func:`log_curves`) and the printed results table (:func:`results_table`).
 """
 from __future__ import annotations
 

@@ -22,9 +22,8 @@ image size, min-max per image) against ground-truth masks ``[B, H, W]``:
   computes an F1 per image **row** (0 for rows without true or predicted foreground), averaged over rows; here
   the row mean per image, then the mean over images (the same number, every image has H rows).
 
-States are float64 sums (per-image values summed, pixel counts summed) reduced with ``sum``: one process and N
-processes that see every image once give the same result up to float64 summation order.
-Every metric: higher is better. The callback is :class:`callbacks.segmentation.SegmentationTest`.
+States: float64 sums of per-image values and pixel counts (:class:`evaluation.metrics.SumsMetric`). Every
+metric: higher is better. The callback is :class:`callbacks.segmentation.SegmentationTest`.
 """
 from __future__ import annotations
 
@@ -33,7 +32,8 @@ from typing import Any, Dict
 import numpy as np
 import torch
 from torch import Tensor
-from torchmetrics import Metric
+
+from .metrics import SumsMetric
 
 EPS = float(np.spacing(1))  # the reference's denominators: 1.0 * x / (np.spacing(1) + y)
 METRIC_NAMES = ("pixel_accuracy", "miou", "map", "f1", "f1_rows")
@@ -103,23 +103,16 @@ def f1_rows(pred: Tensor, gt: Tensor) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------ metric
-class SegmentationMetrics(Metric):
+class SegmentationMetrics(SumsMetric):
     """Dataset-level pixel accuracy and mIoU, image-level mAP, F1 and row-F1 (see the module docstring)."""
 
-    full_state_update = False
     higher_is_better = True  # every one of its values
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        f64 = dict(dtype=torch.float64)
-        self.add_state("correct", default=torch.zeros((), **f64), dist_reduce_fx="sum")
-        self.add_state("labeled", default=torch.zeros((), **f64), dist_reduce_fx="sum")
-        self.add_state("intersection", default=torch.zeros(2, **f64), dist_reduce_fx="sum")  # [bg, fg]
-        self.add_state("union", default=torch.zeros(2, **f64), dist_reduce_fx="sum")
-        self.add_state("ap_sum", default=torch.zeros((), **f64), dist_reduce_fx="sum")
-        self.add_state("f1_sum", default=torch.zeros((), **f64), dist_reduce_fx="sum")
-        self.add_state("f1_rows_sum", default=torch.zeros((), **f64), dist_reduce_fx="sum")
-        self.add_state("images", default=torch.zeros((), **f64), dist_reduce_fx="sum")
+        self.add_sums("correct", "labeled")
+        self.add_sums("intersection", "union", shape=(2,))  # [bg, fg]
+        self.add_sums("ap_sum", "f1_sum", "f1_rows_sum", "images")
 
     def update(self, maps: Tensor, gt: Tensor) -> None:
         """``maps``: normalised ``[B, H, W]`` in [0, 1]; ``gt``: ``[B, H, W]`` in {0, 1}."""

@@ -25,8 +25,7 @@ Conventions
 * Recipe: AdamW (``lr``, ``betas``, ``weight_decay`` on weight matrices only: none on biases, LayerNorms,
   embeddings and the temperature), learning rate warmed up linearly over ``warmup_ratio`` of the optimizer steps
   then cosine-decayed to 0, stepped every optimizer step.
-* Checks before training (``setup``): the datamodule's tokenizer fits the embeddings, its special-token ids and
-  ``max_length`` are the model's, its images are ``image_size`` pixels.
+* Checks before training (``setup``): :meth:`CLIPContrastiveModule.check_datamodule`.
 * Export (:meth:`export`): one folder in ``save_pretrained`` layout that ``CLIPModel.from_pretrained``,
   ``AutoTokenizer.from_pretrained``, ``CLIPImageProcessor.from_pretrained`` and
   :func:`models.clip.load_zero_shot_classifier` (``clip:<folder>``) read: the model (safetensors, float32), the
@@ -36,7 +35,6 @@ Conventions
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -48,15 +46,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from datamodules.clip_zero_shot import CLIP_MEAN, CLIP_STD
-from lightning_modules.classification_step import StageSteps
+from lightning_modules.classification_step import EXPORT_METADATA, FolderExport, StageSteps
 from lightning_modules.lr_schedule import stepped_schedule
 from methods.config_values import PlainDict
 from models.checkpoint_io import cpu_float32_state_dict, fresh_export_folder
 from models.clip import ZeroShotClassifier
 from models.clip_prompts import save_prompt_set
 
-#: the file an export writes beside the model: marks the folder as this module's export (replaceable)
-EXPORT_METADATA = "training.json"
 VISION_DEFAULTS: Dict[str, Any] = dict(image_size=64, patch_size=8, hidden_size=64, intermediate_size=256,
                                        num_hidden_layers=4, num_attention_heads=4)
 TEXT_DEFAULTS: Dict[str, Any] = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=4,
@@ -66,7 +62,7 @@ LOGIT_SCALE_INIT = math.log(1 / 0.07)
 LOGIT_SCALE_MAX = math.log(100.0)
 
 
-class CLIPContrastiveModule(StageSteps, pl.LightningModule):
+class CLIPContrastiveModule(FolderExport, StageSteps, pl.LightningModule):
     """Contrastive training of a small CLIP from scratch (module docstring for the conventions)."""
 
     #: train.py's default export: ``<trainer.default_root_dir>/clip`` (a folder)
@@ -127,11 +123,6 @@ class CLIPContrastiveModule(StageSteps, pl.LightningModule):
         return self.clip.logit_scale.exp() * image @ text.t()
 
     # ------------------------------------------------------------------------------------------ checks
-    def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if datamodule is not None:
-            self.check_datamodule(datamodule)
-
     def check_datamodule(self, datamodule: Any) -> None:
         """The datamodule serves this model: its tokenizer fits the embeddings and has the model's special-token
         ids and at most its positions, its images are the model's size."""
@@ -218,11 +209,8 @@ class CLIPContrastiveModule(StageSteps, pl.LightningModule):
     # ------------------------------------------------------------------------------------------ export
     def export(self, folder: Union[str, os.PathLike], datamodule: Any,
                metadata: Optional[Dict[str, Any]] = None) -> Path:
-        """Write the model, the datamodule's tokenizer, the image processor and prompt set, and ``metadata``
-        (plain values) in ``training.json`` to ``folder`` (module docstring); returns the folder.
-
-        A folder that holds an earlier export (its ``training.json``) is replaced; any other existing, non-empty
-        path is refused, naming it."""
+        """Write the export (module docstring) with ``metadata`` to ``folder``; returns it
+        (:class:`~lightning_modules.classification_step.FolderExport`)."""
         from transformers import CLIPImageProcessor
 
         self.check_datamodule(datamodule)
@@ -239,7 +227,4 @@ class CLIPContrastiveModule(StageSteps, pl.LightningModule):
                            resample=3).save_pretrained(str(folder))
         save_prompt_set(folder, prompt_set.classnames, prompt_set.prompts,
                         templates=getattr(datamodule, "templates", None))
-        info = {"classes": list(prompt_set.classnames), "datamodule": type(datamodule).__name__,
-                "hparams": dict(self.hparams), **(metadata or {})}
-        (folder / EXPORT_METADATA).write_text(json.dumps(info, indent=2, default=str) + "\n")
-        return folder
+        return self.write_export_info(folder, datamodule, metadata, classes=list(prompt_set.classnames))

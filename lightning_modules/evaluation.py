@@ -13,11 +13,9 @@ classifier) and the methods to evaluate; what differs between images and texts i
 explains them with every method and returns the dict that :mod:`callbacks.base` describes (raw relevance per
 method and class setting, the targets, the clean logits, ``class_specific``, the layout and the classifier).
 
-Class settings (``evaluation.method_specs.CLASS_SETTINGS``): ``predicted`` (argmax of the clean logits),
-``target`` (``batch["label"]``) and ``other`` (``batch["other_label"]``, two-object data). The module explains its
-``class_settings``: the init argument, plus the settings the evaluation callbacks declare, which the builder of
-the run hands over before it starts (:meth:`AttributionEvaluationModule.add_class_settings`; ``evaluate.py``
-does); ``other`` only when the batch has ``other_label``. A class-agnostic method (``method.class_specific ==
+Class settings (:mod:`evaluation.method_specs`): the module explains its ``class_settings`` and those the run's
+evaluation callbacks declare (:meth:`AttributionEvaluationModule.add_class_settings`; ``evaluate.py`` hands them
+over); ``other`` only when the batch has ``other_label``. A class-agnostic method (``method.class_specific ==
 False``) runs once per batch and the *same tensor* is returned for every setting.
 
 Every method is called as ``method(model, inputs, target=..., sample_ids=batch["index"])``: the dataset index of

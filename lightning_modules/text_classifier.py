@@ -29,9 +29,7 @@ Conventions
   ``test/loss``, ``test/acc``, as :class:`~lightning_modules.probe.LinearProbe` logs them.
 * Tokenizer: a text datamodule given none gets the model's (:meth:`data_config`: the folder or name the model
   is read from, e.g. the packaged MiniLM's); one given explicitly is kept.
-* Checks before training (``setup``): the datamodule's ``classes`` count equals ``num_labels`` and its
-  tokenizer's vocabulary fits the model's embeddings; the datamodule must have a ``tokenizer`` (the export
-  needs it).
+* Checks before training (``setup``): :meth:`TextClassifierModule.check_datamodule`.
 * Export (:meth:`export`): the model with ``save_pretrained`` (safetensors), the datamodule's tokenizer, and
   ``id2label``/``label2id`` from the datamodule's ``classes``, plus ``training.json`` (metrics, checkpoint,
   the datamodule's ``max_length``) in one folder that ``AutoModelForSequenceClassification.from_pretrained`` and
@@ -40,7 +38,6 @@ Conventions
 from __future__ import annotations
 
 import inspect
-import json
 import os
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
@@ -49,14 +46,11 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
-from lightning_modules.classification_step import StageSteps, classification_loss
+from lightning_modules.classification_step import EXPORT_METADATA, FolderExport, StageSteps, classification_loss
 from lightning_modules.lr_schedule import stepped_schedule
 from methods.config_values import PlainDict
 from models.checkpoint_io import cpu_float32_state_dict, fresh_export_folder
 from models.sources import check_remote_code_options, load_hf_classifier, resolve_hf_source
-
-#: the file an export writes beside the model: marks the folder as this module's export (replaceable)
-EXPORT_METADATA = "training.json"
 
 
 def encoder_parts(model: nn.Module) -> Tuple[nn.Module, Sequence[nn.Module]]:
@@ -74,7 +68,7 @@ def encoder_parts(model: nn.Module) -> Tuple[nn.Module, Sequence[nn.Module]]:
                     "base model: freezing needs a BERT-like encoder")
 
 
-class TextClassifierModule(StageSteps, pl.LightningModule):
+class TextClassifierModule(FolderExport, StageSteps, pl.LightningModule):
     """Fine-tuning of a Hugging Face sequence classifier (module docstring for the conventions)."""
 
     #: train.py's default export: ``<trainer.default_root_dir>/classifier`` (a folder)
@@ -155,11 +149,6 @@ class TextClassifierModule(StageSteps, pl.LightningModule):
         :func:`training.fit.fit_and_export` before training, as ``evaluate.py`` does)."""
         return {"tokenizer": resolve_hf_source(self.hparams.model)}
 
-    def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        if datamodule is not None:
-            self.check_datamodule(datamodule)
-
     def check_datamodule(self, datamodule: Any) -> None:
         """The datamodule serves this model: it has a tokenizer (the export saves it) whose vocabulary fits the
         embeddings, and as many ``classes`` as the model has labels."""
@@ -215,12 +204,8 @@ class TextClassifierModule(StageSteps, pl.LightningModule):
     # ------------------------------------------------------------------------------------------ export
     def export(self, folder: Union[str, os.PathLike], datamodule: Any,
                metadata: Optional[Dict[str, Any]] = None) -> Path:
-        """Write the model (``save_pretrained``, safetensors, float32), the datamodule's tokenizer and
-        ``id2label``/``label2id`` from ``datamodule.classes`` (``LABEL_<i>`` without them) to ``folder``, with
-        ``metadata`` (plain values) in ``training.json``; returns the folder.
-
-        A folder that holds an earlier export (its ``training.json``) is replaced; any other existing, non-empty
-        path is refused, naming it."""
+        """Write the export (module docstring; ``LABEL_<i>`` class names without ``datamodule.classes``) with
+        ``metadata`` to ``folder``; returns it (:class:`~lightning_modules.classification_step.FolderExport`)."""
         self.check_datamodule(datamodule)
         folder = fresh_export_folder(folder, EXPORT_METADATA, type(self).__name__)
         classes = [str(c) for c in (getattr(datamodule, "classes", None) or [])]
@@ -231,7 +216,5 @@ class TextClassifierModule(StageSteps, pl.LightningModule):
         config.label2id = {name: i for i, name in enumerate(classes)}
         model.save_pretrained(str(folder), state_dict=cpu_float32_state_dict(model))
         datamodule.tokenizer.save_pretrained(str(folder))
-        info = {"classes": classes, "max_length": getattr(datamodule, "max_length", None),
-                "datamodule": type(datamodule).__name__, "hparams": dict(self.hparams), **(metadata or {})}
-        (folder / EXPORT_METADATA).write_text(json.dumps(info, indent=2, default=str) + "\n")
-        return folder
+        return self.write_export_info(folder, datamodule, metadata, classes=classes,
+                                      max_length=getattr(datamodule, "max_length", None))

@@ -17,18 +17,13 @@ _HOOK_DICTS = (
 
 
 def _hook_counts(model: nn.Module) -> List[Tuple[str, str, int]]:
-    counts = []
-    for name, module in model.named_modules():
-        for attr in _HOOK_DICTS:
-            hooks = getattr(module, attr, None)
-            if hooks is not None:
-                counts.append((name, attr, len(hooks)))
-    return counts
+    return [(name, attr, len(getattr(module, attr))) for name, module in model.named_modules()
+            for attr in _HOOK_DICTS if getattr(module, attr, None) is not None]
 
 
 @contextlib.contextmanager
-def preserved_model_state(model: nn.Module, eval_mode: bool = True) -> Iterator[nn.Module]:
-    """Run a block with the model in eval mode (by default) and restore, on exit and on error:
+def preserved_model_state(model: nn.Module) -> Iterator[nn.Module]:
+    """Run a block with the model in eval mode and restore, on exit and on error:
     every module's train/eval flag, every parameter's ``requires_grad`` and ``.grad``, every attention
     module's ``fused_attn`` flag and Hugging Face ``_attn_implementation``.
 
@@ -46,8 +41,7 @@ def preserved_model_state(model: nn.Module, eval_mode: bool = True) -> Iterator[
         if hasattr(m, "config") and hasattr(m.config, "_attn_implementation")
     }
     hooks_before = _hook_counts(model)
-    if eval_mode:
-        model.eval()
+    model.eval()
     try:
         yield model
     finally:

@@ -25,7 +25,6 @@ FORMAT = "token_attributions.classifier/v1"
 PathLike = Union[str, os.PathLike]
 
 
-
 # ------------------------------------------------------------------------------------------ kwargs
 def _act_name(module: nn.Module) -> str:
     from timm.layers.activations import QuickGELU
@@ -136,13 +135,12 @@ def save_classifier(model: nn.Module, path: PathLike, **metadata: Any) -> Path:
         raise ValueError(f"cannot rebuild this model from stock VisionTransformer kwargs {kwargs}: {err}") from err
     h, w = kwargs["img_size"]
     x = torch.randn(2, kwargs["in_chans"], h, w, generator=torch.Generator().manual_seed(0))
-    ref_model = model
-    was_training = ref_model.training
+    was_training = model.training
     param = next(model.parameters())
     with torch.no_grad():
-        ref_model.eval()
-        ref = ref_model(x.to(param.device, param.dtype)).float().cpu()
-        ref_model.train(was_training)
+        model.eval()
+        ref = model(x.to(param.device, param.dtype)).float().cpu()
+        model.train(was_training)
         out = rebuilt.to(param.dtype)(x.to(param.dtype)).float()
     if not torch.allclose(ref, out, rtol=1e-4, atol=1e-4 * max(1.0, ref.abs().max().item())):
         raise ValueError(

@@ -26,13 +26,9 @@ local files only (never downloaded). ``<source>``: a folder (``config.json`` + w
 optionally, ``preprocessor_config.json`` and this package's prompt file ``prompts.json``), a hub name already in
 the local Hugging Face cache (``openai/clip-vit-base-patch32``; an ``hf:`` prefix is allowed), or a
 ``trained:<config.yaml>`` spec (:mod:`training.cached_training`: the small CLIP of the synthetic benchmark,
-``trained:configs/train/synthetic_clip.yaml``, trained on first use and cached). The prompts
-(:mod:`models.clip_prompts`) come from the ``model_kwargs`` (``prompts``, ``classnames``, ``templates``:
-:func:`~models.clip_prompts.zero_shot_prompt_set`), by default from the folder's ``prompts.json``
-(:func:`~models.clip_prompts.save_prompt_set`). The classifier carries ``pretrained_cfg`` (the keys timm's
-``resolve_data_config`` reads: CLIP's mean/std from the image processor, input size, bicubic interpolation,
-centre crop), so an evaluation normalises and sizes images as CLIP does, and ``tokenizer`` (the model's, for the
-text side: :class:`PromptScorer`).
+``trained:configs/train/synthetic_clip.yaml``, trained on first use and cached). The classifier's prompts, its
+``pretrained_cfg`` (so that an evaluation normalises and sizes images as CLIP does) and ``tokenizer`` (for the
+text side: :class:`PromptScorer`): :func:`load_zero_shot_classifier`.
 """
 from __future__ import annotations
 
@@ -44,8 +40,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from models.clip_prompts import Template, fill_templates, zero_shot_prompt_set
-from models.sources import find_source, register_source, resolve_hf_source
+from models.clip_prompts import Template, custom_prompt_set, zero_shot_prompt_set
+from models.sources import find_source, looks_like_path, register_source, resolve_hf_source
 
 CLIP_PREFIX = "clip:"
 #: the model_kwargs of a ``clip:`` spec
@@ -82,6 +78,18 @@ class _EvalNoGrad:
         for name, m in self.module.named_modules():
             m.training = self.flags[name]
         self.no_grad.__exit__(*exc)
+
+
+def _fixed_embeddings(clip: nn.Module, embeddings: Any, what: str) -> Tensor:
+    """``embeddings`` ``[C, projection_dim]`` (C >= 1, floating point), L2-normalised; else a ``ValueError``."""
+    embeddings = torch.as_tensor(embeddings).detach()
+    dim = int(clip.config.projection_dim)
+    if embeddings.dim() != 2 or embeddings.shape[1] != dim or embeddings.shape[0] == 0:
+        raise ValueError(f"{what} must be [{what[0].upper()}, {dim}] ({what[0].upper()} >= 1, the model's "
+                         f"projection_dim), got {tuple(embeddings.shape)}")
+    if not embeddings.dtype.is_floating_point:
+        raise ValueError(f"{what} must be floating point, got dtype {embeddings.dtype}")
+    return F.normalize(embeddings, dim=-1)
 
 
 def _scaled_cosine(clip: nn.Module, embeddings: Tensor, others: Tensor) -> Tensor:
@@ -127,16 +135,10 @@ class ZeroShotClassifier(nn.Module):
     def __init__(self, clip: nn.Module, class_embeddings: Tensor, classnames: Optional[Sequence[str]] = None):
         super().__init__()
         self.clip = _check_clip(clip)
-        embeddings = torch.as_tensor(class_embeddings).detach()
-        dim = int(clip.config.projection_dim)
-        if embeddings.dim() != 2 or embeddings.shape[1] != dim or embeddings.shape[0] == 0:
-            raise ValueError(f"class_embeddings must be [C, {dim}] (C >= 1 classes, the model's projection_dim), got "
-                             f"{tuple(embeddings.shape)}")
-        if not embeddings.dtype.is_floating_point:
-            raise ValueError(f"class_embeddings must be floating point, got dtype {embeddings.dtype}")
+        embeddings = _fixed_embeddings(clip, class_embeddings, "class_embeddings")
         if classnames is not None and len(classnames) != embeddings.shape[0]:
             raise ValueError(f"{len(classnames)} classnames for {embeddings.shape[0]} class embeddings")
-        self.register_buffer("class_embeddings", F.normalize(embeddings, dim=-1))
+        self.register_buffer("class_embeddings", embeddings)
         self.classnames = list(classnames) if classnames is not None else None
         self.pretrained_cfg = clip_pretrained_cfg(clip, num_classes=embeddings.shape[0])
 
@@ -162,19 +164,10 @@ class ZeroShotClassifier(nn.Module):
         ``tokenizer``: called as a Hugging Face tokenizer, ``tokenizer(texts, padding=True, truncation=True,
         return_tensors="pt")`` -> ``{"input_ids", "attention_mask"}``.
         """
-        if isinstance(classnames, Mapping):
-            if templates is not None:
-                raise ValueError("from_prompts: give templates or a dict of per-class prompts, not both")
-            names = list(classnames)
-            prompts = [[p] if isinstance(p, str) else list(p) for p in classnames.values()]
-        else:
-            if isinstance(classnames, str):
-                raise ValueError("classnames must be a list of class names (or a dict of prompts), got a string")
-            if templates is None:
-                raise ValueError("from_prompts needs templates (one or a list) unless classnames is a dict of prompts")
-            names = list(classnames)
-            prompts = fill_templates(names, templates)
-        return cls.from_prompt_lists(clip, tokenizer, names, prompts, batch_size)
+        if isinstance(classnames, str):
+            raise ValueError("classnames must be a list of class names (or a dict of prompts), got a string")
+        prompt_set = custom_prompt_set(classnames, templates)
+        return cls.from_prompt_lists(clip, tokenizer, prompt_set.classnames, prompt_set.prompts, batch_size)
 
     @classmethod
     def from_prompt_lists(cls, clip: nn.Module, tokenizer: Callable, classnames: Sequence[str],
@@ -203,9 +196,7 @@ class ZeroShotClassifier(nn.Module):
 
     def image_embeddings(self, pixel_values: Tensor) -> Tensor:
         """Projected, unnormalised image embeddings ``[B, D]`` (``get_image_features``)."""
-        tower = self.clip.vision_model
-        pooled = tower(pixel_values=pixel_values).pooler_output
-        return self.clip.visual_projection(pooled)
+        return self.clip.visual_projection(self.clip.vision_model(pixel_values=pixel_values).pooler_output)
 
     def logits_from_embeddings(self, embeddings: Tensor) -> Tensor:
         """``[B, D]`` projected image embeddings -> logits ``[B, C]``."""
@@ -245,14 +236,8 @@ class PromptScorer(nn.Module):
                 shape = tuple(pixel_values.shape) if isinstance(pixel_values, Tensor) else type(pixel_values).__name__
                 raise ValueError(f"pixel_values must be a normalised image batch [I, 3, S, S], got {shape}")
             with _EvalNoGrad(clip):
-                pooled = clip.vision_model(pixel_values=pixel_values).pooler_output
-                image_embeddings = clip.visual_projection(pooled)
-        embeddings = torch.as_tensor(image_embeddings).detach()
-        dim = int(clip.config.projection_dim)
-        if embeddings.dim() != 2 or embeddings.shape[1] != dim or embeddings.shape[0] == 0:
-            raise ValueError(f"image_embeddings must be [I, {dim}] (the model's projection_dim), got "
-                             f"{tuple(embeddings.shape)}")
-        self.register_buffer("image_embeddings", F.normalize(embeddings, dim=-1))
+                image_embeddings = clip.visual_projection(clip.vision_model(pixel_values=pixel_values).pooler_output)
+        self.register_buffer("image_embeddings", _fixed_embeddings(clip, image_embeddings, "image_embeddings"))
 
     @property
     def num_images(self) -> int:
@@ -345,7 +330,7 @@ def clip_source(spec: str) -> str:
     """What ``from_pretrained`` reads for ``clip:<source>``: the local export of a registered source of files
     (:func:`models.sources.find_source`; ``trained:<config.yaml>``: its cached folder, trained on first use),
     else :func:`models.sources.resolve_hf_source` of the source (``hf:`` dropped, ``~`` expanded). A source
-    that can only be a path (absolute, ``~``, ``./``, more than one ``/``) must be a folder."""
+    that can only be a path (:func:`models.sources.looks_like_path`) must be a folder."""
     if not is_clip_spec(spec) or not spec[len(CLIP_PREFIX):]:
         raise ValueError(f"{spec!r} is not 'clip:<folder, cached hub name or trained:<config.yaml>>'")
     body = spec[len(CLIP_PREFIX):]
@@ -353,9 +338,7 @@ def clip_source(spec: str) -> str:
     if registered is not None and registered.local is not None:
         return str(registered.local(body))
     source = resolve_hf_source(body)
-    name = body[len("hf:"):] if body.startswith("hf:") else body
-    path_only = os.path.isabs(name) or name.startswith(("~", "./", "../")) or name.count("/") > 1
-    if path_only and not os.path.isdir(source):
+    if looks_like_path(body[len("hf:"):] if body.startswith("hf:") else body) and not os.path.isdir(source):
         raise FileNotFoundError(f"CLIP folder {source!r} (from {spec!r}) does not exist (expected a save_pretrained "
                                 "folder: config.json, weights and tokenizer files)")
     return source
@@ -395,8 +378,8 @@ def load_zero_shot_classifier(spec: str, pretrained: bool = True,
     (:func:`models.clip_prompts.zero_shot_prompt_set`), ``prompt_batch_size`` (prompts per text forward, default
     256). ``pretrained=False``: random weights of the same architecture (tests). The classifier also carries
     ``tokenizer``, ``source`` (the folder or name read), ``prompt_set`` and ``prompts`` (the prompts of each
-    class), and ``pretrained_cfg`` with the image processor's
-    mean/std and crop (:func:`pretrained_cfg_from_processor`).
+    class), and ``pretrained_cfg`` with the image processor's mean/std and crop (:func:`pretrained_cfg_from_processor`:
+    the keys timm's ``resolve_data_config`` reads).
     """
     kwargs = dict(model_kwargs or {})
     unknown = sorted(set(kwargs) - set(CLIP_KWARGS))

@@ -54,7 +54,6 @@ def fill_template(template: Template, classname: str) -> str:
     return template.format(classname)
 
 
-
 def open_clip_zero_shot_metadata() -> ModuleType:
     """``open_clip/zero_shot_metadata.py`` of the installed ``open_clip_torch`` (plain lists; loaded from its file so
     that ``open_clip``'s own imports are not needed). ``ImportError`` naming the package otherwise."""
@@ -122,6 +121,19 @@ def fill_templates(classnames: Sequence[str], templates) -> List[List[str]]:
     return [[fill_template(t, name) for t in templates] for name in classnames]
 
 
+def custom_prompt_set(classnames: Union[Sequence[str], Mapping[str, Sequence[str]]], templates=None) -> PromptSet:
+    """``classnames`` (a list) filled into ``templates`` (one or a list), or a dict ``{classname: [prompt, ...]}``
+    (no ``templates``) of the prompts of each class."""
+    if isinstance(classnames, Mapping):
+        if templates is not None:
+            raise ValueError("give templates or a dict of per-class prompts, not both")
+        return PromptSet("custom", list(classnames),
+                         [[p] if isinstance(p, str) else list(p) for p in classnames.values()])
+    if templates is None:
+        raise ValueError("a list of classnames needs templates (one or a list) unless it is a dict of prompts")
+    return PromptSet("custom", classnames, fill_templates(classnames, templates))
+
+
 def build_prompt_set(prompts: str, default_classnames: Optional[Sequence[str]] = None,
                      classnames: Union[None, Sequence[str], Mapping[str, Sequence[str]]] = None,
                      templates=None, imagenet: bool = True) -> PromptSet:
@@ -133,14 +145,7 @@ def build_prompt_set(prompts: str, default_classnames: Optional[Sequence[str]] =
         if classnames is None:
             raise ValueError("prompts='custom' needs classnames (and templates, unless classnames is a dict of "
                              "per-class prompts)")
-        if isinstance(classnames, Mapping):
-            if templates is not None:
-                raise ValueError("give templates or a dict of per-class prompts, not both")
-            return PromptSet("custom", list(classnames),
-                             [[p] if isinstance(p, str) else list(p) for p in classnames.values()])
-        if templates is None:
-            raise ValueError("prompts='custom' with a list of classnames needs templates")
-        return PromptSet("custom", classnames, fill_templates(classnames, templates))
+        return custom_prompt_set(classnames, templates)
     if templates is not None:
         raise ValueError(f"templates are given by the prompt set {prompts!r}; use prompts='custom' for your own")
     if classnames is None:

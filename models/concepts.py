@@ -275,12 +275,10 @@ def build_concept_heads(model: nn.Module, spec: ConceptsConfig, dataset=None,
     bad = [k for k in spec.kinds if k not in KINDS]
     if bad or not spec.kinds:
         raise ValueError(f"concept kinds must be a non-empty list from {KINDS}, got {spec.kinds}")
-    heads: Dict[str, ConceptHead] = {}
     if spec.folder is not None:
-        for kind in spec.kinds:
-            heads[kind] = ConceptHead.from_folders(model, spec.folder, kind=kind, per_concept=spec.per_concept,
-                                                   negatives_folder=spec.negatives_folder, c=spec.c)
-        return heads
+        return {kind: ConceptHead.from_folders(model, spec.folder, kind=kind, per_concept=spec.per_concept,
+                                               negatives_folder=spec.negatives_folder, c=spec.c)
+                for kind in spec.kinds}
     if dataset is None:
         raise ValueError("concepts from dataset classes need a dataset (or give --concepts.folder root/<concept>/)")
     if spec.per_concept is None or spec.per_concept < 1:
@@ -296,9 +294,8 @@ def build_concept_heads(model: nn.Module, spec: ConceptsConfig, dataset=None,
         negatives = load_image_folder(spec.negatives_folder, size[1:])
     images = dataset_class_images(dataset, classes, spec.per_concept)  # read once, shared by the kinds
     examples = {n: images[int(k)] for n, k in zip(names, classes)}
-    for kind in spec.kinds:
-        heads[kind] = ConceptHead.from_images(model, examples, kind=kind, negatives=negatives, c=spec.c)
-    return heads
+    return {kind: ConceptHead.from_images(model, examples, kind=kind, negatives=negatives, c=spec.c)
+            for kind in spec.kinds}
 
 
 # ------------------------------------------------------------------------------------------ concept files

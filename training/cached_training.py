@@ -12,16 +12,11 @@ changed by further files (applied in order, e.g. a data path: ``data: {init_args
 Config paths are tried as given (relative to the current directory), then relative to the repository; relative
 paths *inside* a config (e.g. a data path) are read by ``train.py`` relative to the current directory.
 
-Cache: ``<cache>/<config stem>-<hash>`` (``<cache>/<name>-<hash><suffix>`` for :func:`ensure_trained_classifier`'s
-``name``/``suffix``), where ``<cache>`` is :func:`models.sources.resolve_cache_dir` (``$TOKEN_ATTRIBUTIONS_CACHE``,
-default ``~/.cache/token_attributions``) and the hash (:func:`cache_key`) is taken over the *contents* of every
-config file involved (the config, the overrides files, and the files they build on with ``base:``) and the extra
-arguments: the same model from any checkout, a new one when a file changes. Data files are not hashed: a changed
-dataset at the same path needs the cache entry removed (or ``$TOKEN_ATTRIBUTIONS_CACHE`` changed).
-
-Concurrency: one file lock per entry (``<cache>/.<entry>.lock``), so concurrent callers (e.g. DDP ranks) train
-once; the export is written to a temporary name in the cache and renamed into place, so a crash never leaves a
-half-written entry that looks complete.
+Cache: entries ``<cache>/<config stem>-<hash>`` under :func:`models.sources.resolve_cache_dir`, one per hash of
+the *contents* of every config file involved and the extra arguments (:func:`cache_key`): the same model from any
+checkout, a new one when a file changes. Data files are not hashed: a changed dataset at the same path needs the
+cache entry removed (or ``$TOKEN_ATTRIBUTIONS_CACHE`` changed). Concurrent callers (e.g. DDP ranks) train once
+(:func:`ensure_trained_classifier`).
 """
 from __future__ import annotations
 

@@ -6,9 +6,7 @@ that config with an overrides file applied), training it on first use with the s
 the specs of the source that :mod:`training` registers: :func:`models.sources.load_model` and
 ``LinearProbe(backbone_checkpoint=...)`` (:func:`models.sources.local_file`) accept them.
 
-Cache: ``<cache>/synthetic_vit-<hash>.pt``; the cache folder, the hash over the contents of the config files and
-the extra arguments, the file lock and the in-process training are :mod:`training.cached_training`'s, shared
-with the ``trained:<config.yaml>`` spec.
+Cache: ``<cache>/synthetic_vit-<hash>.pt`` (:mod:`training.cached_training`, shared with ``trained:`` specs).
 """
 from __future__ import annotations
 

@@ -223,10 +223,8 @@ def text_heatmap_html(
     ``titles``, ``labels``, ``predictions``: optional per-example values (integers are named by
     ``class_names``); ``scale``: ``"row"``, ``"example"`` or a positive number (see the module docstring).
     """
-    if isinstance(scale, str):
-        if scale not in ("row", "example"):
-            raise ValueError(f"scale must be 'row', 'example' or a positive number, got {scale!r}")
-    elif not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+    if not (scale in ("row", "example") if isinstance(scale, str)
+            else isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be 'row', 'example' or a positive number, got {scale!r}")
     examples = _rows_by_example(results)
     for name, values in (("titles", titles), ("labels", labels), ("predictions", predictions)):
@@ -281,10 +279,7 @@ def write_text_heatmap(path: Union[str, Path], results: Results, *, page_title: 
                        **options) -> Path:
     """Write :func:`text_heatmap_html` of ``results`` (``options`` are its keywords) as a self-contained UTF-8
     HTML file at ``path`` (its folder is created); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page_html(text_heatmap_html(results, **options), page_title), encoding="utf-8")
-    return path
+    return TextHeatmap(results, **options).save(path, page_title)
 
 
 class TextHeatmap:

@@ -25,14 +25,10 @@ every word its character span overlaps (the tokenizer's ``offset_mapping``; with
 token never crosses whitespace, so a token has at most one word). For pre-split samples: the tokenizer's
 ``word_ids()`` (which index the given list).
 
-**Reductions** over a word's token scores: those of :mod:`evaluation.words.reductions` (``max``, ``sum``,
-``mean``, ``absmax``).
-
-**Uncovered words.** A word none of whose tokens is in the input (truncation removed them all, or the tokenizer
-dropped every character of it, e.g. a word of control characters or an empty word of a pre-split list) is not
-scored: its score is NaN and ``covered`` is ``False`` in the per-sample result; in the padded ``[B, W]`` form its
-score is 0 and ``mask`` is ``False``. ``coverage`` is the fraction of a sample's words that are scored (1.0 for a
-sample without words: nothing is missing).
+**Reductions** over a word's token scores: :mod:`evaluation.words.reductions`. **Uncovered words**: a word none
+of whose tokens is in the input (truncation removed them all, or the tokenizer dropped every character of it,
+e.g. a word of control characters or an empty word of a pre-split list) is not scored (:class:`WordAttribution`,
+:class:`WordAttributions` say how each form marks it).
 
 The alignment reads the batch's per-token offsets, word ids, special-token mask and sequence ids from the fast
 tokenizer's encodings (``batch.encodings``, kept by a ``BatchEncoding`` and its ``.to(device)``); a plain mapping

@@ -44,12 +44,8 @@ def reduce_tokens(values: Tensor, word_index: Tensor, n_words: int, reduction: s
     def scatter(op: str) -> Tensor:
         return empty.clone().scatter_reduce_(0, word_index, values, reduce=op, include_self=False)
 
-    if reduction == "max":
-        return scatter("amax")
-    if reduction == "sum":
-        return scatter("sum")
-    if reduction == "mean":
-        return scatter("mean")
+    if reduction != "absmax":
+        return scatter("amax" if reduction == "max" else reduction)
     hi, lo = scatter("amax"), scatter("amin")
     return torch.where(hi >= -lo, hi, lo)      # NaN (no tokens) compares False and stays NaN via lo
 

@@ -305,6 +305,11 @@ class ModelAdapter(abc.ABC):
     layout_class: Type[Layout] = PatchGrid
     #: capability: :meth:`record_post_attention_values`
     records_post_attention_values: bool = False
+    #: whether :meth:`forward` makes the hidden states entering ``grad_from_block`` require grad
+    hidden_requires_grad: bool = False
+    #: the model and its blocks, whose submodules are read by name (torch types those as ``Tensor | Module``)
+    model: Any
+    blocks: List[Any]
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -327,8 +332,8 @@ class ModelAdapter(abc.ABC):
 
     # -------------------------------------------------------------- structure
     @property
-    @abc.abstractmethod
-    def depth(self) -> int: ...
+    def depth(self) -> int:
+        return len(self.blocks)
 
     @property
     @abc.abstractmethod
@@ -372,12 +377,15 @@ class ModelAdapter(abc.ABC):
         """The model's logits, with autograd recorded only from block ``grad_from_block`` on.
 
         Everything before that block runs under ``torch.no_grad()``: methods that need gradients only down to
-        some block pay for no graph below it (``grad_from_block=depth``: no graph at all but the head's).
+        some block pay for no graph below it (``grad_from_block=depth``: no graph at all but the head's). With
+        :attr:`hidden_requires_grad` the hidden states entering that block require grad.
         """
         context = self.context(inputs)
         with torch.no_grad():
             hidden = self.run_blocks(self.embed(inputs), context, 0, grad_from_block)
         with torch.enable_grad():
+            if self.hidden_requires_grad and grad_from_block < self.depth:
+                hidden = hidden.detach().requires_grad_(True)
             hidden = self.run_blocks(hidden, context, grad_from_block)
             return self.head(hidden, context, pre_logits=pre_logits)
 
@@ -426,10 +434,10 @@ class ModelAdapter(abc.ABC):
         """Record the hidden states entering block ``layer``'s attention: the norm output in a pre-norm block,
         the block input in a post-norm one."""
 
-    @abc.abstractmethod
     def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
                            require_grad: bool = False) -> None:
         """Record the residual stream entering block ``layer``."""
+        rec.input(self.blocks[layer], key, require_grad=require_grad)
 
     def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """Record the value projection ``[B, N, D]`` of the block's first norm applied to the residual stream
@@ -492,6 +500,52 @@ class ModelAdapter(abc.ABC):
     def eager_attention(self) -> contextlib.AbstractContextManager[None]:
         """Context in which the attention probabilities are materialised (fused attention switched off),
         restoring the model's setting on exit."""
+
+
+class ImageAdapter(ModelAdapter):
+    """What the image families share. Inputs: normalised images ``[B, num_channels, H, W]`` (a tensor, or
+    ``{"pixel_values": ...}`` as an image processor returns it) of a size :meth:`image_size_problem` accepts.
+    Layout: a patch grid after ``num_prefix_tokens`` prefix tokens. Integrated gradients scale the normalised
+    pixels (the all-zero normalised image as baseline)."""
+
+    num_channels = 3
+    num_prefix_tokens = 1
+    #: (height, width) of a patch
+    patch_size: Tuple[int, int]
+
+    def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
+        """Why the model cannot read images of ``size`` (``None``: it can)."""
+        return None
+
+    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        images = inputs.get("pixel_values") if isinstance(inputs, Mapping) else inputs
+        if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != self.num_channels:
+            shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+            raise ValueError(f"expected a normalised image batch [B, {self.num_channels}, H, W] (a tensor or "
+                             f"{{'pixel_values': ...}}), got {shape}")
+        if not images.dtype.is_floating_point:
+            raise ValueError(f"expected normalised floating-point images, got dtype {images.dtype}")
+        problem = self.image_size_problem((int(images.shape[-2]), int(images.shape[-1])))
+        if problem is not None:
+            raise ValueError(problem)
+        images = images.detach()
+        return ModelInputs({"pixel_values": images}, int(images.shape[0]), images.dtype, images.device,
+                           check_sample_ids(sample_ids, int(images.shape[0])))
+
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> PatchGrid:
+        if not isinstance(inputs, ModelInputs):
+            inputs = self.prepare_inputs(inputs)
+        images = inputs["pixel_values"]
+        return PatchGrid(images.shape[-2] // self.patch_size[0], images.shape[-1] // self.patch_size[1],
+                         self.num_prefix_tokens)
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext()
+
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        images = inputs["pixel_values"]
+        alphas = alphas.to(dtype=images.dtype, device=images.device)
+        return inputs.with_tensors(pixel_values=(alphas[:, None, None, None, None] * images[None]).flatten(0, 1))
 
 
 # ------------------------------------------------------------------------------------------ registry

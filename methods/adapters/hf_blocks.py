@@ -9,22 +9,20 @@ where its config lives (:meth:`~HFEncoderBlocks.attention_config`), which mask i
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, Optional
 
-import torch
 from torch import Tensor
 
-from .base import ModelAdapter, ModelInputs, SequenceContext
+from .base import ModelAdapter, SequenceContext
 
 
 class HFEncoderBlocks(ModelAdapter):
-    """``run_blocks``, ``forward`` and ``eager_attention`` of a Hugging Face encoder whose layers are called as
-    ``layer(hidden, mask, **kwargs)``."""
+    """``run_blocks`` and ``eager_attention`` of a Hugging Face encoder whose layers are called as
+    ``layer(hidden, mask, **kwargs)``. The hidden states entering ``grad_from_block`` require grad, so that the
+    attention probabilities (an output of ``eager_attention_forward``, not of a module whose output could be
+    replaced) are differentiable even when every parameter is frozen."""
 
-    #: the model and its encoder layers, whose submodules are read by name (torch types those as
-    #: ``Tensor | Module``)
-    model: Any
-    blocks: List[Any]
+    hidden_requires_grad = True
 
     def attention_config(self) -> Any:
         """The ``PretrainedConfig`` whose ``_attn_implementation`` the layers read."""
@@ -49,19 +47,6 @@ class HFEncoderBlocks(ModelAdapter):
         for block in blocks:
             hidden = block(hidden, mask, **kwargs)
         return hidden
-
-    def forward(self, inputs: ModelInputs, grad_from_block: int = 0, pre_logits: bool = False) -> Tensor:
-        """As :meth:`ModelAdapter.forward`; the hidden states entering block ``grad_from_block`` are made to
-        require grad, so that the attention probabilities (an output of ``eager_attention_forward``, not of a
-        module whose output could be replaced) are differentiable even when every parameter is frozen."""
-        context = self.context(inputs)
-        with torch.no_grad():
-            hidden = self.run_blocks(self.embed(inputs), context, 0, grad_from_block)
-        with torch.enable_grad():
-            if grad_from_block < self.depth:
-                hidden = hidden.detach().requires_grad_(True)
-            hidden = self.run_blocks(hidden, context, grad_from_block)
-            return self.head(hidden, context, pre_logits=pre_logits)
 
     @contextlib.contextmanager
     def eager_attention(self) -> Iterator[None]:

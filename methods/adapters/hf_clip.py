@@ -31,15 +31,15 @@ Both towers are pre-norm (``x + attn(layer_norm1(x))``, ``h + mlp(layer_norm2(h)
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Hashable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
 from .base import (
     AttentionLinears,
+    ImageAdapter,
     ModelInputs,
-    PatchGrid,
     RawInputs,
     SampleIds,
     SequenceContext,
@@ -112,10 +112,6 @@ class _HFCLIPTower(HFEncoderBlocks):
 
     # ------------------------------------------------------------------ structure
     @property
-    def depth(self) -> int:
-        return len(self.blocks)
-
-    @property
     def num_heads(self) -> int:
         return int(self.config.num_attention_heads)
 
@@ -172,10 +168,6 @@ class _HFCLIPTower(HFEncoderBlocks):
                                require_grad: bool = False) -> None:
         rec.output(self.blocks[layer].layer_norm1, key, require_grad=require_grad)
 
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                           require_grad: bool = False) -> None:
-        rec.input(self.blocks[layer], key, require_grad=require_grad)
-
     def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """Beyond Intuition's CLIP token scale reads ``v`` of ``layer_norm1`` applied to the residual stream
         **after** the attention sub-layer (``CLIP/CLIP/clip/model.py``: ``vproj_cal(self.ln_1(x))`` after
@@ -200,24 +192,25 @@ class _HFCLIPTower(HFEncoderBlocks):
 
 
 @register_adapter
-class HFCLIPVisionAdapter(_HFCLIPTower):
+class HFCLIPVisionAdapter(ImageAdapter, _HFCLIPTower):
     """The vision tower of a stock ``transformers.CLIPModel`` behind a scorer with ``clip_tower = "vision"``
-    (``models.clip.ZeroShotClassifier``). Inputs: normalised images ``[B, 3, S, S]`` at the model's
-    ``image_size`` (a tensor, or ``{"pixel_values": ...}`` as ``CLIPProcessor`` returns it). Read-out: [CLS]
-    through ``post_layernorm`` and ``visual_projection``. Layout: ``PatchGrid(S/p, S/p, prefix=1)``. Integrated
-    gradients scale the normalised pixels (the all-zero normalised image as baseline, BI's ``Interpretor.py``)."""
+    (``models.clip.ZeroShotClassifier``). Inputs (:class:`~methods.adapters.base.ImageAdapter`): images
+    ``[B, 3, S, S]`` at the model's ``image_size``, as ``CLIPProcessor`` returns them. Read-out: [CLS] through
+    ``post_layernorm`` and ``visual_projection``. Layout: ``PatchGrid(S/p, S/p, prefix=1)``. Integrated gradients
+    scale the normalised pixels (the all-zero normalised image as baseline, BI's ``Interpretor.py``)."""
 
     family = "transformers CLIPModel vision tower (ZeroShotClassifier)"
     tower = "vision"
     readout = "class_token"
 
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.num_channels = int(self.config.num_channels)
+        self.patch_size = (int(self.config.patch_size),) * 2
+
     @property
     def has_class_token(self) -> bool:
         return True
-
-    @property
-    def patch_size(self) -> int:
-        return int(self.config.patch_size)
 
     def projection(self) -> nn.Linear:
         return self.clip.visual_projection
@@ -229,30 +222,11 @@ class HFCLIPVisionAdapter(_HFCLIPTower):
         """The patch convolution's ``[B, D, rows, cols]`` summed over ``D``: ``[B, rows * cols]``."""
         return products.sum(dim=1).flatten(1)
 
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        images = inputs.get("pixel_values") if isinstance(inputs, Mapping) else inputs
-        if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != int(self.config.num_channels):
-            shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
-            raise ValueError(f"expected a normalised image batch [B, {self.config.num_channels}, H, W] (a tensor or "
-                             f"{{'pixel_values': ...}}), got {shape}")
-        if not images.dtype.is_floating_point:
-            raise ValueError(f"expected normalised floating-point images, got dtype {images.dtype}")
-        size = int(self.config.image_size)
-        if tuple(images.shape[-2:]) != (size, size):
-            raise ValueError(f"image size {tuple(images.shape[-2:])} does not match the CLIP vision tower's "
-                             f"image_size {size}x{size}")
-        images = images.detach()
-        return ModelInputs({"pixel_values": images}, int(images.shape[0]), images.dtype, images.device,
-                           check_sample_ids(sample_ids, int(images.shape[0])))
-
-    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> PatchGrid:
-        if not isinstance(inputs, ModelInputs):
-            inputs = self.prepare_inputs(inputs)
-        images = inputs["pixel_values"]
-        return PatchGrid(images.shape[-2] // self.patch_size, images.shape[-1] // self.patch_size, 1)
-
-    def context(self, inputs: ModelInputs) -> SequenceContext:
-        return SequenceContext()
+    def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
+        side = int(self.config.image_size)
+        if size != (side, side):
+            return f"image size {size} does not match the CLIP vision tower's image_size {side}x{side}"
+        return None
 
     def embed(self, inputs: ModelInputs) -> Tensor:
         """``CLIPVisionEmbeddings`` (patches, [CLS], positions), then ``pre_layrnorm``."""
@@ -261,11 +235,6 @@ class HFCLIPVisionAdapter(_HFCLIPTower):
 
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         return self.tower_model.post_layernorm(hidden[:, 0, :])
-
-    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
-        images = inputs["pixel_values"]
-        alphas = alphas.to(dtype=images.dtype, device=images.device)
-        return inputs.with_tensors(pixel_values=(alphas[:, None, None, None, None] * images[None]).flatten(0, 1))
 
 
 def eos_positions(input_ids: Tensor, eos_token_id: int) -> Tensor:

@@ -27,8 +27,6 @@ from .gradient_rules import apply_identity_rule
 from .hf_blocks import HFEncoderBlocks
 from .recorder import ActivationRecorder
 
-#: the tensors a tokenizer returns that the adapter reads (others are ignored)
-TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask")
 #: an extra per-sample tensor set by :meth:`HFBertAdapter.interpolate`: the factor on the embedding output
 EMBEDDING_SCALE = "embedding_scale"
 
@@ -160,10 +158,6 @@ class HFTextAdapter(HFEncoderBlocks):
 
     # ------------------------------------------------------------------ structure
     @property
-    def depth(self) -> int:
-        return len(self.blocks)
-
-    @property
     def num_heads(self) -> int:
         return self.num_heads_of(self.model.config)
 
@@ -271,10 +265,6 @@ class HFTextAdapter(HFEncoderBlocks):
     def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
                                require_grad: bool = False) -> None:
         rec.input(self.blocks[layer], key, require_grad=require_grad)   # post-norm: the block input
-
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                           require_grad: bool = False) -> None:
-        rec.input(self.blocks[layer], key, require_grad=require_grad)
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attention = self.blocks[layer].attention

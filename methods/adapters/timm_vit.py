@@ -2,44 +2,31 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Hashable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Hashable, Iterator, List, Optional, Tuple
 
 from torch import Tensor, nn
 
-from .base import (
-    AttentionLinears,
-    ModelAdapter,
-    ModelInputs,
-    PatchGrid,
-    RawInputs,
-    SampleIds,
-    SequenceContext,
-    check_sample_ids,
-    register_adapter,
-)
+from .base import AttentionLinears, ImageAdapter, ModelInputs, SequenceContext, register_adapter
 from .recorder import ActivationRecorder
 
 SUPPORTED_POOLS = ("token", "avg")
 
 
 @register_adapter
-class TimmViTAdapter(ModelAdapter):
+class TimmViTAdapter(ImageAdapter):
     """Stock timm ``VisionTransformer``: pre-norm blocks ``x + attn(norm1(x))``, ``h + mlp(norm2(h))``, fused
     ``qkv`` projection; read-out ``"class_token"`` (``global_pool='token'``) or ``"mean_content"``
-    (``global_pool='avg'``). Inputs: normalised images ``[B, 3, H, W]`` (a tensor, or ``{"pixel_values": ...}``).
-    Layout: a patch grid after the prefix tokens ([CLS], registers)."""
+    (``global_pool='avg'``). Inputs (:class:`~methods.adapters.base.ImageAdapter`): images whose sides are
+    multiples of the patch size. Layout: a patch grid after the prefix tokens ([CLS], registers)."""
 
     family = "timm VisionTransformer"
     pre_norm = True
-    #: the model and its blocks, whose submodules are read by name (torch types those as ``Tensor | Module``)
-    model: Any
-    blocks: List[Any]
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
         self.blocks = list(model.blocks)
         self.num_prefix_tokens = int(model.num_prefix_tokens)
-        self.patch_size: Tuple[int, int] = tuple(model.patch_embed.patch_size)
+        self.patch_size = (int(model.patch_embed.patch_size[0]), int(model.patch_embed.patch_size[1]))
         self.readout = "class_token" if model.global_pool == "token" else "mean_content"
 
     @classmethod
@@ -61,10 +48,6 @@ class TimmViTAdapter(ModelAdapter):
 
     # ------------------------------------------------------------------ structure
     @property
-    def depth(self) -> int:
-        return len(self.blocks)
-
-    @property
     def num_heads(self) -> int:
         return int(self.blocks[0].attn.num_heads)
 
@@ -77,31 +60,9 @@ class TimmViTAdapter(ModelAdapter):
         m = self.model
         return bool(getattr(m, "has_class_token", m.cls_token is not None))
 
-    # ------------------------------------------------------------------ inputs, layout
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        images = inputs.get("pixel_values") if isinstance(inputs, Mapping) else inputs
-        if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != 3:
-            shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
-            raise ValueError(f"expected a normalised image batch [B, 3, H, W] (a tensor or {{'pixel_values': ...}}), "
-                             f"got {shape}")
-        if not images.dtype.is_floating_point:
-            raise ValueError(f"expected normalised floating-point images, got dtype {images.dtype}")
-        ph, pw = self.patch_size
-        if images.shape[-2] % ph or images.shape[-1] % pw:
-            raise ValueError(f"image size {tuple(images.shape[-2:])} is not a multiple of the patch size {ph}x{pw}")
-        images = images.detach()
-        return ModelInputs({"pixel_values": images}, int(images.shape[0]), images.dtype, images.device,
-                           check_sample_ids(sample_ids, int(images.shape[0])))
-
-    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> PatchGrid:
-        if not isinstance(inputs, ModelInputs):
-            inputs = self.prepare_inputs(inputs)
-        images = inputs["pixel_values"]
-        return PatchGrid(images.shape[-2] // self.patch_size[0], images.shape[-1] // self.patch_size[1],
-                         self.num_prefix_tokens)
-
-    def context(self, inputs: ModelInputs) -> SequenceContext:
-        return SequenceContext()
+    def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
+        (ph, pw), (h, w) = self.patch_size, size
+        return f"image size {size} is not a multiple of the patch size {ph}x{pw}" if h % ph or w % pw else None
 
     # ------------------------------------------------------------------ forward pieces (the model's own order)
     def embed(self, inputs: ModelInputs) -> Tensor:
@@ -123,11 +84,6 @@ class TimmViTAdapter(ModelAdapter):
         m = self.model
         return m.forward_head(m.norm(hidden), pre_logits=pre_logits)
 
-    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
-        images = inputs["pixel_values"]
-        alphas = alphas.to(dtype=images.dtype, device=images.device)
-        return inputs.with_tensors(pixel_values=(alphas[:, None, None, None, None] * images[None]).flatten(0, 1))
-
     # ------------------------------------------------------------------ where methods hook
     def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                          transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
@@ -140,10 +96,6 @@ class TimmViTAdapter(ModelAdapter):
     def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
                                require_grad: bool = False) -> None:
         rec.output(self.blocks[layer].norm1, key, require_grad=require_grad)
-
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                           require_grad: bool = False) -> None:
-        rec.input(self.blocks[layer], key, require_grad=require_grad)
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].attn
