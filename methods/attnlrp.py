@@ -37,13 +37,19 @@ the stock model's (the logits are bit-identical), only gradients change:
 Relevance is ``x * dlogit/dx`` of the explained logit (the raw logit, not a one-hot 1: LXT backpropagates the
 logit itself) summed over the embedding width, at ``level``:
 
-* ``"tokens"`` (default; LXT's convention): ``x`` is the output of the model's input embedding only (text: the
+* ``"tokens"`` (LXT's convention for text): ``x`` is the output of the model's input embedding only (text: the
   word embeddings, so position and token-type embeddings keep their own share, as in LXT's BERT and GPT-2
   goldens; decoders: ``wte`` / ``embed_tokens``, Gemma 3's scaled output; images: the patch embedding, so
-  [CLS], register tokens and the position embedding keep theirs);
+  [CLS], register tokens, the position embedding and the patch embedding's bias keep theirs);
   output ``[B, N]`` for text (every real token, special tokens included, exactly 0 at padding) and ``[B, P]``
   patch scores for images;
-* ``"pixels"`` (images only): ``x`` is the normalised image; output ``[B, H, W]`` summed over the channels.
+* ``"pixels"`` (images only; LXT's ViT example, ``(input * input.grad).sum(1)``): ``x`` is the normalised image;
+  output ``[B, H, W]`` summed over the channels;
+* ``"patches"`` (images only): the ``"pixels"`` relevance summed over each patch, ``[B, P]`` in row-major grid
+  order: the pixels' share, without the patch embedding's bias (which ``"tokens"`` includes);
+* ``"auto"`` (default): ``"tokens"`` for text, ``"patches"`` for images. Measured on the synthetic ViT
+  (``benchmarks/README.md``), the patch embedding's bias share makes ``"tokens"`` maps no better than the random
+  map at the perturbation test, while the pixels' share is far below it.
 
 Scores are raw (not normalised, sign kept), so conservation can be read off them; :meth:`relevance_by_layer`
 reports the relevance entering every block for that check (LXT#27, #32). The attention stays as the model was
@@ -53,8 +59,8 @@ reaches it. ``gamma`` / ``conv_gamma`` (default ``None``: off, LXT's efficient d
 on every ``nn.Linear`` (and GPT-2's ``Conv1D``) / ``nn.Conv2d`` of the model (weights and biases ``p + gamma *
 p.clamp(min=0)``, zennit's ``Gamma`` with stabiliser 1e-6, divided by the input stabilised by 1e-10, as LXT's
 patch of zennit), what LXT's ViT example tunes (its linear gamma 0-1, conv gamma 0.1-100; ``conv_gamma`` acts
-at ``level="pixels"``). Where the paper's softmax rule (Eq. 13, with its bias term) differs from LXT's efficient
-mode, the code is followed (see ``../shared/golden/README-attnlrp.md``).
+at ``level="pixels"`` and ``"patches"``). Where the paper's softmax rule (Eq. 13, with its bias term) differs
+from LXT's efficient mode, the code is followed (see ``../shared/golden/README-attnlrp.md``).
 """
 from __future__ import annotations
 
@@ -66,7 +72,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.pytorch_utils import Conv1D
 
-from .adapters import ActivationRecorder, ModelAdapter, ModelInputs, adapter_for, out_features
+from .adapters import ActivationRecorder, ModelAdapter, ModelInputs, PatchGrid, adapter_for, out_features
 from .adapters.gradient_rules import (
     IDENTITY_EPSILON,
     gamma_rule,
@@ -80,7 +86,9 @@ from .model_state import preserved_model_state
 from .registry import register_method
 from .targets import TargetType, class_score, resolve_target
 
-LEVELS = ("tokens", "pixels")
+LEVELS = ("auto", "tokens", "pixels", "patches")
+#: the levels that read the image itself
+IMAGE_LEVELS = ("pixels", "patches")
 #: gradient factors on (query, key, value) per variant: the uniform rule on two products, or constant attention
 ATTENTION_FACTORS = {"attnlrp": (0.25, 0.25, 0.5), "cp_lrp": (0.0, 0.0, 1.0)}
 #: modules of these packages are element-wise activations, except the classes named in _NOT_ELEMENTWISE
@@ -229,7 +237,7 @@ class _GradientLRP(AttributionMethod):
     variant = "?"
     reads_attention = False
 
-    def __init__(self, level: str = "tokens", epsilon: float = IDENTITY_EPSILON, gamma: Optional[float] = None,
+    def __init__(self, level: str = "auto", epsilon: float = IDENTITY_EPSILON, gamma: Optional[float] = None,
                  conv_gamma: Optional[float] = None):
         if level not in LEVELS:
             raise ValueError(f"{self.name}: level must be one of {LEVELS}, got {level!r}")
@@ -243,8 +251,8 @@ class _GradientLRP(AttributionMethod):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if self.level == "pixels" and adapter.modality != "image":
-            raise ValueError(f"{self.name}: level='pixels' needs an image model; {type(adapter.model).__name__} "
+        if self.level in IMAGE_LEVELS and adapter.modality != "image":
+            raise ValueError(f"{self.name}: level={self.level!r} needs an image model; {type(adapter.model).__name__} "
                              f"({adapter.family}) reads {adapter.modality}")
         problems = adapter.rule_problems() + rule_scope_problems(adapter)
         if problems:
@@ -257,7 +265,7 @@ class _GradientLRP(AttributionMethod):
         gradient, the logits, the resolved target and (``layer_inputs``) every block input with its gradient."""
         for p in adapter.model.parameters():   # restored by preserved_model_state; no weight gradients
             p.requires_grad_(False)
-        pixels = self.level == "pixels"
+        pixels = self.resolved_level(adapter) in IMAGE_LEVELS
         if pixels:
             inputs = inputs.with_tensors(pixel_values=inputs["pixel_values"].detach().requires_grad_(True))
         rules = relevance_rules(adapter, self.variant, self.epsilon, self.gamma, self.conv_gamma)
@@ -276,13 +284,29 @@ class _GradientLRP(AttributionMethod):
         return dict(x=x.detach(), grad=grads[0], logits=logits.detach(), target=target,
                     blocks=[(b.detach(), g) for b, g in zip(blocks, grads[1:])])
 
-    def _scores(self, adapter: ModelAdapter, x: Tensor, grad: Tensor) -> Tensor:
+    def resolved_level(self, adapter: ModelAdapter) -> str:
+        """``level``, with ``"auto"`` resolved by the model's modality (``"patches"`` for images)."""
+        if self.level != "auto":
+            return self.level
+        return "patches" if adapter.modality == "image" else "tokens"
+
+    def _scores(self, adapter: ModelAdapter, inputs: ModelInputs, x: Tensor, grad: Tensor) -> Tensor:
         products = x * grad
-        return products.sum(dim=1) if self.level == "pixels" else adapter.embedding_scores(products)
+        level = self.resolved_level(adapter)
+        if level == "tokens":
+            return adapter.embedding_scores(products)
+        pixels = products.sum(dim=1)
+        if level == "pixels":
+            return pixels
+        layout = adapter.layout(inputs)
+        assert isinstance(layout, PatchGrid)   # an image model (check_adapter)
+        rows, cols = layout.grid                # images are a whole number of patches (prepare_inputs)
+        batch, height, width = pixels.shape
+        return pixels.reshape(batch, rows, height // rows, cols, width // cols).sum(dim=(2, 4)).flatten(1)
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
         out = self._backward(adapter, inputs, target)
-        return self._scores(adapter, out["x"], out["grad"])
+        return self._scores(adapter, inputs, out["x"], out["grad"])
 
     def relevance_by_layer(self, model: nn.Module, inputs: Any, target: TargetType = None) -> Dict[str, Tensor]:
         """The conservation report of one call, per sample: ``logit`` ``[B]`` (the explained logit), ``blocks``
@@ -293,7 +317,7 @@ class _GradientLRP(AttributionMethod):
         batch = adapter.prepare_inputs(inputs)
         with preserved_model_state(model):
             out = self._backward(adapter, batch, target, layer_inputs=True)
-        scores = self._scores(adapter, out["x"], out["grad"])
+        scores = self._scores(adapter, batch, out["x"], out["grad"])
         layout = adapter.layout(batch)
         if layout.has_padding and scores.dim() == 2:
             scores = layout.output(scores)
@@ -312,7 +336,8 @@ class _GradientLRP(AttributionMethod):
 class AttnLRP(_GradientLRP):
     """AttnLRP (Achtibat et al. 2024): LayerNorm and element-wise activations by the identity rule (Eq. 9), the
     uniform rule (Eq. 7) on ``q k^T`` and ``A v``, the softmax by its gradient, linear layers by epsilon-LRP
-    (plain gradient), as LXT's efficient mode. Options: ``level`` (``"tokens"``, ``"pixels"``), ``epsilon``
+    (plain gradient), as LXT's efficient mode. Options: ``level`` (``"auto"``, ``"tokens"``, ``"pixels"``,
+    ``"patches"``), ``epsilon``
     (1e-10). See :mod:`methods.attnlrp` for every convention."""
 
     variant = "attnlrp"

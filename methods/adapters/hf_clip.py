@@ -257,6 +257,7 @@ class HFCLIPTextAdapter(_HFCLIPTower):
 
     family = "transformers CLIPModel text tower (PromptScorer)"
     tower = "text"
+    modality = "text"
     readout = "position"
     layout_class = TokenSequence
 
