@@ -37,19 +37,18 @@ the stock model's (the logits are bit-identical), only gradients change:
 Relevance is ``x * dlogit/dx`` of the explained logit (the raw logit, not a one-hot 1: LXT backpropagates the
 logit itself) summed over the embedding width, at ``level``:
 
-* ``"tokens"`` (LXT's convention for text): ``x`` is the output of the model's input embedding only (text: the
-  word embeddings, so position and token-type embeddings keep their own share, as in LXT's BERT and GPT-2
-  goldens; decoders: ``wte`` / ``embed_tokens``, Gemma 3's scaled output; images: the patch embedding, so
-  [CLS], register tokens, the position embedding and the patch embedding's bias keep theirs);
-  output ``[B, N]`` for text (every real token, special tokens included, exactly 0 at padding) and ``[B, P]``
-  patch scores for images;
+* ``"tokens"`` (default; LXT's convention, ``input_embeds``): ``x`` is the output of the model's input embedding
+  only (text: the word embeddings, so position and token-type embeddings keep their own share, as in LXT's BERT
+  and GPT-2 goldens; decoders: ``wte`` / ``embed_tokens``, Gemma 3's scaled output; images: the patch embedding,
+  so [CLS], register tokens, the position embedding and the patch embedding's bias keep theirs); output
+  ``[B, N]`` for text (every real token, special tokens included, exactly 0 at padding) and ``[B, P]`` patch
+  scores for images;
 * ``"pixels"`` (images only; LXT's ViT example, ``(input * input.grad).sum(1)``): ``x`` is the normalised image;
-  output ``[B, H, W]`` summed over the channels;
+  output ``[B, H, W]`` summed over the channels (a pixel map, as full ``lrp``'s). The image evaluation configs
+  use it: at the pixel protocols' resolution it is far more faithful than the patch scores (measured on the
+  synthetic ViT, ``benchmarks/README.md``);
 * ``"patches"`` (images only): the ``"pixels"`` relevance summed over each patch, ``[B, P]`` in row-major grid
-  order: the pixels' share, without the patch embedding's bias (which ``"tokens"`` includes);
-* ``"auto"`` (default): ``"tokens"`` for text, ``"patches"`` for images. Measured on the synthetic ViT
-  (``benchmarks/README.md``), the patch embedding's bias share makes ``"tokens"`` maps no better than the random
-  map at the perturbation test, while the pixels' share is far below it.
+  order (the pixels' share of each patch token, without the patch embedding's bias).
 
 Scores are raw (not normalised, sign kept), so conservation can be read off them; :meth:`relevance_by_layer`
 reports the relevance entering every block for that check (LXT#27, #32). The attention stays as the model was
@@ -86,7 +85,7 @@ from .model_state import preserved_model_state
 from .registry import register_method
 from .targets import TargetType, class_score, resolve_target
 
-LEVELS = ("auto", "tokens", "pixels", "patches")
+LEVELS = ("tokens", "pixels", "patches")
 #: the levels that read the image itself
 IMAGE_LEVELS = ("pixels", "patches")
 #: gradient factors on (query, key, value) per variant: the uniform rule on two products, or constant attention
@@ -237,7 +236,7 @@ class _GradientLRP(AttributionMethod):
     variant = "?"
     reads_attention = False
 
-    def __init__(self, level: str = "auto", epsilon: float = IDENTITY_EPSILON, gamma: Optional[float] = None,
+    def __init__(self, level: str = "tokens", epsilon: float = IDENTITY_EPSILON, gamma: Optional[float] = None,
                  conv_gamma: Optional[float] = None):
         if level not in LEVELS:
             raise ValueError(f"{self.name}: level must be one of {LEVELS}, got {level!r}")
@@ -265,7 +264,7 @@ class _GradientLRP(AttributionMethod):
         gradient, the logits, the resolved target and (``layer_inputs``) every block input with its gradient."""
         for p in adapter.model.parameters():   # restored by preserved_model_state; no weight gradients
             p.requires_grad_(False)
-        pixels = self.resolved_level(adapter) in IMAGE_LEVELS
+        pixels = self.level in IMAGE_LEVELS
         if pixels:
             inputs = inputs.with_tensors(pixel_values=inputs["pixel_values"].detach().requires_grad_(True))
         rules = relevance_rules(adapter, self.variant, self.epsilon, self.gamma, self.conv_gamma)
@@ -284,19 +283,12 @@ class _GradientLRP(AttributionMethod):
         return dict(x=x.detach(), grad=grads[0], logits=logits.detach(), target=target,
                     blocks=[(b.detach(), g) for b, g in zip(blocks, grads[1:])])
 
-    def resolved_level(self, adapter: ModelAdapter) -> str:
-        """``level``, with ``"auto"`` resolved by the model's modality (``"patches"`` for images)."""
-        if self.level != "auto":
-            return self.level
-        return "patches" if adapter.modality == "image" else "tokens"
-
     def _scores(self, adapter: ModelAdapter, inputs: ModelInputs, x: Tensor, grad: Tensor) -> Tensor:
         products = x * grad
-        level = self.resolved_level(adapter)
-        if level == "tokens":
+        if self.level == "tokens":
             return adapter.embedding_scores(products)
         pixels = products.sum(dim=1)
-        if level == "pixels":
+        if self.level == "pixels":
             return pixels
         layout = adapter.layout(inputs)
         assert isinstance(layout, PatchGrid)   # an image model (check_adapter)
@@ -336,8 +328,8 @@ class _GradientLRP(AttributionMethod):
 class AttnLRP(_GradientLRP):
     """AttnLRP (Achtibat et al. 2024): LayerNorm and element-wise activations by the identity rule (Eq. 9), the
     uniform rule (Eq. 7) on ``q k^T`` and ``A v``, the softmax by its gradient, linear layers by epsilon-LRP
-    (plain gradient), as LXT's efficient mode. Options: ``level`` (``"auto"``, ``"tokens"``, ``"pixels"``,
-    ``"patches"``), ``epsilon``
+    (plain gradient), as LXT's efficient mode. Options: ``level`` (``"tokens"``, ``"pixels"``, ``"patches"``),
+    ``epsilon``
     (1e-10). See :mod:`methods.attnlrp` for every convention."""
 
     variant = "attnlrp"

@@ -278,11 +278,11 @@ def test_gamma_rule_options(monkeypatch):
 
 
 def test_patch_level_is_the_pixels_share_of_each_patch():
-    """``level="auto"`` on images is ``"patches"``: the pixel relevance summed per patch (row-major), which equals
-    the patch-token relevance exactly when the patch embedding has no bias (the bias share is what differs)."""
+    """``level="patches"``: the pixel relevance summed per patch (row-major), which equals the patch-token relevance
+    (the default level) exactly when the patch embedding has no bias (the bias share is what differs)."""
     images, target = _images(), torch.tensor([0, 1, 2])
     model = _tiny_vit()
-    auto = build_method("attnlrp")(model, images, target=target)
+    auto = build_method("attnlrp", level="patches")(model, images, target=target)
     pixels = build_method("attnlrp", level="pixels")(model, images, target=target)
     per_patch = pixels.reshape(3, 4, 8, 4, 8).sum(dim=(2, 4)).flatten(1)
     torch.testing.assert_close(auto, per_patch, rtol=1e-12, atol=1e-14)
@@ -290,5 +290,6 @@ def test_patch_level_is_the_pixels_share_of_each_patch():
     assert (tokens - auto).abs().max() > 1e-3 * auto.abs().max()
     with torch.no_grad():
         model.patch_embed.proj.bias.zero_()
-    torch.testing.assert_close(build_method("attnlrp", level="tokens")(model, images, target=target),
-                               build_method("attnlrp")(model, images, target=target), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(build_method("attnlrp")(model, images, target=target),
+                               build_method("attnlrp", level="patches")(model, images, target=target),
+                               rtol=1e-9, atol=1e-12)
