@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: methods whose maps are built from gradients of the class logit
 GRADIENT_BASED = ("gradcam", "generic_attribution", "transformer_attribution", "beyond_intuition_head",
-                  "beyond_intuition_token", "cdam")
+                  "beyond_intuition_token", "cdam", "attnlrp", "cp_lrp")
 #: class-specific methods (raw attention and rollout ignore the class; random is the reference)
 CLASS_SPECIFIC = GRADIENT_BASED + ("lrp", "partial_lrp", "lrp_rollout", "token_ablation")
 
