@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from ..adapters import ActivationRecorder
 from ..adapters.hf_clip import HFCLIPTextAdapter, HFCLIPVisionAdapter, _HFCLIPTower, eos_positions
-from .sublayers import block_relprop, block_tensors, embedding_sum_relprop, readout_relprop, record_block
+from .sublayers import embedding_sum_relprop, readout_relprop, record_block
 from .topology import Topology, register_topology
 
 INPUT_POINTS = ("encoder_input", "word_embeddings")
@@ -89,13 +89,6 @@ class _CLIPTowerTopology(Topology):
         r = rules["linear"](normed, self.adapter.score_weight().to(z), relevance_logits)
         r = rules["linear"](acts["proj_in"], self.adapter.projection().weight, r)
         return self.readout(rules, acts, r)
-
-    @torch.no_grad()
-    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
-        """Relevance through block ``layer``: ``(R at the block input or None, R_A [B, H, N, N])``."""
-        tensors = block_tensors(acts, layer)
-        return block_relprop(rules, tensors, self.adapter.attention_linears(layer), self.adapter.mlp_linears(layer),
-                             self.adapter.num_heads, relevance, need_below)
 
 
 @register_topology(HFCLIPVisionAdapter)

@@ -49,7 +49,7 @@ from ..adapters.hf_decoder import (
     _HFDecoder,
     repeat_heads,
 )
-from .sublayers import attention_relprop, block_relprop, block_tensors, embedding_sum_relprop, record_block
+from .sublayers import attention_relprop, embedding_sum_relprop, record_block
 from .topology import Topology, register_topology
 
 INPUT_POINTS = ("encoder_input", "word_embeddings")
@@ -118,12 +118,6 @@ class HFGPT2Topology(_DecoderTopology):
     def record_input(self, rec: ActivationRecorder) -> None:
         super().record_input(rec)
         rec.output(self.adapter.base.wpe, "position_embeddings")
-
-    @torch.no_grad()
-    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
-        tensors = block_tensors(acts, layer)
-        return block_relprop(rules, tensors, self.adapter.attention_linears(layer), self.adapter.mlp_linears(layer),
-                             self.adapter.num_heads, relevance, need_below)
 
     @torch.no_grad()
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters import ActivationRecorder, TimmViTAdapter
-from .sublayers import block_relprop, block_tensors, embedding_sum_relprop, readout_relprop, record_block
+from .sublayers import embedding_sum_relprop, readout_relprop, record_block
 from .topology import Topology, register_topology
 
 
@@ -91,13 +91,6 @@ class TimmViTTopology(Topology):
         r = rules["linear"](acts["head_in"], m.head.weight, relevance_logits)   # fc_norm, head_drop: identity
         first = 0 if getattr(m, "pool_include_prefix", False) else self.adapter.num_prefix_tokens
         return readout_relprop(rules, acts["norm_out"], r, self.adapter.readout, slice(first, None))  # norm: id
-
-    @torch.no_grad()
-    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
-        """Relevance through block ``layer``: ``(R at the block input or None, R_A [B, H, N, N])``."""
-        tensors = block_tensors(acts, layer)
-        return block_relprop(rules, tensors, self.adapter.attention_linears(layer), self.adapter.mlp_linears(layer),
-                             self.adapter.num_heads, relevance, need_below)
 
     @torch.no_grad()
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:

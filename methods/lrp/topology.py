@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Tuple, Type, TypeVar
 
+import torch
+from torch import Tensor
+
 from ..adapters import ModelAdapter
+from .sublayers import block_relprop, block_tensors
 
 T = TypeVar("T", bound="Type[Topology]")
 TOPOLOGIES: Dict[Type[ModelAdapter], Type[Topology]] = {}
@@ -42,6 +46,14 @@ class Topology:
         self.check(adapter)
         self.adapter = adapter
         self.model = adapter.model
+
+    @torch.no_grad()
+    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
+        """Relevance through block ``layer`` of a stock pre-norm block (the shared sub-layers of
+        :func:`methods.lrp.sublayers.block_relprop`): ``(R at the block input or None, R_A [B, H, N, N])``."""
+        tensors = block_tensors(acts, layer)
+        return block_relprop(rules, tensors, self.adapter.attention_linears(layer), self.adapter.mlp_linears(layer),
+                             self.adapter.num_heads, relevance, need_below)
 
 
 def topology_for(adapter: ModelAdapter):
