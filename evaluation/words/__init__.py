@@ -10,8 +10,11 @@ token scores; the rationale test, the heatmap callbacks and notebooks use it).
 * :mod:`evaluation.words.mapping`: which words a text has and which tokens belong to each
   (:func:`word_scores`, :func:`word_attribution_from_ids`), the results :class:`WordAttribution` and
   :class:`WordAttributions`;
-* :mod:`evaluation.words.heatmap`: escaped HTML heatmaps (:func:`text_heatmap_html`, :class:`TextHeatmap`).
+* :mod:`evaluation.words.heatmap`: escaped HTML heatmaps (:func:`text_heatmap_html`, :class:`TextHeatmap`);
+* :mod:`evaluation.words.generation`: a decoder LM's greedy generation with every generated token explained over
+  its context (:func:`explain_generation`, :class:`GenerationAttribution` with its escaped HTML view).
 """
+from .generation import GenerationAttribution, explain_generation, generation_html  # noqa: F401
 from .heatmap import TextHeatmap, page_html, text_heatmap_html, write_text_heatmap  # noqa: F401
 from .mapping import WordAttribution, WordAttributions, whitespace_words, word_attribution_from_ids, word_scores  # noqa: F401
 from .reductions import REDUCTIONS, check_reduction, document_word_scores, reduce_tokens, word_mask  # noqa: F401
