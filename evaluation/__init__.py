@@ -24,7 +24,8 @@ Per modality:
 * :mod:`evaluation.pixel_maps`: raw relevance -> normalised pixel maps (image protocols);
 * :mod:`evaluation.segmentation`, :mod:`evaluation.cdam`: the segmentation metrics and the CDAM analyses' pieces;
 * :mod:`evaluation.words`: the word layer, token scores -> word scores (one set of reductions) and word scores as
-  escaped HTML heatmaps;
+  escaped HTML heatmaps; a decoder LM's greedy generation with every generated token explained over its context
+  (``explain_generation``);
 * :mod:`evaluation.rationale_selection`, :mod:`evaluation.rationale_metrics`, :mod:`evaluation.eraser_export`:
   ERASER's hard rationales (top-k words, spans), its rationale metrics (token-F1, IOU-F1, AUPRC) and its JSONL
   format.
