@@ -301,7 +301,7 @@ def generation_html(result: GenerationAttribution, *, scale: Union[str, float] =
         raise ValueError(f"{len(titles)} titles for {b} prompts")
     parts = [f"<style>{STYLE}{GENERATION_STYLE}</style>", '<div class="ta-heatmap">']
     if legend:
-        parts.append(legend_html(scale, unscored=False))
+        parts.append(legend_html(scale, unscored=False, where="under each step's number"))
     scores = result.scores.detach().double().cpu()
     for i in range(b):
         title = titles[i] if titles is not None else f"{result.method}: prompt {i}"

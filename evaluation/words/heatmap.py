@@ -150,12 +150,13 @@ def _gradient() -> str:
     return f"linear-gradient(to right,{neg},rgb(255,255,255),{pos})"
 
 
-def legend_html(scale: Union[str, float] = "row", unscored: bool = True) -> str:
-    """The colour bar with its end values, what the scale is, and (``unscored``) the swatch of unscored words."""
+def legend_html(scale: Union[str, float] = "row", unscored: bool = True, where: str = "under the method's name") -> str:
+    """The colour bar with its end values, what the scale is (each row's or example's ``s`` shown ``where``), and
+    (``unscored``) the swatch of unscored words."""
     if isinstance(scale, str):
         lo, hi = "\u2212s", "+s"
-        note = ("s: the largest |score| of each row (shown under the method's name)" if scale == "row"
-                else "s: the largest |score| of each example (shown under each method's name)")
+        note = (f"s: the largest |score| of each row (shown {where})" if scale == "row"
+                else f"s: the largest |score| of each example (shown {where})")
     else:
         lo, hi = f"\u2212{_fmt(float(scale))}", f"+{_fmt(float(scale))}"
         note = "one scale for every row"
