@@ -90,7 +90,18 @@ TEXT_SIZES = {
     "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
                  max_position_embeddings=128, num_labels=2),
 }
-FAMILIES = ("vit", "bert")
+#: ``--family llama``: a randomly initialised ``LlamaForCausalLM`` (8 layers, width 512, grouped-query attention with
+#: 8 query and 2 key/value heads, gated MLP 1408, vocabulary 32000), or tiny
+LLAMA_SIZES = {
+    "base": dict(vocab_size=32000, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                 num_key_value_heads=2, intermediate_size=1408, max_position_embeddings=8192, bos_token_id=1,
+                 eos_token_id=2, pad_token_id=0),
+    "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=128, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                 pad_token_id=0),
+}
+FAMILIES = ("vit", "bert", "llama")
+TEXT_FAMILIES = ("bert", "llama")
 
 # method -> (kind of anchor, target ratio or None); PROTOCOLS.md section 7 and the issue's targets
 COSTS = {
@@ -118,6 +129,10 @@ TOKEN_ABLATION = "token_ablation"
 
 # ----------------------------------------------------------------------------------------------- the worker
 def build_model(size: str, device: str, family: str = "vit") -> torch.nn.Module:
+    if family == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        return LlamaForCausalLM(LlamaConfig(**LLAMA_SIZES[size])).to(device).eval()
     if family == "bert":
         from transformers import BertConfig, BertForSequenceClassification
 
@@ -130,7 +145,15 @@ def build_model(size: str, device: str, family: str = "vit") -> torch.nn.Module:
 def build_inputs(family: str, size: str, batch: int, seq_len: int, gen: torch.Generator, device: str):
     """``(inputs, targets, tokens removed one at a time by token_ablation)``: images ``[B, 3, H, W]``; or token
     batches of ``seq_len`` positions (``[CLS]``, random word ids, ``[SEP]``; no padding) as a tokenizer returns
-    them."""
+    them; ``llama``: BOS then random ids (no padding), the target a vocabulary id per row (the next token
+    explained at the last position)."""
+    if family == "llama":
+        cfg = LLAMA_SIZES[size]
+        ids = torch.randint(3, cfg["vocab_size"], (batch, seq_len), generator=gen)
+        ids[:, 0] = cfg["bos_token_id"]
+        inputs = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
+        targets = torch.randint(0, cfg["vocab_size"], (batch,), generator=gen, dtype=torch.long).to(device)
+        return inputs, targets, seq_len - 1
     if family == "bert":
         cfg = TEXT_SIZES[size]
         ids = torch.randint(200, cfg["vocab_size"], (batch, seq_len), generator=gen)   # not a special id
@@ -158,18 +181,26 @@ def anchors_needed(name: str) -> List[str]:
 def _anchor_fn(name: str, model, images, targets) -> Callable[[], object]:
     """Images: ``model(x)``, and the gradient w.r.t. the pixels. Token batches: ``model(**inputs).logits``, and
     the gradient w.r.t. the word embeddings (``inputs_embeds``: the backward runs through the whole encoder and
-    the embedding sum and LayerNorm). Attention as the model ships (timm's fused attention, Hugging Face's sdpa)."""
+    the embedding sum and LayerNorm). Attention as the model ships (timm's fused attention, Hugging Face's sdpa).
+    A causal LM computes its head at the last position only (``logits_to_keep=1``, as the adapter reads one
+    position; the full ``[B, N, vocab]`` head would dominate the anchor)."""
     text = isinstance(images, dict)
+    lm = text and hasattr(model, "lm_head")
+    extra = {"logits_to_keep": 1} if lm else {}
+
+    def last(logits):
+        return logits[:, -1] if lm else logits
+
     if name == FORWARD:
         def forward():
             with torch.no_grad():
-                return model(**images).logits if text else model(images)
+                return last(model(**images, **extra).logits) if text else model(images)
         return forward
 
     def forward_backward():
         if text:
             x = model.get_input_embeddings()(images["input_ids"]).detach().requires_grad_(True)
-            logits = model(inputs_embeds=x, attention_mask=images["attention_mask"]).logits
+            logits = last(model(inputs_embeds=x, attention_mask=images["attention_mask"], **extra).logits)
         else:
             x = images.detach().requires_grad_(True)
             logits = model(x)
@@ -419,7 +450,9 @@ def _notes(args, results) -> List[str]:
         ("[forward]: model(**tokens).logits under torch.no_grad(), sdpa attention as transformers ships it. "
          "[forward+backward]: model(inputs_embeds=x, attention_mask=...) then torch.autograd.grad(sum of the target "
          "logits, x) with x = the word embeddings of the ids: the backward runs through the whole encoder. "
-         if args.family == "bert" else
+         + ("The causal LM's head is computed at the last position only (logits_to_keep=1), the position the "
+            "methods explain. " if args.family == "llama" else "")
+         if args.family in TEXT_FAMILIES else
          "[forward]: model(images) under torch.no_grad(), fused attention as timm ships it. [forward+backward]: "
          "model(x) then torch.autograd.grad(sum of the target logits, x) with x = images.requires_grad_(): the "
          "backward runs through the whole network (fused attention). ")
@@ -453,8 +486,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="torch.set_num_threads; default: the number of CPU cores available to this process")
     p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="base")
     p.add_argument("--family", choices=FAMILIES, default="vit",
-                   help="vit (default): a timm ViT on images; bert: a BertForSequenceClassification on token batches")
-    p.add_argument("--seq-len", type=int, default=256, help="--family bert: positions per sequence (default 256)")
+                   help="vit (default): a timm ViT on images; bert: a BertForSequenceClassification on token batches; "
+                        "llama: a LlamaForCausalLM on token batches (the next token at the last position explained)")
+    p.add_argument("--seq-len", type=int, default=256,
+                   help="--family bert / llama: positions per sequence (default 256)")
     p.add_argument("--token-ablation-batch-sizes", type=int, nargs="+", default=[1])
     p.add_argument("--skip-token-ablation", action="store_true")
     p.add_argument("--isolation", choices=("subprocess", "none"), default="subprocess",
@@ -522,9 +557,10 @@ def main(argv=None) -> dict:
 
     rows = make_rows(results, skipped)
     notes = _notes(args, results)
-    model_cfg = TEXT_SIZES[args.model_size] if args.family == "bert" else MODEL_SIZES[args.model_size]
+    model_cfg = {"bert": TEXT_SIZES, "llama": LLAMA_SIZES}.get(args.family, MODEL_SIZES)[args.model_size]
     config = dict(model_size=args.model_size, family=args.family, model=model_cfg,
-                  seq_len=args.seq_len if args.family == "bert" else None, global_pool="token",
+                  seq_len=args.seq_len if args.family in TEXT_FAMILIES else None,
+                  global_pool="token" if args.family == "vit" else None,
                   device=args.device, threads=args.threads, batch_sizes=args.batch_sizes, repeats=args.repeats,
                   warmup=args.warmup, isolation=args.isolation, seed=args.seed, torch=torch.__version__,
                   python=platform.python_version(), platform=platform.platform(),
@@ -539,7 +575,8 @@ def main(argv=None) -> dict:
         config["gpu"] = torch.cuda.get_device_name()
 
     table = format_table(rows)
-    what = f"BERT, {args.seq_len} positions" if args.family == "bert" else "ViT"
+    what = {"bert": f"BERT, {args.seq_len} positions", "llama": f"Llama, {args.seq_len} positions"}.get(args.family,
+                                                                                                  "ViT")
     print(f"attribution method cost: {args.model_size} {what} ({model_cfg}), device {args.device}, "
           f"{args.threads} threads, torch {torch.__version__}, {args.repeats} repeats, warm-up {args.warmup}")
     print(table)

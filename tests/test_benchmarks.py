@@ -82,6 +82,21 @@ def test_tiny_text_run(bench, capsys):
     assert "BERT, 12 positions" in printed and "inputs_embeds" in " ".join(result["notes"])
 
 
+def test_tiny_llama_run(bench, capsys):
+    """--family llama: token batches through a LlamaForCausalLM, the next token at the last position explained (a
+    vocabulary id per row); the anchors compute the head at that position only."""
+    result = bench.main(["--family", "llama", "--model-size", "tiny", "--seq-len", "12", "--isolation", "none",
+                         "--threads", "1", "--device", "cpu", "--methods", "attnlrp", "rollout",
+                         "--batch-sizes", "2", "--repeats", "1"])
+    printed = capsys.readouterr().out
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"forward", "forward+backward", "attnlrp", "rollout"}
+    assert rows["attnlrp"]["anchor"] == "1 fwd+bwd" and _positive(rows["attnlrp"]["ratio"])
+    assert rows["rollout"]["anchor"] == "1 fwd" and _positive(rows["rollout"]["ratio"])
+    assert result["config"]["family"] == "llama" and result["config"]["model"]["num_key_value_heads"] == 2
+    assert "Llama, 12 positions" in printed and "logits_to_keep" in " ".join(result["notes"])
+
+
 def test_anchor_arithmetic(bench):
     """Ratios use the anchor each method fundamentally needs (PROTOCOLS.md section 7)."""
     fwd, fb = 0.5, 1.5

@@ -150,19 +150,21 @@ def _gradient() -> str:
     return f"linear-gradient(to right,{neg},rgb(255,255,255),{pos})"
 
 
-def legend_html(scale: Union[str, float] = "row") -> str:
-    """The colour bar with its end values, what the scale is, and the swatch of unscored words."""
+def legend_html(scale: Union[str, float] = "row", unscored: bool = True, where: str = "under the method's name") -> str:
+    """The colour bar with its end values, what the scale is (each row's or example's ``s`` shown ``where``), and
+    (``unscored``) the swatch of unscored words."""
     if isinstance(scale, str):
         lo, hi = "\u2212s", "+s"
-        note = ("s: the largest |score| of each row (shown under the method's name)" if scale == "row"
-                else "s: the largest |score| of each example (shown under each method's name)")
+        note = (f"s: the largest |score| of each row (shown {where})" if scale == "row"
+                else f"s: the largest |score| of each example (shown {where})")
     else:
         lo, hi = f"\u2212{_fmt(float(scale))}", f"+{_fmt(float(scale))}"
         note = "one scale for every row"
     return (f'<div class="ta-legend"><div><div class="ta-bar" style="background:{_gradient()}"></div>'
             f'<div class="ta-bar-labels"><span>{escape(lo)}</span><span>0</span><span>{escape(hi)}</span></div>'
             f'</div><div>blue: negative, red: positive; {escape(note)}</div>'
-            f'<div><span class="ta-w ta-uncovered">word</span> not scored (no token in the input)</div></div>')
+            + ('<div><span class="ta-w ta-uncovered">word</span> not scored (no token in the input)</div>'
+               if unscored else "") + '</div>')
 
 
 # ------------------------------------------------------------------------------------------------ structure
