@@ -16,7 +16,10 @@ Conventions
   the logits restricted to them: what ``evaluation.classifier.AnswerTokenClassifier`` predicts). Logged as
   :func:`lightning_modules.classification_step.classification_loss` logs (``train/loss``, ``val/acc``, ...).
 * Recipe: AdamW (``lr``, ``weight_decay`` on weight matrices and embeddings only, ``betas``), linear warm-up over
-  ``warmup_ratio`` of the steps then cosine decay (``lightning_modules.lr_schedule``).
+  ``warmup_steps`` optimizer steps (or ``warmup_ratio`` of all steps when it is 0), then ``decay`` (``cosine``,
+  ``linear`` or ``constant``; ``lightning_modules.lr_schedule``). On associative recall the slow warm-up matters:
+  the induction circuit appeared by step 200 after a 150-step warm-up to 3e-3 (batch 512), and not within
+  500 steps after a 30-step one.
 * Export (:meth:`export`): ``save_pretrained`` of the causal LM (safetensors, float32) with ``id2label`` /
   ``label2id`` naming the answer tokens in class order (``evaluate.py`` reads the LM as a classifier over them),
   the datamodule's tokenizer, and ``training.json`` (metrics, the datamodule's ``max_length``), in one folder that
@@ -54,11 +57,12 @@ class AnswerLMModule(StageSteps, pl.LightningModule):
     export_name = "classifier"
 
     def __init__(self, model_type: str = "llama", config: Optional[PlainDict] = None, lr: float = 3e-3,
-                 weight_decay: float = 0.01, betas: Tuple[float, float] = (0.9, 0.98), warmup_ratio: float = 0.05,
-                 decay: str = "cosine") -> None:
+                 weight_decay: float = 0.01, betas: Tuple[float, float] = (0.9, 0.999), warmup_steps: int = 0,
+                 warmup_ratio: float = 0.05, decay: str = "cosine") -> None:
         super().__init__()
-        if not 0.0 <= warmup_ratio < 1.0:
-            raise ValueError(f"warmup_ratio must lie in [0, 1), got {warmup_ratio}")
+        if warmup_steps < 0 or not 0.0 <= warmup_ratio < 1.0:
+            raise ValueError(f"warmup_steps must be >= 0 and warmup_ratio in [0, 1), got {warmup_steps}, "
+                             f"{warmup_ratio}")
         check_remote_code_options(config, "config")
         self.save_hyperparameters()
         self.model: Optional[nn.Module] = None
@@ -144,7 +148,8 @@ class AnswerLMModule(StageSteps, pl.LightningModule):
                                  {"params": no_decay, "weight_decay": 0.0}],
                                 lr=self.hparams.lr, betas=tuple(self.hparams.betas))
         total = max(int(self.trainer.estimated_stepping_batches), 1)
-        return stepped_schedule(opt, int(round(self.hparams.warmup_ratio * total)), total, self.hparams.decay)
+        warm = self.hparams.warmup_steps or int(round(self.hparams.warmup_ratio * total))
+        return stepped_schedule(opt, warm, total, self.hparams.decay)
 
     # ------------------------------------------------------------------------------------------ export
     def export(self, folder: Union[str, os.PathLike], datamodule: Any,
