@@ -99,7 +99,9 @@ def test_recall_evaluation_end_to_end_with_a_tiny_lm(tmp_path, monkeypatch):
     overrides = tmp_path / "tiny.yaml"
     overrides.write_text(yaml.safe_dump({
         "trainer": {"max_epochs": 1},
-        "model": {"init_args": {"config": {"hidden_size": 32, "intermediate_size": 64}}},
+        "model": {"init_args": {"config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                           "num_attention_heads": 4, "num_key_value_heads": 2,
+                                           "max_position_embeddings": 32}}},
         "data": {"init_args": {"train_size": 512, "val_size": 32, "test_size": 32, "batch_size": 256}}}))
     results = _evaluate(tmp_path, monkeypatch, f"trained:{TRAIN_CONFIG}+{overrides}", METHODS, eval_subset=6)
     assert 0.0 <= results["accuracy"] <= 1.0
