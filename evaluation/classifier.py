@@ -18,7 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from methods.adapters import adapter_for
+from methods.adapters.hf_decoder import last_real_positions, positions_from_mask
 from models.sources import load_tokenizer
+
+from .class_sets import GENERIC_NAME, model_class_names
 
 #: the token tensors a Hugging Face sequence classifier's ``forward`` takes (others in a batch are ignored)
 MODEL_TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
@@ -45,6 +48,16 @@ class _ChunkedClassifier:
     def forward(self, inputs: Any) -> Tensor:
         """The model's logits ``[M, C]`` of ``inputs`` in one forward (autograd as the caller has it)."""
         raise NotImplementedError
+
+    def model_logits(self, inputs: Any) -> Tensor:
+        """The logits ``[M, C]`` of what :meth:`model_inputs` returns (already normalised images, token tensors),
+        in one forward: the clean logits of the evaluation module."""
+        return model_logits(self.model, inputs)
+
+    def method_targets(self, classes: Tensor) -> Tensor:
+        """What a method's ``target`` is for the classes ``classes`` ``[M]``: the class indices themselves (an
+        :class:`AnswerTokenClassifier`: the answer tokens' vocabulary ids)."""
+        return classes
 
     @torch.no_grad()
     def logits(self, inputs: Any, batch_size: Optional[int] = None) -> Tensor:
@@ -248,11 +261,84 @@ class TextClassifier(_ChunkedClassifier):
                 f"mask_token_id={self.mask_token_id}, batch_size={self.batch_size})")
 
 
+class AnswerTokenClassifier(TextClassifier):
+    """A frozen decoder language model (``*ForCausalLM``) as a classifier over a set of **answer tokens**: the
+    logits of class ``c`` are the model's next-token logit of the token ``answer_ids[c]`` at each row's last real
+    token (the decoder adapters' read-out; left or right padding, position ids ``attention_mask.cumsum(-1) - 1``
+    as ``generate()`` and the adapters give them, so a token removed by the ``pad`` convention moves the later
+    tokens' positions as a deletion does).
+
+    The classes are the tokens the model's ``config.id2label`` names, in class order (an LM exported by
+    ``lightning_modules.answer_lm.AnswerLMModule``; the evaluation compares them with the datamodule's classes as
+    for any classifier). The clean prediction, the perturbation tests' predictions and ERASER's probabilities are
+    taken among these tokens (softmax over them); a method explains the vocabulary logit of the class's token
+    (:meth:`method_targets`: class index -> token id).
+
+    Args:
+        model: a ``transformers`` causal LM (``forward(...).logits`` ``[M, N, V]``).
+        answer_ids: the vocabulary id of each class's token ``[C]``.
+        pad_token_id, mask_token_id, batch_size, tokenizer: as :class:`TextClassifier`.
+    """
+
+    def __init__(self, model: nn.Module, answer_ids: Sequence[int], pad_token_id: int,
+                 mask_token_id: Optional[int] = None, batch_size: int = 64, tokenizer: Optional[str] = None) -> None:
+        super().__init__(model, pad_token_id, mask_token_id, batch_size, tokenizer)
+        ids = [int(i) for i in answer_ids]
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+        if len(ids) < 2 or len(set(ids)) != len(ids) or not all(0 <= i < vocab for i in ids):
+            raise ValueError(f"answer_ids must be at least 2 distinct vocabulary ids in [0, {vocab}), got {ids}")
+        self.answer_ids = torch.tensor(ids, dtype=torch.long)
+
+    @classmethod
+    def from_model(cls, model: nn.Module, batch_size: int = 64, **_other_modalities) -> "AnswerTokenClassifier":
+        """The classifier over the answer tokens that ``model.config.id2label`` names, looked up in the tokenizer
+        saved with the model; an error when the config names none (generic ``LABEL_<i>``) or the tokenizer lacks
+        one."""
+        text = TextClassifier.from_model(model, batch_size)
+        names = model_class_names(model) or []
+        if len(names) < 2 or any(GENERIC_NAME.fullmatch(n) for n in names):
+            raise ValueError(f"{type(model).__name__} is a language model: it is evaluated as a classifier over its "
+                             "answer tokens, which its config.id2label must name in class order (as "
+                             f"lightning_modules.answer_lm.AnswerLMModule exports them); got {names}")
+        if text.tokenizer is None:
+            raise ValueError(f"the language model at {getattr(model, 'name_or_path', None)!r} was saved without "
+                             "its tokenizer: its answer tokens cannot be looked up")
+        vocab = load_tokenizer(text.tokenizer).get_vocab()
+        missing = [n for n in names if n not in vocab]
+        if missing:
+            raise ValueError(f"the answer tokens {missing[:5]} (config.id2label) are not tokens of the model's "
+                             "tokenizer")
+        return cls(model, [vocab[n] for n in names], text.pad_token_id, text.mask_token_id, batch_size,
+                   tokenizer=text.tokenizer)
+
+    def forward(self, inputs: Mapping[str, Tensor]) -> Tensor:
+        ids = inputs["input_ids"]
+        mask = inputs.get("attention_mask")
+        mask = torch.ones_like(ids) if mask is None else mask
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask))
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        return out.logits[rows, last_real_positions(mask)][:, self.answer_ids.to(ids.device)]
+
+    def model_logits(self, inputs: Mapping[str, Tensor]) -> Tensor:
+        return self.forward(inputs)
+
+    def method_targets(self, classes: Tensor) -> Tensor:
+        return self.answer_ids.to(classes.device)[classes]
+
+    def __repr__(self) -> str:
+        return (f"AnswerTokenClassifier({type(self.model).__name__}, {len(self.answer_ids)} answer tokens, "
+                f"pad_token_id={self.pad_token_id}, batch_size={self.batch_size})")
+
+
 #: the classifier of each modality an adapter declares (``ModelAdapter.modality``)
 CLASSIFIERS = {cls.modality: cls for cls in (Classifier, TextClassifier)}
 
 
 def classifier_for(model: nn.Module, batch_size: int = 64, **options) -> _ChunkedClassifier:
     """The classifier of ``model``'s modality, built from the model (``from_model``; ``mean`` / ``std``: the
-    normalisation of an image classifier, ignored for texts)."""
-    return CLASSIFIERS[adapter_for(model).modality].from_model(model, batch_size, **options)
+    normalisation of an image classifier, ignored for texts); a decoder language model (its adapter's ``is_lm``)
+    is an :class:`AnswerTokenClassifier`."""
+    adapter = adapter_for(model)
+    if getattr(adapter, "is_lm", False):
+        return AnswerTokenClassifier.from_model(model, batch_size, **options)
+    return CLASSIFIERS[adapter.modality].from_model(model, batch_size, **options)

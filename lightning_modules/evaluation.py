@@ -18,6 +18,10 @@ evaluation callbacks declare (:meth:`AttributionEvaluationModule.add_class_setti
 over); ``other`` only when the batch has ``other_label``. A class-agnostic method (``method.class_specific ==
 False``) runs once per batch and the *same tensor* is returned for every setting.
 
+A decoder language model (``*ForCausalLM``) is a classifier over its answer tokens
+(``evaluation.classifier.AnswerTokenClassifier``): the classes, labels, targets and clean logits are answer
+indices; a method's ``target`` is the class's vocabulary id (the wrapper's ``method_targets``).
+
 Every method is called as ``method(model, inputs, target=..., sample_ids=batch["index"])``: the dataset index of
 each sample travels explicitly (the random baseline draws its map from it). Each method's options are checked
 against the model when the module is built (``method.check(model)``: block indices within the depth, options
@@ -36,7 +40,7 @@ from pytorch_lightning.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from evaluation.class_sets import data_class_names, label_translation, model_class_names, model_num_classes
-from evaluation.classifier import classifier_for, model_logits
+from evaluation.classifier import classifier_for
 from evaluation.method_specs import CLASS_SETTINGS, MethodsSpec, check_class_settings, method_specs
 from methods import build_method
 from methods.adapters import adapter_for
@@ -176,7 +180,8 @@ class AttributionEvaluationModule(pl.LightningModule):
         for start in range(0, size, step):
             stop = start + step
             chunk = self.classifier.take(inputs, slice(start, stop))
-            parts.append(method(self.model, chunk, target=None if target is None else target[start:stop],
+            targets = None if target is None else self.classifier.method_targets(target[start:stop])
+            parts.append(method(self.model, chunk, target=targets,
                                 sample_ids=None if sample_ids is None else sample_ids[start:stop]))
         return torch.cat(parts)
 
@@ -228,7 +233,7 @@ class AttributionEvaluationModule(pl.LightningModule):
         labels = batch["label"]
         inputs = self.model_inputs(batch)   # NaN or Inf pixels: ValueError naming the samples
         with torch.no_grad():
-            logits = model_logits(self.model, inputs)
+            logits = self.classifier.model_logits(inputs)
         num_classes = logits.shape[-1]
         bad = (labels < 0) | (labels >= num_classes)
         if bool(bad.any()):

@@ -55,7 +55,10 @@ def attention_perception_tokenwise(attn: Tensor, block_input: Tensor, values: Te
     """
     vproj = values @ out_weight.transpose(0, 1)
     denominator = block_input if attention_input is None else attention_input
-    scale = vproj.norm(dim=-1) / denominator.norm(dim=-1)  # [B, N]
+    norm = denominator.norm(dim=-1)
+    # a zero block input (a padding token whose embedding is zero, nn.Embedding's padding_idx, in a model without
+    # position embeddings: Llama-like decoders) scales its column by 0 instead of 0 / 0
+    scale = torch.where(norm > 0, vproj.norm(dim=-1) / norm.clamp(min=torch.finfo(norm.dtype).tiny), 0.0)  # [B, N]
     return attn.mean(dim=1) * scale[:, None, :]
 
 

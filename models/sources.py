@@ -4,7 +4,8 @@
 Model sources: a spec ``<prefix><body>`` loads through the source registered for its prefix
 (:func:`register_source`); the bare name of a prefix (``synthetic`` for ``synthetic:``) is that source's default.
 ``timm:`` and ``hf:`` are registered here, ``clip:`` by :mod:`models.clip` (:func:`load_model` says what each
-loads; nothing is ever downloaded).
+loads; nothing is ever downloaded; an ``hf:`` folder whose config names only ``*ForCausalLM`` architectures loads
+as a causal LM, evaluated over its answer tokens).
 
 The ``training`` package (``import training``; ``train.py`` and ``evaluate.py`` do) registers the classifiers
 trained on first use and cached: ``"synthetic"`` / ``"synthetic:<overrides.yaml>"`` (the synthetic benchmark's
@@ -28,6 +29,7 @@ Cache folder (:func:`resolve_cache_dir`): ``$TOKEN_ATTRIBUTIONS_CACHE``, default
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pickle
 import re
@@ -251,7 +253,7 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
     """``AutoModelForSequenceClassification`` of ``name`` (a local folder or a Hugging Face name already in the
     local cache), never downloading; eval mode. See :func:`load_model` (``hf:``; ``trust_remote_code``: the
     folder's own Python runs, module docstring)."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     check_remote_code_options(model_kwargs, "model_kwargs", trust_remote_code)
     kwargs = {**(model_kwargs or {}), "trust_remote_code": bool(trust_remote_code)}
@@ -260,12 +262,12 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
         raise FileNotFoundError(f"Hugging Face model folder {source!r} does not exist (expected a folder with "
                                 "config.json and weights, e.g. written by train.py or save_pretrained)")
     try:
+        auto: Any = AutoModelForCausalLM if is_causal_lm_folder(source) else AutoModelForSequenceClassification
         if pretrained:
-            model, info = AutoModelForSequenceClassification.from_pretrained(
-                source, local_files_only=True, output_loading_info=True, **kwargs)
+            model, info = auto.from_pretrained(source, local_files_only=True, output_loading_info=True, **kwargs)
         else:
             config = AutoConfig.from_pretrained(source, local_files_only=True, **kwargs)
-            model = AutoModelForSequenceClassification.from_config(config, trust_remote_code=bool(trust_remote_code))
+            model = auto.from_config(config, trust_remote_code=bool(trust_remote_code))
             info = {}
     except (OSError, ValueError, pickle.UnpicklingError) as err:
         detail = str(err)
@@ -280,6 +282,19 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
         ) from err
     model.newly_initialized_keys = sorted(info.get("missing_keys", ())) if pretrained else None
     return model.eval()
+
+
+def is_causal_lm_folder(source: str) -> bool:
+    """Whether the local folder ``source`` holds a causal language model: every architecture its ``config.json``
+    names is a ``*ForCausalLM`` (a decoder LM exported by ``lightning_modules.answer_lm.AnswerLMModule``)."""
+    path = Path(source) / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        architectures = json.loads(path.read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return bool(architectures) and all(str(a).endswith("ForCausalLM") for a in architectures)
 
 
 def looks_like_path(name: str) -> bool:
