@@ -15,6 +15,7 @@ from . import (
     random_baseline,  # noqa: F401,E402
     relevance_methods,  # noqa: F401,E402
 )
+from .adapters import MethodUndefinedError  # noqa: F401
 from .base import AttributionMethod  # noqa: F401
 from .maps import minmax_normalize, tokens_to_map  # noqa: F401
 from .registry import available_methods, build_method, method_class, register_method  # noqa: F401

@@ -71,7 +71,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.pytorch_utils import Conv1D
 
-from .adapters import ActivationRecorder, ModelAdapter, ModelInputs, PatchGrid, adapter_for, out_features
+from .adapters import (
+    ActivationRecorder,
+    MethodUndefinedError,
+    ModelAdapter,
+    ModelInputs,
+    PatchGrid,
+    adapter_for,
+    out_features,
+)
 from .adapters.gradient_rules import (
     IDENTITY_EPSILON,
     gamma_rule,
@@ -255,8 +263,8 @@ class _GradientLRP(AttributionMethod):
                              f"({adapter.family}) reads {adapter.modality}")
         problems = adapter.rule_problems() + rule_scope_problems(adapter)
         if problems:
-            raise TypeError(f"{self.name}: no relevance rule for parts of this {type(adapter.model).__name__} "
-                            f"({adapter.family}): {'; '.join(problems[:6])}")
+            raise MethodUndefinedError(f"{self.name}: no relevance rule for parts of this "
+                                       f"{type(adapter.model).__name__} ({adapter.family}): {'; '.join(problems[:6])}")
 
     def _backward(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType,
                   layer_inputs: bool = False) -> Dict[str, Any]:

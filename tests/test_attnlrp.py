@@ -14,7 +14,7 @@ from torch import nn
 from methods import build_method
 from methods.adapters import gradient_rules
 from methods.attnlrp import is_elementwise_activation
-from tests.test_method_contract import _clip_classifier, _clip_images, _clip_scorer, _clip_token_batch, _token_batch
+from tests.families import _clip_classifier, _clip_images, _clip_scorer, _clip_token_batch, _token_batch
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")

@@ -246,7 +246,7 @@ def test_bi_post_attention_values_match_the_reference(bi):
 def test_post_attention_values_are_named_where_they_do_not_exist():
     """The CLIP value quirk is an option of the CLIP towers only: elsewhere, and for an unknown value, the error
     names it."""
-    from test_method_contract import _tiny_bert
+    from tests.families import _tiny_bert
 
     model = _tiny_bert().eval()
     ids = torch.tensor([[2, 5, 6, 7, 3]])
@@ -283,9 +283,8 @@ def test_lrp_conserves_relevance_on_both_towers():
     """No reference exists for LRP on CLIP: with the conservative ``"ours"`` rules, the relevance entering the
     first block sums to the one-hot target (1) per sample, on both towers (float64); full LRP runs to the
     pixels (image) and to the encoder input (text, where it still sums to 1)."""
-    from test_method_contract import _clip_classifier, _clip_images, _clip_scorer, _clip_token_batch
-
     from methods.lrp import LRPEngine
+    from tests.families import _clip_classifier, _clip_images, _clip_scorer, _clip_token_batch
 
     for model, inputs in ((_clip_classifier().eval(), _clip_images(3)), (_clip_scorer().eval(), _clip_token_batch(3))):
         adapter = adapter_for(model)
@@ -323,9 +322,8 @@ class _WordTokenizer:
 
 
 def test_zero_shot_classifier_from_prompts_follows_openais_recipe():
-    from test_method_contract import _clip_images, _tiny_clip
-
     from models.clip import ZeroShotClassifier, text_embeddings
+    from tests.families import _clip_images, _tiny_clip
 
     clip = _tiny_clip().eval()
     tok = _WordTokenizer()
@@ -363,9 +361,8 @@ def test_zero_shot_classifier_from_prompts_follows_openais_recipe():
 
 
 def test_scorer_and_input_errors_are_named():
-    from test_method_contract import _clip_token_batch, _tiny_clip
-
     from models.clip import PromptScorer, ZeroShotClassifier
+    from tests.families import _clip_token_batch, _tiny_clip
 
     clip = _tiny_clip().eval()
     method = build_method("raw_attention")
@@ -418,10 +415,10 @@ def test_bi_subset_and_synthetic_images(tmp_path):
     """The subset index selects images of the full split in torchvision's order (class folders by wnid, files
     sorted), in the file's order; the synthetic source gives the shapes with their masks and shape prompts."""
     from PIL import Image
-    from test_method_contract import _tiny_clip
 
     from datamodules.clip_zero_shot import BI_SUBSET_FILE, CLIPZeroShotDataModule
     from models.clip import ZeroShotClassifier
+    from tests.families import _tiny_clip
 
     wnids = ["n01440764", "n01443537", "n01484850"]                  # classes 0, 1, 2
     for wnid in wnids:

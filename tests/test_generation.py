@@ -9,7 +9,7 @@ import torch
 
 from evaluation.words import GenerationAttribution, explain_generation
 from methods import build_method
-from tests.test_method_contract import _tiny_decoder
+from tests.families import _tiny_decoder
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

@@ -9,7 +9,7 @@ import torch
 
 from methods import build_method
 from methods.adapters import ActivationRecorder, adapter_for
-from tests.test_method_contract import DECODER_KINDS, _decoder_batch, _decoder_logits, _tiny_decoder
+from tests.families import DECODER_KINDS, _decoder_batch, _decoder_logits, _tiny_decoder
 
 transformers = pytest.importorskip("transformers")
 

@@ -157,9 +157,8 @@ def test_hf_folder_loads_offline_as_a_sequence_classifier(monkeypatch):
 def test_hf_folder_of_each_text_family_loads_and_is_explained(tmp_path, monkeypatch, kind):
     """A classifier of each supported family written by ``save_pretrained`` (config + safetensors) loads offline
     through ``hf:<folder>`` as the same class with the same logits, and the methods run on it."""
-    from test_method_contract import _tiny_text, _token_batch
-
     from methods import build_method
+    from tests.families import _tiny_text, _token_batch
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model = _tiny_text(kind).float().eval()

@@ -431,7 +431,7 @@ def test_minilm_runs_every_method_batched_with_padding(minilm, minilm64, name):
 def test_adapter_logits_equal_the_models_for_each_family(kind):
     """The adapter's forward (the model's own submodules, the mask built as the model builds it) gives the
     model's logits on a padded batch, under the model's attention implementation and under eager attention."""
-    from test_method_contract import _tiny_text, _token_batch
+    from tests.families import _tiny_text, _token_batch
 
     model = _tiny_text(kind).eval()
     batch = _token_batch(3, with_types=kind != "distilbert", with_special=False)
@@ -468,7 +468,7 @@ def test_full_lrp_to_the_word_embeddings(te64):
     with pytest.raises(ValueError, match="text_input"):
         build_method("lrp", text_input="pixels")
     for kind in ("roberta", "distilbert", "electra"):
-        from test_method_contract import _text_family
+        from tests.families import _text_family
 
         family = _text_family(kind, kind, with_types=False)
         out = build_method("lrp", text_input="word_embeddings")(family.build(), family.inputs(3), target=1)

@@ -12,6 +12,7 @@ from .base import (  # noqa: F401
     READOUT_KINDS,
     AttentionLinears,
     Layout,
+    MethodUndefinedError,
     ModelAdapter,
     ModelInputs,
     PatchGrid,

@@ -58,6 +58,12 @@ RawInputs = Union[Tensor, Mapping[str, Any]]
 SampleIds = Optional[Union[Tensor, Sequence[int]]]
 
 
+class MethodUndefinedError(TypeError):
+    """A method that is not defined on this model (e.g. no relevance rule for one of its parts, no LRP topology
+    for its family); the message names the method, the model and the reason. Not a bug of the input: the
+    conformance matrix (``tests/test_method_contract.py``) lists these combinations with their reasons."""
+
+
 # ------------------------------------------------------------------------------------------ inputs
 @dataclass(frozen=True)
 class ModelInputs:

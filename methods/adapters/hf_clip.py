@@ -329,8 +329,7 @@ class HFCLIPTextAdapter(_HFCLIPTower):
 
         mask = context.attention_mask
         return create_causal_mask(config=self.config, inputs_embeds=hidden,
-                                  attention_mask=None if mask is None else mask.to(hidden.device),
-                                  past_key_values=None)
+                                  attention_mask=None if mask is None else mask.to(hidden.device), cache=None)
 
     def block_kwargs(self) -> Dict[str, Any]:
         return {"is_causal": True}

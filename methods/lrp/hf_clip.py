@@ -32,7 +32,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder
+from ..adapters import ActivationRecorder, MethodUndefinedError
 from ..adapters.hf_clip import HFCLIPTextAdapter, HFCLIPVisionAdapter, _HFCLIPTower, eos_positions
 from .sublayers import embedding_sum_relprop, readout_relprop, record_block
 from .topology import Topology, register_topology
@@ -57,7 +57,7 @@ class _CLIPTowerTopology(Topology):
             if not all(isinstance(x, nn.Linear) for x in adapter.mlp_linears(i)):
                 problems.append(f"layer {i} MLP layers are not nn.Linear")
         if problems:
-            raise TypeError(f"LRP rules are not defined for this CLIP {adapter.tower} tower: "
+            raise MethodUndefinedError(f"LRP rules are not defined for this CLIP {adapter.tower} tower: "
                             f"{'; '.join(problems[:6])}")
 
     def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from ..adapters import ActivationRecorder, linear_weight
+from ..adapters import ActivationRecorder, MethodUndefinedError, linear_weight
 from ..adapters.hf_decoder import (
     HFGemma3Adapter,
     HFGPT2Adapter,
@@ -66,7 +66,7 @@ class _DecoderTopology(Topology):
     def check(adapter: _HFDecoder) -> None:
         problems = adapter.rule_problems()
         if problems:
-            raise TypeError(f"LRP rules are not defined for this {type(adapter.model).__name__}: "
+            raise MethodUndefinedError(f"LRP rules are not defined for this {type(adapter.model).__name__}: "
                             f"{'; '.join(problems[:6])}")
 
     def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,

@@ -28,6 +28,7 @@ from ..adapters import (
     HFElectraAdapter,
     HFRobertaAdapter,
     HFTextAdapter,
+    MethodUndefinedError,
 )
 from .sublayers import block_relprop, block_tensors, readout_relprop, record_block
 from .topology import Topology, register_topology
@@ -73,7 +74,8 @@ class HFTextTopology(Topology):
             if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
                 problems.append(f"layer {i} attention projections are not nn.Linear")
         if problems:
-            raise TypeError(f"LRP rules are not defined for this {type(m).__name__}: {'; '.join(problems[:6])}")
+            raise MethodUndefinedError(f"LRP rules are not defined for this {type(m).__name__}: "
+                                       f"{'; '.join(problems[:6])}")
 
     # ------------------------------------------------------------------ recording
     def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,

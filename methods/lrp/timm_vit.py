@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, TimmViTAdapter
+from ..adapters import ActivationRecorder, MethodUndefinedError, TimmViTAdapter
 from .sublayers import embedding_sum_relprop, readout_relprop, record_block
 from .topology import Topology, register_topology
 
@@ -60,7 +60,7 @@ class TimmViTTopology(Topology):
             if type(blk.mlp) is not Mlp or not isinstance(getattr(blk.mlp, "norm", nn.Identity()), nn.Identity):
                 problems.append(f"block {i} mlp {type(blk.mlp).__name__}")
         if problems:
-            raise TypeError(
+            raise MethodUndefinedError(
                 f"LRP rules are not defined for this {type(m).__module__}.{type(m).__name__}: "
                 f"{'; '.join(problems[:6])}; supported families: {adapter.family} (stock pre-norm "
                 f"Block/Attention/Mlp, Identity layer scale and q/k norm, [CLS] or average pooling, Linear head)"

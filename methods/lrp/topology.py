@@ -6,7 +6,7 @@ from typing import Callable, Dict, Tuple, Type, TypeVar
 import torch
 from torch import Tensor
 
-from ..adapters import ModelAdapter
+from ..adapters import MethodUndefinedError, ModelAdapter
 from .sublayers import block_relprop, block_tensors
 
 T = TypeVar("T", bound="Type[Topology]")
@@ -57,10 +57,11 @@ class Topology:
 
 
 def topology_for(adapter: ModelAdapter):
-    """The LRP topology of ``adapter``'s family; ``TypeError`` naming the supported families otherwise."""
+    """The LRP topology of ``adapter``'s family; :class:`~methods.adapters.MethodUndefinedError` naming the
+    supported families otherwise."""
     cls = TOPOLOGIES.get(type(adapter))
     if cls is None:
-        raise TypeError(
+        raise MethodUndefinedError(
             f"no LRP topology for model class {type(adapter.model).__name__} ({adapter.family}); "
             f"supported families: {', '.join(a.family for a in TOPOLOGIES)}"
         )

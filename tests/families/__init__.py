@@ -1,0 +1,20 @@
+"""Tiny random models of every family the adapters serve: the rows of the conformance matrix.
+
+One module per library family (``vision``: timm ViTs; ``text``: BERT-family encoders; ``clip``: both CLIP towers;
+``decoders``: causal LMs); each lists its :class:`Family` rows in ``FAMILIES``. A new family is one more module
+here and one more line below; ``tests/test_method_contract.py`` runs every registered method on every row, and
+``matrix.py`` writes the README's table from the rows.
+"""
+from . import clip, decoders, text, vision
+from .base import PIXEL_MAPS, TEXT_LENGTHS, Family, _token_batch  # noqa: F401
+from .clip import _clip_classifier, _clip_images, _clip_scorer, _clip_token_batch, _tiny_clip  # noqa: F401
+from .decoders import DECODER_KINDS, DECODERS, _decoder_batch, _decoder_logits, _tiny_decoder  # noqa: F401
+from .text import _text_family, _tiny_bert, _tiny_text  # noqa: F401
+from .vision import _images, _tiny_vit  # noqa: F401
+
+FAMILIES = [
+    *vision.FAMILIES,
+    *text.FAMILIES,
+    *clip.FAMILIES,
+    *decoders.FAMILIES,
+]
