@@ -17,7 +17,7 @@ from torch import nn
 
 from methods import MethodUndefinedError, available_methods, build_method, method_class
 from methods.adapters import ADAPTERS, adapter_for
-from tests.families import FAMILIES, PIXEL_MAPS, _images, _tiny_vit
+from tests.families import FAMILIES, PIXEL_MAPS, _images, _tiny_vit, set_fused_attention
 from tests.families.matrix import README, markdown, readme_table
 
 
@@ -107,6 +107,37 @@ def test_method_contract(family, name):
         assert torch.equal(after["state"][key], value), f"{name}: {key} changed"
     assert all(p.grad is None for p in model.parameters()), f"{name} wrote parameter .grad"
     assert adapter_for(model) is adapter_for(model)
+
+
+@pytest.mark.parametrize("name", available_methods())
+def test_fused_and_eager_attention_give_the_same_maps(family, name):
+    """The user's attention setting (fused / sdpa or eager) changes no map and is left as it was.
+
+    Exactly so (float64, 1e-12 of the largest score) where the model's two forms compute the same function.
+    Where the stock eager attention takes its softmax in float32 (``Family.eager_softmax_float32``), the model's
+    own logits differ between the two forms (asserted) and the methods that keep the user's setting (AttnLRP,
+    CP-LRP) inherit that float32 difference: they are held to 1e-4 of the largest score; the methods that read the
+    attention switch to eager themselves and must still agree exactly."""
+    if name in family.undefined:
+        return
+    method = build_method(name, **dict((family.options or {}).get(name, {})))
+    inputs = family.inputs(2)
+    maps, logits = {}, {}
+    for fused in (True, False):
+        model = set_fused_attention(family.build().eval(), fused)
+        before = _snapshot(model)
+        maps[fused] = method(model, inputs, target=torch.tensor([1, 4]), sample_ids=torch.tensor([0, 1]))
+        after = _snapshot(model)
+        assert after["fused"] == before["fused"] and after["attn_implementation"] == before["attn_implementation"]
+        with torch.no_grad():
+            logits[fused] = family.logits(model, inputs)
+    scale = float(logits[False].abs().max())
+    float32_softmax = not torch.allclose(logits[True], logits[False], rtol=0, atol=1e-12 * scale)
+    assert float32_softmax == family.eager_softmax_float32, "the family's eager_softmax_float32 flag is wrong"
+    exact = method_class(name).reads_attention or not float32_softmax
+    scale = float(maps[False].abs().max())
+    torch.testing.assert_close(maps[True], maps[False], rtol=1e-9 if exact else 0,
+                               atol=(1e-12 if exact else 1e-4) * scale)
 
 
 @pytest.mark.parametrize("name", available_methods())

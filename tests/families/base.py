@@ -22,7 +22,10 @@ class Family:
     :data:`PIXEL_MAPS`); ``options``: method options the tiny model needs; ``undefined``: the methods that are
     not defined on this family, each with (a literal part of) the reason the method's
     :class:`~methods.MethodUndefinedError` gives: the matrix checks that it is raised, and the README's table
-    lists it.
+    lists it. ``eager_softmax_float32``: the stock eager attention computes its softmax in float32 (transformers'
+    CLIP, Llama-like decoders: ``softmax(..., dtype=torch.float32)``), so the float64 model's fused and eager
+    forms themselves differ at float32 precision (checked: the model's own logits differ), and so do the maps of
+    the methods that keep the user's attention setting.
     """
 
     name: str
@@ -36,6 +39,7 @@ class Family:
     options: Optional[dict] = None
     logits: Callable[[nn.Module, object], Tensor] = lambda model, inputs: model(inputs)
     undefined: Dict[str, str] = field(default_factory=dict)
+    eager_softmax_float32: bool = False
 
 
 #: real lengths of the samples of a text batch (the last one is padded)
@@ -63,3 +67,15 @@ def _token_batch(batch: int, with_types: bool, with_special: bool = None) -> dic
     if with_types if with_special is None else with_special:
         inputs.update(special_tokens_mask=special)
     return inputs
+
+
+def set_fused_attention(model: nn.Module, fused: bool) -> nn.Module:
+    """``model`` built with fused attention (timm's ``fused_attn``, transformers' ``sdpa``) or eager attention,
+    as a user may hand it over; every sub-model follows."""
+    for module in model.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = fused
+        if hasattr(module, "set_attn_implementation") and hasattr(getattr(module, "config", None),
+                                                                   "_attn_implementation"):
+            module.set_attn_implementation("sdpa" if fused else "eager")
+    return model

@@ -71,7 +71,7 @@ def _clip_families() -> list:
     vision = Family(
         name="hf_clip_vision", adapter=HFCLIPVisionAdapter, build=_clip_classifier, inputs=_clip_images,
         single=lambda x, i: x[i:i + 1], shape=lambda x, pixels: (x.shape[0], 16, 16) if pixels
-        else (x.shape[0], 16), options=bi)
+        else (x.shape[0], 16), options=bi, eager_softmax_float32=True)
     text = [Family(
         name=name, adapter=HFCLIPTextAdapter, build=_clip_scorer,
         inputs=lambda b, special=special: _clip_token_batch(b, special),
@@ -80,7 +80,7 @@ def _clip_families() -> list:
         padding=lambda x: x["attention_mask"] == 0,
         shape=lambda x, pixels: tuple(x["input_ids"].shape),
         options={"beyond_intuition_head": {"steps": 4}, "beyond_intuition_token": {"steps": 4}},
-        logits=lambda model, x: model(x)) for name, special in (("hf_clip_text", False),
+        logits=lambda model, x: model(x), eager_softmax_float32=True) for name, special in (("hf_clip_text", False),
                                                                 ("hf_clip_text_special", True))]
     return [vision] + text
 

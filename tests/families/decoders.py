@@ -111,6 +111,7 @@ def _decoder_family(name: str, kind: str, head: str, side: str) -> Family:
         shape=lambda x, pixels: tuple(x["input_ids"].shape),
         options={"beyond_intuition_head": {"steps": 4}, "beyond_intuition_token": {"steps": 4}},
         logits=lambda model, x: _decoder_logits(model, {k: v for k, v in x.items() if k != "special_tokens_mask"}),
+        eager_softmax_float32=kind != "gpt2",
     )
 
 
