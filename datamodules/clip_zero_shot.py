@@ -132,10 +132,12 @@ class CLIPZeroShotDataModule(pl.LightningDataModule):
         return len(self.prompt_set)
 
     def zero_shot_classifier(self, clip, tokenizer, batch_size: int = 256) -> ZeroShotClassifier:
-        """The zero-shot classifier of the prompt set (OpenAI's recipe: :meth:`ZeroShotClassifier.from_prompts`)."""
+        """The zero-shot classifier of the prompt set (OpenAI's recipe: :meth:`ZeroShotClassifier.from_prompts`),
+        one class per entry of the set in its order: OpenAI's ImageNet names repeat "missile" and "sunglasses",
+        each repeat its own class."""
         prompts = self.prompt_set
-        return ZeroShotClassifier.from_prompts(clip, tokenizer, dict(zip(prompts.classnames, prompts.prompts)),
-                                               batch_size=batch_size)
+        return ZeroShotClassifier.from_prompt_lists(clip, tokenizer, prompts.classnames, prompts.prompts,
+                                                    batch_size=batch_size)
 
     def dataset(self) -> Dataset:
         if self._dataset is None:

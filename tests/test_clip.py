@@ -450,3 +450,18 @@ def test_bi_subset_and_synthetic_images(tmp_path):
     clf = dm.zero_shot_classifier(clip, _WordTokenizer())
     assert isinstance(clf, ZeroShotClassifier) and clf.num_classes == 4
     assert clf(dm.normalize(batch["image"])).shape == (2, 4)
+
+
+def test_datamodule_classifier_keeps_repeated_class_names():
+    """OpenAI's ImageNet names repeat "missile" and "sunglasses": each repeat stays its own class (a classifier
+    keyed by name would have 998 classes for 1,000 labels)."""
+    from datamodules.clip_zero_shot import CLIPZeroShotDataModule
+    from models.clip_prompts import openai_imagenet_classnames
+    from tests.families import _tiny_clip
+
+    names = openai_imagenet_classnames()
+    assert len(names) == 1000 and len(set(names)) == 998
+    dm = CLIPZeroShotDataModule(images="synthetic", prompts="custom", classnames=["missile", "sunglasses",
+                                "missile", "sunglasses"], templates="a {}", image_size=16)
+    clf = dm.zero_shot_classifier(_tiny_clip().eval(), _WordTokenizer())
+    assert clf.num_classes == 4 and clf.classnames == ["missile", "sunglasses", "missile", "sunglasses"]
