@@ -22,6 +22,11 @@ characters (its offsets) cover:
 * a token whose characters lie in the template, whitespace-only tokens there included, is a **template token**;
 * the tokenizer's special tokens (``special_tokens_mask``) are neither.
 
+Whitespace of the template that the tokenizer merges into a text token goes with that token (the space before
+the first word in a byte-level BPE; Llama 3's and Qwen's pre-tokenizers join a punctuation mark with the newlines
+after it, so a review ending in ``.`` before ``\\nSentiment:`` ends in the text token ``.\\n``): removing that
+token removes the whitespace, never a template token.
+
 Convention (what every test of the evaluation does with it): template tokens are marked special
 (``special_tokens_mask`` 1, ``word_ids`` -1) and in ``template_mask``; the model reads them, but they are never
 ranked, scored as rationale words or removed: the perturbation and ERASER tests rank and remove the text's tokens

@@ -165,6 +165,10 @@ def test_verbalizer_classifier_reads_the_cue_on_either_padding_side(lm, tokenize
     for side in ("right", "left"):
         batch = collate_text(items, tokenizer.pad_token_id, padding_side=side)
         torch.testing.assert_close(clf.logits(clf.model_inputs(batch)), expected, atol=1e-5, rtol=1e-5)
+    holed = collate_text(items, tokenizer.pad_token_id, padding_side="left")   # token 3 of row 2 removed by [PAD]
+    holed["attention_mask"][2, -len(items[2]["input_ids"]) + 3] = 0
+    deleted = {"input_ids": torch.tensor([items[2]["input_ids"][:3] + items[2]["input_ids"][4:]])}
+    torch.testing.assert_close(clf.logits(holed)[2], clf.logits(deleted)[0], atol=1e-5, rtol=1e-5)
     batch = collate_text(items, tokenizer.pad_token_id)
     batch["template_mask"][1, int(batch["attention_mask"][1].sum()) - 1] = 0
     batch["index"] = torch.tensor([7, 8, 9])
@@ -184,6 +188,10 @@ def test_verbalizer_words_of_several_tokens(lm, tokenizer):
         classifier_for(lm, verbalizer=VERBALIZER, verbalizer_multi_token="last")
     with pytest.raises(ValueError, match="verbalizer"):
         classifier_for(lm)   # a random LM's config names no answer tokens
+    from transformers import LlamaForSequenceClassification
+
+    with pytest.raises(ValueError, match="leave model.verbalizer unset"):
+        classifier_for(LlamaForSequenceClassification(lm.config).eval(), verbalizer=VERBALIZER)
 
 
 def test_module_maps_are_the_same_batched_alone_and_on_either_side(lm_dir, tokenizer):
