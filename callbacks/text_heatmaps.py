@@ -7,7 +7,9 @@ the ``reduction`` of :mod:`evaluation.words` (``max``, as Chefer et al.'s Movie 
 :func:`evaluation.words.word_attribution_from_ids`). A word without a token in the input (the truncated tail) is
 shown as not scored. The page is :func:`evaluation.words.text_heatmap_html` (every word HTML-escaped, one row
 per method, diverging colours, each row on its own scale), written to ``<run folder>/text_heatmaps.html`` and
-logged as ``text_heatmaps`` (``wandb.Html``) by a W&B logger.
+logged as ``text_heatmaps`` (``wandb.Html``) by a W&B logger. A prompted datamodule (its ``prompt`` template,
+:mod:`datamodules.prompts`) gets the template named above the examples: the words shown are the text's; the
+template's tokens are read by the model, never scored, ranked or removed.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Dict, List, Optional
 import pytorch_lightning as pl
 
 from evaluation.words import WordAttribution, check_reduction, page_html, text_heatmap_html, word_attribution_from_ids
+from evaluation.words.heatmap import escape
 
 from .html_page import publish_html_page
 
@@ -95,7 +98,19 @@ class TextHeatmaps(pl.Callback):
         if not trainer.is_global_zero or not self._titles:
             return
         names = self.class_names or list(getattr(trainer.datamodule, "classes", None) or []) or None
-        self.html = text_heatmap_html(self._rows, titles=self._titles, labels=self._labels,
-                                      predictions=self._predictions, class_names=names)
+        self.html = prompt_note(getattr(trainer.datamodule, "prompt", None)) + text_heatmap_html(
+            self._rows, titles=self._titles, labels=self._labels, predictions=self._predictions, class_names=names)
         title = f"Token attributions ({self.class_setting} class, word = {self.reduction} over its tokens)"
         publish_html_page(trainer, self.FILE, "text_heatmaps", page_html(self.html, title))
+
+
+def prompt_note(prompt) -> str:
+    """An HTML paragraph naming the prompt template (a ``datamodules.prompts.PromptTemplate`` or its string) and
+    its convention; ``""`` without one."""
+    template = getattr(prompt, "template", prompt)
+    if not isinstance(template, str):
+        return ""
+    shown = template.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    return ('<p class="ta-prompt" style="font-family:Arial,Liberation Sans,DejaVu Sans,sans-serif;font-size:13px">'
+            f'Prompt template: <code>{escape(shown)}</code>. The words shown fill <code>{{text}}</code>; the '
+            "template's tokens are read by the model but never scored, ranked or removed.</p>")

@@ -141,15 +141,19 @@ class MovieReviewsDataModule(TextDataModule):
     truncation to ``max_length`` or sliding windows with ``stride``); batches carry ``rationale``.
 
     ``eval_split`` (default ``test``) is what ``test_dataloader``/``predict_dataloader`` serve; ``+`` joins splits
-    (``test+train+val``). ``cache_dir`` overrides ``$TOKEN_ATTRIBUTIONS_CACHE`` for the extracted archive."""
+    (``test+train+val``). ``cache_dir`` overrides ``$TOKEN_ATTRIBUTIONS_CACHE`` for the extracted archive.
+    ``prompt`` (a template with one ``{text}`` slot) and ``padding_side``: prompted classification with a decoder
+    language model (``datamodules.text_common.TextDataModule``, :mod:`datamodules.prompts`)."""
 
     classes = ("NEG", "POS")
 
     def __init__(self, path: str, tokenizer: Optional[str] = None, eval_split: str = "test", max_length: int = 512,
                  stride: Optional[int] = None, batch_size: int = 16, num_workers: int = 0,
-                 cache_dir: Optional[str] = None, eval_subset: Optional[int] = None) -> None:
+                 cache_dir: Optional[str] = None, eval_subset: Optional[int] = None, prompt: Optional[str] = None,
+                 padding_side: str = "right") -> None:
         super().__init__(tokenizer, max_length=max_length, stride=stride, batch_size=batch_size,
-                         num_workers=num_workers, eval_split=eval_split, eval_subset=eval_subset)
+                         num_workers=num_workers, eval_split=eval_split, eval_subset=eval_subset, prompt=prompt,
+                         padding_side=padding_side)
         self.save_hyperparameters()
         for part in eval_split.split("+"):
             if part not in SPLIT_FILES:

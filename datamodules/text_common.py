@@ -27,10 +27,16 @@ BERT's normaliser sees whitespace).
   back if needed so that no word is skipped. Each window is one sample with its ``document_index`` and
   ``word_offset`` (the document index of its first word).
 
-Batches (:func:`collate_text`, padded to the longest sample of the batch, on the right)
---------------------------------------------------------------------------------------
+Prompts (``prompt``: a template with one ``{text}`` slot, :mod:`datamodules.prompts`): the words fill the slot,
+the prompt is tokenized as one string, its template tokens are special tokens without a word and marked in
+``template_mask``; the text is truncated to whole words so that the template always fits in ``max_length``.
+
+Batches (:func:`collate_text`, padded to the longest sample of the batch, on the right or, ``padding_side="left"``,
+on the left)
+--------------------------------------------------------------------------------------------------------------
 ``input_ids``, ``attention_mask``, ``token_type_ids`` (when the tokenizer gives them), ``special_tokens_mask``
-(1 at special tokens and padding, as Hugging Face pads it): ``LongTensor[B, N]``; ``word_ids``:
+(1 at special tokens and padding, as Hugging Face pads it), with a prompt ``template_mask`` (1 at the template's
+tokens): ``LongTensor[B, N]``; ``word_ids``:
 ``LongTensor[B, N]``, the document word index of each position, ``-1`` at special tokens and padding;
 ``label``, ``index`` (the sample's dataset index: seeds per-sample random baselines and splits evaluation over
 processes exactly, see ``datamodules/unrepeated.py``), ``document_index``, ``word_offset``, ``num_words`` (words of
@@ -62,12 +68,15 @@ from torch.utils.data import Dataset
 
 from models.sources import load_tokenizer, resolve_cache_dir
 
+from .prompts import TEMPLATE_MASK, PromptTemplate, as_template, encode_prompt, template_token_count
 from .split_loaders import SplitDataLoaders
 
 PathLike = Union[str, os.PathLike]
 
 #: keys of a batch that a model (and ``methods``) reads
 MODEL_INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "special_tokens_mask")
+#: the sides a batch may be padded on
+PADDING_SIDES = ("right", "left")
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".zip")
 
 #: the characters :func:`whitespace_words` splits on: Python's whitespace minus the control characters other
@@ -196,17 +205,28 @@ class TextDocument:
 
 class TokenizedTextDataset(Dataset):
     """Tokenized samples of a list of :class:`TextDocument` (truncation or sliding windows, see the module
-    docstring). Items are dicts of Python lists and ints; :func:`collate_text` pads and stacks them."""
+    docstring). Items are dicts of Python lists and ints; :func:`collate_text` pads and stacks them.
+
+    ``prompt``: a :class:`~datamodules.prompts.PromptTemplate` (or its string) around each document's words
+    (:mod:`datamodules.prompts`: the prompt tokenized as one string, the template's tokens special and in
+    ``template_mask``, the text truncated to whole words so that the template is never cut; no sliding windows)."""
 
     def __init__(self, documents: Sequence[TextDocument], tokenizer: Any, max_length: int = 512,
-                 stride: Optional[int] = None) -> None:
+                 stride: Optional[int] = None, prompt: Union[None, str, PromptTemplate] = None) -> None:
         self.documents = list(documents)
         self.tokenizer = load_tokenizer(tokenizer)
         self.max_length = int(max_length)
+        self.prompt = prompt if isinstance(prompt, PromptTemplate) else as_template(prompt)
+        if self.prompt is not None and stride is not None:
+            raise ValueError("a prompt template classifies each document once: sliding windows (stride) are not "
+                             "supported with a prompt; leave stride unset (the text is truncated to max_length)")
         specials = int(self.tokenizer.num_special_tokens_to_add(pair=False))
+        if self.prompt is not None:
+            specials = template_token_count(self.tokenizer, self.prompt)
         self.capacity = self.max_length - specials
         if self.capacity < 1:
-            raise ValueError(f"max_length must leave room for at least one token besides the {specials} special "
+            what = "the prompt template's and special" if self.prompt is not None else "the"
+            raise ValueError(f"max_length must leave room for at least one token besides {what} {specials} "
                              f"tokens, got {max_length}")
         self.stride = None if stride is None else int(stride)
         if self.stride is not None and not 1 <= self.stride <= self.capacity:
@@ -257,7 +277,12 @@ class TokenizedTextDataset(Dataset):
         return len(self.windows)
 
     def encode(self, words: Sequence[str]) -> Dict[str, List[int]]:
-        """The tokenizer's encoding of ``words`` (truncated to ``max_length``) with ``word_ids`` (-1: special)."""
+        """The tokenizer's encoding of ``words`` (truncated to ``max_length``) with ``word_ids`` (-1: special);
+        with a prompt, :func:`datamodules.prompts.encode_prompt` (``template_mask`` too)."""
+        if self.prompt is not None:
+            enc = encode_prompt(self.tokenizer, self.prompt, words, self.max_length)
+            enc.pop("num_kept_words")
+            return enc
         if words:
             enc = self.tokenizer(list(words), is_split_into_words=True, truncation=True, max_length=self.max_length,
                                  return_special_tokens_mask=True)
@@ -292,6 +317,12 @@ class TokenizedTextDataset(Dataset):
         if self.stride is not None:
             raise ValueError("coverage is defined for truncation (stride=None); sliding windows cover every word")
         out = np.ones(len(self.documents), dtype=np.float64)
+        if self.prompt is not None:   # whole words are kept
+            for d, doc in enumerate(self.documents):
+                if doc.words:
+                    kept = encode_prompt(self.tokenizer, self.prompt, doc.words, self.max_length)["num_kept_words"]
+                    out[d] = kept / len(doc.words)
+            return out
         for d, counts in enumerate(self.word_token_counts()):
             if len(counts) == 0:
                 continue
@@ -302,12 +333,15 @@ class TokenizedTextDataset(Dataset):
         return out
 
 
-def collate_text(items: Sequence[Dict[str, Any]], pad_token_id: int = 0, pad_to: Optional[int] = None
-                 ) -> Dict[str, Any]:
-    """Pads the items of :class:`TokenizedTextDataset` to the batch's longest, or to ``pad_to`` positions (right
-    padding), and stacks them (keys and shapes: module docstring)."""
+def collate_text(items: Sequence[Dict[str, Any]], pad_token_id: int = 0, pad_to: Optional[int] = None,
+                 padding_side: str = "right") -> Dict[str, Any]:
+    """Pads the items of :class:`TokenizedTextDataset` to the batch's longest, or to ``pad_to`` positions, on the
+    ``padding_side`` (``right``, default, or ``left``: each row's tokens end at the last column, as decoders are
+    usually fed), and stacks them (keys and shapes: module docstring)."""
     if not items:
         raise ValueError("cannot collate an empty batch")
+    if padding_side not in PADDING_SIDES:
+        raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
     b = len(items)
     n = max(len(item["input_ids"]) for item in items)
     if pad_to is not None:
@@ -315,14 +349,16 @@ def collate_text(items: Sequence[Dict[str, Any]], pad_token_id: int = 0, pad_to:
             raise ValueError(f"cannot pad to {pad_to} positions a batch whose longest sample has {n} tokens")
         n = int(pad_to)
     pad_values = {"input_ids": int(pad_token_id), "attention_mask": 0, "token_type_ids": 0,
-                  "special_tokens_mask": 1, "word_ids": -1}
+                  "special_tokens_mask": 1, "word_ids": -1, TEMPLATE_MASK: 0}
     batch: Dict[str, torch.Tensor] = {}
     for key, value in pad_values.items():
         if key not in items[0]:
             continue
         out = torch.full((b, n), value, dtype=torch.long)
         for i, item in enumerate(items):
-            out[i, : len(item[key])] = torch.as_tensor(item[key], dtype=torch.long)
+            length = len(item[key])
+            columns = slice(n - length, n) if padding_side == "left" else slice(0, length)
+            out[i, columns] = torch.as_tensor(item[key], dtype=torch.long)
         batch[key] = out
     for key in ("label", "index", "document_index", "word_offset", "num_words"):
         batch[key] = torch.tensor([int(item[key]) for item in items], dtype=torch.long)
@@ -342,14 +378,17 @@ def collate_text(items: Sequence[Dict[str, Any]], pad_token_id: int = 0, pad_to:
 
 
 class TextCollator:
-    """Picklable ``collate_fn`` (worker processes) that pads with the tokenizer's pad id."""
+    """Picklable ``collate_fn`` (worker processes) that pads with the tokenizer's pad id on ``padding_side``."""
 
-    def __init__(self, pad_token_id: int, pad_to: Optional[int] = None) -> None:
+    def __init__(self, pad_token_id: int, pad_to: Optional[int] = None, padding_side: str = "right") -> None:
+        if padding_side not in PADDING_SIDES:
+            raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
         self.pad_token_id = int(pad_token_id)
         self.pad_to = pad_to
+        self.padding_side = padding_side
 
     def __call__(self, items: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-        return collate_text(items, self.pad_token_id, self.pad_to)
+        return collate_text(items, self.pad_token_id, self.pad_to, self.padding_side)
 
 
 # ------------------------------------------------------------------------------------------- datamodule
@@ -371,16 +410,25 @@ class TextDataModule(SplitDataLoaders, pl.LightningDataModule):
     ``round(i * (n - 1) / (M - 1))`` for ``i < M``: both classes of a split stored class by class, the same
     documents on every run and process count); ``None`` (default) the whole split. ``pad_to_max_length``: every
     batch padded to ``max_length`` positions (Beyond Intuition's 20 Newsgroups inputs) instead of to its longest
-    sample."""
+    sample. ``prompt``: a template with one ``{text}`` slot (e.g. ``"Review: {text}\\nSentiment:"``) around each
+    document, for prompted classification with a decoder language model (:mod:`datamodules.prompts`: the
+    template's tokens are read, never ranked, scored or removed; the text is truncated, never the template).
+    ``padding_side``: ``right`` (default) or ``left`` (decoders; a decoder's scores and logits are the same
+    either way)."""
 
     classes: Tuple[str, ...] = ()
     splits: Tuple[str, ...] = ("train", "val", "test")
 
     def __init__(self, tokenizer: Optional[str] = None, max_length: int = 512, stride: Optional[int] = None,
                  batch_size: int = 16, num_workers: int = 0, eval_split: str = "test",
-                 eval_subset: Optional[int] = None, pad_to_max_length: bool = False) -> None:
+                 eval_subset: Optional[int] = None, pad_to_max_length: bool = False, prompt: Optional[str] = None,
+                 padding_side: str = "right") -> None:
         super().__init__()
         self.pad_to_max_length = bool(pad_to_max_length)
+        self.prompt = as_template(prompt)   # a malformed template: ValueError when the config is read
+        if padding_side not in PADDING_SIDES:
+            raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
+        self.padding_side = padding_side
         if eval_subset is not None and eval_subset < 1:
             raise ValueError(f"eval_subset must be >= 1 documents or None (the whole split), got {eval_subset}")
         self.eval_subset = eval_subset
@@ -430,11 +478,12 @@ class TextDataModule(SplitDataLoaders, pl.LightningDataModule):
     def dataset(self, split: str) -> TokenizedTextDataset:
         if split not in self.datasets:
             self.datasets[split] = TokenizedTextDataset(self.documents(split), self.tokenizer, self.max_length,
-                                                        self.stride)
+                                                        self.stride, prompt=self.prompt)
         return self.datasets[split]
 
     def split_for(self, stage: str) -> str:
         return self.eval_split if stage in ("test", "predict") else stage
 
     def collate_fn(self) -> TextCollator:
-        return TextCollator(self.tokenizer.pad_token_id or 0, self.max_length if self.pad_to_max_length else None)
+        return TextCollator(self.tokenizer.pad_token_id or 0, self.max_length if self.pad_to_max_length else None,
+                            self.padding_side)

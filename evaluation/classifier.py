@@ -12,7 +12,8 @@ samples).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Sequence
+import inspect
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +26,10 @@ from .class_sets import GENERIC_NAME, model_class_names
 
 #: the token tensors a Hugging Face sequence classifier's ``forward`` takes (others in a batch are ignored)
 MODEL_TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+#: the batch key of a prompted text batch marking the template's tokens (``datamodules.prompts``)
+TEMPLATE_MASK = "template_mask"
+#: what a verbalizer word of several tokens does (:meth:`AnswerTokenClassifier.from_verbalizer`)
+MULTI_TOKEN_POLICIES = ("error", "first")
 
 
 def model_logits(model: nn.Module, inputs: Any) -> Tensor:
@@ -58,6 +63,11 @@ class _ChunkedClassifier:
         """What a method's ``target`` is for the classes ``classes`` ``[M]``: the class indices themselves (an
         :class:`AnswerTokenClassifier`: the answer tokens' vocabulary ids)."""
         return classes
+
+    def class_names(self) -> Optional[List[str]]:
+        """The classifier's class names in index order (the model's: ``evaluation.class_sets.model_class_names``),
+        or ``None`` when it names none."""
+        return model_class_names(self.model)
 
     @torch.no_grad()
     def logits(self, inputs: Any, batch_size: Optional[int] = None) -> Tensor:
@@ -261,6 +271,26 @@ class TextClassifier(_ChunkedClassifier):
                 f"mask_token_id={self.mask_token_id}, batch_size={self.batch_size})")
 
 
+def align_last_real_token(input_ids: Tensor, attention_mask: Tensor) -> Tuple[Tensor, Tensor]:
+    """``input_ids`` and ``attention_mask`` ``[M, N]`` with each row rolled to the right so that its last real
+    token lies in the last column (right padding becomes left padding; masked holes inside a row stay where they
+    are among its tokens). With the position ids of the mask (``positions_from_mask``), a causal LM gives each row's
+    logits unchanged."""
+    n = input_ids.shape[1]
+    shift = (n - 1) - last_real_positions(attention_mask)
+    if not bool(shift.any()):
+        return input_ids, attention_mask
+    index = (torch.arange(n, device=input_ids.device)[None, :] - shift[:, None]) % n
+    return input_ids.gather(1, index), attention_mask.gather(1, index)
+
+
+def _takes_logits_to_keep(model: nn.Module) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):   # pragma: no cover - a forward without a signature
+        return False
+
+
 class AnswerTokenClassifier(TextClassifier):
     """A frozen decoder language model (``*ForCausalLM``) as a classifier over a set of **answer tokens**: the
     logits of class ``c`` are the model's next-token logit of the token ``answer_ids[c]`` at each row's last real
@@ -268,37 +298,59 @@ class AnswerTokenClassifier(TextClassifier):
     as ``generate()`` and the adapters give them, so a token removed by the ``pad`` convention moves the later
     tokens' positions as a deletion does).
 
-    The classes are the tokens the model's ``config.id2label`` names, in class order (an LM exported by
-    ``lightning_modules.answer_lm.AnswerLMModule``; the evaluation compares them with the datamodule's classes as
-    for any classifier). The clean prediction, the perturbation tests' predictions and ERASER's probabilities are
-    taken among these tokens (softmax over them); a method explains the vocabulary logit of the class's token
-    (:meth:`method_targets`: class index -> token id).
+    The classes, in class order, are either the tokens the model's ``config.id2label`` names (an LM exported by
+    ``lightning_modules.answer_lm.AnswerLMModule``: :meth:`from_model`) or a **verbalizer**, ``{class name:
+    word}`` (prompted classification of real text, e.g. ``{NEG: " negative", POS: " positive"}`` after a prompt
+    ``"Review: {text}\\nSentiment:"``: :meth:`from_verbalizer`); the evaluation compares the class names with the
+    datamodule's classes as for any classifier. The clean prediction, the perturbation tests' predictions and
+    ERASER's probabilities are taken among these tokens (softmax over them); a method explains the vocabulary
+    logit of the class's token (:meth:`method_targets`: class index -> token id), the gold class's or the
+    predicted one's as the class setting says.
+
+    Forward: each chunk is rolled so that every row's last real token lies in the last column
+    (:func:`align_last_real_token`) and the model computes the vocabulary logits of that column only
+    (``logits_to_keep=1``, where the model's ``forward`` takes it): memory ``[M, vocab]`` instead of
+    ``[M, N, vocab]``, the model's own logits (a final soft-capping included).
+
+    Prompted batches (they carry ``template_mask``): every row's last real token must be a template token (the
+    answer cue), else :meth:`model_inputs` raises (e.g. a tokenizer that appends an EOS after the prompt).
 
     Args:
         model: a ``transformers`` causal LM (``forward(...).logits`` ``[M, N, V]``).
         answer_ids: the vocabulary id of each class's token ``[C]``.
         pad_token_id, mask_token_id, batch_size, tokenizer: as :class:`TextClassifier`.
+        class_names: the classes' names in index order (default: the model's ``config.id2label``).
     """
 
     def __init__(self, model: nn.Module, answer_ids: Sequence[int], pad_token_id: int,
-                 mask_token_id: Optional[int] = None, batch_size: int = 64, tokenizer: Optional[str] = None) -> None:
+                 mask_token_id: Optional[int] = None, batch_size: int = 64, tokenizer: Optional[str] = None,
+                 class_names: Optional[Sequence[str]] = None) -> None:
         super().__init__(model, pad_token_id, mask_token_id, batch_size, tokenizer)
         ids = [int(i) for i in answer_ids]
         vocab = int(model.get_output_embeddings().weight.shape[0])
         if len(ids) < 2 or len(set(ids)) != len(ids) or not all(0 <= i < vocab for i in ids):
             raise ValueError(f"answer_ids must be at least 2 distinct vocabulary ids in [0, {vocab}), got {ids}")
+        if class_names is not None and len(class_names) != len(ids):
+            raise ValueError(f"{len(class_names)} class names for {len(ids)} answer tokens")
         self.answer_ids = torch.tensor(ids, dtype=torch.long)
+        self._class_names = None if class_names is None else [str(n) for n in class_names]
+        self._logits_to_keep = _takes_logits_to_keep(model)
 
     @classmethod
-    def from_model(cls, model: nn.Module, batch_size: int = 64, **_other_modalities) -> "AnswerTokenClassifier":
+    def from_model(cls, model: nn.Module, batch_size: int = 64, verbalizer: Optional[Mapping[str, str]] = None,
+                   verbalizer_multi_token: str = "error", **_other_modalities) -> "AnswerTokenClassifier":
         """The classifier over the answer tokens that ``model.config.id2label`` names, looked up in the tokenizer
         saved with the model; an error when the config names none (generic ``LABEL_<i>``) or the tokenizer lacks
-        one."""
+        one. With a ``verbalizer``: :meth:`from_verbalizer`."""
+        if verbalizer is not None:
+            return cls.from_verbalizer(model, verbalizer, batch_size, verbalizer_multi_token)
         text = TextClassifier.from_model(model, batch_size)
         names = model_class_names(model) or []
         if len(names) < 2 or any(GENERIC_NAME.fullmatch(n) for n in names):
             raise ValueError(f"{type(model).__name__} is a language model: it is evaluated as a classifier over its "
-                             "answer tokens, which its config.id2label must name in class order (as "
+                             "answer tokens, which a verbalizer names (--model.verbalizer '{<class>: <word>, ...}', "
+                             "e.g. '{NEG: \" negative\", POS: \" positive\"}' with a prompt template in the data) "
+                             "or its config.id2label in class order (as "
                              f"lightning_modules.answer_lm.AnswerLMModule exports them); got {names}")
         if text.tokenizer is None:
             raise ValueError(f"the language model at {getattr(model, 'name_or_path', None)!r} was saved without "
@@ -311,13 +363,88 @@ class AnswerTokenClassifier(TextClassifier):
         return cls(model, [vocab[n] for n in names], text.pad_token_id, text.mask_token_id, batch_size,
                    tokenizer=text.tokenizer)
 
+    @classmethod
+    def from_verbalizer(cls, model: nn.Module, verbalizer: Mapping[str, str], batch_size: int = 64,
+                        multi_token: str = "error") -> "AnswerTokenClassifier":
+        """The classifier whose classes are the keys of ``verbalizer`` ``{class name: word}`` (in its order) and
+        whose class ``c``'s token is its word, tokenized alone by the tokenizer saved with the model (no special
+        tokens added; it continues the prompt's answer cue, so write the space a byte-level BPE such as GPT-2's,
+        Llama 3's or Qwen's puts before a word: ``" positive"``). A word of several tokens is an error
+        (``multi_token="error"``, default) or stands for its first token (``multi_token="first"``: the class's
+        logit is the first token's, the usual single-step approximation); two classes with the same token are an
+        error."""
+        if multi_token not in MULTI_TOKEN_POLICIES:
+            raise ValueError(f"verbalizer_multi_token must be one of {MULTI_TOKEN_POLICIES}, got {multi_token!r}")
+        if not isinstance(verbalizer, Mapping) or len(verbalizer) < 2:
+            raise ValueError(f"a verbalizer maps at least 2 class names to their words ({{class: word}}), got "
+                             f"{verbalizer!r}")
+        text = TextClassifier.from_model(model, batch_size)
+        if text.tokenizer is None:
+            raise ValueError(f"the language model at {getattr(model, 'name_or_path', None)!r} was saved without "
+                             "its tokenizer: its verbalizer words cannot be tokenized")
+        tokenizer = load_tokenizer(text.tokenizer)
+        ids: List[int] = []
+        for name, word in verbalizer.items():
+            if not isinstance(word, str) or not word:
+                raise ValueError(f"verbalizer: the word of class {name!r} must be a non-empty string, got {word!r}")
+            pieces = list(tokenizer(word, add_special_tokens=False)["input_ids"])
+            if not pieces:
+                raise ValueError(f"verbalizer: the word {word!r} of class {name!r} has no token in the model's "
+                                 "tokenizer")
+            if len(pieces) > 1 and multi_token == "error":
+                raise ValueError(f"verbalizer: the word {word!r} of class {name!r} is {len(pieces)} tokens "
+                                 f"{tokenizer.convert_ids_to_tokens(pieces)} of the model's tokenizer, but a class is "
+                                 "one next token: choose a word of one token (a byte-level BPE usually needs its "
+                                 "leading space, ' positive'), or let its first token stand for it "
+                                 "(--model.verbalizer_multi_token first)")
+            ids.append(int(pieces[0]))
+        seen: Dict[int, str] = {}
+        for name, token in zip(verbalizer, ids):
+            if token in seen:
+                raise ValueError(f"verbalizer: classes {seen[token]!r} and {name!r} have the same token "
+                                 f"{tokenizer.convert_ids_to_tokens(token)!r}; each class needs its own token")
+            seen[token] = str(name)
+        return cls(model, ids, text.pad_token_id, text.mask_token_id, batch_size, tokenizer=text.tokenizer,
+                   class_names=[str(n) for n in verbalizer])
+
+    def class_names(self) -> Optional[List[str]]:
+        if self._class_names is not None:
+            return list(self._class_names)
+        return super().class_names()
+
+    def answer_tokens(self) -> List[str]:
+        """The tokens of the classes as text (the tokenizer saved with the model; the ids when there is none)."""
+        ids = self.answer_ids.tolist()
+        if self.tokenizer is None:
+            return [str(i) for i in ids]
+        return list(load_tokenizer(self.tokenizer).convert_ids_to_tokens(ids))
+
+    def model_inputs(self, batch: Mapping[str, Any]) -> Dict[str, Tensor]:
+        """As :meth:`TextClassifier.model_inputs`; a prompted batch (``template_mask``) must end every row at its
+        template's answer cue (``ValueError`` naming the samples otherwise)."""
+        inputs = super().model_inputs(batch)
+        template = batch.get(TEMPLATE_MASK)
+        if isinstance(template, Tensor):
+            mask = inputs.get("attention_mask")
+            mask = torch.ones_like(inputs["input_ids"]) if mask is None else mask
+            rows = torch.arange(mask.shape[0], device=mask.device)
+            bad = template[rows, last_real_positions(mask)] == 0
+            if bool(bad.any()):
+                ids = batch["index"][bad] if isinstance(batch.get("index"), Tensor) else bad.nonzero().flatten()
+                raise ValueError(f"samples {ids.tolist()} (dataset index) do not end with the prompt template's "
+                                 "answer cue: a language model is read out at each row's last real token, which "
+                                 "here is not the template's (does the tokenizer append a special token, an EOS, "
+                                 "after the prompt? use one that does not)")
+        return inputs
+
     def forward(self, inputs: Mapping[str, Tensor]) -> Tensor:
         ids = inputs["input_ids"]
         mask = inputs.get("attention_mask")
         mask = torch.ones_like(ids) if mask is None else mask
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask))
-        rows = torch.arange(ids.shape[0], device=ids.device)
-        return out.logits[rows, last_real_positions(mask)][:, self.answer_ids.to(ids.device)]
+        ids, mask = align_last_real_token(ids, mask)
+        keep = {"logits_to_keep": 1} if self._logits_to_keep else {}
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), **keep)
+        return out.logits[:, -1][:, self.answer_ids.to(ids.device)]
 
     def model_logits(self, inputs: Mapping[str, Tensor]) -> Tensor:
         return self.forward(inputs)
@@ -334,11 +461,17 @@ class AnswerTokenClassifier(TextClassifier):
 CLASSIFIERS = {cls.modality: cls for cls in (Classifier, TextClassifier)}
 
 
-def classifier_for(model: nn.Module, batch_size: int = 64, **options) -> _ChunkedClassifier:
+def classifier_for(model: nn.Module, batch_size: int = 64, verbalizer: Optional[Mapping[str, str]] = None,
+                   verbalizer_multi_token: str = "error", **options) -> _ChunkedClassifier:
     """The classifier of ``model``'s modality, built from the model (``from_model``; ``mean`` / ``std``: the
     normalisation of an image classifier, ignored for texts); a decoder language model (its adapter's ``is_lm``)
-    is an :class:`AnswerTokenClassifier`."""
+    is an :class:`AnswerTokenClassifier` (over the ``verbalizer``'s words when one is given, which only a language
+    model takes)."""
     adapter = adapter_for(model)
     if getattr(adapter, "is_lm", False):
-        return AnswerTokenClassifier.from_model(model, batch_size, **options)
+        return AnswerTokenClassifier.from_model(model, batch_size, verbalizer=verbalizer,
+                                                verbalizer_multi_token=verbalizer_multi_token, **options)
+    if verbalizer is not None:
+        raise ValueError(f"a verbalizer names the answer tokens of a causal language model (*ForCausalLM); "
+                         f"{type(model).__name__} is a classifier with its own classes: leave model.verbalizer unset")
     return CLASSIFIERS[adapter.modality].from_model(model, batch_size, **options)

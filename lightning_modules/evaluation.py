@@ -20,7 +20,10 @@ False``) runs once per batch and the *same tensor* is returned for every setting
 
 A decoder language model (``*ForCausalLM``) is a classifier over its answer tokens
 (``evaluation.classifier.AnswerTokenClassifier``): the classes, labels, targets and clean logits are answer
-indices; a method's ``target`` is the class's vocabulary id (the wrapper's ``method_targets``).
+indices; a method's ``target`` is the class's vocabulary id (the wrapper's ``method_targets``). The answer tokens
+are the ones its ``config.id2label`` names or, for prompted classification of real text (a datamodule with a
+``prompt`` template), a ``verbalizer`` ``{class: word}``: then the explained logit is the next-token logit of the
+gold (``target``) or predicted class's word at the template's answer cue.
 
 Every method is called as ``method(model, inputs, target=..., sample_ids=batch["index"])``: the dataset index of
 each sample travels explicitly (the random baseline draws its map from it). Each method's options are checked
@@ -36,10 +39,10 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import rank_zero_warn
+from pytorch_lightning.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 
-from evaluation.class_sets import data_class_names, label_translation, model_class_names, model_num_classes
+from evaluation.class_sets import data_class_names, label_translation, model_num_classes
 from evaluation.classifier import classifier_for
 from evaluation.method_specs import CLASS_SETTINGS, MethodsSpec, check_class_settings, method_specs
 from methods import build_method
@@ -96,6 +99,12 @@ class AttributionEvaluationModule(pl.LightningModule):
         class_map: ``{data class name: model class name}`` where the model calls the data's classes otherwise or
             orders them differently (labels are translated to the model's indices); without it the model's class
             set (names, or count) must be the datamodule's (:mod:`evaluation.class_sets`).
+        verbalizer: a causal LM's classes and their words, ``{class name: word}`` in class order (e.g. ``{NEG: "
+            negative", POS: " positive"}``): class ``c``'s logit is the next-token logit of its word's token at each
+            row's last real token (:meth:`evaluation.classifier.AnswerTokenClassifier.from_verbalizer`); the class
+            names are compared with the data's. Default: the answer tokens that the LM's ``config.id2label`` names.
+        verbalizer_multi_token: a verbalizer word of several tokens is an ``error`` (default) or stands for its
+            ``first`` token.
     """
 
     def __init__(self, classifier: str = "synthetic", pretrained: bool = True,
@@ -106,7 +115,8 @@ class AttributionEvaluationModule(pl.LightningModule):
                  method_batch_size: Optional[int] = None,
                  concepts: Union[None, str, List[str]] = None, concept_methods: bool = False,
                  allow_pickle: bool = False, trust_remote_code: bool = False,
-                 class_map: Optional[Dict[str, str]] = None) -> None:
+                 class_map: Optional[Dict[str, str]] = None, verbalizer: Optional[Dict[str, str]] = None,
+                 verbalizer_multi_token: str = "error") -> None:
         super().__init__()
         self.save_hyperparameters()
         self.class_settings = check_class_settings(class_settings)
@@ -118,7 +128,13 @@ class AttributionEvaluationModule(pl.LightningModule):
         self.concept_heads = load_concept_heads(concepts, allow_pickle=allow_pickle)
         self.method_specs = method_specs(methods, method_options, self.concept_heads, concept_methods)
         self.methods = self._build_methods(self.method_specs)
-        self.classifier = classifier_for(self.model, forward_batch_size, mean=mean, std=std)
+        self.classifier = classifier_for(self.model, forward_batch_size, mean=mean, std=std, verbalizer=verbalizer,
+                                         verbalizer_multi_token=verbalizer_multi_token)
+        if verbalizer is not None:
+            tokens = self.classifier.answer_tokens()
+            rank_zero_info("verbalizer (class -> token, vocabulary id): " + ", ".join(
+                f"{name} -> {token!r} ({int(i)})" for name, token, i in
+                zip(verbalizer, tokens, self.classifier.answer_ids.tolist())))
         self.class_map = dict(class_map) if class_map else None
         self.label_index: Optional[Tensor] = None
 
@@ -216,7 +232,7 @@ class AttributionEvaluationModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         """The model's class set against the datamodule's, before the first batch (:mod:`evaluation.class_sets`)."""
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        self.label_index = label_translation(model_class_names(self.model), model_num_classes(self.model),
+        self.label_index = label_translation(self.classifier.class_names(), model_num_classes(self.model),
                                              data_class_names(datamodule), self.class_map, warn=rank_zero_warn)
 
     def on_test_start(self) -> None:
