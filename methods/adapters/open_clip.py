@@ -10,10 +10,10 @@ ZeroShotClassifier``: images -> classes; ``models.clip.PromptScorer``: texts -> 
 Blocks: pre-norm, ``x + ls_1(attn(ln_1(x)))``, ``h + ls_2(mlp(ln_2(h)))`` (``ls_1`` / ``ls_2``: LayerScale, or
 identity). The adapter calls the blocks themselves (``block(x, attn_mask=...)``, the model's ``Transformer.forward``),
 so its logits are the model's. ``nn.MultiheadAttention`` never materialises the attention probabilities
-(``need_weights=False``, SDPA or torch's fused kernel): under :meth:`eager_attention` the adapter runs each block as
-``ResidualAttentionBlock.forward`` does, piece by piece with its own submodules, calling the attention module with
-``need_weights=True, average_attn_weights=False`` (torch's explicit softmax; the values equal the fused form's up
-to floating-point rounding). The probabilities it returns are a view taken after they were used, so they carry no
+(``need_weights=False``, SDPA or torch's fused kernel): under :meth:`eager_attention` a forward pre-hook on each
+attention module sets ``need_weights=True, average_attn_weights=False`` in the block's own call (torch's explicit
+softmax; the values equal the fused form's up to floating-point rounding), so the blocks still run as
+``ResidualAttentionBlock.forward``. The probabilities it returns are a view taken after they were used, so they carry no
 gradient of the logits: where a method needs ``d logit / d A`` (``record_attention(require_grad=True)``), the
 hook makes them a leaf and joins it to the attention output by :class:`_AttentionGradient` (forward: the output
 unchanged; backward: ``dL/dA_h = (dL/dout W_out)_h v_h^T``, ``v`` computed from the module's own
@@ -133,6 +133,11 @@ class _AttentionGradient(torch.autograd.Function):
         return grad, grad_ctx @ v.transpose(-2, -1), None, None
 
 
+def _need_weights(_module: nn.Module, args: Tuple[Any, ...], kwargs: dict) -> Tuple[Tuple[Any, ...], dict]:
+    """Forward pre-hook: the attention module returns its per-head probabilities."""
+    return args, {**kwargs, "need_weights": True, "average_attn_weights": False}
+
+
 class _OpenCLIPTower(ModelAdapter):
     """Shared machinery of the two open_clip towers (see the module docstring); a subclass names its tower."""
 
@@ -145,7 +150,6 @@ class _OpenCLIPTower(ModelAdapter):
         self.clip: Any = model.clip
         self.transformer = self.transformer_of(self.clip)
         self.blocks = list(self.transformer.resblocks)
-        self._eager = False
 
     @classmethod
     def transformer_of(cls, clip: Any) -> Any:
@@ -197,25 +201,14 @@ class _OpenCLIPTower(ModelAdapter):
 
     def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
                    stop: Optional[int] = None) -> Tensor:
-        """``Transformer.forward``'s loop, ``block(x, attn_mask=mask)``; under :meth:`eager_attention`
-        ``ResidualAttentionBlock.forward`` piece by piece with the probabilities materialised."""
+        """``Transformer.forward``'s loop: ``block(x, attn_mask=mask)``."""
         blocks = self.blocks[start:stop]
         if not blocks:
             return hidden
         mask = self.block_mask(hidden)
         for block in blocks:
-            hidden = self._eager_block(block, hidden, mask) if self._eager else block(hidden, attn_mask=mask)
+            hidden = block(hidden, attn_mask=mask)
         return hidden
-
-    @staticmethod
-    def _eager_block(block: Any, x: Tensor, mask: Optional[Tensor]) -> Tensor:
-        """``ResidualAttentionBlock.forward`` (self-attention) with ``need_weights=True,
-        average_attn_weights=False``: the same submodules in the same order."""
-        q_x = block.ln_1(x)
-        attn_mask = mask.to(q_x.dtype) if mask is not None else None
-        out = block.attn(q_x, q_x, q_x, need_weights=True, average_attn_weights=False, attn_mask=attn_mask)[0]
-        x = x + block.ls_1(out)
-        return x + block.ls_2(block.mlp(block.ln_2(x)))
 
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         """The normed read-out token ``[B, D]`` (before the projection)."""
@@ -250,14 +243,16 @@ class _OpenCLIPTower(ModelAdapter):
 
     @contextlib.contextmanager
     def eager_attention(self) -> Iterator[None]:
-        """Within it :meth:`run_blocks` materialises the probabilities (module docstring); the model itself has
-        no attention setting and is not touched."""
-        before = self._eager
-        self._eager = True
+        """Within it every block's attention module is called with ``need_weights=True,
+        average_attn_weights=False`` (a forward pre-hook on its keyword arguments, removed on exit): torch's
+        explicit softmax, whose probabilities ``[B, H, N, N]`` the module returns. The model itself is not
+        changed."""
+        handles = [block.attn.register_forward_pre_hook(_need_weights, with_kwargs=True) for block in self.blocks]
         try:
             yield
         finally:
-            self._eager = before
+            for handle in handles:
+                handle.remove()
 
     # ------------------------------------------------------------------ where methods hook
     def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
