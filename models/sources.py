@@ -3,9 +3,9 @@
 
 Model sources: a spec ``<prefix><body>`` loads through the source registered for its prefix
 (:func:`register_source`); the bare name of a prefix (``synthetic`` for ``synthetic:``) is that source's default.
-``timm:`` and ``hf:`` are registered here, ``clip:`` and ``open_clip:`` by :mod:`models.clip` (:func:`load_model` says what each
-loads; nothing is ever downloaded; an ``hf:`` folder whose config names only ``*ForCausalLM`` architectures loads
-as a causal LM, evaluated over its answer tokens).
+``timm:`` and ``hf:`` are registered here, ``clip:`` and ``open_clip:`` by :mod:`models.clip` (:func:`load_model`
+says what each loads; nothing is ever downloaded; an ``hf:`` folder whose config names only ``*ForCausalLM``
+architectures loads as a causal LM, evaluated over its answer tokens).
 
 The ``training`` package (``import training``; ``train.py`` and ``evaluate.py`` do) registers the classifiers
 trained on first use and cached: ``"synthetic"`` / ``"synthetic:<overrides.yaml>"`` (the synthetic benchmark's

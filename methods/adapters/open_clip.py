@@ -77,7 +77,7 @@ VISION_POOLS = {"tok": "class_token", "avg": "mean_content"}
 TEXT_POOLS = ("argmax", "eos")
 
 
-def _open_clip_classes() -> Optional[Tuple[type, type, type]]:
+def _open_clip_classes() -> Optional[Tuple[Any, Any, Any]]:
     """``(CLIP, VisionTransformer, ResidualAttentionBlock)`` of open_clip, or ``None`` without open_clip."""
     try:
         from open_clip.model import CLIP
@@ -87,11 +87,12 @@ def _open_clip_classes() -> Optional[Tuple[type, type, type]]:
     return CLIP, VisionTransformer, ResidualAttentionBlock
 
 
-def _blocks_problem(transformer: Any, block_class: type) -> Optional[str]:
+def _blocks_problem(transformer: Any, block_class: Any) -> Optional[str]:
     """Why the blocks of an open_clip ``Transformer`` are not the stock pre-norm ``nn.MultiheadAttention`` blocks
     this adapter runs (``None``: they are)."""
     if not getattr(transformer, "batch_first", True):
         return "a transformer with batch_first=False"
+    block: Any
     for i, block in enumerate(transformer.resblocks):
         if type(block) is not block_class:
             return (f"block {i} is {type(block).__name__} (open_clip's custom blocks, q/k norm or scaled cosine "
@@ -343,7 +344,7 @@ class OpenCLIPVisionAdapter(ImageAdapter, _OpenCLIPTower):
     def tower_problem(cls, clip: Any) -> Optional[str]:
         classes = _open_clip_classes()
         assert classes is not None
-        visual = clip.visual
+        visual: Any = clip.visual
         if not isinstance(visual, classes[1]):
             return (f"vision tower {type(visual).__name__} (need open_clip's VisionTransformer; ModifiedResNet and "
                     "timm towers are not supported)")
@@ -402,7 +403,7 @@ def text_readout_positions(input_ids: Tensor, pool_type: str, eos_token_id: Opti
     (``"argmax"``) or the first ``eos_token_id`` (``"eos"``)."""
     if pool_type == "argmax":
         return input_ids.argmax(dim=-1)
-    return (input_ids == eos_token_id).int().argmax(dim=-1)
+    return torch.eq(input_ids, int(eos_token_id or 0)).int().argmax(dim=-1)
 
 
 @register_adapter
@@ -453,7 +454,7 @@ class OpenCLIPTextAdapter(_OpenCLIPTower):
         positions = text_readout_positions(ids, pool, eos_id)
         if pool == "eos":
             rows = torch.arange(ids.shape[0], device=ids.device)
-            missing = (ids[rows, positions] != eos_id).nonzero().flatten()
+            missing = torch.ne(ids[rows, positions], int(eos_id or 0)).nonzero().flatten()
             if len(missing):
                 raise ValueError(f"input_ids: samples {missing.tolist()} hold no EOS token (id {eos_id}); the "
                                  "open_clip text tower reads each text at its EOS")

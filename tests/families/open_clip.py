@@ -105,7 +105,7 @@ FAMILIES = [
     _vision("open_clip_vision"),
     _vision("open_clip_vision_avg_quickgelu_bias", pool="avg", final_ln_after_pool=True, quick_gelu=True,
             logit_bias=-2.0),
-    _vision("open_clip_vision_layerscale", undefined={m: LAYER_SCALE for m in LRP_FAMILY}, layer_scale=0.5),
     _text("open_clip_text"),
-    _text("open_clip_text_eos_linear_proj", text_pool="eos", proj_bias=True, quick_gelu=True),
+    _text("open_clip_text_eos_linear_proj_layerscale", undefined={m: LAYER_SCALE for m in LRP_FAMILY},
+          text_pool="eos", proj_bias=True, quick_gelu=True, layer_scale=0.5),
 ]
