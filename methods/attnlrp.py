@@ -27,7 +27,9 @@ the stock model's (the logits are bit-identical), only gradients change:
   gradients at ``q`` and ``k`` times 1/4 and at ``v`` times 1/2 (LXT's wrapper of every attention function;
   applied here at the outputs of the q/k/v projections, which is the same since backward is linear in the
   incoming gradient and the rotary embedding and the repetition of grouped key/value heads are linear; GPT-2's
-  fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds); the softmax keeps its plain gradient
+  fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds; open_clip's ``nn.MultiheadAttention``,
+  which has no projection module: the factors on its query, key and value inputs, each of which feeds only its
+  own third of ``in_proj_weight``; the gamma rule is refused there); the softmax keeps its plain gradient
   (LXT's efficient mode). ``cp_lrp`` (Ali et al. 2022, "XAI for Transformers: Better Explanations through
   Conservative Propagation"): ``q`` and ``k`` detached, so the attention probabilities are constants, ``v``
   plain;
@@ -101,12 +103,16 @@ ATTENTION_FACTORS = {"attnlrp": (0.25, 0.25, 0.5), "cp_lrp": (0.0, 0.0, 1.0)}
 #: modules of these packages are element-wise activations, except the classes named in _NOT_ELEMENTWISE
 _ACTIVATION_MODULES = ("torch.nn.modules.activation", "transformers.activations", "timm.layers.activations")
 _NOT_ELEMENTWISE = {"Softmax", "Softmin", "LogSoftmax", "Softmax2d", "MultiheadAttention", "GLU", "ClassInstantier"}
+#: element-wise activations defined beside other layers: (module, class name)
+_ACTIVATION_CLASSES = {("open_clip.transformer", "QuickGELU")}
 
 
 def is_elementwise_activation(module: nn.Module) -> bool:
-    """Whether ``module`` is an element-wise activation module of torch, timm or ``transformers``."""
+    """Whether ``module`` is an element-wise activation module of torch, timm or ``transformers`` (or open_clip's
+    ``QuickGELU``)."""
     cls = type(module)
-    return cls.__module__ in _ACTIVATION_MODULES and cls.__name__ not in _NOT_ELEMENTWISE
+    return ((cls.__module__ in _ACTIVATION_MODULES and cls.__name__ not in _NOT_ELEMENTWISE)
+            or (cls.__module__, cls.__name__) in _ACTIVATION_CLASSES)
 
 
 def _activation_hook(epsilon: float):
@@ -188,6 +194,19 @@ def _gradient_factor_hook(factor: Any):
     return hook
 
 
+def _multihead_factor_hook(q_factor: float, k_factor: float, v_factor: float):
+    """Forward pre-hook of an ``nn.MultiheadAttention`` called as ``attn(q_x, k_x, v_x, ...)``: its query, key and
+    value inputs with their gradients times the factors (each input feeds only its own third of the packed
+    ``in_proj_weight``, so this is the factor on ``q``, ``k``, ``v``; the values are unchanged, the module then
+    projects the three inputs separately)."""
+    def hook(_module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict]:
+        names = ("query", "key", "value")
+        inputs = list(args[:3]) + [kwargs.pop(name) for name in names[len(args[:3]):]]
+        scaled = tuple(scale_gradient(x, f) for x, f in zip(inputs, (q_factor, k_factor, v_factor)))
+        return scaled + tuple(args[3:]), kwargs
+    return hook
+
+
 @contextlib.contextmanager
 def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTITY_EPSILON,
                     gamma: Optional[float] = None, conv_gamma: Optional[float] = None) -> Iterator[None]:
@@ -197,6 +216,9 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
     removed on exit."""
     q_factor, k_factor, v_factor = ATTENTION_FACTORS[variant]
     handles = []
+    if gamma is not None and any(isinstance(m, nn.MultiheadAttention) for m in adapter.rule_scope().modules()):
+        raise MethodUndefinedError(f"{variant}: the gamma rule needs hooks on every linear layer; "
+                                   "nn.MultiheadAttention applies in_proj_weight and out_proj functionally")
     try:
         for module in adapter.rule_scope().modules():
             if isinstance(module, (nn.Linear, Conv1D)) and gamma is not None:
@@ -223,7 +245,10 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 handles.append(mlp.down_proj.register_forward_pre_hook(_halve_input_gradient))
         for layer in range(adapter.depth):
             linears = adapter.attention_linears(layer)
-            if linears.qkv is not None:
+            if linears.multihead is not None:
+                handles.append(linears.multihead.register_forward_pre_hook(
+                    _multihead_factor_hook(q_factor, k_factor, v_factor), with_kwargs=True))
+            elif linears.qkv is not None:
                 third = out_features(linears.qkv) // 3
                 factors = torch.tensor([q_factor] * third + [k_factor] * third + [v_factor] * third)
                 handles.append(linears.qkv.register_forward_hook(_gradient_factor_hook(factors)))

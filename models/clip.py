@@ -20,6 +20,10 @@ Both wrappers follow the protocol of :mod:`methods.adapters.hf_clip` (``clip``, 
 ``logits_from_embeddings``); their fixed embeddings are buffers (L2-normalised), ``logit_scale`` is read from the
 ``CLIPModel`` at every call.
 
+Both wrappers take an open_clip ``CLIP`` too (``open_clip.model.CLIP``; :mod:`models.openclip`: ``encode_image`` /
+``encode_text``, open_clip's tokenizers, ``+ logit_bias`` where the model has one; adapters
+:mod:`methods.adapters.open_clip`); ``open_clip:<name>`` specs load one (:func:`load_open_clip_classifier`).
+
 Loading by spec (:func:`load_zero_shot_classifier`; the ``clip:`` source of :func:`models.sources.load_model`):
 ``"clip:<source>"`` is the zero-shot classifier of a CLIP in Hugging Face ``save_pretrained`` layout, read from
 local files only (never downloaded). ``<source>``: a folder (``config.json`` + weights, the tokenizer files and,
@@ -40,6 +44,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from models import openclip
 from models.clip_prompts import Template, custom_prompt_set, zero_shot_prompt_set
 from models.sources import find_source, looks_like_path, register_source, resolve_hf_source
 
@@ -55,11 +60,24 @@ _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 
 
 
 def _check_clip(clip) -> nn.Module:
+    if openclip.is_open_clip(clip):
+        return clip
     import transformers
 
     if not isinstance(clip, transformers.CLIPModel):
-        raise TypeError(f"clip must be a transformers.CLIPModel, got {type(clip).__name__}")
+        raise TypeError(f"clip must be a transformers.CLIPModel or an open_clip.model.CLIP, got {type(clip).__name__}")
     return clip
+
+
+def _projection_dim(clip: nn.Module) -> int:
+    return openclip.embedding_dim(clip) if openclip.is_open_clip(clip) else int(clip.config.projection_dim)
+
+
+def _image_features(clip: nn.Module, pixel_values: Tensor) -> Tensor:
+    """Projected, unnormalised image embeddings ``[B, D]`` (``get_image_features``; open_clip: ``encode_image``)."""
+    if openclip.is_open_clip(clip):
+        return openclip.image_features(clip, pixel_values)
+    return clip.visual_projection(clip.vision_model(pixel_values=pixel_values).pooler_output)
 
 
 class _EvalNoGrad:
@@ -83,7 +101,7 @@ class _EvalNoGrad:
 def _fixed_embeddings(clip: nn.Module, embeddings: Any, what: str) -> Tensor:
     """``embeddings`` ``[C, projection_dim]`` (C >= 1, floating point), L2-normalised; else a ``ValueError``."""
     embeddings = torch.as_tensor(embeddings).detach()
-    dim = int(clip.config.projection_dim)
+    dim = _projection_dim(clip)
     if embeddings.dim() != 2 or embeddings.shape[1] != dim or embeddings.shape[0] == 0:
         raise ValueError(f"{what} must be [{what[0].upper()}, {dim}] ({what[0].upper()} >= 1, the model's "
                          f"projection_dim), got {tuple(embeddings.shape)}")
@@ -94,19 +112,27 @@ def _fixed_embeddings(clip: nn.Module, embeddings: Any, what: str) -> Tensor:
 
 def _scaled_cosine(clip: nn.Module, embeddings: Tensor, others: Tensor) -> Tensor:
     """``logit_scale.exp() * cos(embeddings, others)``: ``[B, D] x [C, D] -> [B, C]``, CLIP's own logits
-    (``others`` already normalised)."""
+    (``others`` already normalised); ``+ logit_bias`` for an open_clip model that has one."""
     normed = embeddings / embeddings.norm(p=2, dim=-1, keepdim=True)
-    return clip.logit_scale.exp().to(normed) * (normed @ others.to(normed).t())
+    logits = clip.logit_scale.exp().to(normed) * (normed @ others.to(normed).t())
+    bias = openclip.logit_bias(clip) if openclip.is_open_clip(clip) else None
+    return logits if bias is None else logits + bias.to(logits)
 
 
 def text_embeddings(clip: nn.Module, tokenizer: Callable, texts: Sequence[str], batch_size: int = 256) -> Tensor:
     """The projected, unnormalised text embeddings ``[T, D]`` of ``texts`` (no gradient, eval mode):
-    ``tokenizer(texts, padding=True, truncation=True, return_tensors="pt")`` then ``get_text_features``."""
+    ``tokenizer(texts, padding=True, truncation=True, return_tensors="pt")`` then ``get_text_features``; an
+    open_clip model: ``tokenizer(texts)`` (open_clip's tokenizers, :func:`models.openclip.token_ids`) then
+    ``encode_text``."""
     clip = _check_clip(clip)
     device = clip.logit_scale.device
     out = []
     with _EvalNoGrad(clip):
         for start in range(0, len(texts), batch_size):
+            if openclip.is_open_clip(clip):
+                ids = openclip.token_ids(clip, tokenizer, texts[start:start + batch_size])
+                out.append(openclip.text_features(clip, ids.to(device)))
+                continue
             batch = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
                               return_tensors="pt")
             features = clip.get_text_features(input_ids=batch["input_ids"].to(device),
@@ -140,7 +166,9 @@ class ZeroShotClassifier(nn.Module):
             raise ValueError(f"{len(classnames)} classnames for {embeddings.shape[0]} class embeddings")
         self.register_buffer("class_embeddings", embeddings)
         self.classnames = list(classnames) if classnames is not None else None
-        self.pretrained_cfg = clip_pretrained_cfg(clip, num_classes=embeddings.shape[0])
+        self.pretrained_cfg = (openclip.open_clip_pretrained_cfg(clip, embeddings.shape[0])
+                               if openclip.is_open_clip(clip) else clip_pretrained_cfg(clip,
+                                                                                       num_classes=embeddings.shape[0]))
 
     @property
     def num_classes(self) -> int:
@@ -196,7 +224,7 @@ class ZeroShotClassifier(nn.Module):
 
     def image_embeddings(self, pixel_values: Tensor) -> Tensor:
         """Projected, unnormalised image embeddings ``[B, D]`` (``get_image_features``)."""
-        return self.clip.visual_projection(self.clip.vision_model(pixel_values=pixel_values).pooler_output)
+        return _image_features(self.clip, pixel_values)
 
     def logits_from_embeddings(self, embeddings: Tensor) -> Tensor:
         """``[B, D]`` projected image embeddings -> logits ``[B, C]``."""
@@ -236,7 +264,7 @@ class PromptScorer(nn.Module):
                 shape = tuple(pixel_values.shape) if isinstance(pixel_values, Tensor) else type(pixel_values).__name__
                 raise ValueError(f"pixel_values must be a normalised image batch [I, 3, S, S], got {shape}")
             with _EvalNoGrad(clip):
-                image_embeddings = clip.visual_projection(clip.vision_model(pixel_values=pixel_values).pooler_output)
+                image_embeddings = _image_features(clip, pixel_values)
         self.register_buffer("image_embeddings", _fixed_embeddings(clip, image_embeddings, "image_embeddings"))
 
     @property
@@ -244,7 +272,13 @@ class PromptScorer(nn.Module):
         return int(self.image_embeddings.shape[0])
 
     def text_embeddings(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
-        """Projected, unnormalised text embeddings ``[T, D]`` (``get_text_features``: the EOS token)."""
+        """Projected, unnormalised text embeddings ``[T, D]`` (``get_text_features``: the EOS token). An open_clip
+        model takes no attention mask (its tokenizer pads with 0 to the context length; the causal mask keeps the
+        padding from the EOS): one is refused."""
+        if openclip.is_open_clip(self.clip):
+            if attention_mask is not None:
+                raise ValueError("open_clip's CLIP text tower takes no attention_mask: pass the input_ids alone")
+            return openclip.text_features(self.clip, input_ids)
         pooled = self.clip.text_model(input_ids=input_ids, attention_mask=attention_mask).pooler_output
         return self.clip.text_projection(pooled)
 
@@ -402,3 +436,33 @@ def load_zero_shot_classifier(spec: str, pretrained: bool = True,
 
 register_source(CLIP_PREFIX, lambda spec, pretrained, model_kwargs, allow_pickle, trust_remote_code:
                 load_zero_shot_classifier(spec, pretrained, model_kwargs), tokenizer=clip_source)
+
+
+# ------------------------------------------------------------------------------------------ open_clip: specs
+def load_open_clip_classifier(spec: str, pretrained: bool = True,
+                              model_kwargs: Optional[Mapping[str, Any]] = None) -> ZeroShotClassifier:
+    """The :class:`ZeroShotClassifier` of ``open_clip:<name>`` (:mod:`models.openclip`: a built-in or registered
+    open_clip model name with its weights from the local file ``model_kwargs["checkpoint"]``, or
+    ``local-dir:<folder>``), in eval mode, nothing downloaded. ``model_kwargs``: ``checkpoint`` and the prompt
+    options of :func:`load_zero_shot_classifier` (``prompts``: ``saved`` reads a ``local-dir:`` folder's
+    ``prompts.json``; ``openai``, ``simple``, ``bi_legacy``, ``custom`` with ``classnames`` / ``templates``).
+    The classifier carries ``tokenizer`` (open_clip's), ``source`` (the name), ``prompt_set``, ``prompts`` and the
+    model's own ``pretrained_cfg`` (:func:`models.openclip.open_clip_pretrained_cfg`)."""
+    kwargs = dict(model_kwargs or {})
+    openclip.check_checkpoint_kwargs(kwargs, CLIP_KWARGS + openclip.OPEN_CLIP_KWARGS, spec)
+    name = openclip.open_clip_name(spec)
+    folder = name[len(openclip.LOCAL_DIR):] if name.startswith(openclip.LOCAL_DIR) else name
+    prompt_set = zero_shot_prompt_set(folder, kwargs.get("prompts"), kwargs.get("classnames"),
+                                      kwargs.get("templates"))
+    clip, tokenizer = openclip.load_open_clip(name, kwargs.get("checkpoint"), pretrained)
+    batch_size = int(kwargs.get("prompt_batch_size") or 256)
+    classifier = ZeroShotClassifier.from_prompt_lists(clip, tokenizer, prompt_set.classnames, prompt_set.prompts,
+                                                      batch_size)
+    classifier.tokenizer = tokenizer
+    classifier.source = name
+    classifier.prompt_set = prompt_set
+    return classifier.eval()
+
+
+register_source(openclip.OPEN_CLIP_PREFIX, lambda spec, pretrained, model_kwargs, allow_pickle, trust_remote_code:
+                load_open_clip_classifier(spec, pretrained, model_kwargs))

@@ -3,9 +3,9 @@
 
 Model sources: a spec ``<prefix><body>`` loads through the source registered for its prefix
 (:func:`register_source`); the bare name of a prefix (``synthetic`` for ``synthetic:``) is that source's default.
-``timm:`` and ``hf:`` are registered here, ``clip:`` by :mod:`models.clip` (:func:`load_model` says what each
-loads; nothing is ever downloaded; an ``hf:`` folder whose config names only ``*ForCausalLM`` architectures loads
-as a causal LM, evaluated over its answer tokens).
+``timm:`` and ``hf:`` are registered here, ``clip:`` and ``open_clip:`` by :mod:`models.clip` (:func:`load_model`
+says what each loads; nothing is ever downloaded; an ``hf:`` folder whose config names only ``*ForCausalLM``
+architectures loads as a causal LM, evaluated over its answer tokens).
 
 The ``training`` package (``import training``; ``train.py`` and ``evaluate.py`` do) registers the classifiers
 trained on first use and cached: ``"synthetic"`` / ``"synthetic:<overrides.yaml>"`` (the synthetic benchmark's
@@ -143,6 +143,9 @@ def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[
       missing keys): their names are in ``model.newly_initialized_keys``.
     * ``clip:<folder or trained:...>``: a CLIP model in ``save_pretrained`` layout with its prompt set, as a
       zero-shot classifier (:func:`models.clip.load_zero_shot_classifier`).
+    * ``open_clip:<name>``: an open_clip ``CLIP`` (a built-in or registered config name) with its weights from the
+      local file ``model_kwargs["checkpoint"]``, or ``open_clip:local-dir:<folder>``, as a zero-shot classifier
+      (:func:`models.clip.load_open_clip_classifier`, :mod:`models.openclip`).
     * ``allow_pickle``: for classifier files only, see :func:`models.checkpoint_io.read_checkpoint`.
     * ``trust_remote_code``: for Hugging Face folders only, runs the folder's own Python (module docstring).
     """

@@ -280,13 +280,17 @@ class AttentionLinears:
     """The linear layers of one attention sub-layer: a fused ``qkv`` projection (timm; GPT-2's ``c_attn``, a
     ``Conv1D``: output ``[q | k | v]``, width ``3 * D``) or separate ``q``, ``k``, ``v`` projections (Hugging
     Face; with grouped-query attention ``k`` and ``v`` are narrower than ``q``), and the output projection
-    ``out``. Read weights with :func:`linear_weight`."""
+    ``out``. Read weights with :func:`linear_weight`. ``multihead``: an ``nn.MultiheadAttention`` (open_clip)
+    applies its packed ``in_proj_weight`` and its ``out_proj`` functionally, so no projection module runs that a
+    hook could reach: then ``qkv``, ``q``, ``k``, ``v`` are ``None``, ``out`` is its ``out_proj`` (to read its
+    weight, never to hook) and rules act through the module's ``query`` / ``key`` / ``value`` inputs."""
 
     out: Projection
     qkv: Optional[Projection] = None
     q: Optional[Projection] = None
     k: Optional[Projection] = None
     v: Optional[Projection] = None
+    multihead: Optional[nn.MultiheadAttention] = None
 
 
 # ------------------------------------------------------------------------------------------ interface

@@ -1,0 +1,230 @@
+"""LRP topology of the two towers of a stock ``open_clip.model.CLIP`` behind a CLIP scorer
+(``models.clip.ZeroShotClassifier`` / ``PromptScorer``; adapters :mod:`methods.adapters.open_clip`). As for
+transformers' CLIP (:mod:`methods.lrp.hf_clip`) no reference implementation exists: this is the ViT graph of Chefer
+et al. 2021a with open_clip's names, built from the shared rules and sub-layers.
+
+Graph (forward order):
+
+* vision: ``conv1`` (Conv2d, z^B rule) -> class embedding concat -> ``+ positional_embedding`` (Add, the position
+  share dropped) -> patch dropout (identity in eval) -> ``ln_pre`` (identity) -> blocks -> ``ln_post`` (identity)
+  and the pooling ([CLS] select, or the mean of the patch tokens; ``final_ln_after_pool``: pooling first) ->
+  ``@ proj`` (a Linear with weight ``proj^T``);
+* text: ``token_embedding + positional_embedding`` (Add) -> blocks under the causal mask -> ``ln_final``
+  (identity) -> EOS select -> ``text_projection`` (a matrix, a Linear with bias, or none);
+* the score: ``logit_scale.exp() * <z / ||z||, e_c>`` (+ ``logit_bias``, a constant without relevance): a bias-free
+  Linear with weight ``logit_scale.exp() * E`` on the normalised embedding (the L2 normalisation identity).
+
+Blocks: pre-norm ``x + attn(ln_1(x))``, ``h + mlp(ln_2(h))`` (the shared sub-layers,
+:func:`methods.lrp.sublayers.block_relprop`). ``nn.MultiheadAttention`` runs its packed ``in_proj_weight`` and its
+``out_proj`` functionally, so no hook reaches the projections: hooks on the module record its query input (the
+``ln_1`` output) and output, ``q | k | v`` are computed from ``in_proj_weight`` / ``in_proj_bias`` and the output
+projection's input ``A v`` from the recorded probabilities (eager attention, which every LRP method runs under);
+the rules read the projection weights as a Linear sharing the module's parameters (never called). The causal mask
+is left out of the Add rule of the scores, as for transformers' CLIP text tower. LayerScale (``ls_1`` / ``ls_2``)
+has no rule here: such a model is refused (:class:`~methods.adapters.MethodUndefinedError`).
+
+Full LRP ends at the pixels for the vision tower, at the encoder input (``"encoder_input"``) or the token
+embeddings (``"word_embeddings"``, the position share dropped) for the text tower.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..adapters import ActivationRecorder, AttentionLinears, MethodUndefinedError
+from ..adapters.open_clip import OpenCLIPTextAdapter, OpenCLIPVisionAdapter, _OpenCLIPTower
+from .sublayers import block_relprop, block_tensors, embedding_sum_relprop, readout_relprop
+from .topology import Topology, register_topology
+
+INPUT_POINTS = ("encoder_input", "word_embeddings")
+
+
+def packed_projection(attn: nn.MultiheadAttention) -> nn.Linear:
+    """The q/k/v projection that ``attn`` applies functionally, as an ``nn.Linear`` sharing its
+    ``in_proj_weight`` / ``in_proj_bias`` (for the rules to read; never called, not part of the model)."""
+    linear = nn.Linear(attn.embed_dim, 3 * attn.embed_dim, device="meta")
+    linear.weight = attn.in_proj_weight
+    linear.bias = attn.in_proj_bias
+    return linear
+
+
+class _OpenCLIPTowerTopology(Topology):
+    """Shared: the score and projection in reverse, the blocks (the shared pre-norm sub-layers)."""
+
+    adapter: _OpenCLIPTower
+
+    @staticmethod
+    def check(adapter: _OpenCLIPTower) -> None:
+        problems = []
+        if not callable(getattr(adapter.model, "logits_from_embeddings", None)):
+            problems.append("no logits_from_embeddings")
+        for i, block in enumerate(adapter.blocks):
+            for name in ("ls_1", "ls_2"):
+                if not isinstance(getattr(block, name), nn.Identity):
+                    problems.append(f"block {i} layer scale {name}")
+        if problems:
+            raise MethodUndefinedError(f"LRP rules are not defined for this open_clip {adapter.tower} tower: "
+                                       f"{'; '.join(problems[:6])}")
+
+    # ------------------------------------------------------------------ recording
+    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
+               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
+        """Hooks for the rule inputs of ``blocks`` (attention module input and output, computed ``q | k | v``
+        and ``A v``; MLP linears), the head and, with ``to_input``, the embeddings."""
+        adapter = self.adapter
+        for l in blocks:
+            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
+            self.record_block(rec, l, layer_outputs)
+        rec.output(adapter.blocks[-1], "last_hidden")
+        self.record_head(rec)
+        if to_input:
+            self.record_input(rec)
+
+    def record_block(self, rec: ActivationRecorder, layer: int, layer_outputs: bool) -> None:
+        """The keys of :func:`methods.lrp.sublayers.block_tensors` for block ``layer`` (fused ``qkv``)."""
+        adapter = self.adapter
+        block = adapter.blocks[layer]
+        attn = block.attn
+        heads = adapter.num_heads
+        adapter.record_block_input(rec, layer, ("x", layer))
+
+        def attention_in(_module: nn.Module, args: Tuple[Any, ...], kwargs: dict) -> None:
+            x = args[0] if args else kwargs["query"]
+            with torch.no_grad():
+                rec.outputs[("qkv_in", layer)] = x
+                rec.outputs[("qkv", layer)] = nn.functional.linear(x, attn.in_proj_weight, attn.in_proj_bias)
+
+        def attention_out(_module: nn.Module, _args: Tuple[Any, ...], _kwargs: dict, output: Any) -> None:
+            out, weights = output
+            if weights is None:
+                raise RuntimeError("LRP needs the attention probabilities: run it under adapter.eager_attention()")
+            with torch.no_grad():
+                qkv = rec.outputs[("qkv", layer)]
+                batch, tokens, dim = out.shape
+                v = qkv[..., 2 * dim:].reshape(batch, tokens, heads, dim // heads).transpose(1, 2)
+                rec.outputs[("proj_in", layer)] = (weights.detach() @ v).transpose(1, 2).reshape(batch, tokens, dim)
+                rec.outputs[("attn_out", layer)] = out
+
+        rec._handles.append(attn.register_forward_pre_hook(attention_in, with_kwargs=True))
+        rec._handles.append(attn.register_forward_hook(attention_out, with_kwargs=True))
+        fc1, fc2 = adapter.mlp_linears(layer)
+        rec.input(fc1, ("fc1_in", layer))
+        if layer_outputs:
+            rec.output(fc1, ("fc1_out", layer))
+        rec.input(fc2, ("fc2_in", layer))
+        rec.output(fc2, ("mlp_out", layer))
+
+    @torch.no_grad()
+    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
+        attn = self.adapter.blocks[layer].attn
+        linears = AttentionLinears(out=attn.out_proj, qkv=packed_projection(attn))
+        return block_relprop(rules, block_tensors(acts, layer), linears, self.adapter.mlp_linears(layer),
+                             self.adapter.num_heads, relevance, need_below)
+
+    def record_head(self, rec: ActivationRecorder) -> None:  # pragma: no cover - per tower
+        raise NotImplementedError
+
+    def record_input(self, rec: ActivationRecorder) -> None:  # pragma: no cover - per tower
+        raise NotImplementedError
+
+    def pooled_and_readout(self, rules, acts, relevance_pooled: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """``(pooled [B, D], relevance at the last block's output [B, N, D])`` (the second only when
+        ``relevance_pooled`` is given)."""
+        raise NotImplementedError  # pragma: no cover
+
+    # ------------------------------------------------------------------ relevance pass
+    @torch.no_grad()
+    def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
+        """Relevance at the last block's output ``[B, N, D]``: the score (a Linear on the normalised
+        embedding), the projection, the final norm (identity) and the read-out."""
+        pooled, _ = self.pooled_and_readout(rules, acts, None)
+        weight = self.adapter.projection_weight()
+        projection = self.adapter.clip.text_projection if self.adapter.tower == "text" else None
+        bias = projection.bias if isinstance(projection, nn.Linear) else None
+        z = pooled if weight is None else nn.functional.linear(pooled, weight.to(pooled), bias)
+        normed = z / z.norm(p=2, dim=-1, keepdim=True)
+        r = rules["linear"](normed, self.adapter.score_weight().to(z), relevance_logits)
+        if weight is not None:
+            r = rules["linear"](pooled, weight.to(pooled), r, None, bias)
+        return self.pooled_and_readout(rules, acts, r)[1]
+
+
+@register_topology(OpenCLIPVisionAdapter)
+class OpenCLIPVisionTopology(_OpenCLIPTowerTopology):
+    """Relevance pass over open_clip's vision tower (``ZeroShotClassifier``)."""
+
+    adapter: OpenCLIPVisionAdapter
+
+    def record_head(self, rec: ActivationRecorder) -> None:
+        rec.output(self.adapter.visual.ln_post, "ln_post_out")
+
+    def record_input(self, rec: ActivationRecorder) -> None:
+        conv = self.adapter.visual.conv1
+        rec.input(conv, "pixels")
+        rec.output(conv, "patch_grid")
+
+    def pooled_and_readout(self, rules, acts, relevance_pooled: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        readout = self.adapter.readout
+        if self.adapter.visual.final_ln_after_pool:    # pooled first, ln_post (identity) on the pooled token
+            pooled, hidden = acts["ln_post_out"], acts["last_hidden"]
+        else:
+            hidden = acts["ln_post_out"]
+            pooled = hidden[:, 0] if readout == "class_token" else hidden[:, 1:].mean(dim=1)
+        if relevance_pooled is None:
+            return pooled, hidden
+        return pooled, readout_relprop(rules, hidden, relevance_pooled, readout, slice(1, None))
+
+    @torch.no_grad()
+    def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
+        """From the tokens entering block 0 to the pixels: ``ln_pre`` (identity), ``+ positional_embedding``
+        (Add; the position share dropped), the class token dropped, ``conv1`` (z^B). ``[B, 3, H, W]``."""
+        visual = self.adapter.visual
+        grid = acts["patch_grid"]                                          # [B, D, gh, gw]
+        batch, dim, gh, gw = grid.shape
+        patches = grid.flatten(2).transpose(1, 2)
+        tokens = torch.cat([visual.class_embedding.to(patches).expand(batch, 1, dim), patches], dim=1)
+        position = visual.positional_embedding.to(patches)[None]
+        r_patches = embedding_sum_relprop(rules, tokens, position.expand_as(tokens), relevance)[:, 1:]
+        r_grid = r_patches.transpose(1, 2).reshape(batch, dim, gh, gw)
+        conv = visual.conv1
+        return rules["input_conv"](acts["pixels"].to(grid), conv.weight, r_grid, conv.stride, conv.padding)
+
+
+@register_topology(OpenCLIPTextAdapter)
+class OpenCLIPTextTopology(_OpenCLIPTowerTopology):
+    """Relevance pass over open_clip's text tower (``PromptScorer``)."""
+
+    adapter: OpenCLIPTextAdapter
+    input_points = INPUT_POINTS
+
+    def record_head(self, rec: ActivationRecorder) -> None:
+        rec.output(self.adapter.clip.ln_final, "ln_final_out")
+
+    def record_input(self, rec: ActivationRecorder) -> None:
+        rec.output(self.adapter.clip.token_embedding, "token_embeddings")
+
+    def pooled_and_readout(self, rules, acts, relevance_pooled: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """The EOS selection: the relevance placed on each text's read-out position."""
+        hidden = acts["ln_final_out"]
+        positions = acts["readout_positions"].to(hidden.device)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        pooled = hidden[rows, positions]
+        if relevance_pooled is None:
+            return pooled, hidden
+        out = torch.zeros_like(hidden)
+        out[rows, positions] = rules["select"](pooled, relevance_pooled)
+        return pooled, out
+
+    @torch.no_grad()
+    def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
+        """``[B, N, D]``: the relevance at the encoder input (``"encoder_input"``) or at the token embeddings
+        (``"word_embeddings"``: the Add of token and positional embeddings, the position share dropped)."""
+        if self.input_point not in INPUT_POINTS:
+            raise ValueError(f"input_point must be one of {INPUT_POINTS}, got {self.input_point!r}")
+        if self.input_point == "encoder_input":
+            return relevance
+        tokens = acts["token_embeddings"]
+        position = self.adapter.clip.positional_embedding.to(tokens)[None]
+        return embedding_sum_relprop(rules, tokens, position.expand_as(tokens), relevance)
