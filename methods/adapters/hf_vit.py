@@ -36,13 +36,19 @@ Conventions shared by all of them:
   teacher: the mean of the [CLS] and distillation tokens, as timm's distilled DeiT defines it: that model has two
   classifiers and no single latent of its own).
 * **attention**: the probabilities the attention module returns in eager mode (``(output, weights)``); methods
-  that read them switch the config to eager for the call (:class:`~methods.adapters.hf_blocks.HFEncoderBlocks`).
-  The stock eager attention takes its softmax in float32, so on a float64 model the eager and SDPA forms differ
-  at float32 precision.
+  that read them switch the config, for the call, to :data:`MATERIALISED_ATTENTION`: transformers' eager
+  attention (scores, mask, softmax, dropout, ``A @ v``) registered under its own name through the public
+  ``transformers.AttentionInterface``, with the softmax in the wider of float32 and the model's dtype. For
+  float32, float16 and bfloat16 models that is the stock eager attention exactly; a float64 model keeps the
+  float64 precision of its own (SDPA) forward, where the stock eager attention rounds the probabilities to
+  float32 (the maps of a float64 model then agree with the same weights in timm to float64 precision instead
+  of float32's). The model's own eager form (``attn_implementation="eager"``) still rounds: its logits differ
+  from its SDPA logits at float32 precision.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, List, Optional, Tuple
+import contextlib
+from typing import Any, Callable, Hashable, Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -50,6 +56,25 @@ from torch import Tensor, nn
 from .base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
 from .hf_blocks import HFEncoderBlocks
 from .recorder import ActivationRecorder
+
+
+#: the attention implementation the adapters here switch to for methods that read the probabilities
+MATERIALISED_ATTENTION = "token_attributions_eager"
+
+
+def materialised_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                           attention_mask: Optional[Tensor], scaling: Optional[float] = None, dropout: float = 0.0,
+                           **_kwargs: Any) -> Tuple[Tensor, Tensor]:
+    """transformers' eager attention (``[B, H, N, d]`` query, key, value; additive mask) with the softmax in
+    ``promote_types(query.dtype, float32)``: returns ``(A @ v`` with heads last, ``A``)."""
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32))
+    probs = nn.functional.dropout(probs.to(query.dtype), p=dropout, training=module.training)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
 def _transformers_class(name: str) -> Optional[type]:
@@ -190,6 +215,21 @@ class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
     # ------------------------------------------------------------------ relevance rules
     def input_embedding(self) -> nn.Module:
         return self.backbone.embeddings.patch_embeddings
+
+    # ------------------------------------------------------------------ attention implementation
+    @contextlib.contextmanager
+    def eager_attention(self) -> Iterator[None]:
+        """``_attn_implementation = MATERIALISED_ATTENTION`` on the config (module docstring), restored on exit."""
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(MATERIALISED_ATTENTION, materialised_attention)
+        config = self.attention_config()
+        before = config._attn_implementation
+        config._attn_implementation = MATERIALISED_ATTENTION
+        try:
+            yield
+        finally:
+            config._attn_implementation = before
 
 
 @register_adapter
