@@ -11,8 +11,6 @@ from .vision import _images
 
 #: the shared size of the tiny models
 TINY = dict(hidden_size=24, num_hidden_layers=3, num_attention_heads=2, image_size=32, patch_size=8, num_labels=5)
-#: DINOv2's SwiGLU MLP: a gated MLP, for which the LRP framework has no rule
-SWIGLU_LRP = "layer 0 gated MLP Dinov2SwiGLUFFN (SwiGLU)"
 
 
 def _perturbed(model: nn.Module) -> nn.Module:
@@ -74,7 +72,6 @@ def _families() -> list:
         return row(name, adapter, lambda: _tiny_hf(kind), logits=lambda model, x: model(x).logits,
                    eager_softmax_float32=float32_softmax, **kwargs)
 
-    lrp = ("lrp", "lrp_rollout", "partial_lrp", "transformer_attribution")
     return [
         row("timm_deit_distilled", TimmDeiTAdapter, _tiny_timm_deit),
         hf("hf_vit", HFViTAdapter, "vit"),
@@ -82,8 +79,6 @@ def _families() -> list:
         hf("hf_deit_teacher", HFDeiTWithTeacherAdapter, "deit_teacher"),
         # DINOv2's eager attention takes its softmax in the model's dtype (ViT's and DeiT's in float32)
         hf("hf_dinov2", HFDinov2Adapter, "dinov2", float32_softmax=False),
-        hf("hf_dinov2_swiglu", HFDinov2Adapter, "dinov2_swiglu", float32_softmax=False,
-           undefined={m: SWIGLU_LRP for m in lrp}),
         hf("hf_dinov2_registers", HFDinov2WithRegistersAdapter, "dinov2_registers", float32_softmax=False),
     ]
 
