@@ -57,7 +57,6 @@ from .base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceC
 from .hf_blocks import HFEncoderBlocks
 from .recorder import ActivationRecorder
 
-
 #: the attention implementation the adapters here switch to for methods that read the probabilities
 MATERIALISED_ATTENTION = "token_attributions_eager"
 
@@ -99,13 +98,14 @@ class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
+        config: Any = self.model.config
         self.backbone: Any = getattr(model, self.backbone_attr)
-        self.config: Any = model.config
+        self.config = config
         self.blocks = list(self.layers_of(self.backbone))
-        patch = self.config.patch_size
+        patch = config.patch_size
         self.patch_size = (int(patch), int(patch)) if isinstance(patch, int) else (int(patch[0]), int(patch[1]))
-        self.num_channels = int(self.config.num_channels)
-        self.num_prefix_tokens = self.prefix_tokens_of(self.config)
+        self.num_channels = int(config.num_channels)
+        self.num_prefix_tokens = self.prefix_tokens_of(config)
 
     # ------------------------------------------------------------------ which models
     @staticmethod

@@ -34,16 +34,17 @@ from ..adapters import (
     HFViTLikeAdapter,
     MethodUndefinedError,
 )
-from ..adapters.base import AttentionLinears
+from ..adapters.base import AttentionLinears, Projection, linear_weight
 from .sublayers import block_relprop, block_tensors, embedding_sum_relprop, readout_relprop, record_block
 from .topology import Topology, register_topology
 
 
-def _folded(linear: nn.Linear, scale: Tensor) -> nn.Linear:
+def _folded(linear: Projection, scale: Tensor) -> nn.Linear:
     """``linear`` followed by ``* scale`` as one Linear layer (weight ``diag(scale) W``, bias ``scale b``),
     detached from the model's parameters."""
-    folded = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
-    folded.weight = nn.Parameter(linear.weight.detach() * scale.detach()[:, None], requires_grad=False)
+    weight = linear_weight(linear).detach()
+    folded = nn.Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None, device="meta")
+    folded.weight = nn.Parameter(weight * scale.detach()[:, None], requires_grad=False)
     if linear.bias is not None:
         folded.bias = nn.Parameter(linear.bias.detach() * scale.detach(), requires_grad=False)
     return folded

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, MethodUndefinedError, TimmDeiTAdapter
+from ..adapters import ActivationRecorder, MethodUndefinedError, TimmDeiTAdapter, TimmViTAdapter
 from .sublayers import embedding_sum_relprop
 from .timm_vit import TimmViTTopology
 from .topology import register_topology
@@ -26,7 +26,8 @@ class TimmDeiTTopology(TimmViTTopology):
     :class:`~methods.adapters.TimmDeiTAdapter` (see the module docstring)."""
 
     @staticmethod
-    def check(adapter: TimmDeiTAdapter) -> None:
+    def check(adapter: TimmViTAdapter) -> None:
+        """The timm ViT's checks, and ``head_dist`` a Linear layer."""
         TimmViTTopology.check(adapter)
         if not isinstance(adapter.model.head_dist, nn.Linear):
             raise MethodUndefinedError(f"LRP rules are not defined for this {type(adapter.model).__name__}: "
