@@ -12,6 +12,13 @@ the [CLS] and distillation positions (:meth:`TimmDeiTAdapter.readout_weights`: 1
 "read-out row" of a token-to-token matrix is the mean of rows 0 and 1; ``readout="class_token"`` reads the
 [CLS] row alone (the half of the logits that ``head`` gives). Both prefix tokens are never scored: the layout
 is a patch grid after 2 prefix tokens. ``pre_logits`` is the model's own: the mean of the two tokens.
+
+How the methods read out: those that build a token-to-token matrix (``raw_attention``, ``rollout``, ``gradcam``,
+``generic_attribution``, ``transformer_attribution``, ``partial_lrp``, ``lrp_rollout``, ``beyond_intuition_*``)
+report the mean of its rows 0 and 1 (:func:`methods.readout.read_out`); the others differentiate or propagate
+the averaged logit itself, so both heads feed them (``attnlrp``, ``cp_lrp``, full ``lrp``: the Add of the two
+heads' logits, then each head's Linear rule; ``cdam``: by default the residual stream entering the last block,
+as for every read-out other than a single class token; ``token_ablation``: the change of the averaged logit).
 """
 from __future__ import annotations
 
