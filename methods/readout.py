@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .adapters import Layout, ModelAdapter, ModelInputs, TokenSequence
 
-READOUTS = ("auto", "class_token", "mean_content", "position")
+READOUTS = ("auto", "class_token", "mean_content", "position", "weighted")
 #: earlier option values, still accepted
 READOUT_ALIASES = {"cls": "class_token", "mean_patches": "mean_content"}
 
@@ -38,6 +38,9 @@ def resolve_readout(adapter: ModelAdapter, readout: str) -> str:
     if readout == "position" and adapter.readout != "position":
         raise ValueError(f"readout='position' needs a model read out at a per-sample position ({adapter.family} "
                          f"reads out with {adapter.readout!r})")
+    if readout == "weighted" and adapter.readout != "weighted":
+        raise ValueError(f"readout='weighted' needs a model read out as a weighted mean of positions ({adapter.family} "
+                         f"reads out with {adapter.readout!r})")
     return readout
 
 
@@ -49,6 +52,8 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
     * ``position``: each sample's read-out position (``adapter.context(inputs).readout_positions``);
     * ``mean_content``: the mean over the content rows (``layout.mean_over_content_rows``: for text the mask
       of each sample's content, where padding and special tokens are left out);
+    * ``weighted``: the mean of the rows weighted by ``adapter.readout_weights(layout)`` (a DeiT's [CLS] and
+      distillation rows, 1/2 each; DINOv2's [CLS] row 1/2 and the mean patch row 1/2);
     * ``auto``: the model's own read-out (:func:`resolve_readout`).
     """
     kind = resolve_readout(adapter, readout)
@@ -60,7 +65,11 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
         positions = positions.to(matrix.device)
         index = positions.reshape((-1,) + (1,) * (matrix.dim() - 2)).expand(matrix.shape[:-2] + (1,))
         return matrix.gather(-2, index[..., None].expand(matrix.shape[:-2] + (1, matrix.shape[-1])))[..., 0, :]
-    return (layout or adapter.layout(inputs)).mean_over_content_rows(matrix)
+    layout = layout or adapter.layout(inputs)
+    if kind == "weighted":
+        weights = adapter.readout_weights(layout).to(dtype=matrix.dtype, device=matrix.device)
+        return torch.matmul(weights, matrix)
+    return layout.mean_over_content_rows(matrix)
 
 
 def identity_like(batch: int, tokens: int, like: Tensor) -> Tensor:

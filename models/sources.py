@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from torch import nn
 
 from models.classifier_file import load_classifier
+from models.hf_images import image_classifier_architecture, load_hf_image_classifier
 
 CACHE_ENV = "TOKEN_ATTRIBUTIONS_CACHE"
 DEFAULT_CACHE = "~/.cache/token_attributions"
@@ -140,7 +141,10 @@ def load_model(classifier: str, pretrained: bool = True, model_kwargs: Optional[
       ``pretrained=False`` builds the same architecture with random weights. A folder without a
       sequence-classification head (e.g. a sentence-embedding BERT such as all-MiniLM-L6-v2) loads its encoder and
       gets a *newly initialised* head (``num_labels`` outputs, random until trained; transformers reports the
-      missing keys): their names are in ``model.newly_initialized_keys``.
+      missing keys): their names are in ``model.newly_initialized_keys``. A folder whose ``config.json`` names only
+      image classifiers (``ViTForImageClassification``, ``DeiTForImageClassificationWithTeacher``,
+      ``Dinov2ForImageClassification``, ...) loads as that class, normalised as its image processor says
+      (:mod:`models.hf_images`; or ``model_kwargs`` ``image_mean`` / ``image_std``).
     * ``clip:<folder or trained:...>``: a CLIP model in ``save_pretrained`` layout with its prompt set, as a
       zero-shot classifier (:func:`models.clip.load_zero_shot_classifier`).
     * ``open_clip:<name>``: an open_clip ``CLIP`` (a built-in or registered config name) with its weights from the
@@ -264,6 +268,13 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
     if looks_like_path(name) and not os.path.isdir(source):  # not a hub name: say that the folder is missing
         raise FileNotFoundError(f"Hugging Face model folder {source!r} does not exist (expected a folder with "
                                 "config.json and weights, e.g. written by train.py or save_pretrained)")
+    architecture = image_classifier_architecture(source) if os.path.isdir(source) else None
+    if architecture is not None:
+        try:
+            return load_hf_image_classifier(source, architecture, pretrained, model_kwargs, trust_remote_code)
+        except OSError as err:
+            raise ValueError(f"cannot load Hugging Face image classifier {name!r} ({architecture}) from local files: "
+                             f"{err}") from err
     try:
         auto: Any = AutoModelForCausalLM if is_causal_lm_folder(source) else AutoModelForSequenceClassification
         if pretrained:

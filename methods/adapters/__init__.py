@@ -37,6 +37,15 @@ from .hf_decoder import (  # noqa: F401
     HFQwen3Adapter,
 )
 from .hf_text import HFBertAdapter, HFDistilBertAdapter, HFElectraAdapter, HFRobertaAdapter, HFTextAdapter  # noqa: F401
+from .hf_vit import (  # noqa: F401
+    HFDeiTAdapter,
+    HFDeiTWithTeacherAdapter,
+    HFDinov2Adapter,
+    HFDinov2WithRegistersAdapter,
+    HFViTAdapter,
+    HFViTLikeAdapter,
+)
 from .open_clip import OpenCLIPTextAdapter, OpenCLIPVisionAdapter  # noqa: F401
 from .recorder import ActivationRecorder  # noqa: F401
+from .timm_deit import TimmDeiTAdapter  # noqa: F401
 from .timm_vit import TimmViTAdapter  # noqa: F401

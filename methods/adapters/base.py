@@ -12,8 +12,10 @@ Vocabulary
 * **content positions**: the positions a score is reported for: the image patches (not [CLS] or registers);
   for text every real token of the input (padding excluded).
 * **read-out**: where the prediction reads the last hidden states: ``"class_token"`` (one fixed position,
-  e.g. [CLS] at 0), ``"mean_content"`` (the mean of the content positions: global average pooling) or
-  ``"position"`` (one position per sample, e.g. CLIP's EOS token).
+  e.g. [CLS] at 0), ``"mean_content"`` (the mean of the content positions: global average pooling),
+  ``"position"`` (one position per sample, e.g. CLIP's EOS token) or ``"weighted"`` (a fixed weighted mean of
+  positions, :meth:`ModelAdapter.readout_weights`: a DeiT's [CLS] and distillation tokens, each read by its own
+  head and the logits averaged; DINOv2's classifier on ``[CLS] ++ mean of the patches``).
 * **layout** (:class:`PatchGrid` or :class:`TokenSequence`): how the content positions map to the input, and
   therefore the shape of a method's output: ``[B, P]`` patch scores in row-major grid order for images;
   ``[B, N]`` scores aligned with the input positions for sequences, exactly 0 at padding.
@@ -50,7 +52,7 @@ from .recorder import ActivationRecorder
 if TYPE_CHECKING:
     from transformers.pytorch_utils import Conv1D
 
-READOUT_KINDS = ("class_token", "mean_content", "position")
+READOUT_KINDS = ("class_token", "mean_content", "position", "weighted")
 
 #: what a caller passes: a tensor, or a mapping of tensors as a tokenizer or processor returns it
 RawInputs = Union[Tensor, Mapping[str, Any]]
@@ -357,6 +359,12 @@ class ModelAdapter(abc.ABC):
     def has_class_token(self) -> bool:
         return self.readout == "class_token"
 
+    def readout_weights(self, layout: Layout) -> Tensor:
+        """The read-out of a ``"weighted"`` model: weights ``[N]`` over the positions of ``layout`` (summing to 1)
+        whose weighted mean of rows stands for the prediction (:func:`methods.readout.read_out`); only where
+        :attr:`readout` is ``"weighted"``."""
+        raise NotImplementedError(f"{self.family} reads out with {self.readout!r}, not a weighted mean of positions")
+
     # -------------------------------------------------------------- inputs, layout
     @abc.abstractmethod
     def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
@@ -564,9 +572,14 @@ _RESOLVED: "weakref.WeakKeyDictionary[nn.Module, ModelAdapter]" = weakref.WeakKe
 
 
 def register_adapter(cls: Type[ModelAdapter]) -> Type[ModelAdapter]:
-    """Class decorator: make ``adapter_for`` consider this family."""
+    """Class decorator: make ``adapter_for`` consider this family. A subclass of a registered family (a more
+    specific model, e.g. timm's distilled DeiT of its ViT) is consulted before its base."""
     if cls not in ADAPTERS:
-        ADAPTERS.append(cls)
+        bases = [i for i, known in enumerate(ADAPTERS) if issubclass(cls, known)]
+        if bases:
+            ADAPTERS.insert(min(bases), cls)
+        else:
+            ADAPTERS.append(cls)
     return cls
 
 

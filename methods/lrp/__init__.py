@@ -4,7 +4,9 @@ from . import (
     hf_clip,  # noqa: F401,E402  (registers the CLIP tower topologies)
     hf_decoder,  # noqa: F401,E402  (registers the decoder LM topologies)
     hf_text,  # noqa: F401,E402  (registers the Hugging Face text classifier topologies)
+    hf_vit,  # noqa: F401,E402  (registers the Hugging Face ViT-like image classifier topologies)
     open_clip,  # noqa: F401,E402  (registers the open_clip CLIP tower topologies)
+    timm_deit,  # noqa: F401,E402  (registers the timm distilled DeiT topology)
     timm_vit,  # noqa: F401,E402  (registers the timm ViT topology)
 )
 from .engine import LRPEngine, LRPResult  # noqa: F401

@@ -12,7 +12,7 @@ from .base import TEXT_LENGTHS, Family
 #: the tiny text tower's context length, vocabulary, start and end (EOT: the largest id, as OpenAI's) tokens
 CONTEXT, VOCAB, SOT, EOT = 12, 40, 38, 39
 #: why the LRP-family methods are undefined on a model with LayerScale
-LAYER_SCALE = "layer scale ls_1"
+LAYER_SCALE = "LRP rules are not defined for this open_clip text tower: block 0 layer scale ls_1"
 LRP_FAMILY = ("lrp", "partial_lrp", "lrp_rollout", "transformer_attribution")
 
 

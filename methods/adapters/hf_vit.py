@@ -1,0 +1,330 @@
+"""Adapters for the stock Hugging Face ``transformers`` ViT-like image classifiers.
+
+One shared machinery (:class:`HFViTLikeAdapter`), one small subclass per model class:
+
+========================================== =========== ============ =================================================
+model class                                prefix      read-out     what the classifier reads (final ``layernorm``)
+========================================== =========== ============ =================================================
+``ViTForImageClassification``              [CLS]       class_token  ``classifier([CLS])``
+``DeiTForImageClassification``             [CLS], dist class_token  ``classifier([CLS])`` (the distillation token is
+                                                                    not read)
+``DeiTForImageClassificationWithTeacher``  [CLS], dist weighted     ``(cls_classifier([CLS]) +
+                                                                    distillation_classifier(dist)) / 2``
+``Dinov2ForImageClassification``           [CLS]       weighted     ``classifier([CLS] ++ mean of the patches)``
+``Dinov2WithRegistersForImageClassification`` [CLS], R  weighted     as DINOv2; the registers are not read
+                                           registers
+========================================== =========== ============ =================================================
+
+Conventions shared by all of them:
+
+* **blocks**: pre-norm ``x + attn(norm_before(x))``, ``h + mlp(norm_after(h))`` (DINOv2: each branch times its
+  layer scale), separate ``q_proj`` / ``k_proj`` / ``v_proj`` and ``o_proj``; run as the model runs them, with
+  the mask ``create_bidirectional_mask`` builds for an image batch (``None``: every position is real).
+* **inputs** (:class:`~methods.adapters.base.ImageAdapter`): normalised images ``[B, num_channels, H, W]`` as the
+  model's image processor returns them (a tensor or ``{"pixel_values": ...}``); ViT and DeiT at the config's
+  ``image_size`` (they refuse other sizes), DINOv2 at any multiple of the patch size (it interpolates its
+  positional embedding).
+* **layout**: a patch grid after the prefix tokens; **prefix tokens are never scored** ([CLS], the distillation
+  token, the registers).
+* **read-out** ``"weighted"`` (:meth:`~methods.adapters.base.ModelAdapter.readout_weights`): the read-out row of a
+  token-to-token matrix is the weighted mean of the rows the classifier reads. DeiT with teacher: rows 0 ([CLS])
+  and 1 (distillation), 1/2 each, as the two heads' logits are averaged. DINOv2: the [CLS] row with weight 1/2
+  and the mean of the patch rows with weight 1/2 (the classifier reads both halves of ``[CLS] ++ mean``; the
+  weights say that each half is one read-out token, whatever the classifier's weights on it).
+  ``readout="class_token"`` reads the [CLS] row alone on every model here. The methods that build a
+  token-to-token matrix report its read-out row; the others differentiate or propagate the logits themselves,
+  so every token the classifier reads feeds them (as for timm's distilled DeiT, :mod:`methods.adapters.timm_deit`).
+* **pre_logits**: what the classifier reads (``[CLS]``; DINOv2: ``[CLS] ++ mean of the patches``; DeiT with
+  teacher: the mean of the [CLS] and distillation tokens, as timm's distilled DeiT defines it: that model has two
+  classifiers and no single latent of its own).
+* **attention**: the probabilities the attention module returns in eager mode (``(output, weights)``); methods
+  that read them switch the config, for the call, to :data:`MATERIALISED_ATTENTION`: transformers' eager
+  attention (scores, mask, softmax, dropout, ``A @ v``) registered under its own name through the public
+  ``transformers.AttentionInterface``, with the softmax in the wider of float32 and the model's dtype. For
+  float32, float16 and bfloat16 models that is the stock eager attention exactly; a float64 model keeps the
+  float64 precision of its own (SDPA) forward, where the stock eager attention rounds the probabilities to
+  float32 (the maps of a float64 model then agree with the same weights in timm to float64 precision instead
+  of float32's). The model's own eager form (``attn_implementation="eager"``) still rounds: its logits differ
+  from its SDPA logits at float32 precision.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Hashable, Iterator, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
+from .hf_blocks import HFEncoderBlocks
+from .recorder import ActivationRecorder
+
+#: the attention implementation the adapters here switch to for methods that read the probabilities
+MATERIALISED_ATTENTION = "token_attributions_eager"
+
+
+def materialised_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                           attention_mask: Optional[Tensor], scaling: Optional[float] = None, dropout: float = 0.0,
+                           **_kwargs: Any) -> Tuple[Tensor, Tensor]:
+    """transformers' eager attention (``[B, H, N, d]`` query, key, value; additive mask) with the softmax in
+    ``promote_types(query.dtype, float32)``: returns ``(A @ v`` with heads last, ``A``)."""
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32))
+    probs = nn.functional.dropout(probs.to(query.dtype), p=dropout, training=module.training)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
+def _transformers_class(name: str) -> Optional[type]:
+    try:
+        import transformers
+    except ImportError:  # pragma: no cover - a dependency
+        return None
+    return getattr(transformers, name, None)
+
+
+class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
+    """Shared machinery of the Hugging Face ViT-like image classifiers (see the module docstring). A subclass
+    names its model class (``model_class``), the attribute of its backbone (``backbone_attr``), its prefix
+    tokens and read-out, and its :meth:`head`."""
+
+    model_class = "?"
+    backbone_attr = "?"
+    pre_norm = True
+    readout = "class_token"
+    #: whether the model refuses images of another size than its config's ``image_size``
+    fixed_image_size = True
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        config: Any = self.model.config
+        self.backbone: Any = getattr(model, self.backbone_attr)
+        self.config = config
+        self.blocks = list(self.layers_of(self.backbone))
+        patch = config.patch_size
+        self.patch_size = (int(patch), int(patch)) if isinstance(patch, int) else (int(patch[0]), int(patch[1]))
+        self.num_channels = int(config.num_channels)
+        self.num_prefix_tokens = self.prefix_tokens_of(config)
+
+    # ------------------------------------------------------------------ which models
+    @staticmethod
+    def layers_of(backbone: Any) -> nn.ModuleList:
+        """The backbone's blocks (``layers`` in transformers >= 5, ``encoder.layer`` before and in DINOv2)."""
+        layers = getattr(backbone, "layers", None)
+        return layers if layers is not None else backbone.encoder.layer
+
+    @classmethod
+    def prefix_tokens_of(cls, config: Any) -> int:
+        return 1
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> Optional[str]:
+        model_class = _transformers_class(cls.model_class)
+        if model_class is None:  # pragma: no cover
+            return f"transformers has no {cls.model_class}"
+        if not isinstance(model, model_class):
+            return f"{type(model).__name__} is not a transformers {cls.model_class}"
+        return None
+
+    @classmethod
+    def signature_of(cls, model: Any) -> tuple:
+        backbone = getattr(model, cls.backbone_attr)
+        return (cls.model_class, len(cls.layers_of(backbone)), cls.prefix_tokens_of(model.config))
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def num_heads(self) -> int:
+        return int(self.config.num_attention_heads)
+
+    @property
+    def width(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def has_class_token(self) -> bool:
+        return True
+
+    def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
+        (ph, pw), (h, w) = self.patch_size, size
+        if self.fixed_image_size:
+            side = self.config.image_size
+            expected = (int(side), int(side)) if isinstance(side, int) else (int(side[0]), int(side[1]))
+            if size != expected:
+                return (f"image size {size} does not match the {self.model_class}'s image_size "
+                        f"{expected[0]}x{expected[1]}")
+        if h % ph or w % pw:
+            return f"image size {size} is not a multiple of the patch size {ph}x{pw}"
+        return None
+
+    # ------------------------------------------------------------------ forward pieces (the model's own order)
+    def embed(self, inputs: ModelInputs) -> Tensor:
+        """The backbone's embeddings (patches, prefix tokens, positional embedding; pixels in the patch
+        projection's dtype, as the model casts them)."""
+        embeddings = self.backbone.embeddings
+        pixels = inputs["pixel_values"]
+        return embeddings(pixels.to(embeddings.patch_embeddings.projection.weight.dtype))
+
+    def block_mask(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
+        """The mask the backbone builds for an image batch (``create_bidirectional_mask`` without an attention
+        mask: ``None``)."""
+        from transformers.masking_utils import create_bidirectional_mask
+
+        return create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=None)
+
+    def final_norm(self, hidden: Tensor) -> Tensor:
+        return self.backbone.layernorm(hidden)
+
+    def classifiers(self) -> List[nn.Module]:
+        """The classifier layers the head applies (one; two for DeiT with teacher)."""
+        return [self.model.classifier]
+
+    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """Final ``layernorm``, the [CLS] token and ``classifier``."""
+        pooled = self.final_norm(hidden)[:, 0, :]
+        return pooled if pre_logits else self.model.classifier(pooled)
+
+    # ------------------------------------------------------------------ where methods hook
+    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The probabilities the attention module returns (``(output, weights)`` in eager mode; after dropout,
+        identity in eval). ``require_grad`` needs autograd recorded from this block on (see :meth:`forward`)."""
+        rec.output(self.blocks[layer].attention, key, transform=transform, index=1, require_grad=require_grad)
+
+    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        rec.output(self.blocks[layer].attention.v_proj, key)
+
+    def attention_norm(self, layer: int) -> nn.Module:
+        """The norm before block ``layer``'s attention."""
+        return self.blocks[layer].layernorm_before
+
+    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                               require_grad: bool = False) -> None:
+        rec.output(self.attention_norm(layer), key, require_grad=require_grad)
+
+    def attention_linears(self, layer: int) -> AttentionLinears:
+        attn = self.blocks[layer].attention
+        return AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
+
+    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
+        mlp = self.blocks[layer].mlp
+        if hasattr(mlp, "down_proj"):        # DINOv2's SwiGLU
+            return mlp.up_proj, mlp.down_proj
+        return mlp.fc1, mlp.fc2
+
+    # ------------------------------------------------------------------ relevance rules
+    def input_embedding(self) -> nn.Module:
+        return self.backbone.embeddings.patch_embeddings
+
+    # ------------------------------------------------------------------ attention implementation
+    @contextlib.contextmanager
+    def eager_attention(self) -> Iterator[None]:
+        """``_attn_implementation = MATERIALISED_ATTENTION`` on the config (module docstring), restored on exit."""
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(MATERIALISED_ATTENTION, materialised_attention)
+        config = self.attention_config()
+        before = config._attn_implementation
+        config._attn_implementation = MATERIALISED_ATTENTION
+        try:
+            yield
+        finally:
+            config._attn_implementation = before
+
+
+@register_adapter
+class HFViTAdapter(HFViTLikeAdapter):
+    """Stock ``transformers.ViTForImageClassification``: read-out [CLS] (see the module docstring)."""
+
+    family = "transformers ViTForImageClassification"
+    model_class = "ViTForImageClassification"
+    backbone_attr = "vit"
+
+
+@register_adapter
+class HFDeiTAdapter(HFViTLikeAdapter):
+    """Stock ``transformers.DeiTForImageClassification``: prefix [CLS] and distillation token (never scored);
+    read-out [CLS] only (the classifier does not read the distillation token)."""
+
+    family = "transformers DeiTForImageClassification"
+    model_class = "DeiTForImageClassification"
+    backbone_attr = "deit"
+
+    @classmethod
+    def prefix_tokens_of(cls, config: Any) -> int:
+        return 2
+
+
+@register_adapter
+class HFDeiTWithTeacherAdapter(HFDeiTAdapter):
+    """Stock ``transformers.DeiTForImageClassificationWithTeacher``: the mean of ``cls_classifier([CLS])`` and
+    ``distillation_classifier(dist)``; read-out ``"weighted"``, rows 0 and 1 with 1/2 each; prefix tokens never
+    scored."""
+
+    family = "transformers DeiTForImageClassificationWithTeacher"
+    model_class = "DeiTForImageClassificationWithTeacher"
+    readout = "weighted"
+
+    def readout_weights(self, layout: Layout) -> Tensor:
+        weights = torch.zeros(layout.num_positions)
+        weights[:2] = 0.5
+        return weights
+
+    def classifiers(self) -> List[nn.Module]:
+        return [self.model.cls_classifier, self.model.distillation_classifier]
+
+    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """Final ``layernorm``, the two classifiers on [CLS] and the distillation token, their mean
+        (``pre_logits``: the mean of the two tokens)."""
+        normed = self.final_norm(hidden)
+        if pre_logits:
+            return (normed[:, 0, :] + normed[:, 1, :]) / 2
+        m = self.model
+        return (m.cls_classifier(normed[:, 0, :]) + m.distillation_classifier(normed[:, 1, :])) / 2
+
+
+@register_adapter
+class HFDinov2Adapter(HFViTLikeAdapter):
+    """Stock ``transformers.Dinov2ForImageClassification``: ``classifier([CLS] ++ mean of the patch tokens)``;
+    read-out ``"weighted"``: the [CLS] row 1/2, the mean patch row 1/2. Any image size that is a multiple of the
+    patch size. A SwiGLU MLP (``use_swiglu_ffn``) is a gated MLP for AttnLRP."""
+
+    family = "transformers Dinov2ForImageClassification"
+    model_class = "Dinov2ForImageClassification"
+    backbone_attr = "dinov2"
+    readout = "weighted"
+    fixed_image_size = False
+
+    def readout_weights(self, layout: Layout) -> Tensor:
+        weights = torch.zeros(layout.num_positions)
+        weights[0] = 0.5
+        weights[self.num_prefix_tokens:] = 0.5 / (layout.num_positions - self.num_prefix_tokens)
+        return weights
+
+    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """Final ``layernorm``, ``[CLS] ++ mean of the patch tokens`` (prefix tokens left out), ``classifier``."""
+        normed = self.final_norm(hidden)
+        latent = torch.cat([normed[:, 0], normed[:, self.num_prefix_tokens:].mean(dim=1)], dim=1)
+        return latent if pre_logits else self.model.classifier(latent)
+
+    def attention_norm(self, layer: int) -> nn.Module:
+        return self.blocks[layer].norm1
+
+    def gated_mlps(self) -> List[nn.Module]:
+        return [block.mlp for block in self.blocks if hasattr(block.mlp, "gate_proj")]
+
+
+@register_adapter
+class HFDinov2WithRegistersAdapter(HFDinov2Adapter):
+    """Stock ``transformers.Dinov2WithRegistersForImageClassification``: as DINOv2, with ``num_register_tokens``
+    registers after [CLS] (prefix tokens: [CLS] and the registers, never scored, not read by the classifier)."""
+
+    family = "transformers Dinov2WithRegistersForImageClassification"
+    model_class = "Dinov2WithRegistersForImageClassification"
+    backbone_attr = "dinov2_with_registers"
+
+    @classmethod
+    def prefix_tokens_of(cls, config: Any) -> int:
+        return 1 + int(config.num_register_tokens)

@@ -1,0 +1,71 @@
+"""Adapter for timm's distilled DeiT, ``timm.models.deit.VisionTransformerDistilled``.
+
+The model is a timm ``VisionTransformer`` with a second prefix token, the distillation token at position 1
+(after [CLS] at 0), and a second classifier ``head_dist`` on it. Outside distillation training
+(``distilled_training`` false, or eval mode) its logits are the mean of the two heads' logits,
+``(head(x[:, 0]) + head_dist(x[:, 1])) / 2`` on the final-norm tokens: both tokens feed every logit, with
+equal weight. Methods run the model in eval mode (:mod:`methods.model_state`), where the heads are always
+averaged, whatever ``distilled_training`` says.
+
+Conventions (beyond :class:`~methods.adapters.timm_vit.TimmViTAdapter`'s): read-out ``"weighted"``, the mean of
+the [CLS] and distillation positions (:meth:`TimmDeiTAdapter.readout_weights`: 1/2 each), so a method's
+"read-out row" of a token-to-token matrix is the mean of rows 0 and 1; ``readout="class_token"`` reads the
+[CLS] row alone (the half of the logits that ``head`` gives). Both prefix tokens are never scored: the layout
+is a patch grid after 2 prefix tokens. ``pre_logits`` is the model's own: the mean of the two tokens.
+
+How the methods read out: those that build a token-to-token matrix (``raw_attention``, ``rollout``, ``gradcam``,
+``generic_attribution``, ``transformer_attribution``, ``partial_lrp``, ``lrp_rollout``, ``beyond_intuition_*``)
+report the mean of its rows 0 and 1 (:func:`methods.readout.read_out`); the others differentiate or propagate
+the averaged logit itself, so both heads feed them (``attnlrp``, ``cp_lrp``, full ``lrp``: the Add of the two
+heads' logits, then each head's Linear rule; ``cdam``: by default the residual stream entering the last block,
+as for every read-out other than a single class token; ``token_ablation``: the change of the averaged logit).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from .base import Layout, register_adapter
+from .timm_vit import TimmViTAdapter
+
+
+def _distilled_class() -> Optional[type]:
+    try:
+        from timm.models.deit import VisionTransformerDistilled
+    except ImportError:  # pragma: no cover - timm is a dependency
+        return None
+    return VisionTransformerDistilled
+
+
+@register_adapter
+class TimmDeiTAdapter(TimmViTAdapter):
+    """Stock timm ``VisionTransformerDistilled`` (DeiT with a distillation token, see the module docstring):
+    blocks and hook points as the timm ViT's; read-out ``"weighted"`` (the [CLS] and distillation tokens, 1/2
+    each); prefix tokens [CLS] and distillation, never scored."""
+
+    family = "timm VisionTransformerDistilled (DeiT)"
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.readout = "weighted"
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> Optional[str]:
+        distilled = _distilled_class()
+        if distilled is None:  # pragma: no cover
+            return "timm is not installed"
+        if not isinstance(model, distilled):
+            return f"{type(model).__name__} is not a timm VisionTransformerDistilled"
+        return None
+
+    @property
+    def has_class_token(self) -> bool:
+        return True
+
+    def readout_weights(self, layout: Layout) -> Tensor:
+        """1/2 at [CLS] (position 0) and at the distillation token (position 1), 0 elsewhere."""
+        weights = torch.zeros(layout.num_positions)
+        weights[:2] = 0.5
+        return weights

@@ -1,0 +1,172 @@
+"""LRP topology of the stock Hugging Face ViT-like image classifiers (:mod:`methods.adapters.hf_vit`).
+
+Graph (forward order): ``patch_embeddings.projection`` (Conv2d, z^B rule) -> prefix tokens concat -> ``+
+position_embeddings`` (Add; the positional share dropped; DINOv2 with registers inserts its registers after the
+Add, so they carry no positional embedding and their relevance is dropped) -> blocks (pre-norm, separate q/k/v
+projections, no mask: the ViT graph; :func:`methods.lrp.sublayers.block_relprop`) -> final ``layernorm``
+(identity) -> read-out and classifier(s):
+
+* ViT, DeiT: ``classifier`` (Linear) on [CLS] (selection rule onto position 0);
+* DeiT with teacher: the Add of the two classifiers' logits (their mean; the constant 1/2 is invisible to the
+  rules), a Linear rule per classifier, the selection of positions 0 and 1;
+* DINOv2: ``classifier`` (Linear) on ``[CLS] ++ mean of the patches``: the first half of its input relevance
+  selects [CLS], the second half goes through the mean-pool rule onto the patch tokens.
+
+DINOv2's layer scales (``x * lambda`` after each branch, a constant per channel) are folded into the Linear
+layer before them (``o_proj`` and ``fc2``: weight ``diag(lambda) W``, bias ``lambda b``), as LRP canonizers
+merge affine layers: the residual Add sees the scaled branch, and the Linear rule the layer that computes it.
+A SwiGLU MLP (``use_swiglu_ffn``) has no rule in Chefer et al.'s framework: LRP is undefined there.
+"""
+from __future__ import annotations
+
+from typing import Dict, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..adapters import (
+    ActivationRecorder,
+    HFDeiTAdapter,
+    HFDeiTWithTeacherAdapter,
+    HFDinov2Adapter,
+    HFDinov2WithRegistersAdapter,
+    HFViTAdapter,
+    HFViTLikeAdapter,
+    MethodUndefinedError,
+)
+from ..adapters.base import AttentionLinears, Projection, linear_weight
+from .sublayers import block_relprop, block_tensors, embedding_sum_relprop, readout_relprop, record_block
+from .topology import Topology, register_topology
+
+
+def _folded(linear: Projection, scale: Tensor) -> nn.Linear:
+    """``linear`` followed by ``* scale`` as one Linear layer (weight ``diag(scale) W``, bias ``scale b``),
+    detached from the model's parameters."""
+    weight = linear_weight(linear).detach()
+    folded = nn.Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None, device="meta")
+    folded.weight = nn.Parameter(weight * scale.detach()[:, None], requires_grad=False)
+    if linear.bias is not None:
+        folded.bias = nn.Parameter(linear.bias.detach() * scale.detach(), requires_grad=False)
+    return folded
+
+
+@register_topology(HFDinov2WithRegistersAdapter)
+@register_topology(HFDinov2Adapter)
+@register_topology(HFDeiTWithTeacherAdapter)
+@register_topology(HFDeiTAdapter)
+@register_topology(HFViTAdapter)
+class HFViTLikeTopology(Topology):
+    """Relevance pass over a stock Hugging Face ViT-like classifier through its
+    :class:`~methods.adapters.HFViTLikeAdapter` (see the module docstring)."""
+
+    @staticmethod
+    def check(adapter: HFViTLikeAdapter) -> None:
+        """Raise :class:`~methods.adapters.MethodUndefinedError` naming what has no LRP rule here."""
+        problems = []
+        for lin in adapter.classifiers():
+            if not isinstance(lin, nn.Linear):
+                problems.append(f"classifier {type(lin).__name__} (need nn.Linear)")
+        if not isinstance(adapter.backbone.embeddings.patch_embeddings.projection, nn.Conv2d):
+            problems.append("patch embedding without a Conv2d projection")
+        for i, block in enumerate(adapter.blocks):
+            if hasattr(block.mlp, "gate_proj"):
+                problems.append(f"layer {i} gated MLP {type(block.mlp).__name__} (SwiGLU)")
+            linears = adapter.attention_linears(i)
+            if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
+                problems.append(f"layer {i} attention projections are not nn.Linear")
+        if problems:
+            raise MethodUndefinedError(f"LRP rules are not defined for this {type(adapter.model).__name__}: "
+                                       f"{'; '.join(problems[:6])}")
+
+    def __init__(self, adapter: HFViTLikeAdapter) -> None:
+        super().__init__(adapter)
+        #: per block, the output projection and the MLP's second Linear with the layer scales folded in
+        self.scaled: Dict[int, Tuple[nn.Linear, nn.Linear]] = {}
+        for i, block in enumerate(adapter.blocks):
+            if hasattr(block, "layer_scale1"):
+                fc1, fc2 = adapter.mlp_linears(i)
+                self.scaled[i] = (_folded(adapter.attention_linears(i).out, block.layer_scale1.lambda1),
+                                  _folded(fc2, block.layer_scale2.lambda1))
+
+    # ------------------------------------------------------------------ recording
+    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
+               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
+        """Hooks for the rule inputs of ``blocks`` (the layer-scale outputs where the model has them), the
+        classifiers' inputs and outputs, the final norm's output and, with ``to_input``, the pixels and the patch
+        tokens (see :meth:`methods.lrp.timm_vit.TimmViTTopology.record`)."""
+        adapter = self.adapter
+        for l in blocks:
+            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
+            record_block(rec, adapter, l, layer_outputs)
+            if l in self.scaled:
+                rec.output(adapter.blocks[l].layer_scale1, ("scaled_attn_out", l))
+                rec.output(adapter.blocks[l].layer_scale2, ("scaled_mlp_out", l))
+        for i, lin in enumerate(adapter.classifiers()):
+            rec.input(lin, ("head_in", i))
+            rec.output(lin, ("head_out", i))
+        rec.output(adapter.backbone.layernorm, "norm_out")
+        if to_input:
+            patches = adapter.backbone.embeddings.patch_embeddings
+            rec.input(patches.projection, "pixels")
+            rec.output(patches, "patch_tokens")
+
+    # ------------------------------------------------------------------ relevance pass
+    @torch.no_grad()
+    def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
+        """Relevance at the final ``layernorm``'s output ``[B, N, D]`` (see the module docstring)."""
+        adapter = self.adapter
+        hidden = acts["norm_out"]
+        heads = adapter.classifiers()
+        if isinstance(adapter, HFDeiTWithTeacherAdapter):
+            shares = rules["add"](acts[("head_out", 0)], acts[("head_out", 1)], relevance_logits)
+            out = torch.zeros_like(hidden)
+            for i, (head, share) in enumerate(zip(heads, shares)):
+                out[:, i] = rules["select"](hidden[:, i], rules["linear"](acts[("head_in", i)], head.weight, share))
+            return out
+        r = rules["linear"](acts[("head_in", 0)], heads[0].weight, relevance_logits)
+        if not isinstance(adapter, HFDinov2Adapter):
+            return readout_relprop(rules, hidden, r, "class_token")
+        dim = hidden.shape[-1]
+        patches = slice(adapter.num_prefix_tokens, None)
+        return (readout_relprop(rules, hidden, r[:, :dim], "class_token")
+                + readout_relprop(rules, hidden, r[:, dim:], "mean_content", patches))
+
+    @torch.no_grad()
+    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
+        """The shared block pass; with layer scales, the scaled branches and the folded Linear layers."""
+        adapter = self.adapter
+        linears, mlp = adapter.attention_linears(layer), adapter.mlp_linears(layer)
+        extra = {}
+        if layer in self.scaled:
+            out, fc2 = self.scaled[layer]
+            linears = AttentionLinears(out=out, q=linears.q, k=linears.k, v=linears.v)
+            mlp = (mlp[0], fc2)
+            extra = dict(attn_out=acts.pop(("scaled_attn_out", layer)), mlp_out=acts.pop(("scaled_mlp_out", layer)))
+        tensors = block_tensors(acts, layer, **extra)
+        return block_relprop(rules, tensors, linears, mlp, adapter.num_heads, relevance, need_below)
+
+    @torch.no_grad()
+    def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
+        """From the tokens entering block 0 to the pixels: registers dropped (DINOv2 with registers), ``+
+        position_embeddings`` (Add, the positional share dropped), [CLS] (and DeiT's distillation token) dropped,
+        the patch convolution (z^B). ``[B, C, H, W]``."""
+        adapter = self.adapter
+        embeddings = adapter.backbone.embeddings
+        patches = acts["patch_tokens"]                                     # [B, P, D]
+        pixels = acts["pixels"]
+        batch = patches.shape[0]
+        prefix = [embeddings.cls_token]
+        if isinstance(adapter, HFDeiTAdapter):
+            prefix.append(embeddings.distillation_token)
+        tokens = torch.cat([t.to(patches).expand(batch, -1, -1) for t in prefix] + [patches], dim=1)
+        if isinstance(adapter, HFDinov2Adapter):
+            position = embeddings.interpolate_pos_encoding(tokens, pixels.shape[-2], pixels.shape[-1])
+            relevance = torch.cat([relevance[:, :1], relevance[:, adapter.num_prefix_tokens:]], dim=1)
+        else:
+            position = embeddings.position_embeddings
+        r_patches = embedding_sum_relprop(rules, tokens, position.to(patches).expand_as(tokens), relevance)
+        r_patches = r_patches[:, len(prefix):]
+        conv = embeddings.patch_embeddings.projection
+        gh, gw = pixels.shape[-2] // conv.stride[0], pixels.shape[-1] // conv.stride[1]
+        r_grid = r_patches.transpose(1, 2).reshape(batch, -1, gh, gw)
+        return rules["input_conv"](pixels.to(patches), conv.weight, r_grid, conv.stride, conv.padding)
