@@ -197,6 +197,8 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
     removed on exit."""
     q_factor, k_factor, v_factor = ATTENTION_FACTORS[variant]
     handles = []
+    own_products = adapter.product_rules((q_factor, k_factor, v_factor),
+                                         "constant" if variant == "cp_lrp" else "uniform")
     try:
         for module in adapter.rule_scope().modules():
             if isinstance(module, (nn.Linear, Conv1D)) and gamma is not None:
@@ -216,12 +218,12 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
             elif is_elementwise_activation(module):
                 handles.append(module.register_forward_hook(_activation_hook(epsilon)))
         mlp: Any
-        for mlp in adapter.gated_mlps():
+        for mlp in adapter.gated_mlps() if own_products is None else ():
             if variant == "cp_lrp":
                 handles.append(mlp.gate_proj.register_forward_hook(_detach_output))
             else:
                 handles.append(mlp.down_proj.register_forward_pre_hook(_halve_input_gradient))
-        for layer in range(adapter.depth):
+        for layer in range(adapter.depth if own_products is None else 0):
             linears = adapter.attention_linears(layer)
             if linears.qkv is not None:
                 third = out_features(linears.qkv) // 3
@@ -231,7 +233,7 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 for linear, factor in ((linears.q, q_factor), (linears.k, k_factor), (linears.v, v_factor)):
                     if linear is not None and factor != 1.0:
                         handles.append(linear.register_forward_hook(_gradient_factor_hook(factor)))
-        with adapter.head_rules(epsilon):
+        with own_products or contextlib.nullcontext(), adapter.head_rules(epsilon):
             yield
     finally:
         for handle in handles:

@@ -38,4 +38,6 @@ from .hf_decoder import (  # noqa: F401
 )
 from .hf_text import HFBertAdapter, HFDistilBertAdapter, HFElectraAdapter, HFRobertaAdapter, HFTextAdapter  # noqa: F401
 from .recorder import ActivationRecorder  # noqa: F401
+from .timm_beit import TimmBeitAdapter  # noqa: F401
+from .timm_eva import TimmEvaAdapter  # noqa: F401
 from .timm_vit import TimmViTAdapter  # noqa: F401
