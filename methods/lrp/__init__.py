@@ -4,6 +4,7 @@ from . import (
     hf_clip,  # noqa: F401,E402  (registers the CLIP tower topologies)
     hf_decoder,  # noqa: F401,E402  (registers the decoder LM topologies)
     hf_text,  # noqa: F401,E402  (registers the Hugging Face text classifier topologies)
+    timm_beit_like,  # noqa: F401,E402  (registers the timm Eva and Beit topologies)
     timm_vit,  # noqa: F401,E402  (registers the timm ViT topology)
 )
 from .engine import LRPEngine, LRPResult  # noqa: F401
