@@ -27,7 +27,9 @@ the stock model's (the logits are bit-identical), only gradients change:
   gradients at ``q`` and ``k`` times 1/4 and at ``v`` times 1/2 (LXT's wrapper of every attention function;
   applied here at the outputs of the q/k/v projections, which is the same since backward is linear in the
   incoming gradient and the rotary embedding and the repetition of grouped key/value heads are linear; GPT-2's
-  fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds); the softmax keeps its plain gradient
+  fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds; an adapter whose model computes q, k, v
+  without modules places them itself, :meth:`~methods.adapters.ModelAdapter.product_rules`: timm's EVA / BEiT);
+  the softmax keeps its plain gradient
   (LXT's efficient mode). ``cp_lrp`` (Ali et al. 2022, "XAI for Transformers: Better Explanations through
   Conservative Propagation"): ``q`` and ``k`` detached, so the attention probabilities are constants, ``v``
   plain;
@@ -198,7 +200,7 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
     q_factor, k_factor, v_factor = ATTENTION_FACTORS[variant]
     handles = []
     own_products = adapter.product_rules((q_factor, k_factor, v_factor),
-                                         "constant" if variant == "cp_lrp" else "uniform")
+                                         "constant" if variant == "cp_lrp" else "uniform", gamma)
     try:
         for module in adapter.rule_scope().modules():
             if isinstance(module, (nn.Linear, Conv1D)) and gamma is not None:

@@ -60,18 +60,18 @@ def test_removed_positions_equal_cut_out_positions():
         torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("variant", ["attnlrp", "cp_lrp"])
-def test_attention_rules_at_the_products_equal_the_projection_placement(variant):
+@pytest.mark.parametrize("variant, options", [("attnlrp", {}), ("cp_lrp", {}), ("attnlrp", {"gamma": 0.25})])
+def test_attention_rules_at_the_products_equal_the_projection_placement(variant, options):
     """With separate q/k/v projections both placements are possible: the adapter's (gradient factors at ``A @ v``
     and at ``A``, eager attention) and :mod:`methods.attnlrp`'s own (factors at the q/k/v projections' outputs,
-    the attention as built): the same maps."""
+    the attention as built): the same maps, with the gamma rule on the linear layers too."""
     model = _model("eva_plain", qkv_fused=False)
     images, target = _images(3), torch.tensor([1, 4, 0])
-    ours = build_method(variant)(model, images, target=target)
+    ours = build_method(variant, **options)(model, images, target=target)
     adapter = adapter_for(model)
-    adapter.product_rules = lambda attention, gate: None     # this adapter object only: attnlrp's placement
+    adapter.product_rules = lambda *args: None     # this adapter object only: attnlrp's own placement
     try:
-        theirs = build_method(variant)(model, images, target=target)
+        theirs = build_method(variant, **options)(model, images, target=target)
     finally:
         del adapter.product_rules
     torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12 * float(theirs.abs().max()))
@@ -124,6 +124,8 @@ def test_ours_lrp_conserves_through_every_block(row):
 def test_undefined_parts_are_named():
     with pytest.raises(MethodUndefinedError, match="head Identity"):
         build_method("transformer_attribution")(_model("eva02_glu", num_classes=0), _images(1))
+    with pytest.raises(MethodUndefinedError, match="gamma rule .* F.linear"):
+        build_method("attnlrp", gamma=0.25)(_model("beit_relpos"), _images(1))
     rms = _model("eva02_glu", norm_layer=timm.layers.RmsNorm)
     with pytest.raises(MethodUndefinedError, match="RmsNorm"):
         build_method("attnlrp")(rms, _images(1))

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import AttentionLinears, ImageAdapter, SequenceContext
+from .base import AttentionLinears, ImageAdapter, MethodUndefinedError, SequenceContext
 from .gradient_rules import scale_gradient
 from .recorder import ActivationRecorder
 
@@ -85,13 +85,13 @@ def is_activation_module(module: nn.Module) -> bool:
             and not isinstance(module, (nn.GLU, nn.Softmax, nn.MultiheadAttention)))
 
 
-def _scale_output(factor: float):
+def _scale_output(factor: Any):
     def hook(_module: nn.Module, _inputs: Any, output: Tensor) -> Tensor:
         return scale_gradient(output, factor)
     return hook
 
 
-def _scale_input(factor: float):
+def _scale_input(factor: Any):
     def hook(_module: nn.Module, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
         return (scale_gradient(inputs[0], factor),) + tuple(inputs[1:])
     return hook
@@ -232,9 +232,18 @@ class TimmBeitLikeAdapter(ImageAdapter):
                 problems.append(f"{name}: {type(module).__name__} (no relevance rule; LayerNorm only)")
         return problems
 
-    def product_rules(self, attention: Tuple[float, float, float],
-                      gate: str) -> Optional[contextlib.AbstractContextManager[None]]:
-        """The rules of the attention products and the gated MLPs, placed by this adapter (module docstring)."""
+    def product_rules(self, attention: Tuple[float, float, float], gate: str,
+                      gamma: Optional[float] = None) -> Optional[contextlib.AbstractContextManager[None]]:
+        """The rules of the attention products and the gated MLPs, placed by this adapter (module docstring).
+        The gamma rule cannot reach a fused ``qkv`` with biases (computed by ``F.linear``, its module never
+        called): refused there."""
+        functional = [i for i, block in enumerate(self.blocks)
+                      if getattr(block.attn, "qkv", None) is not None and block.attn.q_bias is not None]
+        if gamma is not None and functional:
+            raise MethodUndefinedError(
+                f"the gamma rule (gamma={gamma}) is not defined on this {type(self.model).__name__} ({self.family}): "
+                f"blocks {functional} compute their fused q/k/v projection with q_bias/v_bias by F.linear, not by "
+                "the qkv module, so no hook can apply it (leave gamma=None)")
         q_factor, k_factor, v_factor = attention
         if q_factor != k_factor or v_factor == 0:
             raise ValueError(f"{self.family}: attention factors (q, k, v) = {attention} cannot be placed at the "
