@@ -29,7 +29,9 @@ the stock model's (the logits are bit-identical), only gradients change:
   incoming gradient and the rotary embedding and the repetition of grouped key/value heads are linear; GPT-2's
   fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds; open_clip's ``nn.MultiheadAttention``,
   which has no projection module: the factors on its query, key and value inputs, each of which feeds only its
-  own third of ``in_proj_weight``; the gamma rule is refused there); the softmax keeps its plain gradient
+  own third of ``in_proj_weight`` (the gamma rule is refused there); an adapter whose model computes q, k, v
+  without modules places them itself, :meth:`~methods.adapters.ModelAdapter.product_rules`: timm's EVA / BEiT);
+  the softmax keeps its plain gradient
   (LXT's efficient mode). ``cp_lrp`` (Ali et al. 2022, "XAI for Transformers: Better Explanations through
   Conservative Propagation"): ``q`` and ``k`` detached, so the attention probabilities are constants, ``v``
   plain;
@@ -219,6 +221,8 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
     if gamma is not None and any(isinstance(m, nn.MultiheadAttention) for m in adapter.rule_scope().modules()):
         raise MethodUndefinedError(f"{variant}: the gamma rule needs hooks on every linear layer; "
                                    "nn.MultiheadAttention applies in_proj_weight and out_proj functionally")
+    own_products = adapter.product_rules((q_factor, k_factor, v_factor),
+                                         "constant" if variant == "cp_lrp" else "uniform", gamma)
     try:
         for module in adapter.rule_scope().modules():
             if isinstance(module, (nn.Linear, Conv1D)) and gamma is not None:
@@ -238,12 +242,12 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
             elif is_elementwise_activation(module):
                 handles.append(module.register_forward_hook(_activation_hook(epsilon)))
         mlp: Any
-        for mlp in adapter.gated_mlps():
+        for mlp in adapter.gated_mlps() if own_products is None else ():
             if variant == "cp_lrp":
                 handles.append(mlp.gate_proj.register_forward_hook(_detach_output))
             else:
                 handles.append(mlp.down_proj.register_forward_pre_hook(_halve_input_gradient))
-        for layer in range(adapter.depth):
+        for layer in range(adapter.depth if own_products is None else 0):
             linears = adapter.attention_linears(layer)
             if linears.multihead is not None:
                 handles.append(linears.multihead.register_forward_pre_hook(
@@ -256,7 +260,7 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 for linear, factor in ((linears.q, q_factor), (linears.k, k_factor), (linears.v, v_factor)):
                     if linear is not None and factor != 1.0:
                         handles.append(linear.register_forward_hook(_gradient_factor_hook(factor)))
-        with adapter.head_rules(epsilon):
+        with own_products or contextlib.nullcontext(), adapter.head_rules(epsilon):
             yield
     finally:
         for handle in handles:

@@ -78,6 +78,11 @@ def test_lxt_golden(case, golden_files):
         assert (out[i][~real] == 0).all()
 
 
+def test_the_golden_cases_are_read():
+    """``test_lxt_golden`` is parametrised by the shared cases: without them it would collect nothing."""
+    assert len(CASES) == 64, f"LXT's 64 golden cases not found under {GOLDEN}"
+
+
 def test_golden_discriminates_plain_input_times_gradient(golden_files):
     """The BERT golden is not plain Input x Gradient: dropping the rules moves it far beyond the tolerance."""
     weights, _ = golden_files

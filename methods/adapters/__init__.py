@@ -47,5 +47,7 @@ from .hf_vit import (  # noqa: F401
 )
 from .open_clip import OpenCLIPTextAdapter, OpenCLIPVisionAdapter  # noqa: F401
 from .recorder import ActivationRecorder  # noqa: F401
+from .timm_beit import TimmBeitAdapter  # noqa: F401
 from .timm_deit import TimmDeiTAdapter  # noqa: F401
+from .timm_eva import TimmEvaAdapter  # noqa: F401
 from .timm_vit import TimmViTAdapter  # noqa: F401

@@ -488,6 +488,18 @@ class ModelAdapter(abc.ABC):
         rule on the product); ``[]`` (default) when there are none."""
         return []
 
+    def product_rules(self, attention: Tuple[float, float, float], gate: str,
+                      gamma: Optional[float] = None) -> Optional[contextlib.AbstractContextManager[None]]:
+        """For a model that forms its multiplicative interactions where :mod:`methods.attnlrp` cannot hook them
+        (timm's EVA and BEiT attention computes ``q``, ``k``, ``v`` with a functional linear layer; timm's GLU
+        MLPs), a context in which the adapter places those rules itself: the gradients at ``q``, ``k``, ``v``
+        times the factors ``attention`` (``(q, k, v)``), and in every gated MLP the uniform rule on the product
+        (``gate="uniform"``: half of the gradient to each factor) or the gate branch held constant
+        (``gate="constant"``); ``gamma``: the gamma rule asked for on every linear layer (an adapter whose model
+        computes some linear layer functionally raises :class:`MethodUndefinedError`). ``None`` (default):
+        :mod:`methods.attnlrp` hooks :meth:`attention_linears` and :meth:`gated_mlps` itself."""
+        return None
+
     def input_embedding(self) -> nn.Module:
         """The module whose output is the per-position input embedding: the token-id embedding for text (no
         position or token-type share), the patch embedding for images (no [CLS], no positions)."""

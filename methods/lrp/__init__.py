@@ -6,6 +6,7 @@ from . import (
     hf_text,  # noqa: F401,E402  (registers the Hugging Face text classifier topologies)
     hf_vit,  # noqa: F401,E402  (registers the Hugging Face ViT-like image classifier topologies)
     open_clip,  # noqa: F401,E402  (registers the open_clip CLIP tower topologies)
+    timm_beit_like,  # noqa: F401,E402  (registers the timm Eva and Beit topologies)
     timm_deit,  # noqa: F401,E402  (registers the timm distilled DeiT topology)
     timm_vit,  # noqa: F401,E402  (registers the timm ViT topology)
 )

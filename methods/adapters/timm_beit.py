@@ -1,0 +1,77 @@
+"""Adapter for stock ``timm.models.beit.Beit`` classifiers (BEiT, BEiT v2).
+
+``Beit.forward_features`` in order: ``patch_embed``, [CLS] concatenated, ``+ pos_embed`` (when
+``use_abs_pos_emb``), ``pos_drop``, the shared relative position bias ``rel_pos_bias()`` (when
+``use_shared_rel_pos_bias``), the blocks (each called with it), ``norm``; then ``forward_head``: pooling
+(``'avg'``: the mean of the patch tokens, the default; ``'token'``: [CLS]), ``fc_norm`` (with ``'avg'``),
+``head_drop``, ``head``. The adapter calls exactly these, so its logits are the model's.
+
+Parts (conventions shared with EVA: :mod:`.timm_beit_like`):
+
+* **Relative position bias** (``use_rel_pos_bias``: one table per block; ``use_shared_rel_pos_bias``: one for all
+  blocks): an additive ``[H, N, N]`` term of the attention logits (``q k^T * scale + bias``), so the recorded
+  probabilities already hold it. Positions removed by token ablation are masked by adding ``-inf`` at their keys
+  to the shared bias the blocks read (:meth:`TimmBeitAdapter.run_blocks`).
+* **Layer scale** (``init_values``): ``gamma_1``, ``gamma_2`` on the two branches.
+* **MLP**: timm ``Mlp`` (GELU) or ``SwiGLU`` (``swiglu_mlp``), optionally with its inner LayerNorm (``scale_mlp``).
+* The only prefix token is [CLS] (``num_prefix_tokens = 1``).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .base import ModelInputs, SequenceContext, register_adapter
+from .timm_beit_like import TimmBeitLikeAdapter
+
+
+@register_adapter
+class TimmBeitAdapter(TimmBeitLikeAdapter):
+    """Stock timm ``Beit``: see the module docstring; read-out ``"mean_content"`` (``global_pool='avg'``) or
+    ``"class_token"`` (``'token'``); layout: the patch grid after [CLS], which is not scored."""
+
+    family = "timm Beit"
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> Optional[str]:
+        try:
+            from timm.models.beit import Beit
+        except ImportError:  # pragma: no cover - timm is a dependency
+            return "timm is not installed"
+        if not isinstance(model, Beit):
+            return f"{type(model).__name__} is not a timm Beit"
+        return cls.pool_problem(model)
+
+    # ------------------------------------------------------------------ forward pieces (the model's own order)
+    def embed(self, inputs: ModelInputs) -> Tensor:
+        """``patch_embed``, [CLS], ``+ pos_embed`` (if any), ``pos_drop``."""
+        m = self.model
+        x = m.patch_embed(inputs["pixel_values"])
+        x = torch.cat((m.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+        if m.pos_embed is not None:
+            x = x + m.pos_embed
+        return m.pos_drop(x)
+
+    def shared_bias(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
+        """What the blocks receive as ``shared_rel_pos_bias``: the model's shared relative position bias
+        (``[H, N, N]``, or ``None``), plus ``-inf`` at the keys removed by :meth:`drop_positions`
+        (``[B, H or 1, N, N]``)."""
+        m = self.model
+        shared = m.rel_pos_bias() if m.rel_pos_bias is not None else None
+        keys = self.key_mask_of(context, hidden)
+        if keys is None:
+            return shared
+        removed = torch.zeros(keys.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(~keys, float("-inf"))
+        return removed if shared is None else shared + removed
+
+    def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
+                   stop: Optional[int] = None) -> Tensor:
+        blocks = self.blocks[start:stop]
+        if not blocks:
+            return hidden
+        shared = self.shared_bias(hidden, context)
+        for block in blocks:
+            hidden = block(hidden, shared_rel_pos_bias=shared)
+        return hidden

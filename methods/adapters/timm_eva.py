@@ -1,0 +1,111 @@
+"""Adapter for stock ``timm.models.eva.Eva`` classifiers: EVA and EVA-02 (and timm's other ``Eva``-built ViTs
+with the same parts).
+
+``Eva.forward_features`` in order: ``patch_embed``, ``_pos_embed`` ([CLS] and register tokens, the absolute
+position embedding when ``use_abs_pos_emb``; it also returns the rotary embedding), ``norm_pre``, the
+``EvaBlock``\\ s (each called with the rotary embedding; per block with ``rope_type='mixed'``), ``norm``; then
+``forward_head``: pooling (``'token'``: [CLS]; ``'avg'``: the mean of the tokens after the prefix), ``fc_norm``,
+``head_drop``, ``head``. The adapter calls exactly these, so its logits are the model's.
+
+Parts (conventions shared with BEiT: :mod:`.timm_beit_like`):
+
+* **Rotary embedding** (EVA-02, ``use_rot_pos_emb``): applied inside the attention to the patch rows of ``q`` and
+  ``k`` (prefix tokens are not rotated), so it is part of the attention logits: the recorded probabilities
+  already hold it. :meth:`TimmEvaAdapter.rotary_embedding` is the model's own ``rope.get_embed()``.
+* **MLP**: timm ``Mlp`` (EVA: GELU), or SwiGLU (EVA-02, ``swiglu_mlp``): the packed ``GluMlp`` (one ``fc1`` whose
+  first half is the gate, ``act(gate) * x``) or ``SwiGLU`` with separate ``fc1_g`` / ``fc1_x`` and an inner
+  LayerNorm (``scale_mlp``).
+* **Sub-LN** (``scale_attn_inner``): a LayerNorm on the merged ``A @ v`` before ``proj``; separate ``q_proj`` /
+  ``k_proj`` / ``v_proj`` (``qkv_fused=False``) or the fused ``qkv`` with ``q_bias``/``v_bias``.
+* **Layer scale** (``init_values``): ``gamma_1``, ``gamma_2`` on the two branches.
+
+Refused (:meth:`TimmEvaAdapter.supports`): post-norm blocks (``use_post_norm``), timm's ``AttentionRope``
+(``attn_type='rope'``), attention pooling or pooling other than ``'token'`` / ``'avg'``, ``dynamic_img_size``.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .base import AttentionLinears, ModelInputs, SequenceContext, register_adapter
+from .timm_beit_like import TimmBeitLikeAdapter, attention_width, qkv_projection
+
+
+@register_adapter
+class TimmEvaAdapter(TimmBeitLikeAdapter):
+    """Stock timm ``Eva`` (EVA, EVA-02): see the module docstring; read-out ``"class_token"`` (``global_pool=
+    'token'``) or ``"mean_content"`` (``'avg'``); layout: the patch grid after ``num_prefix_tokens`` prefix tokens
+    ([CLS], registers), which are not scored."""
+
+    family = "timm Eva"
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> Optional[str]:
+        try:
+            from timm.models.eva import Eva, EvaAttention, EvaBlock
+        except ImportError:  # pragma: no cover - timm is a dependency
+            return "timm is not installed"
+        if not isinstance(model, Eva):
+            return f"{type(model).__name__} is not a timm Eva"
+        problem = cls.pool_problem(model)
+        if problem is not None:
+            return problem
+        if getattr(model, "dynamic_img_size", False):
+            return "timm Eva with dynamic_img_size is not supported"
+        for i, block in enumerate(model.blocks):
+            if type(block) is not EvaBlock:
+                return f"timm Eva block {i} is {type(block).__name__} (need the pre-norm EvaBlock)"
+            if type(block.attn) is not EvaAttention:
+                return f"timm Eva block {i} attention is {type(block.attn).__name__} (need EvaAttention)"
+        return None
+
+    # ------------------------------------------------------------------ forward pieces (the model's own order)
+    def embed(self, inputs: ModelInputs) -> Tensor:
+        """``patch_embed``, ``_pos_embed`` (prefix tokens, absolute positions; its rotary embedding is
+        :meth:`rotary_embedding`'s), ``norm_pre``."""
+        m = self.model
+        x = m.patch_embed(inputs["pixel_values"])
+        x, _ = m._pos_embed(x)
+        return m.norm_pre(x)
+
+    def rotary_embedding(self) -> Optional[Tensor]:
+        """The rotary embedding the blocks read (``None`` without one), as ``Eva._pos_embed`` gets it."""
+        rope = self.model.rope
+        if rope is None:
+            return None
+        if hasattr(rope, "feat_shape"):
+            return rope.get_embed()
+        return rope.get_embed(shape=self.model.patch_embed.grid_size)
+
+    def block_rotary(self, rotary: Optional[Tensor], layer: int) -> Optional[Tensor]:
+        """Block ``layer``'s share of :meth:`rotary_embedding` (``rope_type='mixed'``: one per block)."""
+        if rotary is not None and getattr(self.model, "rope_mixed", False):
+            return rotary[layer]
+        return rotary
+
+    def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
+                   stop: Optional[int] = None) -> Tensor:
+        indices = list(range(self.depth))[start:stop]
+        if not indices:
+            return hidden
+        rotary = self.rotary_embedding()
+        mask = self.key_mask_of(context, hidden)
+        for i in indices:
+            hidden = self.blocks[i](hidden, rope=self.block_rotary(rotary, i), attn_mask=mask)
+        return hidden
+
+    # ------------------------------------------------------------------ where methods hook
+    def value_projection(self, layer: int, x: Tensor) -> Tensor:
+        attn: Any = self.blocks[layer].attn
+        if attn.qkv is None:     # separate projections: v_proj's function (its module hooks do not fire twice)
+            return F.linear(x, attn.v_proj.weight, attn.v_proj.bias)
+        width = attention_width(attn)
+        return qkv_projection(attn, x)[..., 2 * width:3 * width]
+
+    def attention_linears(self, layer: int) -> AttentionLinears:
+        attn: Any = self.blocks[layer].attn
+        if attn.qkv is None:
+            return AttentionLinears(out=attn.proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
+        return AttentionLinears(out=attn.proj, qkv=attn.qkv)

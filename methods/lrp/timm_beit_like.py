@@ -1,0 +1,266 @@
+"""LRP topologies of stock timm ``Eva`` (EVA, EVA-02) and ``Beit`` classifiers (:mod:`methods.adapters.timm_eva`,
+:mod:`methods.adapters.timm_beit`): Chefer et al.'s rules (:mod:`methods.lrp.rules`) on their graph.
+
+No reference implementation covers these models (Chefer's code covers ViT, BERT and CLIP); the parts they add
+are covered by the rules as follows:
+
+* **layer scale** ``gamma * branch``: an element-wise product with a constant, one input per output, so the
+  relevance passes through unchanged (as through a LayerNorm's affine weight); the Add rule of the residual sees
+  the scaled branch;
+* **relative position bias** (BEiT) ``scores = q k^T * scale + bias``: an additive constant of the attention
+  logits, the Add rule between the scores and the bias with the bias's share dropped (as BERT's additive
+  attention mask: :func:`~methods.lrp.sublayers.attention_relprop` with ``mask_add``);
+* **rotary embedding** (EVA-02): linear in ``q`` and ``k`` per position; relevance passes coordinate-wise
+  (identity) between the projections' outputs and the rotated ``q``, ``k`` that the attention core reads
+  (recomputed from the recorded projections with timm's own ``apply_rot_embed_cat`` and the rotary embedding the
+  block received), as for Llama's rotary embedding (:mod:`methods.lrp.hf_decoder`); q/k norms identity;
+* **SwiGLU** ``fc2(norm(act(g) * x))``: ``fc2``'s Linear rule, the inner norm identity, the product by the
+  uniform rule (half of its relevance to each factor), the activation identity, the Linear rules of the gate and
+  the input projections (timm ``SwiGLU``: ``fc1_g``, ``fc1_x`` on one shared input; ``GluMlp``: the packed
+  ``fc1`` with the two halves' relevances concatenated), as the decoders' gated MLP;
+* **sub-LN** (``scale_attn_inner``): a LayerNorm between ``A @ v`` and ``proj``, identity;
+* the fused ``q | k | v`` projection with ``q_bias`` / ``v_bias`` (and the zero ``k_bias``): the Linear rule on
+  ``qkv.weight`` with the concatenated biases, its output recomputed as the model computes it.
+
+Graph (forward order): ``patch_embed.proj`` (Conv2d, z^B rule) -> prefix tokens concat -> ``+ pos_embed`` (Add,
+the position share dropped; none without an absolute position embedding) -> ``norm_pre`` (identity) -> blocks
+``h = x + gamma_1 * attn(norm1(x))``, ``y = h + gamma_2 * mlp(norm2(h))`` -> ``norm`` (identity) -> read-out
+([CLS] select or the mean of the patch tokens) -> ``fc_norm`` (identity) -> ``head`` (Linear). Every block runs
+on all positions (no active-token shortcut). Refused (:class:`~methods.adapters.MethodUndefinedError`): gated
+attention (a sigmoid gate on the attention output), MLPs other than timm's ``Mlp`` / ``SwiGLU`` / ``GluMlp``, a
+head that is not ``nn.Linear``, a patch embedding without a plain ``Conv2d``.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from ..adapters import ActivationRecorder, MethodUndefinedError, TimmBeitAdapter, TimmEvaAdapter
+from ..adapters.timm_beit_like import MLP_CLASSES, qkv_bias, qkv_projection
+from .sublayers import attention_relprop, embedding_sum_relprop, readout_relprop
+from .topology import Topology, register_topology
+
+
+class _BeitLikeTopology(Topology):
+    """Shared by EVA and BEiT (see the module docstring); a family gives :meth:`rotated` and :meth:`logit_bias`."""
+
+    adapter: Any
+
+    @staticmethod
+    def check(adapter: Any) -> None:
+        m = adapter.model
+        problems = []
+        if not isinstance(m.head, nn.Linear):
+            problems.append(f"head {type(m.head).__name__} (need nn.Linear)")
+        proj = getattr(m.patch_embed, "proj", None)
+        if not isinstance(proj, nn.Conv2d) or proj.groups != 1 or tuple(proj.dilation) != (1, 1):
+            problems.append("patch embedding without a plain Conv2d proj")
+        for i, block in enumerate(adapter.blocks):
+            if getattr(block.attn, "gate", None) is not None:
+                problems.append(f"block {i} gated attention (sigmoid gate on the attention output)")
+            if type(block.mlp).__name__ not in MLP_CLASSES:
+                problems.append(f"block {i} mlp {type(block.mlp).__name__}")
+        if problems:
+            raise MethodUndefinedError(
+                f"LRP rules are not defined for this {type(m).__module__}.{type(m).__name__}: "
+                f"{'; '.join(problems[:6])}; supported: {adapter.family} with timm Mlp / SwiGLU / GluMlp, ungated "
+                "attention, a Linear head")
+
+    # ------------------------------------------------------------------ recording
+    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
+               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
+        """Hooks for the rule inputs of ``blocks`` (and of the embedding when ``to_input``); the attention
+        probabilities of ``grad_blocks`` are made differentiable. ``layer_outputs``: also the outputs of the MLP's
+        input projections, for rule sets whose Linear rule reads them."""
+        m, adapter = self.model, self.adapter
+        for l in blocks:
+            block = adapter.blocks[l]
+            attn, mlp = block.attn, block.mlp
+            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
+            adapter.record_block_input(rec, l, ("x", l))
+            rec.output(block.norm1, ("qkv_in", l))
+            for name in ("q", "k", "v"):
+                projection = getattr(attn, f"{name}_proj", None)
+                if projection is not None:
+                    rec.output(projection, (name, l))
+            if hasattr(attn, "norm"):
+                rec.input(attn.norm, ("ctx", l))
+            rec.input(attn.proj, ("proj_in", l))
+            rec.output(attn, ("attn_out", l))
+            rec.output(block.norm2, ("mlp_in", l))
+            if layer_outputs:
+                for name in ("fc1", "fc1_x"):
+                    if hasattr(mlp, name):
+                        rec.output(getattr(mlp, name), ("fc1_out", l))
+                if hasattr(mlp, "fc1_g"):
+                    rec.output(mlp.fc1_g, ("gate_out", l))
+            rec.input(mlp.fc2, ("fc2_in", l))
+            rec.output(mlp, ("mlp_out", l))
+            self.record_block_extra(rec, l)
+        rec.input(m.head, "head_in")
+        rec.output(m.norm, "norm_out")
+        if to_input:
+            rec.input(m.patch_embed.proj, "pixels")
+            rec.output(m.patch_embed, "patch_tokens")
+
+    def record_block_extra(self, rec: ActivationRecorder, layer: int) -> None:
+        pass
+
+    # ------------------------------------------------------------------ family parts
+    def rotated(self, acts, layer: int, q: Tensor, k: Tensor, v: Tensor):
+        """``q``, ``k`` (``[B, H, N, d]``) as the attention logits read them."""
+        return q, k
+
+    def logit_bias(self, layer: int) -> Optional[Tensor]:
+        """The additive constant of the attention logits (broadcastable to ``[B, H, N, N]``), or ``None``."""
+        return None
+
+    # ------------------------------------------------------------------ relevance pass
+    @torch.no_grad()
+    def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
+        """Relevance at the output of the final ``norm`` (``[B, N, D]``): head Linear, ``fc_norm`` and
+        ``head_drop`` identity, then the read-out."""
+        m = self.model
+        r = rules["linear"](acts["head_in"], m.head.weight, relevance_logits)
+        content = slice(self.adapter.num_prefix_tokens, None)
+        return readout_relprop(rules, acts["norm_out"], r, self.adapter.readout, content)
+
+    def mlp_relprop(self, rules, acts, layer: int, relevance: Tensor) -> Tensor:
+        """From the MLP's output to its input (``norm2``'s output)."""
+        mlp: Any = self.adapter.blocks[layer].mlp
+
+        def get(key):
+            return acts.get((key, layer))
+
+        r = rules["linear"](get("fc2_in"), mlp.fc2.weight, relevance, get("mlp_out"), mlp.fc2.bias)
+        kind = type(mlp).__name__
+        if kind == "Mlp":
+            return rules["linear"](get("mlp_in"), mlp.fc1.weight, r, get("fc1_out"), mlp.fc1.bias)
+        r_half = r.mul_(0.5)                                   # the uniform rule on act(gate) * x
+        if kind == "SwiGLU":
+            return rules.linear_shared(get("mlp_in"), [
+                (mlp.fc1_g.weight, r_half, acts.pop(("gate_out", layer), None), mlp.fc1_g.bias),
+                (mlp.fc1_x.weight, r_half.clone(), get("fc1_out"), mlp.fc1_x.bias)])
+        return rules["linear"](get("mlp_in"), mlp.fc1.weight, torch.cat([r_half, r_half], dim=-1), get("fc1_out"),
+                               mlp.fc1.bias)
+
+    @torch.no_grad()
+    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
+        """Relevance through block ``layer``: ``(R at the block input or None, R_A [B, H, N, N])``."""
+        block: Any = self.adapter.blocks[layer]
+        attn = block.attn
+
+        def get(key):
+            return acts.get((key, layer))
+
+        x, a, m_out = get("x"), get("attn_out"), get("mlp_out")
+        a_scaled = a if block.gamma_1 is None else block.gamma_1 * a
+        m_scaled = m_out if block.gamma_2 is None else block.gamma_2 * m_out
+        h = x + a_scaled
+        r_h, r_m = rules["add"](h, m_scaled, relevance)        # layer scale: relevance unchanged
+        r_h = rules["clone"](h, [r_h, self.mlp_relprop(rules, acts, layer, r_m)])
+        r_x, r_a = rules["add"](x, a_scaled, r_h)
+        proj_in = get("proj_in")
+        r_ctx = rules["linear"](proj_in, attn.proj.weight, r_a, a, attn.proj.bias)   # sub-LN (attn.norm): identity
+        ctx = acts.pop(("ctx", layer), None)                  # A @ v before the sub-LN (no sub-LN: proj_in)
+        ctx = proj_in if ctx is None else ctx
+        batch, tokens = x.shape[:2]
+        heads = int(attn.num_heads)
+
+        def heads_first(t: Tensor) -> Tensor:                  # [B, N, H*d] -> [B, H, N, d]
+            return t.reshape(batch, tokens, heads, -1).transpose(1, 2)
+
+        def merged(t: Tensor) -> Tensor:                       # [B, H, N, d] -> [B, N, H*d]
+            return t.transpose(1, 2).reshape(batch, tokens, -1)
+
+        x_in = get("qkv_in")
+        fused = getattr(attn, "qkv", None) is not None
+        if fused:
+            qkv = qkv_projection(attn, x_in)
+            q, k, v = qkv.reshape(batch, tokens, 3, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        else:
+            q, k, v = heads_first(get("q")), heads_first(get("k")), heads_first(get("v"))
+        q_read, k_read = self.rotated(acts, layer, q, k, v)
+        bias = self.logit_bias(layer)
+        d = q.shape[-1]
+        r_attn, r_q, r_k, r_v = attention_relprop(rules, q_read, k_read, v, get("attn"), heads_first(r_ctx),
+                                                  need_qk=need_below, ctx=heads_first(ctx), mask=bias,
+                                                  scale=float(d) ** 0.5, mask_add=bias is not None)
+        if not need_below:
+            return None, r_attn
+        # rotary embedding and q/k norms: relevance passes coordinate-wise to the projections' outputs
+        if fused:
+            r_qkv = torch.stack([merged(r) for r in (r_q, r_k, r_v)], dim=2).reshape(batch, tokens, -1)
+            r_in = rules["linear"](x_in, attn.qkv.weight, r_qkv, qkv, qkv_bias(attn))
+        else:
+            r_in = rules.linear_shared(x_in, [
+                (attn.q_proj.weight, merged(r_q), get("q"), attn.q_proj.bias),
+                (attn.k_proj.weight, merged(r_k), get("k"), attn.k_proj.bias),
+                (attn.v_proj.weight, merged(r_v), get("v"), attn.v_proj.bias)])
+        return rules["clone"](x, [r_x, r_in]), r_attn
+
+    @torch.no_grad()
+    def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
+        """From the tokens entering block 0 to the pixels: ``norm_pre`` / ``pos_drop`` (identity), ``+ pos_embed``
+        (Add; the position share dropped), prefix tokens dropped, patch conv (z^B). Returns ``[B, 3, H, W]``."""
+        m = self.model
+        patches = acts["patch_tokens"]                         # [B, P, D]
+        p = self.adapter.num_prefix_tokens
+        pos = m.pos_embed
+        if pos is None:
+            r_patches = relevance[:, p:]
+        elif getattr(m, "no_embed_class", False):
+            r_patches = embedding_sum_relprop(rules, patches, pos.expand(patches.shape[0], -1, -1), relevance[:, p:])
+        else:
+            prefix = [t.expand(patches.shape[0], -1, -1) for t in (m.cls_token, getattr(m, "reg_token", None))
+                      if t is not None]
+            tokens = torch.cat(prefix + [patches], dim=1)
+            r_patches = embedding_sum_relprop(rules, tokens, pos.expand(patches.shape[0], -1, -1), relevance)[:, p:]
+        pixels = acts["pixels"]
+        conv = m.patch_embed.proj
+        gh, gw = pixels.shape[-2] // conv.stride[0], pixels.shape[-1] // conv.stride[1]
+        r_grid = r_patches.transpose(1, 2).reshape(patches.shape[0], -1, gh, gw)
+        return rules["input_conv"](pixels, conv.weight, r_grid, conv.stride, conv.padding)
+
+
+@register_topology(TimmEvaAdapter)
+class TimmEvaTopology(_BeitLikeTopology):
+    """Relevance pass over a stock timm ``Eva`` (see the module docstring): q/k norms and the rotary embedding
+    between the projections and the attention logits."""
+
+    def record_block_extra(self, rec: ActivationRecorder, layer: int) -> None:
+        def keep_rotary(_module, _args, kwargs):
+            if kwargs.get("rope") is not None:
+                rec.outputs[("rope", layer)] = kwargs["rope"]
+
+        rec._handles.append(self.adapter.blocks[layer].attn.register_forward_pre_hook(keep_rotary, with_kwargs=True))
+
+    def rotated(self, acts, layer: int, q: Tensor, k: Tensor, v: Tensor):
+        from timm.layers import apply_rot_embed_cat
+
+        attn: Any = self.adapter.blocks[layer].attn
+        q, k = attn.q_norm(q), attn.k_norm(k)
+        rope = acts.pop(("rope", layer), None)
+        if rope is None:
+            return q, k
+        npt, half = int(attn.num_prefix_tokens), bool(getattr(attn, "rotate_half", False))
+        q = torch.cat([q[:, :, :npt], apply_rot_embed_cat(q[:, :, npt:], rope, half=half)], dim=2).type_as(v)
+        k = torch.cat([k[:, :, :npt], apply_rot_embed_cat(k[:, :, npt:], rope, half=half)], dim=2).type_as(v)
+        return q, k
+
+
+@register_topology(TimmBeitAdapter)
+class TimmBeitTopology(_BeitLikeTopology):
+    """Relevance pass over a stock timm ``Beit`` (see the module docstring): the relative position bias (the
+    block's own and the model's shared one) in the Add rule of the attention logits."""
+
+    def logit_bias(self, layer: int) -> Optional[Tensor]:
+        m = self.model
+        attn: Any = self.adapter.blocks[layer].attn
+        bias = attn._get_rel_pos_bias() if attn.relative_position_bias_table is not None else None
+        if m.rel_pos_bias is not None:
+            shared = m.rel_pos_bias()
+            bias = shared if bias is None else bias + shared
+        return bias
