@@ -171,3 +171,23 @@ def test_engine_relevance_is_the_same_inside_the_backward_pass():
     for layer in range(3):
         assert torch.equal(streamed.attn_cam[layer], plain.attn_cam[layer])
         assert torch.equal(streamed.attn_grad[layer], grads[layer])
+
+
+@pytest.mark.parametrize("model_id", ["vit_cls", "llama_left_padded"])
+def test_frozen_models_stream_the_same_rows(model_id):
+    """Frozen parameters: the lowest recorded map is then a leaf of the graph (its gradient is the one
+    ``autograd.grad`` returns, not a hook's); the rows are the same and no parameter gets a ``.grad``."""
+    _, model, inputs, targets, _ = next(m for m in MODELS if m[0] == model_id)
+    for name, options in (("generic_attribution", {}), ("transformer_attribution", {}),
+                          ("generic_attribution", {"start_layer": -1})):
+        method = build_method(name, **options)
+        trained = method(model, inputs, target=targets)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        try:
+            frozen = method(model, inputs, target=targets)
+        finally:
+            for p in model.parameters():
+                p.requires_grad_(True)
+        assert torch.equal(frozen, trained), (name, options)
+        assert all(p.grad is None for p in model.parameters())
