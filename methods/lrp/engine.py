@@ -7,7 +7,9 @@ model's), the attention gradients ``d logit_target / d A_l`` come from a single 
 respect to the recorded attention maps (never ``.backward()``: parameters never get ``.grad``), and the
 relevance pass applies the closed-form rules of :mod:`methods.lrp.rules` under ``torch.no_grad()``, batched,
 from the one-hot target (value 1, not the logit; ``ViT_explanation_generator.py:40``) down only as far as the
-caller needs.
+caller needs. When gradients are asked for, the relevance pass runs inside that backward pass (gradient hooks
+on the recorded maps; both go from the last block down), so that a caller reducing each block's ``R_A`` with its
+gradient (``cam_reduce``) never holds every block's gradient at once; the values are the same.
 """
 from __future__ import annotations
 
