@@ -11,6 +11,12 @@ peak resident memory increase during the call is measured as ``benchmarks/method
 The slope of peak memory over depth, in units of one layer's ``H N^2`` probabilities, says how many per-layer
 maps a method keeps: about 0 (one layer at a time), about ``1 / H`` (a head mean per layer), about 1 or more
 (each layer's full attention, e.g. saved for a backward through the eager attention).
+
+``--glibc-malloc``: ``retain`` (default) keeps the freed memory in the process as ``evaluate.py`` does
+(``methods/cpu_memory.py``): every map comes from one heap that never shrinks, so the peak also counts the heap's
+fragmentation, which varies between identical runs (up to 2x here). ``default`` leaves glibc's thresholds: a
+``[1, H, N, N]`` map of 32 MiB or more gets its own ``mmap`` and is unmapped when freed, so the peak is that of
+the live tensors (the number of maps a method holds).
 """
 from __future__ import annotations
 
@@ -40,7 +46,8 @@ def _worker(spec: dict) -> dict:
     from methods.cpu_memory import retain_freed_memory
 
     bench = _load_methods_benchmark()
-    retain_freed_memory()
+    if spec.get("glibc_malloc", "retain") == "retain":
+        retain_freed_memory()
     torch.set_num_threads(int(spec["threads"]))
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=int(spec["depth"]),
@@ -83,6 +90,9 @@ def main(argv=None) -> dict:
     p.add_argument("--depths", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--methods", nargs="+", default=METHODS)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--glibc-malloc", choices=("retain", "default"), default="retain",
+                   help="retain (default): keep freed memory in the process, as evaluate.py does; default: glibc's "
+                        "thresholds (the peak of the live tensors)")
     p.add_argument("--json", default=None)
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_worker-out", default=None, help=argparse.SUPPRESS)
@@ -95,7 +105,8 @@ def main(argv=None) -> dict:
     results = []
     for name in [ANCHOR] + list(args.methods):
         for depth in args.depths:
-            spec = dict(name=name, depth=depth, seq_len=args.seq_len, threads=args.threads)
+            spec = dict(name=name, depth=depth, seq_len=args.seq_len, threads=args.threads,
+                        glibc_malloc=args.glibc_malloc)
             with tempfile.TemporaryDirectory() as tmp:
                 out = os.path.join(tmp, "r.json")
                 cmd = [sys.executable, os.path.abspath(__file__), "--_worker", json.dumps(spec), "--_worker-out", out]
@@ -112,13 +123,15 @@ def main(argv=None) -> dict:
         rows.append(dict(method=name, peaks={d: m for d, m in mine}, slope_mib_per_layer=slope,
                          slope_in_layer_maps=slope / layer_mib))
     depths = sorted(set(args.depths))
-    print(f"peak extra MiB by depth, N = {args.seq_len}; one layer's [1, {HEADS}, N, N] float32 = {layer_mib:.0f} MiB")
+    print(f"peak extra MiB by depth, N = {args.seq_len}; one layer's [1, {HEADS}, N, N] float32 = {layer_mib:.0f} MiB; "
+          f"glibc malloc: {args.glibc_malloc}")
     print("| method | " + " | ".join(f"depth {d}" for d in depths) + " | MiB / layer | layer maps / layer |")
     print("|---|" + "---|" * (len(depths) + 2))
     for r in rows:
         print(f"| {r['method']} | " + " | ".join(f"{r['peaks'].get(d, float('nan')):.0f}" for d in depths)
               + f" | {r['slope_mib_per_layer']:.1f} | {r['slope_in_layer_maps']:.2f} |")
-    out = dict(seq_len=args.seq_len, layer_map_mib=layer_mib, rows=rows, results=results)
+    out = dict(seq_len=args.seq_len, layer_map_mib=layer_mib, glibc_malloc=args.glibc_malloc, rows=rows,
+               results=results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

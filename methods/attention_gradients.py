@@ -1,12 +1,16 @@
 """One recorded forward and one ``autograd.grad``: attention maps and their gradients, shared by the methods.
 
+:func:`attention_and_gradients` returns every layer's map and gradient at once (``2 L`` maps of ``[B, H, N, N]``);
+:func:`stream_attention_gradients` hands each layer's map and gradient to a function during the backward pass
+itself, from the last layer down, and keeps neither (the autograd graph's own saved attention aside).
+
 Gradients are taken of the *sum over the batch* of each sample's target score with ``torch.autograd.grad``
 with respect to activations, which gives each sample its own gradient (samples never interact in an eval-mode
 Transformer) and never touches parameter ``.grad``.
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -44,3 +48,50 @@ def attention_and_gradients(adapter: ModelAdapter, inputs: ModelInputs, target: 
     target = resolve_target(logits, target)
     grads = torch.autograd.grad(target_score(logits, target, gradient_of), attentions)
     return [a.detach() for a in attentions], list(grads), logits.detach(), target
+
+
+def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, target: TargetType, layers: Sequence[int],
+                               consume: Callable[[int, Tensor, Tensor], None],
+                               gradient_of: str = "logit") -> Tuple[Tensor, Tensor]:
+    """``consume(layer, A_l, dy/dA_l)`` for each of ``layers``, **from the last layer down**, during the one
+    backward pass: each call comes as soon as that layer's gradient is complete (gradient hooks on the recorded
+    maps), and neither tensor is kept afterwards. Same maps and gradients as :func:`attention_and_gradients`
+    (bit-identical), but a method that reduces them as they come holds one layer's ``[B, H, N, N]`` map and
+    gradient at a time beyond what the autograd graph saves for its own backward (with eager attention, each
+    layer's post-softmax map, until the backward passes below that layer). ``consume`` must not modify the
+    gradient in place (autograd passes it on to the layers below) nor the map (saved by the graph); both are
+    detached. Returns the logits (detached) and the resolved targets."""
+    layers = sorted({int(layer) for layer in layers})
+    if not layers:
+        raise ValueError("stream_attention_gradients needs at least one layer")
+    check_gradient_of(gradient_of)
+    with ActivationRecorder() as rec:
+        for layer in layers:
+            adapter.record_attention(rec, layer, layer, require_grad=True)
+        logits = adapter.forward(inputs, grad_from_block=layers[0])
+        attentions: Dict[int, Tensor] = {layer: rec[layer] for layer in layers}
+        rec.outputs.clear()
+    target = resolve_target(logits, target)
+    order = list(reversed(layers))    # the order of the calls; a gradient that came early waits for its turn
+    waiting: Dict[int, Tensor] = {}
+
+    def deliver(layer: int, grad: Tensor) -> None:
+        waiting[layer] = grad
+        while order and order[0] in waiting:
+            done = order.pop(0)
+            consume(done, attentions.pop(done).detach(), waiting.pop(done))
+
+    handles = [attentions[layer].register_hook(lambda grad, layer=layer: deliver(layer, grad)) for layer in layers]
+    try:
+        score = target_score(logits, target, gradient_of)
+        lowest = attentions[layers[0]]
+        (grad,) = torch.autograd.grad(score, lowest)
+        if layers[0] in order:   # the gradient of the tensor differentiated to, if its hook did not deliver it
+            deliver(layers[0], grad)
+        del grad, lowest
+    finally:
+        for handle in handles:
+            handle.remove()
+    if order:
+        raise RuntimeError(f"the backward pass never reached the attention of layers {order}")
+    return logits.detach(), target

@@ -5,6 +5,8 @@ scores for images). Layer indices (``start_layer``, ``layer``) are 0-based; nega
 """
 from __future__ import annotations
 
+from typing import List
+
 import torch
 from torch import Tensor
 
@@ -12,7 +14,7 @@ from .adapters import ActivationRecorder
 from .base import AttributionMethod, check_start_layer
 from .readout import check_class_token_score, check_readout, read_out, set_class_token_score
 from .registry import register_method
-from .rollout import rollout
+from .rollout import ReadoutRollout, rollout
 
 
 @register_method("raw_attention")
@@ -61,6 +63,13 @@ class Rollout(AttributionMethod):
     row normalisation the rows of the rolled-out matrix sum to one. ``readout`` as for ``raw_attention``.
     Sequences: TE's BERT ``generate_rollout`` is the same computation (row-normalised, 0-based ``start_layer``)
     with the [CLS]->[CLS] entry set to 0 (``class_token_score``, as for ``raw_attention``).
+
+    Streaming: only the read-out row of the product is formed, ``read(M_{L-1}) M_{L-2} ... M_start``
+    (:class:`methods.rollout.ReadoutRollout`, vector-matrix products: ``O(L N^2)`` rather than the full product's
+    ``O(L N^3)``; equal to the read-out of :meth:`rollout_matrix` up to float rounding). The row is composed from
+    the last block down while the forward runs from the first block up, so each block's head mean
+    ``mean_h A_l`` ``[B, N, N]`` is kept until the forward ends (``1 / H`` of a block's attention per block);
+    the ``[B, H, N, N]`` maps themselves are dropped block by block.
     """
 
     class_specific = False
@@ -73,17 +82,25 @@ class Rollout(AttributionMethod):
         self.readout = check_readout(readout)
         self.class_token_score = check_class_token_score(class_token_score)
 
-    def rollout_matrix(self, adapter, inputs) -> Tensor:
-        """The rolled-out ``[B, N, N]`` matrix (before the read-out)."""
+    def head_means(self, adapter, inputs) -> List[Tensor]:
+        """``mean_h A_l`` ``[B, N, N]`` of the blocks ``l >= start_layer``, in forward order."""
         start = check_start_layer(self.start_layer, adapter, self.name)
         layers = range(start, adapter.depth)
         with ActivationRecorder() as rec, torch.no_grad():
             for layer in layers:
                 adapter.record_attention(rec, layer, layer, transform=lambda a: a.mean(dim=1))
             adapter.forward(inputs, grad_from_block=adapter.depth)
-            return rollout([rec[layer] for layer in layers], self.row_normalize)
+            return [rec.outputs.pop(layer) for layer in layers]
+
+    def rollout_matrix(self, adapter, inputs) -> Tensor:
+        """The rolled-out ``[B, N, N]`` matrix (before the read-out; the reference's full product)."""
+        return rollout(self.head_means(adapter, inputs), self.row_normalize)
 
     def attribute(self, adapter, inputs, target):
         layout = adapter.layout(inputs)
-        row = read_out(self.rollout_matrix(adapter, inputs), adapter, inputs, self.readout, layout)
+        means = self.head_means(adapter, inputs)
+        composed = ReadoutRollout(self.row_normalize, lambda m: read_out(m, adapter, inputs, self.readout, layout))
+        while means:
+            composed.add(means.pop(), overwrite=True)   # each block's matrix dropped once folded in
+        row = composed.row()
         return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))

@@ -5,17 +5,17 @@ layout of the inputs (``[B, P]`` patch scores for images). Layer indices are 0-b
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from .adapters import ActivationRecorder
-from .attention_gradients import attention_and_gradients
+from .attention_gradients import attention_and_gradients, stream_attention_gradients
 from .base import AttributionMethod, check_start_layer
-from .readout import check_class_token_score, check_readout, read_out, set_class_token_score
+from .readout import check_class_token_score, check_readout, read_out, read_out_identity, set_class_token_score
 from .registry import register_method
-from .rollout import accumulate_residual
+from .rollout import ReadoutResidual
 from .targets import class_score, resolve_target
 
 
@@ -99,9 +99,9 @@ HEAD_REDUCTIONS = ("clamp_then_mean", "mean_then_clamp")
 def generic_update(attn: Tensor, grad: Tensor, head_reduction: str) -> Tensor:
     """``Ā = E_h[(∇A ⊙ A)^+]`` (Chefer et al. 2021b, eq. 5) with the order of clamp and head mean named."""
     if head_reduction == "clamp_then_mean":
-        return (grad * attn).clamp(min=0).mean(dim=1)
+        return (grad * attn).clamp_(min=0).mean(dim=1)
     if head_reduction == "mean_then_clamp":
-        return (grad * attn).mean(dim=1).clamp(min=0)
+        return (grad * attn).mean(dim=1).clamp_(min=0)
     raise ValueError(f"head_reduction must be one of {HEAD_REDUCTIONS}, got {head_reduction!r}")
 
 
@@ -119,6 +119,13 @@ class GenericAttribution(AttributionMethod):
     Intuition's BERT ``generate_genattr`` reads the last layer only with the head mean first:
     ``start_layer=-1, head_reduction='mean_then_clamp'``. Sequences: ``class_token_score`` ``auto`` = ``zero``
     (the [CLS]->[CLS] entry set to 0, as BI's BERT code does), ``keep``.
+
+    Streaming: only the read-out row of ``R`` is formed, ``r = read(I)`` then ``r <- r + r Ā_l`` for ``l`` from
+    the last block down (:class:`methods.rollout.ReadoutResidual`; equal to ``read(R)`` up to float rounding),
+    inside the backward pass: each block's ``Ā_l`` is formed as soon as its gradient arrives and dropped once
+    folded in (:func:`methods.attention_gradients.stream_attention_gradients`). Beyond the eager attention's
+    maps that the autograd graph saves (one ``[B, H, N, N]`` per block, released as the backward passes it) it
+    holds one block's map, gradient and product at a time, and never an ``N x N`` composition.
     """
 
     layer_options = ("start_layer",)
@@ -134,10 +141,17 @@ class GenericAttribution(AttributionMethod):
 
     def attribute(self, adapter, inputs, target):
         start = check_start_layer(self.start_layer, adapter, self.name)
-        attns, grads, _, _ = attention_and_gradients(adapter, inputs, target, range(start, adapter.depth))
-        relevance = accumulate_residual([generic_update(a, g, self.head_reduction) for a, g in zip(attns, grads)])
         layout = adapter.layout(inputs)
-        row = read_out(relevance, adapter, inputs, self.readout, layout)
+        composed: List[ReadoutResidual] = []
+
+        def fold(_layer: int, attn: Tensor, grad: Tensor) -> None:
+            update = generic_update(attn, grad, self.head_reduction)
+            if not composed:
+                composed.append(ReadoutResidual(read_out_identity(adapter, inputs, self.readout, layout, update)))
+            composed[0].add(update)
+
+        stream_attention_gradients(adapter, inputs, target, range(start, adapter.depth), fold)
+        row = composed[0].row()
         return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
 
 

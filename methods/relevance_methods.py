@@ -24,7 +24,7 @@ from .lrp.rules import get_rules
 from .lrp.topology import Topology
 from .readout import check_class_token_score, check_readout, is_sequence, read_out, set_class_token_score
 from .registry import register_method
-from .rollout import rollout_readout
+from .rollout import ReadoutRollout
 
 
 class _LRPMethod(AttributionMethod):
@@ -46,12 +46,21 @@ class _LRPMethod(AttributionMethod):
         return self._finish(read_out(matrix, adapter, inputs, self.readout, adapter.layout(inputs)), adapter,
                             inputs, include_padding)
 
-    def _read_out_rollout(self, matrices, row_normalize: bool, adapter, inputs,
-                          include_padding: bool = False) -> Tensor:
-        """The read-out of the rollout of ``matrices`` (:func:`methods.rollout.rollout_readout`)."""
+    def _rollout_row(self, adapter, inputs, target, layers, row_normalize: bool, reduce, with_gradients: bool,
+                     include_padding: bool = False) -> Tensor:
+        """The read-out row of the rollout of ``reduce(layer, R_A, grad)`` ``[B, N, N]`` over ``layers``, each
+        block's matrix folded into the row as soon as the relevance pass (and, ``with_gradients``, the backward
+        pass it runs in) reaches it, from the last block down (:class:`methods.rollout.ReadoutRollout`; the
+        engine's ``cam_reduce``): no per-block map is kept."""
         layout = adapter.layout(inputs)
-        row = rollout_readout(matrices, row_normalize, lambda m: read_out(m, adapter, inputs, self.readout, layout))
-        return self._finish(row, adapter, inputs, include_padding)
+        composed = ReadoutRollout(row_normalize, lambda m: read_out(m, adapter, inputs, self.readout, layout))
+
+        def fold(layer: int, cam: Tensor, grad: Optional[Tensor]) -> None:
+            composed.add(reduce(layer, cam, grad), overwrite=True)
+
+        LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers,
+                                  grad_layers=layers if with_gradients else (), cam_reduce=fold)
+        return self._finish(composed.row(), adapter, inputs, include_padding)
 
     def _finish(self, row: Tensor, adapter, inputs, include_padding: bool) -> Tensor:
         layout = adapter.layout(inputs)
@@ -61,9 +70,14 @@ class _LRPMethod(AttributionMethod):
 
 
 def _relevance_times_gradient(_layer: int, cam: Tensor, grad: Optional[Tensor]) -> Tensor:
-    """``mean_h relu(grad_A * R_A)`` ``[B, N, N]``, in the gradient's storage (the engine's ``cam_reduce``)."""
+    """``mean_h relu(grad_A * R_A)`` ``[B, N, N]``, the product in ``R_A``'s storage (the gradient is autograd's)."""
     assert grad is not None, "the layer's attention gradient (grad_layers) is needed"
-    return grad.mul_(cam).clamp_(min=0).mean(dim=1)
+    return cam.mul_(grad).clamp_(min=0).mean(dim=1)
+
+
+def _positive_relevance(_layer: int, cam: Tensor, _grad: Optional[Tensor]) -> Tensor:
+    """``mean_h relu(R_A)`` ``[B, N, N]`` (clamped in ``R_A``'s storage)."""
+    return cam.clamp_(min=0).mean(dim=1)
 
 
 @register_method("lrp")
@@ -150,6 +164,13 @@ class TransformerAttribution(_LRPMethod):
     it to 0: ``zero``; ``keep``); the minimum is over the real positions (``include_padding=True``: over all
     ``N``, as the authors' batch-1 code does on a padded input). TE's BERT default ``start_layer=11`` is the
     last block of BERT-base (``start_layer=-1`` here); the default here stays 0.
+
+    Streaming: only the read-out row ``read(C)`` is formed (:class:`methods.rollout.ReadoutRollout`; equal to the
+    read-out of the full product up to float rounding). The relevance pass runs inside the backward pass, from
+    the last block down, and each block's ``Abar_l`` is folded into the row as soon as its ``R_A`` and gradient
+    are known and then dropped: at most two blocks' gradients, one block's ``R_A`` and no ``[B, N, N]`` per
+    block are held; each block's recorded attention (saved by the graph and read by the relevance pass) is
+    released as the pass goes through it.
     """
 
     default_class_token_score = "row_min"
@@ -167,13 +188,11 @@ class TransformerAttribution(_LRPMethod):
     def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter, self.name)
         layers = list(range(start, adapter.depth))
-        res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers, grad_layers=layers,
-                                        cam_reduce=_relevance_times_gradient)
-        mats = [res.attn_cam[l] for l in layers]
         normalize = self.row_normalize
         if normalize is None:
             normalize = self.AUTO_ROW_NORMALIZE[adapter.layout(inputs).reference]
-        return self._read_out_rollout(mats, normalize, adapter, inputs, self.include_padding)
+        return self._rollout_row(adapter, inputs, target, layers, normalize, _relevance_times_gradient, True,
+                                 self.include_padding)
 
 
 @register_method("lrp_rollout")
@@ -181,7 +200,10 @@ class LRPRollout(_LRPMethod):
     """LRP-rollout (``ViT_LRP.py:345-354``, ``method="rollout"``; not a paper baseline): rollout of
     ``mean_h relu(R_A_l)`` with the identity added and no row normalisation, [CLS] row, patch columns.
     ``start_layer`` 0-based (default 0), ``rules`` default ``"ours"`` (the reference runs it on ViT_LRP).
-    Sequences: ``class_token_score`` ``auto`` = ``zero``."""
+    Sequences: ``class_token_score`` ``auto`` = ``zero``.
+
+    Streaming: as Transformer Attribution's (without gradients): each block's ``mean_h relu(R_A_l)`` is folded
+    into the read-out row as soon as the relevance pass reaches it, from the last block down, then dropped."""
 
     layer_options = ("start_layer",)
 
@@ -194,7 +216,4 @@ class LRPRollout(_LRPMethod):
     def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter, self.name)
         layers = list(range(start, adapter.depth))
-        res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers,
-                                        cam_reduce=lambda _layer, cam, _grad: cam.clamp_(min=0).mean(dim=1))
-        mats = [res.attn_cam[l] for l in layers]
-        return self._read_out_rollout(mats, self.row_normalize, adapter, inputs)
+        return self._rollout_row(adapter, inputs, target, layers, self.row_normalize, _positive_relevance, False)

@@ -7,10 +7,18 @@
 
 They agree in exact arithmetic without row normalisation; each keeps the reference's own float order.
 :func:`rollout_readout` is :func:`rollout` followed by a read-out of its rows, as vector-matrix products.
+
+Streaming (the methods that report only the read-out row): :class:`ReadoutRollout` and :class:`ReadoutResidual`
+compose the read-out row of either product one block at a time, **from the last block down** (the order in
+which the gradients and the LRP relevance reach the blocks), so a caller folds each block's ``[B, N, N]`` matrix
+in as soon as it is known and drops it: one block's matrix at a time and ``O(N^2)`` operations per block
+instead of the full product's ``O(N^3)``. The read-out ``read`` combines rows linearly (a row, or a weighted
+mean of rows: :func:`methods.readout.read_out`), so ``read(M X) = read(M) X``: equal to the read-out of the full
+product up to float rounding (the products are associated differently).
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -35,20 +43,58 @@ def rollout_readout(matrices: Sequence[Tensor], row_normalize: bool, read: Calla
     """``read(rollout(matrices, row_normalize))`` ``[B, N]`` for a read-out ``read`` that combines the rows of a
     ``[B, N, N]`` matrix (a row, or a weighted mean of rows: :func:`methods.readout.read_out`), computed as
     ``read(M'_last) M'_{last-1} ... M'_first``: vector-matrix products instead of matrix products (``N``
-    times fewer operations). Equal to the read-out of :func:`rollout` up to float rounding (the products are
-    associated differently)."""
-    factors = []
-    for m in matrices:
-        m = m + torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
-        if row_normalize:
-            m = m / m.sum(dim=-1, keepdim=True)
-        factors.append(m)
-    if not factors:
-        raise ValueError("rollout needs at least one block")
-    row = read(factors[-1])
-    for m in reversed(factors[:-1]):
-        row = torch.bmm(row[:, None, :], m)[:, 0]
-    return row
+    times fewer operations; :class:`ReadoutRollout` over the matrices from the last down). Equal to the
+    read-out of :func:`rollout` up to float rounding (the products are associated differently)."""
+    composed = ReadoutRollout(row_normalize, read)
+    for m in reversed(list(matrices)):
+        composed.add(m)
+    return composed.row()
+
+
+class ReadoutRollout:
+    """The read-out row of :func:`rollout` composed from the last block down: ``add`` each block's matrix
+    ``M_l`` ``[B, N, N]`` in the order ``l = last, last - 1, ..., first``; ``row()`` is
+    ``read(M'_last) M'_{last-1} ... M'_first`` ``[B, N]`` with ``M' = M + I`` (divided by its row sums with
+    ``row_normalize``). Holds the row only; ``add(m, overwrite=True)`` forms ``M'`` in ``m``'s storage."""
+
+    def __init__(self, row_normalize: bool, read: Callable[[Tensor], Tensor]):
+        self.row_normalize = row_normalize
+        self.read = read
+        self._row: Optional[Tensor] = None
+
+    def add(self, m: Tensor, overwrite: bool = False) -> None:
+        if overwrite:
+            m.diagonal(dim1=-2, dim2=-1).add_(1)
+        else:
+            m = m + torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
+        if self.row_normalize:
+            m = m.div_(m.sum(dim=-1, keepdim=True))
+        self._row = self.read(m) if self._row is None else torch.bmm(self._row[:, None, :], m)[:, 0]
+
+    def row(self) -> Tensor:
+        if self._row is None:
+            raise ValueError("rollout needs at least one block")
+        return self._row
+
+
+class ReadoutResidual:
+    """The read-out row of :func:`accumulate_residual` composed from the last block down: start from
+    ``read(I)`` (``start`` ``[B, N]``: :func:`methods.readout.read_out_identity`), ``add`` each block's matrix
+    ``M_l`` in the order ``l = last, ..., first`` (``r <- r + r M_l``); ``row()`` is
+    ``read((I + M_last) ... (I + M_first))``. Holds the row only."""
+
+    def __init__(self, start: Tensor):
+        self._row = start
+        self.blocks = 0
+
+    def add(self, m: Tensor) -> None:
+        self._row = self._row + torch.bmm(self._row[:, None, :], m)[:, 0]
+        self.blocks += 1
+
+    def row(self) -> Tensor:
+        if not self.blocks:
+            raise ValueError("accumulate_residual needs at least one block")
+        return self._row
 
 
 def accumulate_residual(matrices: Sequence[Tensor]) -> Tensor:

@@ -7,7 +7,9 @@ model's), the attention gradients ``d logit_target / d A_l`` come from a single 
 respect to the recorded attention maps (never ``.backward()``: parameters never get ``.grad``), and the
 relevance pass applies the closed-form rules of :mod:`methods.lrp.rules` under ``torch.no_grad()``, batched,
 from the one-hot target (value 1, not the logit; ``ViT_explanation_generator.py:40``) down only as far as the
-caller needs.
+caller needs. When gradients are asked for, the relevance pass runs inside that backward pass (gradient hooks
+on the recorded maps; both go from the last block down), so that a caller reducing each block's ``R_A`` with its
+gradient (``cam_reduce``) never holds every block's gradient at once; the values are the same.
 """
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ class LRPEngine:
 
     def run(self, adapter: ModelAdapter, inputs: ModelInputs, target=None, cam_layers: Sequence[int] = (),
             grad_layers: Sequence[int] = (), to_input: bool = False,
-            cam_reduce: Optional[Callable[[int, Tensor, Optional[Tensor]], Tensor]] = None) -> LRPResult:
+            cam_reduce: Optional[Callable[[int, Tensor, Optional[Tensor]], Optional[Tensor]]] = None) -> LRPResult:
         """Relevance of the attention maps of ``cam_layers``, gradients of ``grad_layers`` and, with
         ``to_input``, the relevance at the input (the pixels for images).
 
@@ -59,10 +61,16 @@ class LRPEngine:
         released as soon as the pass has gone through it.
 
         ``cam_reduce(layer, R_A, grad)``: called for each layer of ``cam_layers`` as soon as its ``R_A``
-        (``[B, H, N, N]``) is known, with that layer's attention gradient (``None`` when the layer is not in
-        ``grad_layers``); its return value is kept in ``attn_cam[layer]`` instead of ``R_A`` and the gradient
-        is not kept in ``attn_grad``. Both tensors belong to the engine (the function may overwrite them), so
-        a method that reduces them (Transformer Attribution) holds one layer's maps at a time, not all.
+        (``[B, H, N, N]``) is known, **from the last layer down**, with that layer's attention gradient (``None``
+        when the layer is not in ``grad_layers``); its return value is kept in ``attn_cam[layer]`` instead of
+        ``R_A`` (nothing is kept when it returns ``None``: a method that folds each layer into a read-out row as
+        it comes) and the gradient is not kept in ``attn_grad``. ``R_A`` belongs to the engine (the function may
+        overwrite it); the gradient must not be modified (autograd may still pass it on).
+
+        Streaming: with ``grad_layers`` the relevance pass runs inside the backward pass (gradient hooks on the
+        recorded maps): the blocks above a layer are propagated through as soon as that layer's gradient arrives
+        (their own backward is complete by then), so with ``cam_reduce`` each gradient is consumed within about
+        one block of its arrival: at most two layers' gradients are held, never all of them.
         """
         topology = self.topology(adapter)
         depth = adapter.depth
@@ -82,30 +90,57 @@ class LRPEngine:
             rec.outputs.clear()
         target = resolve_target(logits, target)
         result = LRPResult(logits=logits.detach(), target=target)
-        if grad_layers:
-            grads = torch.autograd.grad(class_score(logits, target), [acts[("attn", l)] for l in grad_layers])
-            result.attn_grad = {l: g.detach() for l, g in zip(grad_layers, grads)}
-            del grads
-        del logits
+        points = {l: acts[("attn", l)] for l in grad_layers}    # the maps in the graph, for the gradient hooks
         acts = {k: v.detach() for k, v in acts.items()}
         context = adapter.context(inputs)
         if context.attention_mask is not None:
             acts["attention_mask"] = context.attention_mask
         if context.readout_positions is not None:
             acts["readout_positions"] = context.readout_positions
-        with torch.no_grad():
-            relevance = torch.zeros_like(result.logits)
-            relevance.scatter_(1, target[:, None], 1.0)
-            r = topology.head_relprop(self.rules, acts, relevance)
-            for l in reversed(blocks):
+        pending = list(reversed(blocks))                        # the blocks still to propagate through
+        state = {}
+
+        @torch.no_grad()
+        def propagate(stop: int) -> None:
+            """The relevance pass through every pending block ``>= stop`` (the head first)."""
+            if "r" not in state:
+                relevance = torch.zeros_like(result.logits)
+                relevance.scatter_(1, target[:, None], 1.0)
+                state["r"] = topology.head_relprop(self.rules, acts, relevance)
+            while pending and pending[0] >= stop:
+                l = pending.pop(0)
                 need_below = to_input or l > lowest
-                r, cam = topology.block_relprop(self.rules, acts, l, r, need_below)
+                state["r"], cam = topology.block_relprop(self.rules, acts, l, state["r"], need_below)
                 release_block(acts, l)
                 if l in cam_layers:
                     if cam_reduce is not None:
                         cam = cam_reduce(l, cam, result.attn_grad.pop(l, None))
-                    result.attn_cam[l] = cam
+                    if cam is not None:
+                        result.attn_cam[l] = cam
                 del cam
-            if to_input:
-                result.input_relevance = topology.input_relprop(self.rules, acts, r)
+
+        if grad_layers:
+            def arrived(layer: int, grad: Tensor) -> None:
+                propagate(layer + 1)            # the blocks above: their backward is done, their gradients here
+                result.attn_grad[layer] = grad.detach()
+
+            handles = [points[l].register_hook(lambda grad, l=l: arrived(l, grad)) for l in grad_layers]
+            try:
+                score = class_score(logits, target)
+                del logits
+                bottom = points[grad_layers[0]]
+                points.clear()
+                (grad,) = torch.autograd.grad(score, bottom)
+                if grad_layers[0] not in result.attn_grad and grad_layers[0] in pending:
+                    result.attn_grad[grad_layers[0]] = grad.detach()
+                del grad, bottom, score
+            finally:
+                for handle in handles:
+                    handle.remove()
+        else:
+            del logits
+        propagate(lowest)
+        if to_input:
+            with torch.no_grad():
+                result.input_relevance = topology.input_relprop(self.rules, acts, state["r"])
         return result
