@@ -75,9 +75,9 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
 def read_out_identity(adapter: ModelAdapter, inputs: ModelInputs, readout: str, layout: Layout,
                       like: Tensor) -> Tensor:
     """``read_out(I)`` ``[B, N]`` (``I`` the ``[B, N, N]`` identity), without forming ``I``: the weights ``w`` of
-    the read-out's rows, ``read_out(M) = w M`` for every ``M`` (a one-hot row at the read-out position, or the
-    content rows' mean weights), in ``like``'s dtype and device; ``N`` is ``like``'s last dimension. Equal to
-    ``read_out(identity_like(...))`` exactly."""
+    the read-out's rows, ``read_out(M) = w M`` for every ``M`` (a one-hot row at the read-out position, the
+    content rows' mean weights, or the adapter's ``readout_weights``), in ``like``'s dtype and device; ``N`` is
+    ``like``'s last dimension. Equal to ``read_out(identity_like(...))`` exactly."""
     kind = resolve_readout(adapter, readout)
     batch, tokens = like.shape[0], like.shape[-1]
     weights = torch.zeros(batch, tokens, dtype=like.dtype, device=like.device)
@@ -87,6 +87,8 @@ def read_out_identity(adapter: ModelAdapter, inputs: ModelInputs, readout: str, 
         positions = adapter.context(inputs).readout_positions
         assert positions is not None, "a model read out at a position has them in its context"
         weights.scatter_(1, positions.to(like.device).long()[:, None], 1.0)
+    elif kind == "weighted":
+        weights[:] = adapter.readout_weights(layout).to(dtype=like.dtype, device=like.device)
     else:
         weights = layout.content_positions(like).to(like.dtype)
         weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1)

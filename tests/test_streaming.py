@@ -15,7 +15,8 @@ from methods.gradient_methods import generic_update
 from methods.lrp import LRPEngine
 from methods.readout import identity_like, read_out, read_out_identity, set_class_token_score
 from methods.rollout import ReadoutResidual, ReadoutRollout, accumulate_residual, rollout
-from tests.test_method_contract import _decoder_batch, _tiny_decoder, _tiny_text, _token_batch
+from tests.families import _decoder_batch, _tiny_decoder, _tiny_text, _token_batch
+from tests.families.hf_vision import _tiny_hf, _tiny_timm_deit
 
 timm = pytest.importorskip("timm")
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
@@ -52,6 +53,8 @@ def _models():
     yield "vit_cls", _vit("token"), images, targets, {}
     yield "vit_cls_mean_content", _vit("token"), images, targets, {"readout": "mean_content"}
     yield "vit_avg", _vit("avg"), images, targets, {}
+    yield "timm_deit_weighted", _tiny_timm_deit().eval().double(), images, torch.tensor([1, 4, 2]), {}
+    yield "hf_dinov2_weighted", _tiny_hf("dinov2").eval().double(), images, torch.tensor([1, 4, 2]), {}
     yield "bert_padded", _tiny_text("bert").eval(), text, torch.tensor([0, 3, 4]), {}
     yield "bert_padded_mean_content", _tiny_text("bert").eval(), text, torch.tensor([0, 3, 4]), \
         {"readout": "mean_content"}
@@ -60,6 +63,7 @@ def _models():
 
 
 MODELS = list(_models())
+IDENTITY_CASES = ["vit_cls", "vit_avg", "timm_deit_weighted", "hf_dinov2_weighted", "bert_padded", "llama_left_padded"]
 
 
 def _full_matrix(name, method, adapter, batch, targets):
@@ -106,8 +110,7 @@ def test_streamed_rows_equal_the_full_matrix_computation(model_id, model, inputs
 
 
 @pytest.mark.parametrize("model_id, model, inputs, targets, extra",
-                         [m for m in MODELS if m[0] in ("vit_cls", "vit_avg", "bert_padded", "llama_left_padded")],
-                         ids=["vit_cls", "vit_avg", "bert_padded", "llama_left_padded"])
+                         [m for m in MODELS if m[0] in IDENTITY_CASES], ids=IDENTITY_CASES)
 def test_read_out_identity_is_the_read_out_of_the_identity(model_id, model, inputs, targets, extra):
     adapter = adapter_for(model)
     batch = adapter.prepare_inputs(inputs)
