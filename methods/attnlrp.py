@@ -27,7 +27,9 @@ the stock model's (the logits are bit-identical), only gradients change:
   gradients at ``q`` and ``k`` times 1/4 and at ``v`` times 1/2 (LXT's wrapper of every attention function;
   applied here at the outputs of the q/k/v projections, which is the same since backward is linear in the
   incoming gradient and the rotary embedding and the repetition of grouped key/value heads are linear; GPT-2's
-  fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds); the softmax keeps its plain gradient
+  fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds; an attention pooling head, the adapter's
+  :meth:`~methods.adapters.ModelAdapter.head_attention_linears` (timm's ``map`` pool): the same factors on its
+  query projection and on the halves of its fused ``[k | v]``); the softmax keeps its plain gradient
   (LXT's efficient mode). ``cp_lrp`` (Ali et al. 2022, "XAI for Transformers: Better Explanations through
   Conservative Propagation"): ``q`` and ``k`` detached, so the attention probabilities are constants, ``v``
   plain;
@@ -221,12 +223,18 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 handles.append(mlp.gate_proj.register_forward_hook(_detach_output))
             else:
                 handles.append(mlp.down_proj.register_forward_pre_hook(_halve_input_gradient))
-        for layer in range(adapter.depth):
-            linears = adapter.attention_linears(layer)
+        attentions = [adapter.attention_linears(layer) for layer in range(adapter.depth)]
+        for linears in attentions + adapter.head_attention_linears():
             if linears.qkv is not None:
                 third = out_features(linears.qkv) // 3
                 factors = torch.tensor([q_factor] * third + [k_factor] * third + [v_factor] * third)
                 handles.append(linears.qkv.register_forward_hook(_gradient_factor_hook(factors)))
+            elif linears.kv is not None:   # an attention pooling head: its own query, a fused [k | v]
+                half = out_features(linears.kv) // 2
+                factors = torch.tensor([k_factor] * half + [v_factor] * half)
+                handles.append(linears.kv.register_forward_hook(_gradient_factor_hook(factors)))
+                if linears.q is not None and q_factor != 1.0:
+                    handles.append(linears.q.register_forward_hook(_gradient_factor_hook(q_factor)))
             else:
                 for linear, factor in ((linears.q, q_factor), (linears.k, k_factor), (linears.v, v_factor)):
                     if linear is not None and factor != 1.0:

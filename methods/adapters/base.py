@@ -13,7 +13,9 @@ Vocabulary
   for text every real token of the input (padding excluded).
 * **read-out**: where the prediction reads the last hidden states: ``"class_token"`` (one fixed position,
   e.g. [CLS] at 0), ``"mean_content"`` (the mean of the content positions: global average pooling) or
-  ``"position"`` (one position per sample, e.g. CLIP's EOS token).
+  ``"position"`` (one position per sample, e.g. CLIP's EOS token) or ``"attention_pool"`` (a learned-query
+  attention pooling head reads the last hidden states: each sample's read-out is its own weight vector over the
+  positions, :meth:`ModelAdapter.readout_weights`, the pool's attention).
 * **layout** (:class:`PatchGrid` or :class:`TokenSequence`): how the content positions map to the input, and
   therefore the shape of a method's output: ``[B, P]`` patch scores in row-major grid order for images;
   ``[B, N]`` scores aligned with the input positions for sequences, exactly 0 at padding.
@@ -50,7 +52,7 @@ from .recorder import ActivationRecorder
 if TYPE_CHECKING:
     from transformers.pytorch_utils import Conv1D
 
-READOUT_KINDS = ("class_token", "mean_content", "position")
+READOUT_KINDS = ("class_token", "mean_content", "position", "attention_pool")
 
 #: what a caller passes: a tensor, or a mapping of tensors as a tokenizer or processor returns it
 RawInputs = Union[Tensor, Mapping[str, Any]]
@@ -280,13 +282,15 @@ class AttentionLinears:
     """The linear layers of one attention sub-layer: a fused ``qkv`` projection (timm; GPT-2's ``c_attn``, a
     ``Conv1D``: output ``[q | k | v]``, width ``3 * D``) or separate ``q``, ``k``, ``v`` projections (Hugging
     Face; with grouped-query attention ``k`` and ``v`` are narrower than ``q``), and the output projection
-    ``out``. Read weights with :func:`linear_weight`."""
+    ``out``. An attention pooling head's learned query has its own ``q`` and a fused key-value projection ``kv``
+    (output ``[k | v]``, width ``2 * D``). Read weights with :func:`linear_weight`."""
 
     out: Projection
     qkv: Optional[Projection] = None
     q: Optional[Projection] = None
     k: Optional[Projection] = None
     v: Optional[Projection] = None
+    kv: Optional[Projection] = None
 
 
 # ------------------------------------------------------------------------------------------ interface
@@ -364,6 +368,12 @@ class ModelAdapter(abc.ABC):
 
     @abc.abstractmethod
     def context(self, inputs: ModelInputs) -> SequenceContext: ...
+
+    def readout_weights(self, inputs: ModelInputs) -> Tensor:
+        """The ``"attention_pool"`` read-out: per sample, the weight of each position in the pooled latent,
+        ``[B, N]`` (the pooling head's attention, mean over its heads; 0 at the positions the pool does not read;
+        each row sums to 1). Only adapters whose :attr:`readout` is ``"attention_pool"`` have it."""
+        raise NotImplementedError(f"{self.family} is not read out by attention pooling")
 
     # -------------------------------------------------------------- forward pieces (the model's own order)
     @abc.abstractmethod
@@ -468,6 +478,12 @@ class ModelAdapter(abc.ABC):
 
     def rule_problems(self) -> List[str]:
         """What in this model has no relevance rule of :mod:`methods.attnlrp` (e.g. a gated MLP), or ``[]``."""
+        return []
+
+    def head_attention_linears(self) -> List[AttentionLinears]:
+        """The linear layers of the attention sub-layers outside the blocks (an attention pooling head: its
+        query ``q`` and key-value ``kv`` projections), which :mod:`methods.attnlrp` gives the attention rules as
+        the blocks' ones; ``[]`` (default) when there are none."""
         return []
 
     def gated_mlps(self) -> List[nn.Module]:
