@@ -3,8 +3,9 @@
 A method that builds an ``[B, (H,) N, N]`` matrix (attention, rollout, relevance) reports, for every position,
 the entry in the row of the position the prediction reads: the class token's row for a [CLS] read-out, each
 sample's own row for a per-sample read-out position (CLIP's EOS), the mean over the content rows for a
-mean-pooled model, the rows weighted by the pool's attention for an attention-pooled model (timm's ``map``). :func:`read_out` is that choice for every method; the method's output then keeps the content
-columns (``layout.output``).
+mean-pooled model, the rows weighted by the pool's attention for an attention-pooled model (timm's ``map``).
+:func:`read_out` is that choice for every method; the method's output then keeps the content columns
+(``layout.output``).
 """
 from __future__ import annotations
 

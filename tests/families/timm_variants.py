@@ -1,6 +1,6 @@
 """timm ``VisionTransformer`` variants of the conformance matrix: register tokens (DINOv2-reg), no class token with
-average pooling (with and without ``fc_norm``), and attention pooling with a learned query (``global_pool='map'``,
-SigLIP's towers)."""
+average pooling and no ``fc_norm`` (with ``fc_norm``: ``vision.py``'s ``timm_vit_avgpool``), and attention pooling
+with a learned query (``global_pool='map'``, SigLIP's towers)."""
 from __future__ import annotations
 
 import torch
@@ -9,8 +9,9 @@ from torch import nn
 from .base import Family
 from .vision import _images
 
-#: the LRP-family methods, whose topology has no rule for layer scale
+#: the LRP-family methods, whose topology has no rule for layer scale (Chefer et al.'s rules have none)
 LRP_METHODS = ("lrp", "lrp_rollout", "partial_lrp", "transformer_attribution")
+LAYER_SCALE = "LRP rules are not defined for this timm.models.vision_transformer.VisionTransformer: block 0 layer scale"
 
 
 def _tiny_variant(**kwargs) -> nn.Module:
@@ -42,11 +43,10 @@ def _variant_family(name: str, undefined: dict = None, **kwargs) -> Family:
 FAMILIES = [
     # DINOv2-reg (vit_small_patch14_reg4_dinov2): [CLS] + 4 registers, positions on the patches only, layer scale
     _variant_family("timm_vit_reg4_dinov2", class_token=True, reg_tokens=4, no_embed_class=True, init_values=1e-5,
-                    undefined={m: "layer scale" for m in LRP_METHODS}),
-    # no class token: registers and patches averaged by timm's pool (registers left out), fc_norm after the mean
-    _variant_family("timm_vit_reg4_avg_fc_norm", class_token=False, reg_tokens=4, global_pool="avg"),
-    # no class token, no registers, the final norm before the mean (fc_norm=False)
-    _variant_family("timm_vit_avg_no_fc_norm", class_token=False, global_pool="avg", fc_norm=False),
+                    undefined={m: LAYER_SCALE for m in LRP_METHODS}),
+    # no class token: timm's pool averages the patches (the registers left out), the final norm before the mean
+    # (fc_norm=False; fc_norm after the mean, timm's default for average pooling, is the row timm_vit_avgpool)
+    _variant_family("timm_vit_reg4_avg", class_token=False, reg_tokens=4, global_pool="avg", fc_norm=False),
     # attention pooling with a learned query (AttentionPoolLatent), 2 registers the pool does not read
     _variant_family("timm_vit_map_reg2", class_token=False, reg_tokens=2, global_pool="map"),
 ]
