@@ -6,7 +6,11 @@
 
 Model: a randomly initialised ViT-B/16-sized stock timm ``VisionTransformer`` (224 px, patch 16, dim 768, depth 12,
 12 heads, 1000 classes, ``global_pool='token'``) in eval mode; ``--model-size tiny`` (64 px, patch 16, dim 64,
-depth 2, 2 heads) is for smoke tests. No weights are downloaded: costs do not depend on the weights.
+depth 2, 2 heads) is for smoke tests. ``--family dinov2_reg``: the shape of timm's ``vit_small_patch14_reg4_dinov2``
+(ViT-S/14 at 224 px: dim 384, depth 12, 6 heads, layer scale, [CLS] + 4 register tokens, positions on the patches
+only; 1000 classes) or tiny. No weights are downloaded: costs do not depend on the weights. A method that is not
+defined on the model (``methods.MethodUndefinedError``, e.g. the LRP methods on layer scale) gets a row
+``undefined`` with the reason.
 
 What is timed (wall clock, ``time.perf_counter``; CUDA synchronised before and after each call):
 
@@ -100,7 +104,16 @@ LLAMA_SIZES = {
                  intermediate_size=128, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
                  pad_token_id=0),
 }
-FAMILIES = ("vit", "bert", "llama")
+#: ``--family dinov2_reg``: timm's ``vit_small_patch14_reg4_dinov2`` shape at 224 px, or tiny
+DINOV2_REG_SIZES = {
+    "base": dict(img_size=224, patch_size=14, embed_dim=384, depth=12, num_heads=6, num_classes=1000,
+                 init_values=1e-5, reg_tokens=4, no_embed_class=True),
+    "tiny": dict(img_size=56, patch_size=14, embed_dim=64, depth=2, num_heads=2, num_classes=1000,
+                 init_values=1e-5, reg_tokens=4, no_embed_class=True),
+}
+#: the image families: their timm ``VisionTransformer`` arguments by size
+IMAGE_FAMILIES = {"vit": MODEL_SIZES, "dinov2_reg": DINOV2_REG_SIZES}
+FAMILIES = ("vit", "bert", "llama", "dinov2_reg")
 TEXT_FAMILIES = ("bert", "llama")
 
 # method -> (kind of anchor, target ratio or None); PROTOCOLS.md section 7 and the targets
@@ -139,7 +152,7 @@ def build_model(size: str, device: str, family: str = "vit") -> torch.nn.Module:
         return BertForSequenceClassification(BertConfig(**TEXT_SIZES[size])).to(device).eval()
     from timm.models.vision_transformer import VisionTransformer
 
-    return VisionTransformer(global_pool="token", **MODEL_SIZES[size]).to(device).eval()
+    return VisionTransformer(global_pool="token", **IMAGE_FAMILIES[family][size]).to(device).eval()
 
 
 def build_inputs(family: str, size: str, batch: int, seq_len: int, gen: torch.Generator, device: str):
@@ -161,7 +174,7 @@ def build_inputs(family: str, size: str, batch: int, seq_len: int, gen: torch.Ge
         inputs = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
         targets = torch.randint(0, cfg["num_labels"], (batch,), generator=gen, dtype=torch.long).to(device)
         return inputs, targets, seq_len - 2
-    cfg = MODEL_SIZES[size]
+    cfg = IMAGE_FAMILIES[family][size]
     images = torch.randn(batch, 3, cfg["img_size"], cfg["img_size"], generator=gen).to(device)
     targets = torch.randint(0, cfg["num_classes"], (batch,), generator=gen, dtype=torch.long).to(device)
     return images, targets, (cfg["img_size"] // cfg["patch_size"]) ** 2
@@ -319,7 +332,12 @@ def run_worker(spec: dict) -> dict:
 
     anchor_fns = {a: _anchor_fn(a, model, images, targets) for a in anchors_needed(name)}
 
-    first_s, peak_mib, memory_note = _first_call_with_memory(fn, device, spec["cpu_memory"])
+    from methods import MethodUndefinedError
+
+    try:
+        first_s, peak_mib, memory_note = _first_call_with_memory(fn, device, spec["cpu_memory"])
+    except MethodUndefinedError as err:   # not defined on this model: a row saying why, no timing
+        return dict(name=name, batch=batch, undefined=str(err))
     for _ in range(max(0, int(spec["warmup"]) - 1)):
         fn()
     for afn in anchor_fns.values():
@@ -413,7 +431,7 @@ def make_rows(results: List[dict], skipped: List[dict]) -> List[dict]:
     for s in skipped:
         rows.append(dict(method=s["name"], kind="method", batch=s["batch"], ms_per_image=None, samples=0, anchor=None,
                          anchor_ms_per_image=None, ratio=None, target=COSTS.get(s["name"], DEFAULT_COST)[1],
-                         status="skipped", peak_extra_mib=None, memory_note=s["why"]))
+                         status=s.get("status", "skipped"), peak_extra_mib=None, memory_note=s["why"]))
     return rows
 
 
@@ -486,7 +504,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="torch.set_num_threads; default: the number of CPU cores available to this process")
     p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="base")
     p.add_argument("--family", choices=FAMILIES, default="vit",
-                   help="vit (default): a timm ViT on images; bert: a BertForSequenceClassification on token batches; "
+                   help="vit (default): a timm ViT on images; dinov2_reg: a ViT-S/14 with 4 registers and layer scale "
+                        "(DINOv2-reg's shape) on images; bert: a BertForSequenceClassification on token batches; "
                         "llama: a LlamaForCausalLM on token batches (the next token at the last position explained)")
     p.add_argument("--seq-len", type=int, default=256,
                    help="--family bert / llama: positions per sequence (default 256)")
@@ -547,6 +566,10 @@ def main(argv=None) -> dict:
                             cpu_memory=isolated, retain_freed_memory=args.glibc_malloc == "retain")
                 t0 = time.perf_counter()
                 result = _run_isolated(spec) if isolated else run_worker(spec)
+                if result.get("undefined"):
+                    skipped.append(dict(name=name, batch=batch, why=result["undefined"], status="undefined"))
+                    print(f"undef {name:<24} batch {batch:>3}: {result['undefined']}", file=sys.stderr, flush=True)
+                    continue
                 results.append(result)
                 own = statistics.median(result["samples"][name])
                 print(f"done  {name:<24} batch {batch:>3}: {1000 * own / batch:9.1f} ms/image "
@@ -557,10 +580,12 @@ def main(argv=None) -> dict:
 
     rows = make_rows(results, skipped)
     notes = _notes(args, results)
-    model_cfg = {"bert": TEXT_SIZES, "llama": LLAMA_SIZES}.get(args.family, MODEL_SIZES)[args.model_size]
+    undefined = {s["name"]: s["why"] for s in skipped if s.get("status") == "undefined"}
+    notes += [f"{name}: not defined on this model ({why})" for name, why in undefined.items()]
+    model_cfg = {"bert": TEXT_SIZES, "llama": LLAMA_SIZES, **IMAGE_FAMILIES}[args.family][args.model_size]
     config = dict(model_size=args.model_size, family=args.family, model=model_cfg,
                   seq_len=args.seq_len if args.family in TEXT_FAMILIES else None,
-                  global_pool="token" if args.family == "vit" else None,
+                  global_pool="token" if args.family in IMAGE_FAMILIES else None,
                   device=args.device, threads=args.threads, batch_sizes=args.batch_sizes, repeats=args.repeats,
                   warmup=args.warmup, isolation=args.isolation, seed=args.seed, torch=torch.__version__,
                   python=platform.python_version(), platform=platform.platform(),
@@ -575,8 +600,8 @@ def main(argv=None) -> dict:
         config["gpu"] = torch.cuda.get_device_name()
 
     table = format_table(rows)
-    what = {"bert": f"BERT, {args.seq_len} positions", "llama": f"Llama, {args.seq_len} positions"}.get(args.family,
-                                                                                                  "ViT")
+    what = {"bert": f"BERT, {args.seq_len} positions", "llama": f"Llama, {args.seq_len} positions",
+            "dinov2_reg": "DINOv2-reg ViT"}.get(args.family, "ViT")
     print(f"attribution method cost: {args.model_size} {what} ({model_cfg}), device {args.device}, "
           f"{args.threads} threads, torch {torch.__version__}, {args.repeats} repeats, warm-up {args.warmup}")
     print(table)

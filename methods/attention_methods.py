@@ -25,8 +25,9 @@ class RawAttention(AttributionMethod):
     ``layer`` (default the last), read-out row ``r``, content columns, mean over heads (TE ``ViT_LRP.py``
     ``last_layer_attn``; its clamp at 0 is a no-op on probabilities). Class-agnostic. ``readout`` (see
     :func:`methods.readout.read_out`): ``auto`` (default: the model's own read-out, the [CLS] row for
-    ``global_pool='token'``, the mean of the patch rows for ``'avg'``, whose prediction never reads [CLS]),
-    ``class_token`` (alias ``cls``, the reference), ``mean_content`` (alias ``mean_patches``).
+    ``global_pool='token'``, the mean of the patch rows for ``'avg'``, whose prediction never reads [CLS], the
+    rows weighted by the pool's head-mean attention for ``'map'``), ``class_token`` (alias ``cls``, the
+    reference), ``mean_content`` (alias ``mean_patches``), ``attention_pool`` (attention-pooled models only).
 
     Sequences (text): ``[B, N]`` over all positions ([CLS], [SEP] included, padding 0);
     ``class_token_score`` (:func:`methods.readout.set_class_token_score`): ``auto`` (default) = ``zero``, the

@@ -29,9 +29,11 @@ the stock model's (the logits are bit-identical), only gradients change:
   incoming gradient and the rotary embedding and the repetition of grouped key/value heads are linear; GPT-2's
   fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds; open_clip's ``nn.MultiheadAttention``,
   which has no projection module: the factors on its query, key and value inputs, each of which feeds only its
-  own third of ``in_proj_weight`` (the gamma rule is refused there); an adapter whose model computes q, k, v
-  without modules places them itself, :meth:`~methods.adapters.ModelAdapter.product_rules`: timm's EVA / BEiT);
-  the softmax keeps its plain gradient
+  own third of ``in_proj_weight`` (the gamma rule is refused there); an attention pooling head, the adapter's
+  :meth:`~methods.adapters.ModelAdapter.head_attention_linears` (timm's ``map`` pool): the same factors on its
+  query projection and on the halves of its fused ``[k | v]``; an adapter whose model computes q, k, v without
+  modules places them itself, :meth:`~methods.adapters.ModelAdapter.product_rules`: timm's EVA / BEiT); the
+  softmax keeps its plain gradient
   (LXT's efficient mode). ``cp_lrp`` (Ali et al. 2022, "XAI for Transformers: Better Explanations through
   Conservative Propagation"): ``q`` and ``k`` detached, so the attention probabilities are constants, ``v``
   plain;
@@ -247,8 +249,8 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 handles.append(mlp.gate_proj.register_forward_hook(_detach_output))
             else:
                 handles.append(mlp.down_proj.register_forward_pre_hook(_halve_input_gradient))
-        for layer in range(adapter.depth if own_products is None else 0):
-            linears = adapter.attention_linears(layer)
+        attentions = [adapter.attention_linears(layer) for layer in range(adapter.depth if own_products is None else 0)]
+        for linears in attentions + adapter.head_attention_linears():
             if linears.multihead is not None:
                 handles.append(linears.multihead.register_forward_pre_hook(
                     _multihead_factor_hook(q_factor, k_factor, v_factor), with_kwargs=True))
@@ -256,6 +258,12 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 third = out_features(linears.qkv) // 3
                 factors = torch.tensor([q_factor] * third + [k_factor] * third + [v_factor] * third)
                 handles.append(linears.qkv.register_forward_hook(_gradient_factor_hook(factors)))
+            elif linears.kv is not None:   # an attention pooling head: its own query, a fused [k | v]
+                half = out_features(linears.kv) // 2
+                factors = torch.tensor([k_factor] * half + [v_factor] * half)
+                handles.append(linears.kv.register_forward_hook(_gradient_factor_hook(factors)))
+                if linears.q is not None and q_factor != 1.0:
+                    handles.append(linears.q.register_forward_hook(_gradient_factor_hook(q_factor)))
             else:
                 for linear, factor in ((linears.q, q_factor), (linears.k, k_factor), (linears.v, v_factor)):
                     if linear is not None and factor != 1.0:

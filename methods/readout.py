@@ -3,8 +3,10 @@
 A method that builds an ``[B, (H,) N, N]`` matrix (attention, rollout, relevance) reports, for every position,
 the entry in the row of the position the prediction reads: the class token's row for a [CLS] read-out, each
 sample's own row for a per-sample read-out position (CLIP's EOS), the mean over the content rows for a
-mean-pooled model. :func:`read_out` is that choice for every method; the method's output then keeps the content
-columns (``layout.output``).
+mean-pooled model, the rows weighted by fixed weights (DeiT's two heads, DINOv2) or by the pool's attention for an
+attention-pooled model (timm's ``map``).
+:func:`read_out` is that choice for every method; the method's output then keeps the content columns
+(``layout.output``).
 """
 from __future__ import annotations
 
@@ -13,9 +15,9 @@ from typing import Optional, TypeGuard
 import torch
 from torch import Tensor
 
-from .adapters import Layout, ModelAdapter, ModelInputs, TokenSequence
+from .adapters import WEIGHTED_READOUTS, Layout, ModelAdapter, ModelInputs, TokenSequence
 
-READOUTS = ("auto", "class_token", "mean_content", "position", "weighted")
+READOUTS = ("auto", "class_token", "mean_content", "position", "weighted", "attention_pool")
 #: earlier option values, still accepted
 READOUT_ALIASES = {"cls": "class_token", "mean_patches": "mean_content"}
 
@@ -38,9 +40,10 @@ def resolve_readout(adapter: ModelAdapter, readout: str) -> str:
     if readout == "position" and adapter.readout != "position":
         raise ValueError(f"readout='position' needs a model read out at a per-sample position ({adapter.family} "
                          f"reads out with {adapter.readout!r})")
-    if readout == "weighted" and adapter.readout != "weighted":
-        raise ValueError(f"readout='weighted' needs a model read out as a weighted mean of positions ({adapter.family} "
-                         f"reads out with {adapter.readout!r})")
+    if readout in WEIGHTED_READOUTS and adapter.readout != readout:
+        kind = "as a weighted mean of positions" if readout == "weighted" else "by an attention pooling head"
+        raise ValueError(f"readout={readout!r} needs a model read out {kind} ({adapter.family} reads out with "
+                         f"{adapter.readout!r})")
     return readout
 
 
@@ -52,8 +55,9 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
     * ``position``: each sample's read-out position (``adapter.context(inputs).readout_positions``);
     * ``mean_content``: the mean over the content rows (``layout.mean_over_content_rows``: for text the mask
       of each sample's content, where padding and special tokens are left out);
-    * ``weighted``: the mean of the rows weighted by ``adapter.readout_weights(layout)`` (a DeiT's [CLS] and
-      distillation rows, 1/2 each; DINOv2's [CLS] row 1/2 and the mean patch row 1/2);
+    * ``weighted`` / ``attention_pool``: each sample's rows weighted by ``adapter.readout_weights(inputs,
+      layout)`` ``[B, N]``, ``w @ matrix`` (a DeiT's [CLS] and distillation rows, 1/2 each; DINOv2's [CLS] row
+      1/2 and the mean patch row 1/2; an attention pool's attention, mean over its heads);
     * ``auto``: the model's own read-out (:func:`resolve_readout`).
     """
     kind = resolve_readout(adapter, readout)
@@ -66,9 +70,10 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
         index = positions.reshape((-1,) + (1,) * (matrix.dim() - 2)).expand(matrix.shape[:-2] + (1,))
         return matrix.gather(-2, index[..., None].expand(matrix.shape[:-2] + (1, matrix.shape[-1])))[..., 0, :]
     layout = layout or adapter.layout(inputs)
-    if kind == "weighted":
-        weights = adapter.readout_weights(layout).to(dtype=matrix.dtype, device=matrix.device)
-        return torch.matmul(weights, matrix)
+    if kind in WEIGHTED_READOUTS:
+        weights = adapter.readout_weights(inputs, layout).to(dtype=matrix.dtype, device=matrix.device)
+        weights = weights.reshape(weights.shape[:1] + (1,) * (matrix.dim() - 2) + weights.shape[1:])
+        return torch.matmul(weights, matrix)[..., 0, :]
     return layout.mean_over_content_rows(matrix)
 
 
@@ -87,8 +92,8 @@ def read_out_identity(adapter: ModelAdapter, inputs: ModelInputs, readout: str, 
         positions = adapter.context(inputs).readout_positions
         assert positions is not None, "a model read out at a position has them in its context"
         weights.scatter_(1, positions.to(like.device).long()[:, None], 1.0)
-    elif kind == "weighted":
-        weights[:] = adapter.readout_weights(layout).to(dtype=like.dtype, device=like.device)
+    elif kind in WEIGHTED_READOUTS:
+        weights[:] = adapter.readout_weights(inputs, layout).to(dtype=like.dtype, device=like.device)
     else:
         weights = layout.content_positions(like).to(like.dtype)
         weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1)

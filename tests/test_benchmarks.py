@@ -97,6 +97,22 @@ def test_tiny_llama_run(bench, capsys):
     assert "Llama, 12 positions" in printed and "logits_to_keep" in " ".join(result["notes"])
 
 
+def test_tiny_dinov2_reg_run(bench, capsys):
+    """--family dinov2_reg: a ViT with 4 registers and layer scale; a method not defined there (LRP: layer scale)
+    is a row ``undefined`` with its reason, not a crash."""
+    result = bench.main(["--family", "dinov2_reg", "--model-size", "tiny", "--isolation", "none", "--threads", "1",
+                         "--device", "cpu", "--methods", "rollout", "partial_lrp", "--batch-sizes", "2",
+                         "--repeats", "1"])
+    printed = capsys.readouterr().out
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"forward", "forward+backward", "rollout", "partial_lrp"}
+    assert rows["rollout"]["anchor"] == "1 fwd" and _positive(rows["rollout"]["ratio"])
+    assert rows["partial_lrp"]["status"] == "undefined" and rows["partial_lrp"]["ms_per_image"] is None
+    assert "layer scale" in rows["partial_lrp"]["memory_note"]
+    assert result["config"]["model"]["reg_tokens"] == 4 and "DINOv2-reg ViT" in printed
+    assert any(n.startswith("partial_lrp: not defined") for n in result["notes"])
+
+
 def test_anchor_arithmetic(bench):
     """Ratios use the anchor each method fundamentally needs (PROTOCOLS.md section 7)."""
     fwd, fb = 0.5, 1.5

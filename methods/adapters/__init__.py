@@ -10,6 +10,7 @@ Importing a family's module registers it; the families shipped here are imported
 from .base import (  # noqa: F401
     ADAPTERS,
     READOUT_KINDS,
+    WEIGHTED_READOUTS,
     AttentionLinears,
     Layout,
     MethodUndefinedError,

@@ -13,9 +13,11 @@ Vocabulary
   for text every real token of the input (padding excluded).
 * **read-out**: where the prediction reads the last hidden states: ``"class_token"`` (one fixed position,
   e.g. [CLS] at 0), ``"mean_content"`` (the mean of the content positions: global average pooling),
-  ``"position"`` (one position per sample, e.g. CLIP's EOS token) or ``"weighted"`` (a fixed weighted mean of
+  ``"position"`` (one position per sample, e.g. CLIP's EOS token), ``"weighted"`` (a fixed weighted mean of
   positions, :meth:`ModelAdapter.readout_weights`: a DeiT's [CLS] and distillation tokens, each read by its own
-  head and the logits averaged; DINOv2's classifier on ``[CLS] ++ mean of the patches``).
+  head and the logits averaged; DINOv2's classifier on ``[CLS] ++ mean of the patches``) or ``"attention_pool"``
+  (a learned-query attention pooling head reads the last hidden states: each sample's read-out is its own weight
+  vector over the positions, :meth:`ModelAdapter.readout_weights`, the pool's attention).
 * **layout** (:class:`PatchGrid` or :class:`TokenSequence`): how the content positions map to the input, and
   therefore the shape of a method's output: ``[B, P]`` patch scores in row-major grid order for images;
   ``[B, N]`` scores aligned with the input positions for sequences, exactly 0 at padding.
@@ -52,7 +54,9 @@ from .recorder import ActivationRecorder
 if TYPE_CHECKING:
     from transformers.pytorch_utils import Conv1D
 
-READOUT_KINDS = ("class_token", "mean_content", "position", "weighted")
+READOUT_KINDS = ("class_token", "mean_content", "position", "weighted", "attention_pool")
+#: the read-outs given by a weight vector per sample over the positions (:meth:`ModelAdapter.readout_weights`)
+WEIGHTED_READOUTS = ("weighted", "attention_pool")
 
 #: what a caller passes: a tensor, or a mapping of tensors as a tokenizer or processor returns it
 RawInputs = Union[Tensor, Mapping[str, Any]]
@@ -285,7 +289,9 @@ class AttentionLinears:
     ``out``. Read weights with :func:`linear_weight`. ``multihead``: an ``nn.MultiheadAttention`` (open_clip)
     applies its packed ``in_proj_weight`` and its ``out_proj`` functionally, so no projection module runs that a
     hook could reach: then ``qkv``, ``q``, ``k``, ``v`` are ``None``, ``out`` is its ``out_proj`` (to read its
-    weight, never to hook) and rules act through the module's ``query`` / ``key`` / ``value`` inputs."""
+    weight, never to hook) and rules act through the module's ``query`` / ``key`` / ``value`` inputs. An attention
+    pooling head's learned query has its own ``q`` and a fused key-value projection ``kv`` (output ``[k | v]``,
+    width ``2 * D``)."""
 
     out: Projection
     qkv: Optional[Projection] = None
@@ -293,6 +299,7 @@ class AttentionLinears:
     k: Optional[Projection] = None
     v: Optional[Projection] = None
     multihead: Optional[nn.MultiheadAttention] = None
+    kv: Optional[Projection] = None
 
 
 # ------------------------------------------------------------------------------------------ interface
@@ -359,10 +366,12 @@ class ModelAdapter(abc.ABC):
     def has_class_token(self) -> bool:
         return self.readout == "class_token"
 
-    def readout_weights(self, layout: Layout) -> Tensor:
-        """The read-out of a ``"weighted"`` model: weights ``[N]`` over the positions of ``layout`` (summing to 1)
-        whose weighted mean of rows stands for the prediction (:func:`methods.readout.read_out`); only where
-        :attr:`readout` is ``"weighted"``."""
+    def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
+        """The read-out of a model whose :attr:`readout` is one of :data:`WEIGHTED_READOUTS`: per sample, the weight
+        of each position of ``layout`` in what the head reads, ``[B, N]``, each row summing to 1, 0 at the
+        positions it does not read; the weighted mean of rows stands for the prediction
+        (:func:`methods.readout.read_out`). ``"weighted"``: fixed weights (a DeiT's [CLS] and distillation tokens,
+        1/2 each); ``"attention_pool"``: the pooling head's attention, mean over its heads."""
         raise NotImplementedError(f"{self.family} reads out with {self.readout!r}, not a weighted mean of positions")
 
     # -------------------------------------------------------------- inputs, layout
@@ -480,6 +489,12 @@ class ModelAdapter(abc.ABC):
 
     def rule_problems(self) -> List[str]:
         """What in this model has no relevance rule of :mod:`methods.attnlrp` (e.g. a gated MLP), or ``[]``."""
+        return []
+
+    def head_attention_linears(self) -> List[AttentionLinears]:
+        """The linear layers of the attention sub-layers outside the blocks (an attention pooling head: its
+        query ``q`` and key-value ``kv`` projections), which :mod:`methods.attnlrp` gives the attention rules as
+        the blocks' ones; ``[]`` (default) when there are none."""
         return []
 
     def gated_mlps(self) -> List[nn.Module]:

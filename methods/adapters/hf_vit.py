@@ -267,10 +267,10 @@ class HFDeiTWithTeacherAdapter(HFDeiTAdapter):
     model_class = "DeiTForImageClassificationWithTeacher"
     readout = "weighted"
 
-    def readout_weights(self, layout: Layout) -> Tensor:
+    def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
         weights = torch.zeros(layout.num_positions)
         weights[:2] = 0.5
-        return weights
+        return weights.expand(inputs.batch_size, -1)
 
     def classifiers(self) -> List[nn.Module]:
         return [self.model.cls_classifier, self.model.distillation_classifier]
@@ -297,11 +297,11 @@ class HFDinov2Adapter(HFViTLikeAdapter):
     readout = "weighted"
     fixed_image_size = False
 
-    def readout_weights(self, layout: Layout) -> Tensor:
+    def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
         weights = torch.zeros(layout.num_positions)
         weights[0] = 0.5
         weights[self.num_prefix_tokens:] = 0.5 / (layout.num_positions - self.num_prefix_tokens)
-        return weights
+        return weights.expand(inputs.batch_size, -1)
 
     def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
         """Final ``layernorm``, ``[CLS] ++ mean of the patch tokens`` (prefix tokens left out), ``classifier``."""

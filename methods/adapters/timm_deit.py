@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from .base import Layout, register_adapter
+from .base import Layout, ModelInputs, register_adapter
 from .timm_vit import TimmViTAdapter
 
 
@@ -64,8 +64,8 @@ class TimmDeiTAdapter(TimmViTAdapter):
     def has_class_token(self) -> bool:
         return True
 
-    def readout_weights(self, layout: Layout) -> Tensor:
+    def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
         """1/2 at [CLS] (position 0) and at the distillation token (position 1), 0 elsewhere."""
         weights = torch.zeros(layout.num_positions)
         weights[:2] = 0.5
-        return weights
+        return weights.expand(inputs.batch_size, -1)

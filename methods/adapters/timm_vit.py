@@ -2,22 +2,45 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable, Hashable, Iterator, List, Optional, Tuple
 
+import torch
 from torch import Tensor, nn
 
-from .base import AttentionLinears, ImageAdapter, ModelInputs, SequenceContext, register_adapter
+from .base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
 from .recorder import ActivationRecorder
 
-SUPPORTED_POOLS = ("token", "avg")
+SUPPORTED_POOLS = ("token", "avg", "map")
+#: the read-out kind of each supported ``global_pool``
+READOUT_OF_POOL = {"token": "class_token", "avg": "mean_content", "map": "attention_pool"}
 
 
 @register_adapter
 class TimmViTAdapter(ImageAdapter):
-    """Stock timm ``VisionTransformer``: pre-norm blocks ``x + attn(norm1(x))``, ``h + mlp(norm2(h))``, fused
-    ``qkv`` projection; read-out ``"class_token"`` (``global_pool='token'``) or ``"mean_content"``
-    (``global_pool='avg'``). Inputs (:class:`~methods.adapters.base.ImageAdapter`): images whose sides are
-    multiples of the patch size. Layout: a patch grid after the prefix tokens ([CLS], registers)."""
+    """Stock timm ``VisionTransformer``: pre-norm blocks ``x + attn(norm1(x))``, ``h + mlp(norm2(h))`` (with
+    layer scale where the model has it), fused ``qkv`` projection. Inputs
+    (:class:`~methods.adapters.base.ImageAdapter`): images whose sides are multiples of the patch size.
+
+    Layout: ``num_prefix_tokens`` prefix tokens (the class token if any, then the ``reg_tokens`` register tokens:
+    DINOv2-reg) before the patch grid. Prefix tokens are never scored (a method's output is the patch columns),
+    but they are positions of every token-to-token matrix: rollout and the relevance methods carry the attention
+    to and through the registers, and a row normalisation (rollout's) runs over all ``N`` positions, registers
+    included, so the patch scores of a row sum to less than one where attention rests on the registers.
+
+    Read-out, by ``global_pool`` (what ``forward_head`` does after the final ``norm``):
+
+    * ``'token'``: ``"class_token"``, the [CLS] row (position 0);
+    * ``'avg'``: ``"mean_content"``, the mean over the patch rows: registers and [CLS] are left out exactly as
+      timm's ``pool`` drops the first ``num_prefix_tokens`` before the mean; ``fc_norm`` (a LayerNorm after the
+      mean, timm's default for average pooling) is part of the head. ``pool_include_prefix=True`` (a mean over
+      the prefix tokens too) is not supported;
+    * ``'map'``: ``"attention_pool"``, timm's ``AttentionPoolLatent`` (one learned query attending over the
+      patch tokens, then its projection and a residual MLP; SigLIP's vision towers): the read-out row of each
+      sample is the pool's attention, mean over the pool's heads, over the tokens the pool reads (0 at the
+      prefix tokens unless ``pool_include_prefix``), :meth:`readout_weights`. Gradient methods differentiate
+      through the pool (the model's own forward).
+    """
 
     family = "timm VisionTransformer"
     pre_norm = True
@@ -27,7 +50,8 @@ class TimmViTAdapter(ImageAdapter):
         self.blocks = list(model.blocks)
         self.num_prefix_tokens = int(model.num_prefix_tokens)
         self.patch_size = (int(model.patch_embed.patch_size[0]), int(model.patch_embed.patch_size[1]))
-        self.readout = "class_token" if model.global_pool == "token" else "mean_content"
+        self.readout = READOUT_OF_POOL[model.global_pool]
+        self._readout_cache: Optional[Tuple[weakref.ReferenceType, Tensor]] = None
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
@@ -40,11 +64,31 @@ class TimmViTAdapter(ImageAdapter):
         if model.global_pool not in SUPPORTED_POOLS:
             return (f"timm VisionTransformer with global_pool={model.global_pool!r} is not supported; supported "
                     f"read-outs: {', '.join(map(repr, SUPPORTED_POOLS))}")
+        if model.global_pool == "avg" and getattr(model, "pool_include_prefix", False):
+            return ("timm VisionTransformer with global_pool='avg' and pool_include_prefix=True (a mean over the "
+                    "prefix tokens too) is not supported: the mean read-out is over the patch tokens")
+        if model.global_pool == "map":
+            return cls._attention_pool_problem(model.attn_pool)
+        return None
+
+    @staticmethod
+    def _attention_pool_problem(pool: nn.Module) -> Optional[str]:
+        """Why the attention pooling head ``pool`` is not supported (``None``: it is): timm's
+        ``AttentionPoolLatent`` with one latent query and no positional embedding of its own."""
+        from timm.layers import AttentionPoolLatent
+
+        if not isinstance(pool, AttentionPoolLatent):
+            return f"attention pooling head {type(pool).__name__} is not supported (supported: AttentionPoolLatent)"
+        if pool.latent_len != 1 or pool.pos_embed is not None or pool.pool != "token":
+            return (f"AttentionPoolLatent with latent_len={pool.latent_len}, pos_embed="
+                    f"{'abs' if pool.pos_embed is not None else None}, pool_type={pool.pool!r} is not supported "
+                    "(supported: one latent query, no positional embedding, pool_type='token')")
         return None
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:
-        return (model.global_pool, len(model.blocks), int(model.num_prefix_tokens))
+        return (model.global_pool, len(model.blocks), int(model.num_prefix_tokens),
+                bool(getattr(model, "pool_include_prefix", False)))
 
     # ------------------------------------------------------------------ structure
     @property
@@ -84,6 +128,44 @@ class TimmViTAdapter(ImageAdapter):
         m = self.model
         return m.forward_head(m.norm(hidden), pre_logits=pre_logits)
 
+    # ------------------------------------------------------------------ attention pooling read-out
+    @property
+    def pool_start(self) -> int:
+        """The first position the pooling head reads: 0 with ``pool_include_prefix``, else the first patch."""
+        return 0 if getattr(self.model, "pool_include_prefix", False) else self.num_prefix_tokens
+
+    def pool_attention(self, inputs: ModelInputs) -> Tensor:
+        """The attention of the ``map`` pooling head's query over the positions, per head: ``[B, H, N]`` (0 at
+        the positions before :attr:`pool_start`). One forward without autograd; the probabilities are the eager
+        form of the pool's attention, ``softmax(q_norm(q) * scale @ k_norm(k)^T)`` from its own ``q``, ``kv``,
+        ``q_norm`` and ``k_norm`` (its fused form never materialises them)."""
+        m = self.model
+        pool = m.attn_pool
+        with torch.no_grad():
+            hidden = m.norm(self.run_blocks(self.embed(inputs), self.context(inputs)))
+            tokens = hidden[:, self.pool_start:]
+            batch, n, _ = tokens.shape
+            heads, dim = pool.num_heads, pool.head_dim
+            q = pool.q(pool.latent.expand(batch, -1, -1)).reshape(batch, 1, heads, dim).transpose(1, 2)
+            k = pool.kv(tokens).reshape(batch, n, 2, heads, dim)[:, :, 0].transpose(1, 2)
+            q, k = pool.q_norm(q), pool.k_norm(k)
+            attn = (q * pool.scale @ k.transpose(-2, -1)).softmax(dim=-1)[:, :, 0]
+            weights = attn.new_zeros(batch, heads, hidden.shape[1])
+            weights[..., self.pool_start:] = attn
+        return weights
+
+    def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
+        """The ``map`` pool's attention, mean over its heads: ``[B, N]`` (:meth:`pool_attention`), computed once
+        per batch object (a method reads it for several matrices)."""
+        if self.readout != "attention_pool":
+            return super().readout_weights(inputs, layout)
+        cached = self._readout_cache
+        if cached is not None and cached[0]() is inputs:
+            return cached[1]
+        weights = self.pool_attention(inputs).mean(dim=1)
+        self._readout_cache = (weakref.ref(inputs), weights)
+        return weights
+
     # ------------------------------------------------------------------ where methods hook
     def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                          transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
@@ -108,6 +190,13 @@ class TimmViTAdapter(ImageAdapter):
     # ------------------------------------------------------------------ relevance rules
     def input_embedding(self) -> nn.Module:
         return self.model.patch_embed
+
+    def head_attention_linears(self) -> List[AttentionLinears]:
+        """The ``map`` pooling head's query and key-value projections (none for the other read-outs)."""
+        pool = getattr(self.model, "attn_pool", None)
+        if self.readout != "attention_pool" or pool is None:
+            return []
+        return [AttentionLinears(out=pool.proj, q=pool.q, kv=pool.kv)]
 
     def rule_problems(self) -> List[str]:
         """Gated MLPs (SwiGLU, GLU) and gated attention have no rule here: the uniform rule on their products is

@@ -1,9 +1,17 @@
 """LRP topology of a stock timm ``VisionTransformer``: what to record and in which order the sub-layers apply.
 
-Graph (forward order): ``patch_embed.proj`` (Conv2d, z^B rule) -> prefix tokens concat -> ``+ pos_embed``
-(Add) -> blocks (pre-norm: ``x + attn(norm1(x))``, ``h + mlp(norm2(h))``; see
-:func:`methods.lrp.sublayers.block_relprop`) -> ``norm`` (identity) -> read-out ([CLS] select or token mean) ->
-``fc_norm`` (identity) -> ``head`` (Linear).
+Graph (forward order): ``patch_embed.proj`` (Conv2d, z^B rule) -> prefix tokens concat ([CLS], registers) ->
+``+ pos_embed`` (Add; with ``no_embed_class`` only the patches get it) -> blocks (pre-norm: ``x + attn(norm1(x))``,
+``h + mlp(norm2(h))``; see :func:`methods.lrp.sublayers.block_relprop`) -> ``norm`` (identity) -> read-out ([CLS]
+select, token mean over the patches, or the ``map`` attention pooling head) -> ``fc_norm`` (identity) -> ``head``
+(Linear).
+
+The ``map`` head (timm's ``AttentionPoolLatent``, one learned query) by the rules of a block:
+``y = proj(A @ v)`` with ``A = softmax(q k^T * scale)``, ``q = q_proj(latent)``, ``[k | v] = kv(tokens)``, then
+``y + mlp(norm(y))``: the Add rule, the MLP's Linear rules and the clone of ``y``, the output projection's Linear
+rule, the attention core (:func:`methods.lrp.sublayers.attention_relprop`: the matmul rule on ``A @ v`` and on
+``q @ k^T``; the query's share is dropped, as the learned latent is no input) and the Linear rule of ``kv`` onto
+the tokens the pool reads (the patches; the prefix tokens get none, unless ``pool_include_prefix``).
 """
 from __future__ import annotations
 
@@ -13,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ..adapters import ActivationRecorder, MethodUndefinedError, TimmViTAdapter
-from .sublayers import embedding_sum_relprop, readout_relprop, record_block
+from .sublayers import attention_relprop, embedding_sum_relprop, readout_relprop, record_block
 from .topology import Topology, register_topology
 
 
@@ -30,8 +38,13 @@ class TimmViTTopology(Topology):
 
         m = adapter.model
         problems = []
-        if getattr(m, "attn_pool", None) is not None:
-            problems.append("attention pooling (attn_pool)")
+        pool = getattr(m, "attn_pool", None)
+        if pool is not None:
+            for attr in ("q_norm", "k_norm"):
+                if not isinstance(getattr(pool, attr), nn.Identity):
+                    problems.append(f"attention pool {attr}")
+            if type(pool.mlp) is not Mlp or not isinstance(getattr(pool.mlp, "norm", nn.Identity()), nn.Identity):
+                problems.append(f"attention pool mlp {type(pool.mlp).__name__}")
         if getattr(m, "pos_embed", None) is None:
             problems.append("no absolute positional embedding")
         if getattr(m, "dynamic_img_size", False):
@@ -63,7 +76,7 @@ class TimmViTTopology(Topology):
             raise MethodUndefinedError(
                 f"LRP rules are not defined for this {type(m).__module__}.{type(m).__name__}: "
                 f"{'; '.join(problems[:6])}; supported families: {adapter.family} (stock pre-norm "
-                f"Block/Attention/Mlp, Identity layer scale and q/k norm, [CLS] or average pooling, Linear head)"
+                f"Block/Attention/Mlp, Identity layer scale and q/k norm, [CLS], average or map pooling, Linear head)"
             )
 
     # ------------------------------------------------------------------ recording
@@ -79,6 +92,18 @@ class TimmViTTopology(Topology):
             record_block(rec, adapter, l, layer_outputs)
         rec.input(m.head, "head_in")
         rec.output(m.norm, "norm_out")
+        pool = getattr(m, "attn_pool", None)
+        if pool is not None:
+            rec.output(pool.q, "pool_q")
+            rec.input(pool.kv, "pool_kv_in")
+            rec.output(pool.kv, "pool_kv")
+            rec.input(pool.proj, "pool_ctx")
+            rec.output(pool.proj, "pool_y")
+            rec.input(pool.mlp.fc1, "pool_fc1_in")
+            if layer_outputs:
+                rec.output(pool.mlp.fc1, "pool_fc1_out")
+            rec.input(pool.mlp.fc2, "pool_fc2_in")
+            rec.output(pool.mlp.fc2, "pool_mlp_out")
         if to_input:
             rec.input(m.patch_embed.proj, "pixels")
             rec.output(m.patch_embed, "patch_tokens")
@@ -89,8 +114,39 @@ class TimmViTTopology(Topology):
         """Relevance at the output of the final ``norm`` (``[B, N, D]``): head Linear, then the read-out."""
         m = self.model
         r = rules["linear"](acts["head_in"], m.head.weight, relevance_logits)   # fc_norm, head_drop: identity
-        first = 0 if getattr(m, "pool_include_prefix", False) else self.adapter.num_prefix_tokens
+        first = self.adapter.pool_start
+        if self.adapter.readout == "attention_pool":
+            out = torch.zeros_like(acts["norm_out"])
+            out[:, first:] = self.pool_relprop(rules, acts, r)
+            return out                                                             # norm: identity
         return readout_relprop(rules, acts["norm_out"], r, self.adapter.readout, slice(first, None))  # norm: id
+
+    @torch.no_grad()
+    def pool_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
+        """Relevance of the tokens the ``map`` pool reads (``[B, n, D]``) from that of its output ``[B, D]``
+        (the module docstring's rules; the pool's norm and GELU: identity)."""
+        pool = self.model.attn_pool
+        y, m_out = acts["pool_y"], acts["pool_mlp_out"]                    # [B, 1, D]: one latent query
+        r_y, r_m = rules["add"](y, m_out, relevance[:, None])
+        r_m = rules["linear"](acts["pool_fc2_in"], pool.mlp.fc2.weight, r_m, m_out, pool.mlp.fc2.bias)
+        r_m = rules["linear"](acts["pool_fc1_in"], pool.mlp.fc1.weight, r_m, acts.get("pool_fc1_out"),
+                              pool.mlp.fc1.bias)
+        r_y = rules["clone"](y, [r_y, r_m])
+        ctx = acts["pool_ctx"]                                                # A @ v, heads merged, [B, 1, D]
+        r_ctx = rules["linear"](ctx, pool.proj.weight, r_y, y, pool.proj.bias)
+        kv_out, tokens = acts["pool_kv"], acts["pool_kv_in"]
+        batch, n = tokens.shape[:2]
+        heads = pool.num_heads
+
+        def heads_first(tensor: Tensor) -> Tensor:                            # [B, n, H*d] -> [B, H, n, d]
+            return tensor.reshape(batch, tensor.shape[1], heads, -1).transpose(1, 2)
+
+        q = heads_first(acts["pool_q"])
+        k, v = kv_out.reshape(batch, n, 2, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = (q * pool.scale @ k.transpose(-2, -1)).softmax(dim=-1)        # the pool's eager attention
+        _, _, r_k, r_v = attention_relprop(rules, q, k, v, attn, heads_first(r_ctx), ctx=heads_first(ctx))
+        r_kv = torch.stack([r.transpose(1, 2) for r in (r_k, r_v)], dim=2).reshape(batch, n, -1)
+        return rules["linear"](tokens, pool.kv.weight, r_kv, kv_out, pool.kv.bias)
 
     @torch.no_grad()
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
