@@ -129,3 +129,27 @@ def test_cp_lrp_conserves_through_the_attention_pool():
     with relevance_rules(adapter, "attnlrp"):
         assert len(model.attn_pool.kv._forward_hooks) == 1 and len(model.attn_pool.q._forward_hooks) == 1
     assert not model.attn_pool.kv._forward_hooks
+
+
+@pytest.mark.parametrize("name", ["lrp", "partial_lrp", "lrp_rollout", "transformer_attribution"])
+def test_layer_scale_passes_relevance_unchanged(name):
+    """A ViT with layer scale (DINOv2's ``init_values``) gives the maps of the same function written without it
+    (``gamma`` multiplied into ``proj`` and ``fc2``): the z-rule through ``gamma * a`` is the identity."""
+    scaled = _tiny_variant(class_token=True, reg_tokens=4, no_embed_class=True, init_values=0.5).eval()
+    with torch.no_grad():
+        for block in scaled.blocks:
+            block.ls1.gamma.mul_(torch.linspace(0.2, 2.0, block.ls1.gamma.numel(), dtype=torch.float64))
+            block.ls2.gamma.mul_(torch.linspace(1.5, 0.3, block.ls2.gamma.numel(), dtype=torch.float64))
+    folded = _tiny_variant(class_token=True, reg_tokens=4, no_embed_class=True).eval()
+    folded.load_state_dict({k: v for k, v in scaled.state_dict().items() if ".ls" not in k})
+    with torch.no_grad():
+        for plain, block in zip(folded.blocks, scaled.blocks):
+            for linear, gamma in ((plain.attn.proj, block.ls1.gamma), (plain.mlp.fc2, block.ls2.gamma)):
+                linear.weight.mul_(gamma[:, None])
+                linear.bias.mul_(gamma)
+    x = _images(2)
+    torch.testing.assert_close(folded(x), scaled(x), rtol=1e-12, atol=1e-12)
+    method = build_method(name)
+    target = torch.tensor([1, 3])
+    ours, reference = method(scaled, x, target=target), method(folded, x, target=target)
+    torch.testing.assert_close(ours, reference, rtol=1e-9, atol=1e-12 * float(reference.abs().max()))

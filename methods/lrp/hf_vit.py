@@ -34,20 +34,16 @@ from ..adapters import (
     HFViTLikeAdapter,
     MethodUndefinedError,
 )
-from ..adapters.base import AttentionLinears, Projection, linear_weight
-from .sublayers import block_relprop, block_tensors, embedding_sum_relprop, readout_relprop, record_block
+from ..adapters.base import AttentionLinears
+from .sublayers import (
+    block_relprop,
+    block_tensors,
+    embedding_sum_relprop,
+    folded_linear,
+    readout_relprop,
+    record_block,
+)
 from .topology import Topology, register_topology
-
-
-def _folded(linear: Projection, scale: Tensor) -> nn.Linear:
-    """``linear`` followed by ``* scale`` as one Linear layer (weight ``diag(scale) W``, bias ``scale b``),
-    detached from the model's parameters."""
-    weight = linear_weight(linear).detach()
-    folded = nn.Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None, device="meta")
-    folded.weight = nn.Parameter(weight * scale.detach()[:, None], requires_grad=False)
-    if linear.bias is not None:
-        folded.bias = nn.Parameter(linear.bias.detach() * scale.detach(), requires_grad=False)
-    return folded
 
 
 @register_topology(HFDinov2WithRegistersAdapter)
@@ -85,8 +81,8 @@ class HFViTLikeTopology(Topology):
         for i, block in enumerate(adapter.blocks):
             if hasattr(block, "layer_scale1"):
                 fc1, fc2 = adapter.mlp_linears(i)
-                self.scaled[i] = (_folded(adapter.attention_linears(i).out, block.layer_scale1.lambda1),
-                                  _folded(fc2, block.layer_scale2.lambda1))
+                self.scaled[i] = (folded_linear(adapter.attention_linears(i).out, block.layer_scale1.lambda1),
+                                  folded_linear(fc2, block.layer_scale2.lambda1))
 
     # ------------------------------------------------------------------ recording
     def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..adapters import AttentionLinears, Projection, linear_weight
 
@@ -148,6 +148,17 @@ def release_block(acts, layer: int) -> None:
     with them, and their memory is reused by the blocks below."""
     for name in BLOCK_KEYS:
         acts.pop((name, layer), None)
+
+
+def folded_linear(linear: Projection, scale: Tensor) -> nn.Linear:
+    """``linear`` followed by ``* scale`` as one Linear layer (weight ``diag(scale) W``, bias ``scale b``),
+    detached from the model's parameters."""
+    weight = linear_weight(linear).detach()
+    folded = nn.Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None, device="meta")
+    folded.weight = nn.Parameter(weight * scale.detach()[:, None], requires_grad=False)
+    if linear.bias is not None:
+        folded.bias = nn.Parameter(linear.bias.detach() * scale.detach(), requires_grad=False)
+    return folded
 
 
 def block_tensors(acts, layer: int, **extra) -> BlockTensors:

@@ -6,6 +6,10 @@ Graph (forward order): ``patch_embed.proj`` (Conv2d, z^B rule) -> prefix tokens 
 select, token mean over the patches, or the ``map`` attention pooling head) -> ``fc_norm`` (identity) -> ``head``
 (Linear).
 
+Layer scale (``x + gamma * branch``, DINOv2, CaiT-style ``init_values``): a constant per channel, one input per
+output, so the z-rule passes relevance through it unchanged; the Add rule sees the scaled branch, and ``gamma`` is
+folded into the branch's last Linear (``proj``, ``fc2``) for its rule (as for transformers' DINOv2).
+
 The ``map`` head (timm's ``AttentionPoolLatent``, one learned query) by the rules of a block:
 ``y = proj(A @ v)`` with ``A = softmax(q k^T * scale)``, ``q = q_proj(latent)``, ``[k | v] = kv(tokens)``, then
 ``y + mlp(norm(y))``: the Add rule, the MLP's Linear rules and the clone of ``y``, the output projection's Linear
@@ -15,13 +19,22 @@ the tokens the pool reads (the patches; the prefix tokens get none, unless ``poo
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Dict, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from ..adapters import ActivationRecorder, MethodUndefinedError, TimmViTAdapter
-from .sublayers import attention_relprop, embedding_sum_relprop, readout_relprop, record_block
+from ..adapters.base import AttentionLinears
+from .sublayers import (
+    attention_relprop,
+    block_relprop,
+    block_tensors,
+    embedding_sum_relprop,
+    folded_linear,
+    readout_relprop,
+    record_block,
+)
 from .topology import Topology, register_topology
 
 
@@ -31,8 +44,8 @@ class TimmViTTopology(Topology):
 
     @staticmethod
     def check(adapter: TimmViTAdapter) -> None:
-        """Raise ``TypeError`` naming what has no LRP rule here (layer scale, q/k norm, gated attention,
-        non-standard blocks or MLPs, attention pooling, dynamic positional embeddings)."""
+        """Raise ``TypeError`` naming what has no LRP rule here (a layer scale without ``gamma``, q/k norm, gated
+        attention, non-standard blocks or MLPs, attention pooling, dynamic positional embeddings)."""
         from timm.layers import Mlp
         from timm.models.vision_transformer import Attention, Block
 
@@ -59,8 +72,9 @@ class TimmViTTopology(Topology):
                 problems.append(f"block {i} is {type(blk).__name__} (need timm Block)")
                 continue
             for attr in ("ls1", "ls2"):
-                if not isinstance(getattr(blk, attr), nn.Identity):
-                    problems.append(f"block {i} layer scale {attr}")
+                scale = getattr(blk, attr)
+                if not isinstance(scale, nn.Identity) and not isinstance(getattr(scale, "gamma", None), Tensor):
+                    problems.append(f"block {i} layer scale {attr} {type(scale).__name__}")
             attn = blk.attn
             if type(attn) is not Attention:
                 problems.append(f"block {i} attention {type(attn).__name__}")
@@ -79,6 +93,17 @@ class TimmViTTopology(Topology):
                 f"Block/Attention/Mlp, Identity layer scale and q/k norm, [CLS], average or map pooling, Linear head)"
             )
 
+    def __init__(self, adapter: TimmViTAdapter) -> None:
+        super().__init__(adapter)
+        #: per block with layer scale (``x + gamma * branch``, a constant per channel: relevance passes it
+        #: unchanged), the output projection and the MLP's second Linear with the scales folded in
+        self.scaled: Dict[int, Tuple[nn.Linear, nn.Linear]] = {}
+        for i, blk in enumerate(adapter.blocks):
+            if not isinstance(blk.ls1, nn.Identity) or not isinstance(blk.ls2, nn.Identity):
+                one = torch.ones(adapter.width)
+                self.scaled[i] = (folded_linear(blk.attn.proj, getattr(blk.ls1, "gamma", one)),
+                                  folded_linear(blk.mlp.fc2, getattr(blk.ls2, "gamma", one)))
+
     # ------------------------------------------------------------------ recording
     def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
                grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
@@ -90,6 +115,9 @@ class TimmViTTopology(Topology):
         for l in blocks:
             adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
             record_block(rec, adapter, l, layer_outputs)
+            if l in self.scaled:
+                rec.output(adapter.blocks[l].ls1, ("scaled_attn_out", l))
+                rec.output(adapter.blocks[l].ls2, ("scaled_mlp_out", l))
         rec.input(m.head, "head_in")
         rec.output(m.norm, "norm_out")
         pool = getattr(m, "attn_pool", None)
@@ -109,6 +137,21 @@ class TimmViTTopology(Topology):
             rec.output(m.patch_embed, "patch_tokens")
 
     # ------------------------------------------------------------------ relevance pass
+    @torch.no_grad()
+    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
+        """The shared block pass; with layer scale, the scaled branches and the Linear layers with the scales
+        folded in (the z-rule through ``gamma * a`` is the identity: one input per output)."""
+        adapter = self.adapter
+        linears, mlp = adapter.attention_linears(layer), adapter.mlp_linears(layer)
+        extra = {}
+        if layer in self.scaled:
+            out, fc2 = self.scaled[layer]
+            linears = AttentionLinears(out=out, qkv=linears.qkv)
+            mlp = (mlp[0], fc2)
+            extra = dict(attn_out=acts.pop(("scaled_attn_out", layer)), mlp_out=acts.pop(("scaled_mlp_out", layer)))
+        return block_relprop(rules, block_tensors(acts, layer, **extra), linears, mlp, adapter.num_heads, relevance,
+                             need_below)
+
     @torch.no_grad()
     def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
         """Relevance at the output of the final ``norm`` (``[B, N, D]``): head Linear, then the read-out."""

@@ -9,10 +9,6 @@ from torch import nn
 from .base import Family
 from .vision import _images
 
-#: the LRP-family methods, whose topology has no rule for layer scale (Chefer et al.'s rules have none)
-LRP_METHODS = ("lrp", "lrp_rollout", "partial_lrp", "transformer_attribution")
-LAYER_SCALE = "LRP rules are not defined for this timm.models.vision_transformer.VisionTransformer: block 0 layer scale"
-
 
 def _tiny_variant(**kwargs) -> nn.Module:
     """A tiny random float64 timm ``VisionTransformer`` (32 px, 8 px patches, 3 blocks, width 24) with ``kwargs``."""
@@ -42,8 +38,7 @@ def _variant_family(name: str, undefined: dict = None, **kwargs) -> Family:
 
 FAMILIES = [
     # DINOv2-reg (vit_small_patch14_reg4_dinov2): [CLS] + 4 registers, positions on the patches only, layer scale
-    _variant_family("timm_vit_reg4_dinov2", class_token=True, reg_tokens=4, no_embed_class=True, init_values=1e-5,
-                    undefined={m: LAYER_SCALE for m in LRP_METHODS}),
+    _variant_family("timm_vit_reg4_dinov2", class_token=True, reg_tokens=4, no_embed_class=True, init_values=0.5),
     # no class token: timm's pool averages the patches (the registers left out), the final norm before the mean
     # (fc_norm=False; fc_norm after the mean, timm's default for average pooling, is the row timm_vit_avgpool)
     _variant_family("timm_vit_reg4_avg", class_token=False, reg_tokens=4, global_pool="avg", fc_norm=False),
