@@ -84,11 +84,16 @@ def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, targe
     handles = [attentions[layer].register_hook(lambda grad, layer=layer: deliver(layer, grad)) for layer in layers]
     try:
         score = target_score(logits, target, gradient_of)
+        # The lowest map's gradient needs the backward through every map above it, so differentiating to it
+        # alone streams them all, unless a map is a leaf of the graph (an adapter that joins a detached copy of
+        # the probabilities to the output, as open_clip's nn.MultiheadAttention needs): nothing below depends on
+        # a leaf, so it is differentiated to explicitly (its gradient kept until the end of the call).
+        leaves = [attentions[layer] for layer in layers[1:] if attentions[layer].grad_fn is None]
         lowest = attentions[layers[0]]
-        (grad,) = torch.autograd.grad(score, lowest)
+        grads = torch.autograd.grad(score, [lowest] + leaves)
         if layers[0] in order:   # the gradient of the tensor differentiated to, if its hook did not deliver it
-            deliver(layers[0], grad)
-        del grad, lowest
+            deliver(layers[0], grads[0])
+        del grads, lowest, leaves
     finally:
         for handle in handles:
             handle.remove()

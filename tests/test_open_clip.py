@@ -95,7 +95,10 @@ def test_eager_attention_leaves_no_hook_and_does_not_change_the_logits():
     (lambda: _open_clip_classifier(pool="avg"), lambda: _open_clip_images(3)),
     (lambda: _open_clip_scorer(), lambda: _open_clip_ids(3)),
     (lambda: _open_clip_scorer(text_pool="eos", proj_bias=False), lambda: _open_clip_ids(3)),
-], ids=["vision_tok", "vision_avg_ln_after_pool_bias", "vision_avg", "text_argmax", "text_eos"])
+    (lambda: _open_clip_classifier(layer_scale=0.5), lambda: _open_clip_images(3)),
+    (lambda: _open_clip_scorer(text_pool="eos", layer_scale=0.5), lambda: _open_clip_ids(3)),
+], ids=["vision_tok", "vision_avg_ln_after_pool_bias", "vision_avg", "text_argmax", "text_eos",
+        "vision_tok_layer_scale", "text_eos_layer_scale"])
 def test_lrp_conserves_relevance(build, inputs):
     """With the conservative ``"ours"`` rules the relevance entering every block sums to the one-hot target (1)
     per sample (as for transformers' CLIP, ``tests/test_clip.py``)."""

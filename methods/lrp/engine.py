@@ -129,11 +129,14 @@ class LRPEngine:
                 score = class_score(logits, target)
                 del logits
                 bottom = points[grad_layers[0]]
+                # a map that is a leaf of the graph (open_clip's joined copy of the probabilities) lies on no
+                # path to the bottom one: differentiated to explicitly (methods.attention_gradients does the same)
+                leaves = [points[l] for l in grad_layers[1:] if points[l].grad_fn is None]
                 points.clear()
-                (grad,) = torch.autograd.grad(score, bottom)
+                grads = torch.autograd.grad(score, [bottom] + leaves)
                 if grad_layers[0] not in result.attn_grad and grad_layers[0] in pending:
-                    result.attn_grad[grad_layers[0]] = grad.detach()
-                del grad, bottom, score
+                    result.attn_grad[grad_layers[0]] = grads[0].detach()
+                del grads, bottom, leaves, score
             finally:
                 for handle in handles:
                     handle.remove()

@@ -20,8 +20,9 @@ Blocks: pre-norm ``x + attn(ln_1(x))``, ``h + mlp(ln_2(h))`` (the shared sub-lay
 ``ln_1`` output) and output, ``q | k | v`` are computed from ``in_proj_weight`` / ``in_proj_bias`` and the output
 projection's input ``A v`` from the recorded probabilities (eager attention, which every LRP method runs under);
 the rules read the projection weights as a Linear sharing the module's parameters (never called). The causal mask
-is left out of the Add rule of the scores, as for transformers' CLIP text tower. LayerScale (``ls_1`` / ``ls_2``)
-has no rule here: such a model is refused (:class:`~methods.adapters.MethodUndefinedError`).
+is left out of the Add rule of the scores, as for transformers' CLIP text tower. LayerScale (``ls_1`` / ``ls_2``,
+``x + gamma * branch``): a constant per channel passes relevance unchanged; the Add rule sees the scaled branch
+and ``gamma`` is folded into ``out_proj`` / ``c_proj`` for their Linear rules.
 
 Full LRP ends at the pixels for the vision tower, at the encoder input (``"encoder_input"``) or the token
 embeddings (``"word_embeddings"``, the position share dropped) for the text tower.
@@ -35,7 +36,7 @@ from torch import Tensor, nn
 
 from ..adapters import ActivationRecorder, AttentionLinears, MethodUndefinedError
 from ..adapters.open_clip import OpenCLIPTextAdapter, OpenCLIPVisionAdapter, _OpenCLIPTower
-from .sublayers import block_relprop, block_tensors, embedding_sum_relprop, readout_relprop
+from .sublayers import block_relprop, block_tensors, embedding_sum_relprop, folded_linear, readout_relprop
 from .topology import Topology, register_topology
 
 INPUT_POINTS = ("encoder_input", "word_embeddings")
@@ -62,8 +63,9 @@ class _OpenCLIPTowerTopology(Topology):
             problems.append("no logits_from_embeddings")
         for i, block in enumerate(adapter.blocks):
             for name in ("ls_1", "ls_2"):
-                if not isinstance(getattr(block, name), nn.Identity):
-                    problems.append(f"block {i} layer scale {name}")
+                scale = getattr(block, name)
+                if not isinstance(scale, nn.Identity) and not isinstance(getattr(scale, "gamma", None), Tensor):
+                    problems.append(f"block {i} layer scale {name} {type(scale).__name__}")
         if problems:
             raise MethodUndefinedError(f"LRP rules are not defined for this open_clip {adapter.tower} tower: "
                                        f"{'; '.join(problems[:6])}")
@@ -115,12 +117,25 @@ class _OpenCLIPTowerTopology(Topology):
             rec.output(fc1, ("fc1_out", layer))
         rec.input(fc2, ("fc2_in", layer))
         rec.output(fc2, ("mlp_out", layer))
+        if not isinstance(block.ls_1, nn.Identity) or not isinstance(block.ls_2, nn.Identity):
+            rec.output(block.ls_1, ("scaled_attn_out", layer))
+            rec.output(block.ls_2, ("scaled_mlp_out", layer))
 
     @torch.no_grad()
     def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
-        attn = self.adapter.blocks[layer].attn
-        linears = AttentionLinears(out=attn.out_proj, qkv=packed_projection(attn))
-        return block_relprop(rules, block_tensors(acts, layer), linears, self.adapter.mlp_linears(layer),
+        """The shared block pass; with layer scale (``x + gamma * branch``) the scaled branches, ``gamma`` folded
+        into ``out_proj`` and ``c_proj`` (the z-rule through a per-channel constant is the identity)."""
+        block = self.adapter.blocks[layer]
+        attn = block.attn
+        out, (fc1, fc2) = attn.out_proj, self.adapter.mlp_linears(layer)
+        extra = {}
+        if ("scaled_attn_out", layer) in acts:
+            one = torch.ones(out.weight.shape[0], dtype=out.weight.dtype)
+            out = folded_linear(out, getattr(block.ls_1, "gamma", one))
+            fc2 = folded_linear(fc2, getattr(block.ls_2, "gamma", one))
+            extra = dict(attn_out=acts.pop(("scaled_attn_out", layer)), mlp_out=acts.pop(("scaled_mlp_out", layer)))
+        linears = AttentionLinears(out=out, qkv=packed_projection(attn))
+        return block_relprop(rules, block_tensors(acts, layer, **extra), linears, (fc1, fc2),
                              self.adapter.num_heads, relevance, need_below)
 
     def record_head(self, rec: ActivationRecorder) -> None:  # pragma: no cover - per tower

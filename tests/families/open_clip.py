@@ -11,9 +11,6 @@ from .base import TEXT_LENGTHS, Family
 
 #: the tiny text tower's context length, vocabulary, start and end (EOT: the largest id, as OpenAI's) tokens
 CONTEXT, VOCAB, SOT, EOT = 12, 40, 38, 39
-#: why the LRP-family methods are undefined on a model with LayerScale
-LAYER_SCALE = "LRP rules are not defined for this open_clip text tower: block 0 layer scale ls_1"
-LRP_FAMILY = ("lrp", "partial_lrp", "lrp_rollout", "transformer_attribution")
 
 
 def _tiny_open_clip(seed: int = 0, pool: str = "tok", layer_scale: Optional[float] = None,
@@ -106,6 +103,6 @@ FAMILIES = [
     _vision("open_clip_vision_avg_quickgelu_bias", pool="avg", final_ln_after_pool=True, quick_gelu=True,
             logit_bias=-2.0),
     _text("open_clip_text"),
-    _text("open_clip_text_eos_linear_proj_layerscale", undefined={m: LAYER_SCALE for m in LRP_FAMILY},
+    _text("open_clip_text_eos_linear_proj_layerscale",
           text_pool="eos", proj_bias=True, quick_gelu=True, layer_scale=0.5),
 ]
