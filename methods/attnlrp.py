@@ -27,8 +27,10 @@ the stock model's (the logits are bit-identical), only gradients change:
   gradients at ``q`` and ``k`` times 1/4 and at ``v`` times 1/2 (LXT's wrapper of every attention function;
   applied here at the outputs of the q/k/v projections, which is the same since backward is linear in the
   incoming gradient and the rotary embedding and the repetition of grouped key/value heads are linear; GPT-2's
-  fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds); the softmax keeps its plain gradient
-  (LXT's efficient mode). ``cp_lrp`` (Ali et al. 2022, "XAI for Transformers: Better Explanations through
+  fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds; an ``nn.MultiheadAttention`` of the
+  rule scope, e.g. SigLIP's attention-pooling head, whose projections are a packed weight inside the module: the
+  factors on its ``query``, ``key`` and ``value`` inputs, each a view of its own, through a forward pre-hook, the
+  same since the projections are linear); the softmax keeps its plain gradient (LXT's efficient mode). ``cp_lrp`` (Ali et al. 2022, "XAI for Transformers: Better Explanations through
   Conservative Propagation"): ``q`` and ``k`` detached, so the attention probabilities are constants, ``v``
   plain;
 * **CLIP's score** ``logit_scale.exp() * cos(z, e_c)``: the identity rule on the L2 normalisation (the norm a
@@ -182,6 +184,23 @@ def _gamma_hook(gamma: float):
     return hook
 
 
+def _attention_inputs_hook(factors: Tuple[float, float, float]):
+    """Forward pre-hook of an ``nn.MultiheadAttention``: its ``query``, ``key`` and ``value`` (positional or
+    keyword) with their gradients times ``factors`` (0: detached). The module then projects three tensors rather
+    than one it is handed three times; its values are the same."""
+    names = ("query", "key", "value")
+
+    def hook(_module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]):
+        args, kwargs = list(args), dict(kwargs)
+        for i, (name, factor) in enumerate(zip(names, factors)):
+            if i < len(args):
+                args[i] = scale_gradient(args[i], factor)
+            elif kwargs.get(name) is not None:
+                kwargs[name] = scale_gradient(kwargs[name], factor)
+        return tuple(args), kwargs
+    return hook
+
+
 def _gradient_factor_hook(factor: Any):
     def hook(_module: nn.Module, _inputs: Tuple[Any, ...], output: Tensor) -> Tensor:
         return scale_gradient(output, factor)
@@ -215,6 +234,9 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 handles.append(module.register_forward_hook(_rms_norm_hook(*form)))
             elif is_elementwise_activation(module):
                 handles.append(module.register_forward_hook(_activation_hook(epsilon)))
+            elif isinstance(module, nn.MultiheadAttention):
+                handles.append(module.register_forward_pre_hook(
+                    _attention_inputs_hook((q_factor, k_factor, v_factor)), with_kwargs=True))
         mlp: Any
         for mlp in adapter.gated_mlps():
             if variant == "cp_lrp":

@@ -3,7 +3,8 @@
 A method that builds an ``[B, (H,) N, N]`` matrix (attention, rollout, relevance) reports, for every position,
 the entry in the row of the position the prediction reads: the class token's row for a [CLS] read-out, each
 sample's own row for a per-sample read-out position (CLIP's EOS), the mean over the content rows for a
-mean-pooled model. :func:`read_out` is that choice for every method; the method's output then keeps the content
+mean-pooled model, the rows weighted by the pooling attention for an attention-pooled one (SigLIP's vision
+tower). :func:`read_out` is that choice for every method; the method's output then keeps the content
 columns (``layout.output``).
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch import Tensor
 
 from .adapters import Layout, ModelAdapter, ModelInputs, TokenSequence
 
-READOUTS = ("auto", "class_token", "mean_content", "position")
+READOUTS = ("auto", "class_token", "mean_content", "position", "weighted")
 #: earlier option values, still accepted
 READOUT_ALIASES = {"cls": "class_token", "mean_patches": "mean_content"}
 
@@ -38,6 +39,9 @@ def resolve_readout(adapter: ModelAdapter, readout: str) -> str:
     if readout == "position" and adapter.readout != "position":
         raise ValueError(f"readout='position' needs a model read out at a per-sample position ({adapter.family} "
                          f"reads out with {adapter.readout!r})")
+    if readout == "weighted" and adapter.readout != "weighted":
+        raise ValueError(f"readout='weighted' needs a model read out by per-sample weights over its positions "
+                         f"(an attention-pooling head; {adapter.family} reads out with {adapter.readout!r})")
     return readout
 
 
@@ -49,6 +53,8 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
     * ``position``: each sample's read-out position (``adapter.context(inputs).readout_positions``);
     * ``mean_content``: the mean over the content rows (``layout.mean_over_content_rows``: for text the mask
       of each sample's content, where padding and special tokens are left out);
+    * ``weighted``: the rows weighted by each sample's read-out weights ``w`` ``[B, N]``
+      (``adapter.readout_weights(inputs)``, e.g. an attention-pooling head's attention): ``w @ matrix``;
     * ``auto``: the model's own read-out (:func:`resolve_readout`).
     """
     kind = resolve_readout(adapter, readout)
@@ -60,6 +66,10 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
         positions = positions.to(matrix.device)
         index = positions.reshape((-1,) + (1,) * (matrix.dim() - 2)).expand(matrix.shape[:-2] + (1,))
         return matrix.gather(-2, index[..., None].expand(matrix.shape[:-2] + (1, matrix.shape[-1])))[..., 0, :]
+    if kind == "weighted":
+        weights = adapter.readout_weights(inputs).to(device=matrix.device, dtype=matrix.dtype)
+        weights = weights.reshape(weights.shape[:1] + (1,) * (matrix.dim() - 3) + (1, weights.shape[-1]))
+        return torch.matmul(weights, matrix)[..., 0, :]
     return (layout or adapter.layout(inputs)).mean_over_content_rows(matrix)
 
 

@@ -36,6 +36,7 @@ from .hf_decoder import (  # noqa: F401
     HFQwen2Adapter,
     HFQwen3Adapter,
 )
+from .hf_siglip import HFSiglipTextAdapter, HFSiglipVisionAdapter  # noqa: F401
 from .hf_text import HFBertAdapter, HFDistilBertAdapter, HFElectraAdapter, HFRobertaAdapter, HFTextAdapter  # noqa: F401
 from .recorder import ActivationRecorder  # noqa: F401
 from .timm_vit import TimmViTAdapter  # noqa: F401

@@ -12,8 +12,10 @@ Vocabulary
 * **content positions**: the positions a score is reported for: the image patches (not [CLS] or registers);
   for text every real token of the input (padding excluded).
 * **read-out**: where the prediction reads the last hidden states: ``"class_token"`` (one fixed position,
-  e.g. [CLS] at 0), ``"mean_content"`` (the mean of the content positions: global average pooling) or
-  ``"position"`` (one position per sample, e.g. CLIP's EOS token).
+  e.g. [CLS] at 0), ``"mean_content"`` (the mean of the content positions: global average pooling),
+  ``"position"`` (one position per sample, e.g. CLIP's EOS token) or ``"weighted"`` (a per-sample weight vector
+  over the positions, :meth:`ModelAdapter.readout_weights`: e.g. the head-mean attention of an
+  attention-pooling head's learned query over the last hidden states).
 * **layout** (:class:`PatchGrid` or :class:`TokenSequence`): how the content positions map to the input, and
   therefore the shape of a method's output: ``[B, P]`` patch scores in row-major grid order for images;
   ``[B, N]`` scores aligned with the input positions for sequences, exactly 0 at padding.
@@ -50,7 +52,7 @@ from .recorder import ActivationRecorder
 if TYPE_CHECKING:
     from transformers.pytorch_utils import Conv1D
 
-READOUT_KINDS = ("class_token", "mean_content", "position")
+READOUT_KINDS = ("class_token", "mean_content", "position", "weighted")
 
 #: what a caller passes: a tensor, or a mapping of tensors as a tokenizer or processor returns it
 RawInputs = Union[Tensor, Mapping[str, Any]]
@@ -394,6 +396,12 @@ class ModelAdapter(abc.ABC):
                 hidden = hidden.detach().requires_grad_(True)
             hidden = self.run_blocks(hidden, context, grad_from_block)
             return self.head(hidden, context, pre_logits=pre_logits)
+
+    def readout_weights(self, inputs: ModelInputs) -> Tensor:
+        """``[B, N]``: how much the prediction of each sample reads each position, for a ``"weighted"`` read-out
+        (each row sums to 1; the family's docstring says which tensor it is). Only where ``readout ==
+        "weighted"``."""
+        raise NotImplementedError(f"{self.family} has no per-sample read-out weights (read-out {self.readout!r})")
 
     # -------------------------------------------------------------- integrated gradients, ablation
     @abc.abstractmethod
