@@ -30,9 +30,9 @@ the stock model's (the logits are bit-identical), only gradients change:
   fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds; an ``nn.MultiheadAttention`` of the
   rule scope, e.g. SigLIP's attention-pooling head, whose projections are a packed weight inside the module: the
   factors on its ``query``, ``key`` and ``value`` inputs, each a view of its own, through a forward pre-hook, the
-  same since the projections are linear); the softmax keeps its plain gradient (LXT's efficient mode). ``cp_lrp`` (Ali et al. 2022, "XAI for Transformers: Better Explanations through
-  Conservative Propagation"): ``q`` and ``k`` detached, so the attention probabilities are constants, ``v``
-  plain;
+  same since the projections are linear); the softmax keeps its plain gradient (LXT's efficient mode).
+  ``cp_lrp`` (Ali et al. 2022, "XAI for Transformers: Better Explanations through Conservative Propagation"):
+  ``q`` and ``k`` detached, so the attention probabilities are constants, ``v`` plain;
 * **CLIP's score** ``logit_scale.exp() * cos(z, e_c)``: the identity rule on the L2 normalisation (the norm a
   constant, as LayerNorm's deviation): no reference exists (LXT's OpenCLIP example is explicit-mode).
 
@@ -191,13 +191,13 @@ def _attention_inputs_hook(factors: Tuple[float, float, float]):
     names = ("query", "key", "value")
 
     def hook(_module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]):
-        args, kwargs = list(args), dict(kwargs)
+        positional, kwargs = list(args), dict(kwargs)
         for i, (name, factor) in enumerate(zip(names, factors)):
-            if i < len(args):
-                args[i] = scale_gradient(args[i], factor)
+            if i < len(positional):
+                positional[i] = scale_gradient(positional[i], factor)
             elif kwargs.get(name) is not None:
                 kwargs[name] = scale_gradient(kwargs[name], factor)
-        return tuple(args), kwargs
+        return tuple(positional), kwargs
     return hook
 
 

@@ -53,7 +53,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from models.clip_prompts import Template, custom_prompt_set, zero_shot_prompt_set
-from models.sources import find_source, looks_like_path, register_source, resolve_hf_source
+from models.sources import find_source, looks_like_path, register_hf_architecture, register_source, resolve_hf_source
 
 CLIP_PREFIX = "clip:"
 #: the model_kwargs of a ``clip:`` spec
@@ -477,3 +477,6 @@ def load_zero_shot_classifier(spec: str, pretrained: bool = True,
 
 register_source(CLIP_PREFIX, lambda spec, pretrained, model_kwargs, allow_pickle, trust_remote_code:
                 load_zero_shot_classifier(spec, pretrained, model_kwargs), tokenizer=clip_source)
+#: an ``hf:`` folder of a CLIP or SigLIP (``architectures`` in its config.json) loads as its zero-shot classifier
+register_hf_architecture(("CLIPModel", "SiglipModel"), lambda folder, pretrained, model_kwargs:
+                         load_zero_shot_classifier(CLIP_PREFIX + folder, pretrained, model_kwargs))

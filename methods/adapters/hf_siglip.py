@@ -115,7 +115,8 @@ class HFSiglipVisionAdapter(ImageAdapter, _HFSiglipTower):
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
         reason = super().supports(model)
-        if reason is None and not getattr(model.clip.vision_model, "use_head", False):
+        clip: Any = getattr(model, "clip", None)
+        if reason is None and not getattr(clip.vision_model, "use_head", False):
             return "the SiglipModel's vision tower has no pooling head (vision_use_head=False): no image embedding"
         return reason
 
@@ -123,7 +124,7 @@ class HFSiglipVisionAdapter(ImageAdapter, _HFSiglipTower):
     def has_class_token(self) -> bool:
         return False
 
-    def pooling_head(self) -> nn.Module:
+    def pooling_head(self) -> Any:
         """``SiglipMultiheadAttentionPoolingHead``: ``probe``, ``attention`` (``nn.MultiheadAttention``),
         ``layernorm``, ``mlp``."""
         return self.tower_model.head
@@ -165,7 +166,8 @@ class HFSiglipVisionAdapter(ImageAdapter, _HFSiglipTower):
             return cached[2]
         context = self.context(inputs)
         with ActivationRecorder() as rec, torch.no_grad(), self.eager_attention():
-            rec.output(self.pooling_head().attention, "pooling", index=1)
+            attention: nn.Module = self.pooling_head().attention
+            rec.output(attention, "pooling", index=1)
             self.embedding(self.run_blocks(self.embed(inputs), context), context)
         weights = rec["pooling"][:, 0, :]
         self._readout_cache = (weakref.ref(pixels), pixels._version, weights)

@@ -136,7 +136,8 @@ class HFSiglipVisionTopology(Topology):
         ctx = attn @ vh                                                                     # [B, H, 1, d]
         out = attention.out_proj
         r_ctx = rules["linear"](merged(ctx), out.weight, r, attended.clone(), out.bias)
-        _, _, r_k, r_v = attention_relprop(rules, qh, kh, vh, attn, heads_first(r_ctx), need_qk=True, ctx=ctx)
+        _, r_q, r_k, r_v = attention_relprop(rules, qh, kh, vh, attn, heads_first(r_ctx), need_qk=True, ctx=ctx)
+        acts["probe_relevance"] = merged(r_q)           # [B, 1, D]: the probe's share, no input's (a parameter)
         return rules.linear_shared(hidden, [(w_k, merged(r_k), k, b_k), (w_v, merged(r_v), v, b_v)])
 
     @torch.no_grad()
