@@ -7,6 +7,9 @@
 Model: a randomly initialised ViT-B/16-sized stock timm ``VisionTransformer`` (224 px, patch 16, dim 768, depth 12,
 12 heads, 1000 classes, ``global_pool='token'``) in eval mode; ``--model-size tiny`` (64 px, patch 16, dim 64,
 depth 2, 2 heads) is for smoke tests. No weights are downloaded: costs do not depend on the weights.
+``--family siglip``: a random ``transformers.SiglipModel`` whose vision tower has SigLIP ViT-B/16's shape (224 px,
+patch 16, width 768, depth 12, 12 heads, MLP 3072, the attention-pooling head; a small text tower, never run)
+as a ``models.clip.ZeroShotClassifier`` over 1000 random class embeddings: the methods explain the vision tower.
 
 What is timed (wall clock, ``time.perf_counter``; CUDA synchronised before and after each call):
 
@@ -100,7 +103,14 @@ LLAMA_SIZES = {
                  intermediate_size=128, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
                  pad_token_id=0),
 }
-FAMILIES = ("vit", "bert", "llama")
+#: ``--family siglip``: the vision tower (SigLIP ViT-B/16's shape, or tiny) and a small text tower (never run)
+SIGLIP_SIZES = {
+    "base": dict(image_size=224, patch_size=16, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                 num_attention_heads=12, num_classes=1000),
+    "tiny": dict(image_size=64, patch_size=16, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=2, num_classes=1000),
+}
+FAMILIES = ("vit", "bert", "llama", "siglip")
 TEXT_FAMILIES = ("bert", "llama")
 
 # method -> (kind of anchor, target ratio or None); PROTOCOLS.md section 7 and the issue's targets
@@ -128,7 +138,23 @@ TOKEN_ABLATION = "token_ablation"
 
 
 # ----------------------------------------------------------------------------------------------- the worker
+def build_siglip_classifier(size: str) -> torch.nn.Module:
+    """A random ``SiglipModel`` (:data:`SIGLIP_SIZES`) as a zero-shot classifier over random class embeddings."""
+    from transformers import SiglipConfig, SiglipModel
+
+    from models.clip import ZeroShotClassifier
+
+    vision = dict(SIGLIP_SIZES[size])
+    classes = vision.pop("num_classes")
+    text = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                max_position_embeddings=64, projection_size=vision["hidden_size"])
+    clip = SiglipModel(SiglipConfig(text_config=text, vision_config=vision))
+    return ZeroShotClassifier(clip, torch.randn(classes, vision["hidden_size"]))
+
+
 def build_model(size: str, device: str, family: str = "vit") -> torch.nn.Module:
+    if family == "siglip":
+        return build_siglip_classifier(size).to(device).eval()
     if family == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -162,6 +188,9 @@ def build_inputs(family: str, size: str, batch: int, seq_len: int, gen: torch.Ge
         targets = torch.randint(0, cfg["num_labels"], (batch,), generator=gen, dtype=torch.long).to(device)
         return inputs, targets, seq_len - 2
     cfg = MODEL_SIZES[size]
+    if family == "siglip":
+        vision = SIGLIP_SIZES[size]
+        cfg = dict(img_size=vision["image_size"], patch_size=vision["patch_size"], num_classes=vision["num_classes"])
     images = torch.randn(batch, 3, cfg["img_size"], cfg["img_size"], generator=gen).to(device)
     targets = torch.randint(0, cfg["num_classes"], (batch,), generator=gen, dtype=torch.long).to(device)
     return images, targets, (cfg["img_size"] // cfg["patch_size"]) ** 2
@@ -455,7 +484,9 @@ def _notes(args, results) -> List[str]:
          if args.family in TEXT_FAMILIES else
          "[forward]: model(images) under torch.no_grad(), fused attention as timm ships it. [forward+backward]: "
          "model(x) then torch.autograd.grad(sum of the target logits, x) with x = images.requires_grad_(): the "
-         "backward runs through the whole network (fused attention). ")
+         "backward runs through the whole network (fused attention"
+         + ("; transformers' sdpa in the SigLIP blocks, its pooling head's nn.MultiheadAttention as it ships"
+            if args.family == "siglip" else "") + "). ")
         + "Methods that read attention switch to eager attention themselves (that overhead is part of their "
         "ratio); attnlrp and cp_lrp keep the model's fused attention.",
         "beyond_intuition_*: anchor = 1 fwd+bwd + `steps` forwards (steps from the method's defaults). "
@@ -487,7 +518,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="base")
     p.add_argument("--family", choices=FAMILIES, default="vit",
                    help="vit (default): a timm ViT on images; bert: a BertForSequenceClassification on token batches; "
-                        "llama: a LlamaForCausalLM on token batches (the next token at the last position explained)")
+                        "llama: a LlamaForCausalLM on token batches (the next token at the last position explained); "
+                        "siglip: a SiglipModel's vision tower as a zero-shot classifier on images")
     p.add_argument("--seq-len", type=int, default=256,
                    help="--family bert / llama: positions per sequence (default 256)")
     p.add_argument("--token-ablation-batch-sizes", type=int, nargs="+", default=[1])
@@ -557,7 +589,8 @@ def main(argv=None) -> dict:
 
     rows = make_rows(results, skipped)
     notes = _notes(args, results)
-    model_cfg = {"bert": TEXT_SIZES, "llama": LLAMA_SIZES}.get(args.family, MODEL_SIZES)[args.model_size]
+    model_cfg = {"bert": TEXT_SIZES, "llama": LLAMA_SIZES, "siglip": SIGLIP_SIZES}.get(args.family,
+                                                                                  MODEL_SIZES)[args.model_size]
     config = dict(model_size=args.model_size, family=args.family, model=model_cfg,
                   seq_len=args.seq_len if args.family in TEXT_FAMILIES else None,
                   global_pool="token" if args.family == "vit" else None,
@@ -575,8 +608,8 @@ def main(argv=None) -> dict:
         config["gpu"] = torch.cuda.get_device_name()
 
     table = format_table(rows)
-    what = {"bert": f"BERT, {args.seq_len} positions", "llama": f"Llama, {args.seq_len} positions"}.get(args.family,
-                                                                                                  "ViT")
+    what = {"bert": f"BERT, {args.seq_len} positions", "llama": f"Llama, {args.seq_len} positions",
+            "siglip": "SigLIP vision tower (attention-pooling head)"}.get(args.family, "ViT")
     print(f"attribution method cost: {args.model_size} {what} ({model_cfg}), device {args.device}, "
           f"{args.threads} threads, torch {torch.__version__}, {args.repeats} repeats, warm-up {args.warmup}")
     print(table)

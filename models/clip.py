@@ -152,13 +152,28 @@ def _scaled_cosine(clip: nn.Module, embeddings: Tensor, others: Tensor) -> Tenso
     return logits + clip.logit_bias.to(normed) if is_siglip(clip) else logits
 
 
+def text_padding(clip: nn.Module) -> dict:
+    """The padding keyword arguments of a tokenizer call for ``clip``'s texts: CLIP's ``padding=True`` (the
+    longest text); SigLIP's ``padding="max_length"`` to the text tower's ``max_position_embeddings`` (it reads the
+    last position, and reads it without an attention mask: :func:`reads_attention_mask`)."""
+    if is_siglip(clip):
+        return {"padding": "max_length", "max_length": int(clip.config.text_config.max_position_embeddings)}
+    return {"padding": True}
+
+
+def reads_attention_mask(clip: nn.Module) -> bool:
+    """Whether ``clip``'s texts are read with the tokenizer's ``attention_mask`` (CLIP) or without (SigLIP)."""
+    return not is_siglip(clip)
+
+
 def tokenize_texts(clip: nn.Module, tokenizer: Callable, texts: Sequence[str]) -> dict:
     """``texts`` as the model reads them: CLIP's ``tokenizer(texts, padding=True, truncation=True)``
     (``input_ids`` and ``attention_mask``); SigLIP's padded to the text tower's ``max_position_embeddings``
     (``padding="max_length"``), ``input_ids`` only (the module docstring)."""
     if is_siglip(clip):
-        length = int(clip.config.text_config.max_position_embeddings)
-        batch = tokenizer(list(texts), padding="max_length", max_length=length, truncation=True, return_tensors="pt")
+        padding = text_padding(clip)
+        length = padding["max_length"]
+        batch = tokenizer(list(texts), truncation=True, return_tensors="pt", **padding)
         if batch["input_ids"].shape[-1] != length:
             raise ValueError(f"the tokenizer gave texts of {batch['input_ids'].shape[-1]} tokens for "
                              f"padding='max_length', max_length={length}: SigLIP reads the last of {length}")

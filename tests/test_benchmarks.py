@@ -97,6 +97,20 @@ def test_tiny_llama_run(bench, capsys):
     assert "Llama, 12 positions" in printed and "logits_to_keep" in " ".join(result["notes"])
 
 
+def test_tiny_siglip_run(bench, capsys):
+    """--family siglip: a SiglipModel's vision tower (attention-pooling head) as a zero-shot classifier; rollout
+    reads its rows weighted by the pooling attention."""
+    result = bench.main(["--family", "siglip", "--model-size", "tiny", "--isolation", "none", "--threads", "1",
+                         "--device", "cpu", "--methods", "attnlrp", "rollout", "--batch-sizes", "2", "--repeats", "1"])
+    printed = capsys.readouterr().out
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"forward", "forward+backward", "attnlrp", "rollout"}
+    assert rows["attnlrp"]["anchor"] == "1 fwd+bwd" and _positive(rows["attnlrp"]["ratio"])
+    assert rows["rollout"]["anchor"] == "1 fwd" and _positive(rows["rollout"]["ratio"])
+    assert result["config"]["family"] == "siglip" and result["config"]["model"]["num_hidden_layers"] == 2
+    assert "SigLIP vision tower" in printed
+
+
 def test_anchor_arithmetic(bench):
     """Ratios use the anchor each method fundamentally needs (PROTOCOLS.md section 7)."""
     fwd, fb = 0.5, 1.5

@@ -245,3 +245,41 @@ def test_hf_folder_resolves_siglip_by_its_architecture(tmp_path, tokenizer):
         torch.testing.assert_close(clf(images), model(pixel_values=images, **batch).logits_per_image)
     assert isinstance(load_model(f"hf:{tmp_path}", pretrained=False, model_kwargs=kwargs).clip,
                       transformers.SiglipModel)
+
+
+def test_synthetic_siglip_trains_on_first_use_and_loads_as_a_zero_shot_classifier(tmp_path, monkeypatch):
+    """``clip:trained:configs/train/synthetic_siglip.yaml+<tiny overrides>``: the sigmoid-loss module trains a
+    SiglipModel (one tiny epoch), exports it with SigLIP's image processor, and loads as a zero-shot classifier
+    whose logits are the model's own against its prompts padded to ``max_length``; the methods explain it."""
+    import yaml
+
+    import training  # noqa: F401  (registers the trained: source)
+    from models.clip import load_zero_shot_classifier
+
+    monkeypatch.setenv("TOKEN_ATTRIBUTIONS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    tiny = {
+        "trainer": {"max_epochs": 1, "logger": False, "log_every_n_steps": 1},
+        "model": {"init_args": {"vision": {"image_size": 32, "patch_size": 8, "hidden_size": 32,
+                                           "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2},
+                                "text": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                         "num_attention_heads": 2, "max_position_embeddings": 24}}},
+        "data": {"init_args": {"image_size": 32, "train_size": 64, "val_size": 32, "test_size": 16,
+                               "batch_size": 32, "cache_train": False}},
+    }
+    overrides = tmp_path / "tiny.yaml"
+    overrides.write_text(yaml.safe_dump(tiny))
+    clf = load_zero_shot_classifier(f"clip:trained:configs/train/synthetic_siglip.yaml+{overrides}")
+    model = clf.clip
+    assert isinstance(model, transformers.SiglipModel) and clf.num_classes == 4
+    assert clf.pretrained_cfg["crop_mode"] == "squash" and clf.pretrained_cfg["input_size"] == (3, 32, 32)
+    assert float(model.logit_bias.detach()) != -10.0
+    assert float(model.logit_scale.detach()) != pytest.approx(2.302585, abs=1e-7)
+    prompts = [p[0] for p in clf.prompts]
+    one = ZeroShotClassifier.from_prompts(model, clf.tokenizer, {c: [p] for c, p in zip(clf.classnames, prompts)})
+    images = torch.randn(3, 3, 32, 32)
+    batch = tokenize_texts(model, clf.tokenizer, prompts)
+    assert batch["input_ids"].shape == (4, 24) and (batch["input_ids"][:, -1] == clf.tokenizer.pad_token_id).all()
+    with torch.no_grad():
+        torch.testing.assert_close(one(images), model(pixel_values=images, **batch).logits_per_image)
+    assert build_method("rollout")(clf, images).shape == (3, 16)
