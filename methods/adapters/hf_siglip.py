@@ -154,24 +154,38 @@ class HFSiglipVisionAdapter(ImageAdapter, _HFSiglipTower):
     def rule_scope(self) -> nn.Module:
         return self.tower_model
 
+    def forward(self, inputs: ModelInputs, grad_from_block: int = 0, pre_logits: bool = False) -> Tensor:
+        """The model's logits (:meth:`ModelAdapter.forward`); with the blocks' attention in eager form (as the
+        methods that read attention run), the pooling head's attention of this forward is kept as the
+        :meth:`readout_weights` of ``inputs``, which then cost no forward of their own."""
+        if self.attention_config()._attn_implementation != "eager":
+            return super().forward(inputs, grad_from_block, pre_logits)
+        with ActivationRecorder() as rec:
+            attention: nn.Module = self.pooling_head().attention
+            rec.output(attention, "pooling", index=1)
+            logits = super().forward(inputs, grad_from_block, pre_logits)
+        self._keep_readout_weights(inputs, rec["pooling"][:, 0, :].detach())
+        return logits
+
+    def _keep_readout_weights(self, inputs: ModelInputs, weights: Tensor) -> None:
+        pixels = inputs["pixel_values"]
+        self._readout_cache = (weakref.ref(pixels), pixels._version, weights)
+
     def readout_weights(self, inputs: ModelInputs) -> Tensor:
         """``[B, N]``: the pooling head's attention of its probe over the positions, averaged over its heads
-        (``nn.MultiheadAttention``'s second output in the stock head's call), from a forward without gradients
-        with the blocks' attention in eager form (so that the weights do not depend on the attention
-        implementation; the pooling head always materialises its probabilities). Kept for the pixel tensor of
-        ``inputs`` until the next call: a method reads its rows several times per batch."""
+        (``nn.MultiheadAttention``'s second output in the stock head's call), from a forward with the blocks'
+        attention in eager form (so that the weights do not depend on the attention implementation; the pooling
+        head always materialises its probabilities): the last eager :meth:`forward` of the same pixel tensor
+        (the method's own), else a forward without gradients of its own. Kept for the pixel tensor of ``inputs``
+        until the next batch: a method reads its rows several times per batch."""
         pixels = inputs["pixel_values"]
         cached = self._readout_cache
         if cached is not None and cached[0]() is pixels and cached[1] == pixels._version:
             return cached[2]
-        context = self.context(inputs)
-        with ActivationRecorder() as rec, torch.no_grad(), self.eager_attention():
-            attention: nn.Module = self.pooling_head().attention
-            rec.output(attention, "pooling", index=1)
-            self.embedding(self.run_blocks(self.embed(inputs), context), context)
-        weights = rec["pooling"][:, 0, :]
-        self._readout_cache = (weakref.ref(pixels), pixels._version, weights)
-        return weights
+        with torch.no_grad(), self.eager_attention():
+            self.forward(inputs, grad_from_block=self.depth)
+        assert self._readout_cache is not None, "an eager forward keeps the read-out weights"
+        return self._readout_cache[2]
 
 
 @register_adapter
