@@ -11,6 +11,9 @@ depth 2, 2 heads) is for smoke tests. ``--family dinov2_reg``: the shape of timm
 only; 1000 classes) or tiny. No weights are downloaded: costs do not depend on the weights. A method that is not
 defined on the model (``methods.MethodUndefinedError``, e.g. the LRP methods on layer scale) gets a row
 ``undefined`` with the reason.
+``--family siglip``: a random ``transformers.SiglipModel`` whose vision tower has SigLIP ViT-B/16's shape (224 px,
+patch 16, width 768, depth 12, 12 heads, MLP 3072, the attention-pooling head; a small text tower, never run)
+as a ``models.clip.ZeroShotClassifier`` over 1000 random class embeddings: the methods explain the vision tower.
 
 What is timed (wall clock, ``time.perf_counter``; CUDA synchronised before and after each call):
 
@@ -113,7 +116,14 @@ DINOV2_REG_SIZES = {
 }
 #: the image families: their timm ``VisionTransformer`` arguments by size
 IMAGE_FAMILIES = {"vit": MODEL_SIZES, "dinov2_reg": DINOV2_REG_SIZES}
-FAMILIES = ("vit", "bert", "llama", "dinov2_reg")
+#: ``--family siglip``: the vision tower (SigLIP ViT-B/16's shape, or tiny) and a small text tower (never run)
+SIGLIP_SIZES = {
+    "base": dict(image_size=224, patch_size=16, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                 num_attention_heads=12, num_classes=1000),
+    "tiny": dict(image_size=64, patch_size=16, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=2, num_classes=1000),
+}
+FAMILIES = ("vit", "bert", "llama", "dinov2_reg", "siglip")
 TEXT_FAMILIES = ("bert", "llama")
 
 # method -> (kind of anchor, target ratio or None); PROTOCOLS.md section 7 and the issue's targets
@@ -141,7 +151,23 @@ TOKEN_ABLATION = "token_ablation"
 
 
 # ----------------------------------------------------------------------------------------------- the worker
+def build_siglip_classifier(size: str) -> torch.nn.Module:
+    """A random ``SiglipModel`` (:data:`SIGLIP_SIZES`) as a zero-shot classifier over random class embeddings."""
+    from transformers import SiglipConfig, SiglipModel
+
+    from models.clip import ZeroShotClassifier
+
+    vision = dict(SIGLIP_SIZES[size])
+    classes = vision.pop("num_classes")
+    text = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+                max_position_embeddings=64, projection_size=vision["hidden_size"])
+    clip = SiglipModel(SiglipConfig(text_config=text, vision_config=vision))
+    return ZeroShotClassifier(clip, torch.randn(classes, vision["hidden_size"]))
+
+
 def build_model(size: str, device: str, family: str = "vit") -> torch.nn.Module:
+    if family == "siglip":
+        return build_siglip_classifier(size).to(device).eval()
     if family == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -174,7 +200,11 @@ def build_inputs(family: str, size: str, batch: int, seq_len: int, gen: torch.Ge
         inputs = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
         targets = torch.randint(0, cfg["num_labels"], (batch,), generator=gen, dtype=torch.long).to(device)
         return inputs, targets, seq_len - 2
-    cfg = IMAGE_FAMILIES[family][size]
+    if family == "siglip":
+        vision = SIGLIP_SIZES[size]
+        cfg = dict(img_size=vision["image_size"], patch_size=vision["patch_size"], num_classes=vision["num_classes"])
+    else:
+        cfg = IMAGE_FAMILIES[family][size]
     images = torch.randn(batch, 3, cfg["img_size"], cfg["img_size"], generator=gen).to(device)
     targets = torch.randint(0, cfg["num_classes"], (batch,), generator=gen, dtype=torch.long).to(device)
     return images, targets, (cfg["img_size"] // cfg["patch_size"]) ** 2
@@ -473,7 +503,9 @@ def _notes(args, results) -> List[str]:
          if args.family in TEXT_FAMILIES else
          "[forward]: model(images) under torch.no_grad(), fused attention as timm ships it. [forward+backward]: "
          "model(x) then torch.autograd.grad(sum of the target logits, x) with x = images.requires_grad_(): the "
-         "backward runs through the whole network (fused attention). ")
+         "backward runs through the whole network (fused attention"
+         + ("; transformers' sdpa in the SigLIP blocks, its pooling head's nn.MultiheadAttention as it ships"
+            if args.family == "siglip" else "") + "). ")
         + "Methods that read attention switch to eager attention themselves (that overhead is part of their "
         "ratio); attnlrp and cp_lrp keep the model's fused attention.",
         "beyond_intuition_*: anchor = 1 fwd+bwd + `steps` forwards (steps from the method's defaults). "
@@ -506,7 +538,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--family", choices=FAMILIES, default="vit",
                    help="vit (default): a timm ViT on images; dinov2_reg: a ViT-S/14 with 4 registers and layer scale "
                         "(DINOv2-reg's shape) on images; bert: a BertForSequenceClassification on token batches; "
-                        "llama: a LlamaForCausalLM on token batches (the next token at the last position explained)")
+                        "llama: a LlamaForCausalLM on token batches (the next token at the last position explained); "
+                        "siglip: a SiglipModel's vision tower as a zero-shot classifier on images")
     p.add_argument("--seq-len", type=int, default=256,
                    help="--family bert / llama: positions per sequence (default 256)")
     p.add_argument("--token-ablation-batch-sizes", type=int, nargs="+", default=[1])
@@ -582,7 +615,8 @@ def main(argv=None) -> dict:
     notes = _notes(args, results)
     undefined = {s["name"]: s["why"] for s in skipped if s.get("status") == "undefined"}
     notes += [f"{name}: not defined on this model ({why})" for name, why in undefined.items()]
-    model_cfg = {"bert": TEXT_SIZES, "llama": LLAMA_SIZES, **IMAGE_FAMILIES}[args.family][args.model_size]
+    model_cfg = {"bert": TEXT_SIZES, "llama": LLAMA_SIZES, "siglip": SIGLIP_SIZES,
+                 **IMAGE_FAMILIES}[args.family][args.model_size]
     config = dict(model_size=args.model_size, family=args.family, model=model_cfg,
                   seq_len=args.seq_len if args.family in TEXT_FAMILIES else None,
                   global_pool="token" if args.family in IMAGE_FAMILIES else None,
@@ -601,7 +635,8 @@ def main(argv=None) -> dict:
 
     table = format_table(rows)
     what = {"bert": f"BERT, {args.seq_len} positions", "llama": f"Llama, {args.seq_len} positions",
-            "dinov2_reg": "DINOv2-reg ViT"}.get(args.family, "ViT")
+            "dinov2_reg": "DINOv2-reg ViT", "siglip": "SigLIP vision tower (attention-pooling head)"}.get(args.family,
+                                                                                                        "ViT")
     print(f"attribution method cost: {args.model_size} {what} ({model_cfg}), device {args.device}, "
           f"{args.threads} threads, torch {torch.__version__}, {args.repeats} repeats, warm-up {args.warmup}")
     print(table)

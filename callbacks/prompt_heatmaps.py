@@ -41,7 +41,7 @@ from torch import Tensor
 from evaluation.method_specs import CLASS_SETTINGS
 from evaluation.words import WordAttribution, check_reduction, page_html, text_heatmap_html, word_scores
 from evaluation.words.heatmap import escape
-from models.clip import PromptScorer
+from models.clip import PromptScorer, reads_attention_mask, text_padding
 
 from .html_page import publish_html_page
 
@@ -163,9 +163,11 @@ class PromptHeatmaps(pl.Callback):
         images = torch.stack(self._images).to(device)
         scorer = PromptScorer(model.clip, self._classifier.normalize(images))
         strings = [t["text"] for t in self.texts]
-        batch = tokenizer(strings, padding=True, truncation=True, return_tensors="pt",
-                          return_special_tokens_mask=True)
-        inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "special_tokens_mask")}
+        batch = tokenizer(strings, truncation=True, return_tensors="pt", return_special_tokens_mask=True,
+                          **text_padding(model.clip))     # SigLIP's: max_length, read without the mask
+        keys = ("input_ids", "attention_mask", "special_tokens_mask") if reads_attention_mask(model.clip) else \
+            ("input_ids", "special_tokens_mask")
+        inputs = {k: batch[k].to(device) for k in keys}
         targets = torch.tensor([t["image"] for t in self.texts], device=device)
         with torch.no_grad():
             logits = scorer(inputs)

@@ -82,20 +82,24 @@ class CLIPContrastiveModule(FolderExport, StageSteps, pl.LightningModule):
             raise ValueError("eos_token_id 2 makes CLIPTextModel pool at the largest id (its legacy configs): give "
                              "the end token another id")
         self.save_hyperparameters()
-        from transformers import CLIPConfig, CLIPModel
-
         vision_config = {**VISION_DEFAULTS, **dict(vision or {})}
         text_config = {**TEXT_DEFAULTS, **dict(text or {}), "vocab_size": vocab_size, "pad_token_id": pad_token_id,
                        "bos_token_id": bos_token_id, "eos_token_id": eos_token_id}
-        try:
-            config = CLIPConfig(text_config=text_config, vision_config=vision_config, projection_dim=projection_dim,
-                                logit_scale_init_value=LOGIT_SCALE_INIT)
-            self.clip = CLIPModel(config)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"cannot build a CLIPModel from vision={vision_config} text={text_config}: {err}") from err
+        self.clip = self.build_model(vision_config, text_config, projection_dim)
         self.register_buffer("_mean", torch.tensor([float(v) for v in mean]).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("_std", torch.tensor([float(v) for v in std]).view(1, 3, 1, 1), persistent=False)
         self._zero_shot = None  # class embeddings of the current validation / test epoch
+
+    def build_model(self, vision_config: Dict[str, Any], text_config: Dict[str, Any], projection_dim: int):
+        """The model trained here: a ``CLIPModel`` with CLIP's initial temperature."""
+        from transformers import CLIPConfig, CLIPModel
+
+        try:
+            config = CLIPConfig(text_config=text_config, vision_config=vision_config, projection_dim=projection_dim,
+                                logit_scale_init_value=LOGIT_SCALE_INIT)
+            return CLIPModel(config)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"cannot build a CLIPModel from vision={vision_config} text={text_config}: {err}") from err
 
     @property
     def image_size(self) -> int:
@@ -120,6 +124,10 @@ class CLIPContrastiveModule(FolderExport, StageSteps, pl.LightningModule):
     def forward(self, images: Tensor, input_ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
         """``logits_per_image`` ``[B, T]`` = ``logit_scale.exp() * cosine`` of [0, 1] images and token ids."""
         image, text = self.embeddings(images, input_ids, attention_mask)
+        return self.pair_logits(image, text)
+
+    def pair_logits(self, image: Tensor, text: Tensor) -> Tensor:
+        """``[B, T]`` logits of normalised image and text embeddings: ``logit_scale.exp() * cosine``."""
         return self.clip.logit_scale.exp() * image @ text.t()
 
     # ------------------------------------------------------------------------------------------ checks
@@ -158,9 +166,9 @@ class CLIPContrastiveModule(FolderExport, StageSteps, pl.LightningModule):
                            f"datamodule's), missing {missing}, got {got}")
         images = batch["image"]
         image, text = self.embeddings(images, batch["input_ids"], batch.get("attention_mask"))
-        logits = self.clip.logit_scale.exp() * image.float() @ text.float().t()
+        logits = self.pair_logits(image.float(), text.float())
         targets = torch.arange(logits.shape[0], device=logits.device)
-        loss = (F.cross_entropy(logits, targets) + F.cross_entropy(logits.t(), targets)) / 2
+        loss = self.loss(logits)
         acc = (logits.argmax(dim=-1) == targets).float().mean()
         size, sync = images.shape[0], stage != "train"
         self.log(f"{stage}/loss", loss, on_step=stage == "train", on_epoch=True, prog_bar=True, sync_dist=sync,
@@ -172,6 +180,12 @@ class CLIPContrastiveModule(FolderExport, StageSteps, pl.LightningModule):
             self.log(f"{stage}/zero_shot_acc", (zero_shot == batch["label"]).float().mean(), on_step=False,
                      on_epoch=True, prog_bar=True, sync_dist=True, batch_size=size)
         return loss
+
+    def loss(self, logits: Tensor) -> Tensor:
+        """CLIP's symmetric InfoNCE of ``logits`` ``[B, B]`` (``logit_scale.exp() * cosine``; pair ``i`` matches
+        caption ``i``)."""
+        targets = torch.arange(logits.shape[0], device=logits.device)
+        return (F.cross_entropy(logits, targets) + F.cross_entropy(logits.t(), targets)) / 2
 
     def _class_embeddings(self) -> Optional[Tensor]:
         """The normalised class embeddings of the datamodule's prompt set (``None`` without one)."""
@@ -207,12 +221,18 @@ class CLIPContrastiveModule(FolderExport, StageSteps, pl.LightningModule):
         return stepped_schedule(opt, int(round(self.hparams.warmup_ratio * total)), total, "cosine")
 
     # ------------------------------------------------------------------------------------------ export
+    def image_processor(self):
+        """CLIP's: resize the shorter side to ``image_size``, centre crop, bicubic, ``mean`` / ``std``."""
+        from transformers import CLIPImageProcessor
+
+        size = self.image_size
+        return CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size},
+                                  image_mean=list(self.hparams.mean), image_std=list(self.hparams.std), resample=3)
+
     def export(self, folder: Union[str, os.PathLike], datamodule: Any,
                metadata: Optional[Dict[str, Any]] = None) -> Path:
         """Write the export (module docstring) with ``metadata`` to ``folder``; returns it
         (:class:`~lightning_modules.classification_step.FolderExport`)."""
-        from transformers import CLIPImageProcessor
-
         self.check_datamodule(datamodule)
         prompt_set = getattr(datamodule, "prompt_set", None)
         if prompt_set is None:
@@ -221,10 +241,7 @@ class CLIPContrastiveModule(FolderExport, StageSteps, pl.LightningModule):
         folder = fresh_export_folder(folder, EXPORT_METADATA, type(self).__name__)
         self.clip.save_pretrained(str(folder), state_dict=cpu_float32_state_dict(self.clip))
         datamodule.tokenizer.save_pretrained(str(folder))
-        size = self.image_size
-        CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size},
-                           image_mean=list(self.hparams.mean), image_std=list(self.hparams.std),
-                           resample=3).save_pretrained(str(folder))
+        self.image_processor().save_pretrained(str(folder))
         save_prompt_set(folder, prompt_set.classnames, prompt_set.prompts,
                         templates=getattr(datamodule, "templates", None))
         return self.write_export_info(folder, datamodule, metadata, classes=list(prompt_set.classnames))

@@ -27,13 +27,14 @@ the stock model's (the logits are bit-identical), only gradients change:
   gradients at ``q`` and ``k`` times 1/4 and at ``v`` times 1/2 (LXT's wrapper of every attention function;
   applied here at the outputs of the q/k/v projections, which is the same since backward is linear in the
   incoming gradient and the rotary embedding and the repetition of grouped key/value heads are linear; GPT-2's
-  fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds; open_clip's ``nn.MultiheadAttention``,
-  which has no projection module: the factors on its query, key and value inputs, each of which feeds only its
-  own third of ``in_proj_weight`` (the gamma rule is refused there); an attention pooling head, the adapter's
-  :meth:`~methods.adapters.ModelAdapter.head_attention_linears` (timm's ``map`` pool): the same factors on its
-  query projection and on the halves of its fused ``[k | v]``; an adapter whose model computes q, k, v without
-  modules places them itself, :meth:`~methods.adapters.ModelAdapter.product_rules`: timm's EVA / BEiT); the
-  softmax keeps its plain gradient
+  fused ``Conv1D`` ``c_attn``: the factors on its ``[q | k | v]`` thirds; every ``nn.MultiheadAttention`` of the
+  rule scope (open_clip's blocks, SigLIP's attention-pooling head), whose projections are a packed weight applied
+  functionally inside the module: the factors on its ``query``, ``key`` and ``value`` inputs through a forward
+  pre-hook, each of which feeds only its own third of ``in_proj_weight`` (the gamma rule is refused there); an
+  attention pooling head, the adapter's :meth:`~methods.adapters.ModelAdapter.head_attention_linears` (timm's
+  ``map`` pool): the same factors on its query projection and on the halves of its fused ``[k | v]``; an adapter
+  whose model computes q, k, v without modules places them itself,
+  :meth:`~methods.adapters.ModelAdapter.product_rules`: timm's EVA / BEiT); the softmax keeps its plain gradient
   (LXT's efficient mode). ``cp_lrp`` (Ali et al. 2022, "XAI for Transformers: Better Explanations through
   Conservative Propagation"): ``q`` and ``k`` detached, so the attention probabilities are constants, ``v``
   plain;
@@ -192,22 +193,26 @@ def _gamma_hook(gamma: float):
     return hook
 
 
-def _gradient_factor_hook(factor: Any):
-    def hook(_module: nn.Module, _inputs: Tuple[Any, ...], output: Tensor) -> Tensor:
-        return scale_gradient(output, factor)
+def _attention_inputs_hook(factors: Tuple[float, float, float]):
+    """Forward pre-hook of an ``nn.MultiheadAttention``: its ``query``, ``key`` and ``value`` (positional or
+    keyword) with their gradients times ``factors`` (0: detached). The module then projects three tensors rather
+    than one it is handed three times; its values are the same."""
+    names = ("query", "key", "value")
+
+    def hook(_module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]):
+        positional, kwargs = list(args), dict(kwargs)
+        for i, (name, factor) in enumerate(zip(names, factors)):
+            if i < len(positional):
+                positional[i] = scale_gradient(positional[i], factor)
+            elif kwargs.get(name) is not None:
+                kwargs[name] = scale_gradient(kwargs[name], factor)
+        return tuple(positional), kwargs
     return hook
 
 
-def _multihead_factor_hook(q_factor: float, k_factor: float, v_factor: float):
-    """Forward pre-hook of an ``nn.MultiheadAttention`` called as ``attn(q_x, k_x, v_x, ...)``: its query, key and
-    value inputs with their gradients times the factors (each input feeds only its own third of the packed
-    ``in_proj_weight``, so this is the factor on ``q``, ``k``, ``v``; the values are unchanged, the module then
-    projects the three inputs separately)."""
-    def hook(_module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict]:
-        names = ("query", "key", "value")
-        inputs = list(args[:3]) + [kwargs.pop(name) for name in names[len(args[:3]):]]
-        scaled = tuple(scale_gradient(x, f) for x, f in zip(inputs, (q_factor, k_factor, v_factor)))
-        return scaled + tuple(args[3:]), kwargs
+def _gradient_factor_hook(factor: Any):
+    def hook(_module: nn.Module, _inputs: Tuple[Any, ...], output: Tensor) -> Tensor:
+        return scale_gradient(output, factor)
     return hook
 
 
@@ -243,6 +248,9 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 handles.append(module.register_forward_hook(_rms_norm_hook(*form)))
             elif is_elementwise_activation(module):
                 handles.append(module.register_forward_hook(_activation_hook(epsilon)))
+            elif isinstance(module, nn.MultiheadAttention):
+                handles.append(module.register_forward_pre_hook(
+                    _attention_inputs_hook((q_factor, k_factor, v_factor)), with_kwargs=True))
         mlp: Any
         for mlp in adapter.gated_mlps() if own_products is None else ():
             if variant == "cp_lrp":
@@ -251,10 +259,9 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 handles.append(mlp.down_proj.register_forward_pre_hook(_halve_input_gradient))
         attentions = [adapter.attention_linears(layer) for layer in range(adapter.depth if own_products is None else 0)]
         for linears in attentions + adapter.head_attention_linears():
-            if linears.multihead is not None:
-                handles.append(linears.multihead.register_forward_pre_hook(
-                    _multihead_factor_hook(q_factor, k_factor, v_factor), with_kwargs=True))
-            elif linears.qkv is not None:
+            if linears.multihead is not None:    # its factors: the rule scope's nn.MultiheadAttention hook above
+                continue
+            if linears.qkv is not None:
                 third = out_features(linears.qkv) // 3
                 factors = torch.tensor([q_factor] * third + [k_factor] * third + [v_factor] * third)
                 handles.append(linears.qkv.register_forward_hook(_gradient_factor_hook(factors)))

@@ -1,8 +1,11 @@
-"""CLIP as classifiers: every attribution method explains a stock ``transformers.CLIPModel`` through these.
+"""CLIP as classifiers: every attribution method explains a stock ``transformers.CLIPModel`` (or a
+``transformers.SiglipModel``) through these.
 
-A ``CLIPModel`` scores image-text pairs (``logit_scale.exp() * cosine`` of the projected embeddings). Wrapped, one
-tower becomes a classifier whose classes are fixed embeddings of the other modality, and ``target=`` names a
-class, a prompt or an image:
+A ``CLIPModel`` scores image-text pairs (``logit_scale.exp() * cosine`` of the projected embeddings); a
+``SiglipModel`` scores them with sigmoid logits ``logit_scale.exp() * cosine + logit_bias`` of its pooled
+embeddings (the vision tower's attention-pooling head, the text tower's ``head`` on the last position; no separate
+projections). Wrapped, one tower becomes a classifier whose classes are fixed embeddings of the other modality,
+and ``target=`` names a class, a prompt or an image:
 
 * :class:`ZeroShotClassifier`: ``pixel_values`` ``[B, 3, S, S]`` -> logits ``[B, C]`` against ``C`` class
   embeddings (built from prompts with :meth:`ZeroShotClassifier.from_prompts`, OpenAI's recipe). The methods
@@ -17,8 +20,17 @@ is ``ZeroShotClassifier(clip, text_embeddings)`` on the image repeated once per 
 (image side) and ``PromptScorer(clip, image)`` with ``target=0`` (text side).
 
 Both wrappers follow the protocol of :mod:`methods.adapters.hf_clip` (``clip``, ``clip_tower``,
-``logits_from_embeddings``); their fixed embeddings are buffers (L2-normalised), ``logit_scale`` is read from the
-``CLIPModel`` at every call.
+``logits_from_embeddings``; :mod:`methods.adapters.hf_siglip` for a ``SiglipModel``); their fixed embeddings are
+buffers (L2-normalised), ``logit_scale`` (and SigLIP's ``logit_bias``) are read from the model at every call.
+
+SigLIP's texts (:func:`text_embeddings`, :meth:`ZeroShotClassifier.from_prompts`): the text tower pools the
+**last position** whatever it holds (``SiglipTextModel``: ``last_hidden_state[:, -1]``), so a text's embedding
+depends on its padded length; SigLIP was trained on texts padded to ``max_length`` (64 for the released models)
+with the pad token and no attention mask (every position attends to every other, padding included), which is
+what ``text_embeddings`` feeds it: ``tokenizer(texts, padding="max_length", max_length=<the text tower's
+max_position_embeddings>, truncation=True)``, the ``input_ids`` only. (transformers' zero-shot pipeline pads the
+same way but passes the tokenizer's ``attention_mask`` when it returns one, as ``SiglipTokenizer`` of
+transformers 5 does; the model then masks the padded keys, which it was not trained with.)
 
 Both wrappers take an open_clip ``CLIP`` too (``open_clip.model.CLIP``; :mod:`models.openclip`: ``encode_image`` /
 ``encode_text``, open_clip's tokenizers, ``+ logit_bias`` where the model has one; adapters
@@ -46,7 +58,7 @@ from torch.nn import functional as F
 
 from models import openclip
 from models.clip_prompts import Template, custom_prompt_set, zero_shot_prompt_set
-from models.sources import find_source, looks_like_path, register_source, resolve_hf_source
+from models.sources import find_source, looks_like_path, register_hf_architecture, register_source, resolve_hf_source
 
 CLIP_PREFIX = "clip:"
 #: the model_kwargs of a ``clip:`` spec
@@ -59,25 +71,66 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 
+#: SigLIP's image normalisation (``SiglipImageProcessor``'s image_mean / image_std)
+SIGLIP_MEAN = (0.5, 0.5, 0.5)
+SIGLIP_STD = (0.5, 0.5, 0.5)
+
+
+def is_siglip(clip: nn.Module) -> bool:
+    """Whether ``clip`` is a ``transformers.SiglipModel`` (sigmoid logits, pooled embeddings, no projections)."""
+    import transformers
+
+    return isinstance(clip, transformers.SiglipModel)
+
+
 def _check_clip(clip) -> nn.Module:
     if openclip.is_open_clip(clip):
         return clip
     import transformers
 
-    if not isinstance(clip, transformers.CLIPModel):
-        raise TypeError(f"clip must be a transformers.CLIPModel or an open_clip.model.CLIP, got {type(clip).__name__}")
+    if not isinstance(clip, (transformers.CLIPModel, transformers.SiglipModel)):
+        raise TypeError(f"clip must be a transformers.CLIPModel or SiglipModel or an open_clip.model.CLIP, got "
+                        f"{type(clip).__name__}")
+    if is_siglip(clip):
+        image_dim = int(clip.config.vision_config.hidden_size)
+        text_dim = int(clip.config.text_config.projection_size)
+        if image_dim != text_dim:
+            raise ValueError(f"this SiglipModel's image embeddings have {image_dim} entries (vision hidden_size) but "
+                             f"its text embeddings {text_dim} (text projection_size): they cannot be compared")
     return clip
 
 
-def _projection_dim(clip: nn.Module) -> int:
-    return openclip.embedding_dim(clip) if openclip.is_open_clip(clip) else int(clip.config.projection_dim)
+def embedding_dim(clip: nn.Module) -> int:
+    """The width of the joint embedding space: CLIP's ``projection_dim``; SigLIP's vision ``hidden_size`` (the
+    attention-pooling head's output; the text ``head`` projects to the same ``projection_size``); open_clip's
+    :func:`models.openclip.embedding_dim`."""
+    if openclip.is_open_clip(clip):
+        return openclip.embedding_dim(clip)
+    if is_siglip(clip):
+        return int(clip.config.vision_config.hidden_size)
+    return int(clip.config.projection_dim)
 
 
-def _image_features(clip: nn.Module, pixel_values: Tensor) -> Tensor:
-    """Projected, unnormalised image embeddings ``[B, D]`` (``get_image_features``; open_clip: ``encode_image``)."""
+def image_features(clip: nn.Module, pixel_values: Tensor) -> Tensor:
+    """Unnormalised image embeddings ``[B, D]`` (``get_image_features``): CLIP's ``visual_projection`` of the
+    pooled [CLS]; SigLIP's ``pooler_output`` (the attention-pooling head's output); open_clip's ``encode_image``."""
     if openclip.is_open_clip(clip):
         return openclip.image_features(clip, pixel_values)
-    return clip.visual_projection(clip.vision_model(pixel_values=pixel_values).pooler_output)
+    pooled = clip.vision_model(pixel_values=pixel_values).pooler_output
+    return pooled if is_siglip(clip) else clip.visual_projection(pooled)
+
+
+def text_features(clip: nn.Module, input_ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
+    """Unnormalised text embeddings ``[T, D]`` (``get_text_features``): CLIP's ``text_projection`` of the EOS
+    token; SigLIP's ``pooler_output`` (its ``head`` on the last position); open_clip's ``encode_text``, which takes
+    no attention mask (its tokenizer pads with 0 to the context length; the causal mask keeps the padding from the
+    EOS): one is refused."""
+    if openclip.is_open_clip(clip):
+        if attention_mask is not None:
+            raise ValueError("open_clip's CLIP text tower takes no attention_mask: pass the input_ids alone")
+        return openclip.text_features(clip, input_ids)
+    pooled = clip.text_model(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+    return pooled if is_siglip(clip) else clip.text_projection(pooled)
 
 
 class _EvalNoGrad:
@@ -101,10 +154,10 @@ class _EvalNoGrad:
 def _fixed_embeddings(clip: nn.Module, embeddings: Any, what: str) -> Tensor:
     """``embeddings`` ``[C, projection_dim]`` (C >= 1, floating point), L2-normalised; else a ``ValueError``."""
     embeddings = torch.as_tensor(embeddings).detach()
-    dim = _projection_dim(clip)
+    dim = embedding_dim(clip)
     if embeddings.dim() != 2 or embeddings.shape[1] != dim or embeddings.shape[0] == 0:
         raise ValueError(f"{what} must be [{what[0].upper()}, {dim}] ({what[0].upper()} >= 1, the model's "
-                         f"projection_dim), got {tuple(embeddings.shape)}")
+                         f"embedding width), got {tuple(embeddings.shape)}")
     if not embeddings.dtype.is_floating_point:
         raise ValueError(f"{what} must be floating point, got dtype {embeddings.dtype}")
     return F.normalize(embeddings, dim=-1)
@@ -112,18 +165,49 @@ def _fixed_embeddings(clip: nn.Module, embeddings: Any, what: str) -> Tensor:
 
 def _scaled_cosine(clip: nn.Module, embeddings: Tensor, others: Tensor) -> Tensor:
     """``logit_scale.exp() * cos(embeddings, others)``: ``[B, D] x [C, D] -> [B, C]``, CLIP's own logits
-    (``others`` already normalised); ``+ logit_bias`` for an open_clip model that has one."""
+    (``others`` already normalised); SigLIP's and an open_clip model's ``+ logit_bias`` where they have one."""
     normed = embeddings / embeddings.norm(p=2, dim=-1, keepdim=True)
     logits = clip.logit_scale.exp().to(normed) * (normed @ others.to(normed).t())
+    if is_siglip(clip):
+        return logits + clip.logit_bias.to(normed)
     bias = openclip.logit_bias(clip) if openclip.is_open_clip(clip) else None
     return logits if bias is None else logits + bias.to(logits)
 
 
+def text_padding(clip: nn.Module) -> dict:
+    """The padding keyword arguments of a tokenizer call for ``clip``'s texts: CLIP's ``padding=True`` (the
+    longest text); SigLIP's ``padding="max_length"`` to the text tower's ``max_position_embeddings`` (it reads the
+    last position, and reads it without an attention mask: :func:`reads_attention_mask`)."""
+    if is_siglip(clip):
+        return {"padding": "max_length", "max_length": int(clip.config.text_config.max_position_embeddings)}
+    return {"padding": True}
+
+
+def reads_attention_mask(clip: nn.Module) -> bool:
+    """Whether ``clip``'s texts are read with the tokenizer's ``attention_mask`` (CLIP) or without (SigLIP)."""
+    return not is_siglip(clip)
+
+
+def tokenize_texts(clip: nn.Module, tokenizer: Callable, texts: Sequence[str]) -> dict:
+    """``texts`` as the model reads them: CLIP's ``tokenizer(texts, padding=True, truncation=True)``
+    (``input_ids`` and ``attention_mask``); SigLIP's padded to the text tower's ``max_position_embeddings``
+    (``padding="max_length"``), ``input_ids`` only (the module docstring)."""
+    if is_siglip(clip):
+        padding = text_padding(clip)
+        length = padding["max_length"]
+        batch = tokenizer(list(texts), truncation=True, return_tensors="pt", **padding)
+        if batch["input_ids"].shape[-1] != length:
+            raise ValueError(f"the tokenizer gave texts of {batch['input_ids'].shape[-1]} tokens for "
+                             f"padding='max_length', max_length={length}: SigLIP reads the last of {length}")
+        return {"input_ids": batch["input_ids"]}
+    batch = tokenizer(list(texts), padding=True, truncation=True, return_tensors="pt")
+    return {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
+
+
 def text_embeddings(clip: nn.Module, tokenizer: Callable, texts: Sequence[str], batch_size: int = 256) -> Tensor:
-    """The projected, unnormalised text embeddings ``[T, D]`` of ``texts`` (no gradient, eval mode):
-    ``tokenizer(texts, padding=True, truncation=True, return_tensors="pt")`` then ``get_text_features``; an
-    open_clip model: ``tokenizer(texts)`` (open_clip's tokenizers, :func:`models.openclip.token_ids`) then
-    ``encode_text``."""
+    """The unnormalised text embeddings ``[T, D]`` of ``texts`` (no gradient, eval mode): :func:`tokenize_texts`
+    then :func:`text_features`; an open_clip model: ``tokenizer(texts)`` (open_clip's tokenizers,
+    :func:`models.openclip.token_ids`) then ``encode_text``."""
     clip = _check_clip(clip)
     device = clip.logit_scale.device
     out = []
@@ -133,21 +217,20 @@ def text_embeddings(clip: nn.Module, tokenizer: Callable, texts: Sequence[str], 
                 ids = openclip.token_ids(clip, tokenizer, texts[start:start + batch_size])
                 out.append(openclip.text_features(clip, ids.to(device)))
                 continue
-            batch = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
-                              return_tensors="pt")
-            features = clip.get_text_features(input_ids=batch["input_ids"].to(device),
-                                              attention_mask=batch["attention_mask"].to(device)
-                                              if batch.get("attention_mask") is not None else None)
-            out.append(getattr(features, "pooler_output", features))
+            batch = tokenize_texts(clip, tokenizer, texts[start:start + batch_size])
+            mask = batch.get("attention_mask")
+            out.append(text_features(clip, batch["input_ids"].to(device),
+                                     None if mask is None else mask.to(device)))
     return torch.cat(out)
 
 
 class ZeroShotClassifier(nn.Module):
-    """CLIP's vision tower as a classifier over fixed class embeddings.
+    """CLIP's (or SigLIP's) vision tower as a classifier over fixed class embeddings.
 
     ``forward(pixel_values)`` -> ``logit_scale.exp() * cos(image_embedding, class_embedding_c)`` ``[B, C]``
-    (CLIP's ``logits_per_image`` against the classes). ``class_embeddings`` ``[C, D]`` (``D`` = the model's
-    ``projection_dim``) are stored L2-normalised (buffer ``class_embeddings``); ``classnames`` (optional) is kept
+    (CLIP's ``logits_per_image`` against the classes; SigLIP's add ``logit_bias``: its sigmoid logits).
+    ``class_embeddings`` ``[C, D]`` (``D`` = the model's ``projection_dim``; SigLIP's vision ``hidden_size``) are
+    stored L2-normalised (buffer ``class_embeddings``); ``classnames`` (optional) is kept
     for reports. The attribution methods explain the vision tower through it (adapter
     ``methods.adapters.hf_clip.HFCLIPVisionAdapter``).
 
@@ -190,7 +273,8 @@ class ZeroShotClassifier(nn.Module):
         * ``classnames`` a dict ``{classname: [prompt, ...]}`` (``templates`` None): the given prompts per class.
 
         ``tokenizer``: called as a Hugging Face tokenizer, ``tokenizer(texts, padding=True, truncation=True,
-        return_tensors="pt")`` -> ``{"input_ids", "attention_mask"}``.
+        return_tensors="pt")`` -> ``{"input_ids", "attention_mask"}`` (SigLIP: ``padding="max_length"``,
+        ``input_ids`` only: :func:`tokenize_texts`).
         """
         if isinstance(classnames, str):
             raise ValueError("classnames must be a list of class names (or a dict of prompts), got a string")
@@ -223,8 +307,8 @@ class ZeroShotClassifier(nn.Module):
         return classifier
 
     def image_embeddings(self, pixel_values: Tensor) -> Tensor:
-        """Projected, unnormalised image embeddings ``[B, D]`` (``get_image_features``)."""
-        return _image_features(self.clip, pixel_values)
+        """Projected, unnormalised image embeddings ``[B, D]`` (``get_image_features``: :func:`image_features`)."""
+        return image_features(self.clip, pixel_values)
 
     def logits_from_embeddings(self, embeddings: Tensor) -> Tensor:
         """``[B, D]`` projected image embeddings -> logits ``[B, C]``."""
@@ -240,9 +324,9 @@ class ZeroShotClassifier(nn.Module):
 
 
 class PromptScorer(nn.Module):
-    """CLIP's text tower as a classifier over fixed images: a text batch ``[T, N]`` -> logits ``[T, I]``
-    (CLIP's ``logits_per_text`` against the images), so ``target=image_index`` explains each text against one
-    image (per text: a ``LongTensor[T]``).
+    """CLIP's (or SigLIP's) text tower as a classifier over fixed images: a text batch ``[T, N]`` -> logits
+    ``[T, I]`` (CLIP's ``logits_per_text`` against the images; SigLIP's with ``logit_bias``), so
+    ``target=image_index`` explains each text against one image (per text: a ``LongTensor[T]``).
 
     ``pixel_values`` ``[I, 3, S, S]`` (normalised) are embedded once at construction (no gradient, eval mode) and
     stored L2-normalised (buffer ``image_embeddings``); or pass ``image_embeddings`` ``[I, D]`` directly. The
@@ -264,7 +348,7 @@ class PromptScorer(nn.Module):
                 shape = tuple(pixel_values.shape) if isinstance(pixel_values, Tensor) else type(pixel_values).__name__
                 raise ValueError(f"pixel_values must be a normalised image batch [I, 3, S, S], got {shape}")
             with _EvalNoGrad(clip):
-                image_embeddings = _image_features(clip, pixel_values)
+                image_embeddings = image_features(clip, pixel_values)
         self.register_buffer("image_embeddings", _fixed_embeddings(clip, image_embeddings, "image_embeddings"))
 
     @property
@@ -272,15 +356,9 @@ class PromptScorer(nn.Module):
         return int(self.image_embeddings.shape[0])
 
     def text_embeddings(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
-        """Projected, unnormalised text embeddings ``[T, D]`` (``get_text_features``: the EOS token). An open_clip
-        model takes no attention mask (its tokenizer pads with 0 to the context length; the causal mask keeps the
-        padding from the EOS): one is refused."""
-        if openclip.is_open_clip(self.clip):
-            if attention_mask is not None:
-                raise ValueError("open_clip's CLIP text tower takes no attention_mask: pass the input_ids alone")
-            return openclip.text_features(self.clip, input_ids)
-        pooled = self.clip.text_model(input_ids=input_ids, attention_mask=attention_mask).pooler_output
-        return self.clip.text_projection(pooled)
+        """Projected, unnormalised text embeddings ``[T, D]`` (``get_text_features``: the EOS token; SigLIP's
+        last position: :func:`text_features`)."""
+        return text_features(self.clip, input_ids, attention_mask)
 
     def logits_from_embeddings(self, embeddings: Tensor) -> Tensor:
         """``[T, D]`` projected text embeddings -> logits ``[T, I]``."""
@@ -299,19 +377,24 @@ class PromptScorer(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------ data config
-def clip_pretrained_cfg(clip: nn.Module, mean: Sequence[float] = OPENAI_CLIP_MEAN,
-                        std: Sequence[float] = OPENAI_CLIP_STD, interpolation: str = "bicubic",
-                        crop_pct: float = 1.0, num_classes: Optional[int] = None) -> dict:
+def clip_pretrained_cfg(clip: nn.Module, mean: Optional[Sequence[float]] = None,
+                        std: Optional[Sequence[float]] = None, interpolation: str = "bicubic",
+                        crop_pct: float = 1.0, num_classes: Optional[int] = None,
+                        crop_mode: Optional[str] = None) -> dict:
     """The keys of a timm ``pretrained_cfg`` that ``timm.data.resolve_data_config`` reads, for CLIP's vision
     tower: ``input_size`` ``(3, S, S)`` with ``S`` the vision config's ``image_size``, ``interpolation``
-    (CLIP's: bicubic), ``crop_pct`` and ``crop_mode="center"`` (CLIP resizes the shorter side to ``S`` and
-    centre-crops ``S``: ``crop_pct = 1``), ``mean`` / ``std`` (OpenAI's by default)."""
+    (CLIP's: bicubic), ``crop_pct`` and ``crop_mode`` (default ``"center"``: CLIP resizes the shorter side to
+    ``S`` and centre-crops ``S``, ``crop_pct = 1``; SigLIP's ``"squash"``: it resizes the whole image to ``S x
+    S``), ``mean`` / ``std`` (default OpenAI's; SigLIP's 0.5 / 0.5)."""
     size = int(clip.config.vision_config.image_size)
+    siglip = is_siglip(clip)
+    mean = (SIGLIP_MEAN if siglip else OPENAI_CLIP_MEAN) if mean is None else mean
+    std = (SIGLIP_STD if siglip else OPENAI_CLIP_STD) if std is None else std
     mean, std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
     if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
         raise ValueError(f"mean and std must have 3 entries (std > 0), got mean={mean} std={std}")
     cfg = {"input_size": (3, size, size), "interpolation": interpolation, "crop_pct": float(crop_pct),
-           "crop_mode": "center", "mean": mean, "std": std}
+           "crop_mode": crop_mode or ("squash" if siglip else "center"), "mean": mean, "std": std}
     if num_classes is not None:
         cfg["num_classes"] = int(num_classes)
     return cfg
@@ -340,18 +423,21 @@ def image_processor_config(source: str) -> Optional[dict]:
 
 def pretrained_cfg_from_processor(clip: nn.Module, processor: Optional[Mapping], num_classes: int) -> dict:
     """:func:`clip_pretrained_cfg` with the image processor's ``image_mean`` / ``image_std``, ``resample`` and
-    crop (``crop_pct`` = crop size / resize size); OpenAI's values where it says nothing."""
+    crop (``crop_pct`` = crop size / resize size; a resize to ``{"height", "width"}`` without a centre crop, as
+    ``SiglipImageProcessor``'s: ``crop_mode="squash"``); the model family's values where it says nothing."""
     processor = dict(processor or {})
-    mean = processor.get("image_mean") or OPENAI_CLIP_MEAN
-    std = processor.get("image_std") or OPENAI_CLIP_STD
+    mean = processor.get("image_mean") or None
+    std = processor.get("image_std") or None
     interpolation = _RESAMPLE.get(processor.get("resample", 3), "bicubic")
-    crop_pct = 1.0
+    crop_pct, crop_mode = 1.0, None
     size, crop = processor.get("size"), processor.get("crop_size")
     resize = size.get("shortest_edge") if isinstance(size, Mapping) else size
     crop = crop.get("height") if isinstance(crop, Mapping) else crop
     if processor.get("do_center_crop", True) and resize and crop:
         crop_pct = float(crop) / float(resize)
-    return clip_pretrained_cfg(clip, mean, std, interpolation, crop_pct, num_classes)
+    if isinstance(size, Mapping) and "height" in size and not processor.get("do_center_crop", False):
+        crop_mode = "squash"
+    return clip_pretrained_cfg(clip, mean, std, interpolation, crop_pct, num_classes, crop_mode)
 
 
 # ------------------------------------------------------------------------------------------ clip: specs
@@ -379,22 +465,21 @@ def clip_source(spec: str) -> str:
 
 
 def load_clip(source: str, pretrained: bool = True):
-    """``(CLIPModel, tokenizer)`` of a folder or a hub name in the local Hugging Face cache, local files only;
-    ``pretrained=False``: the same architecture with random weights. The model is in eval mode."""
-    from transformers import AutoConfig, AutoTokenizer, CLIPConfig, CLIPModel
+    """``(CLIPModel or SiglipModel, tokenizer)`` of a folder or a hub name in the local Hugging Face cache, local
+    files only (the class follows the config: ``CLIPConfig`` or ``SiglipConfig``); ``pretrained=False``: the same
+    architecture with random weights. The model is in eval mode."""
+    from transformers import AutoConfig, AutoTokenizer, CLIPConfig, CLIPModel, SiglipConfig, SiglipModel
 
     try:
-        if pretrained:
-            clip = CLIPModel.from_pretrained(source, local_files_only=True)
-        else:
-            config = AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
-            if not isinstance(config, CLIPConfig):
-                raise ValueError(f"its config is a {type(config).__name__}, not a CLIPConfig")
-            clip = CLIPModel(config)
+        config = AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
+        model_class = {CLIPConfig: CLIPModel, SiglipConfig: SiglipModel}.get(type(config))
+        if model_class is None:
+            raise ValueError(f"its config is a {type(config).__name__}, not a CLIPConfig or SiglipConfig")
+        clip = model_class.from_pretrained(source, local_files_only=True) if pretrained else model_class(config)
     except (OSError, ValueError) as err:
-        raise ValueError(f"cannot load a transformers CLIPModel from {source!r} with local files only (a "
-                         "save_pretrained folder with config.json and weights, or a hub name already in the local "
-                         f"Hugging Face cache; nothing is downloaded): {err}") from err
+        raise ValueError(f"cannot load a transformers CLIPModel or SiglipModel from {source!r} with local files "
+                         "only (a save_pretrained folder with config.json and weights, or a hub name already in the "
+                         f"local Hugging Face cache; nothing is downloaded): {err}") from err
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as err:
@@ -466,3 +551,8 @@ def load_open_clip_classifier(spec: str, pretrained: bool = True,
 
 register_source(openclip.OPEN_CLIP_PREFIX, lambda spec, pretrained, model_kwargs, allow_pickle, trust_remote_code:
                 load_open_clip_classifier(spec, pretrained, model_kwargs))
+
+
+#: an ``hf:`` folder of a CLIP or SigLIP (``architectures`` in its config.json) loads as its zero-shot classifier
+register_hf_architecture(("CLIPModel", "SiglipModel"), lambda folder, pretrained, model_kwargs:
+                         load_zero_shot_classifier(CLIP_PREFIX + folder, pretrained, model_kwargs))

@@ -5,7 +5,9 @@ Model sources: a spec ``<prefix><body>`` loads through the source registered for
 (:func:`register_source`); the bare name of a prefix (``synthetic`` for ``synthetic:``) is that source's default.
 ``timm:`` and ``hf:`` are registered here, ``clip:`` and ``open_clip:`` by :mod:`models.clip` (:func:`load_model`
 says what each loads; nothing is ever downloaded; an ``hf:`` folder whose config names only ``*ForCausalLM``
-architectures loads as a causal LM, evaluated over its answer tokens).
+architectures loads as a causal LM, evaluated over its answer tokens; one that names only image classifiers loads
+as that class; one whose architectures a module registered with :func:`register_hf_architecture` loads through
+that module: ``models.clip`` registers ``CLIPModel`` and ``SiglipModel``, which load as zero-shot classifiers).
 
 The ``training`` package (``import training``; ``train.py`` and ``evaluate.py`` do) registers the classifiers
 trained on first use and cached: ``"synthetic"`` / ``"synthetic:<overrides.yaml>"`` (the synthetic benchmark's
@@ -255,6 +257,31 @@ def check_remote_code_options(options: Optional[Dict[str, Any]], where: str, tru
                              f"{REMOTE_CODE_OPT_IN}, not through {where}; only for folders you trust")
 
 
+#: ``load(folder, pretrained, model_kwargs) -> model`` of Hugging Face folders by the architecture their
+#: ``config.json`` names (:func:`register_hf_architecture`)
+HFArchitectureLoader = Callable[[str, bool, Optional[Dict[str, Any]]], nn.Module]
+_HF_ARCHITECTURES: Dict[str, HFArchitectureLoader] = {}
+
+
+def register_hf_architecture(architectures: Any, load: HFArchitectureLoader) -> None:
+    """Load an ``hf:`` folder whose ``config.json`` names one of ``architectures`` (class names, e.g.
+    ``"SiglipModel"``) with ``load(folder, pretrained, model_kwargs)`` instead of as a sequence classifier."""
+    for name in [architectures] if isinstance(architectures, str) else architectures:
+        _HF_ARCHITECTURES[str(name)] = load
+
+
+def folder_architectures(source: str) -> List[str]:
+    """The ``architectures`` that the ``config.json`` of the local folder ``source`` names (``[]`` without one)."""
+    path = Path(source) / "config.json"
+    if not path.is_file():
+        return []
+    try:
+        architectures = json.loads(path.read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(a) for a in architectures]
+
+
 def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optional[Dict[str, Any]] = None,
                        trust_remote_code: bool = False) -> nn.Module:
     """``AutoModelForSequenceClassification`` of ``name`` (a local folder or a Hugging Face name already in the
@@ -268,6 +295,9 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
     if looks_like_path(name) and not os.path.isdir(source):  # not a hub name: say that the folder is missing
         raise FileNotFoundError(f"Hugging Face model folder {source!r} does not exist (expected a folder with "
                                 "config.json and weights, e.g. written by train.py or save_pretrained)")
+    registered = [_HF_ARCHITECTURES[a] for a in folder_architectures(source) if a in _HF_ARCHITECTURES]
+    if registered:
+        return registered[0](source, pretrained, model_kwargs).eval()
     architecture = image_classifier_architecture(source) if os.path.isdir(source) else None
     if architecture is not None:
         try:
@@ -301,14 +331,8 @@ def load_hf_classifier(name: str, pretrained: bool = True, model_kwargs: Optiona
 def is_causal_lm_folder(source: str) -> bool:
     """Whether the local folder ``source`` holds a causal language model: every architecture its ``config.json``
     names is a ``*ForCausalLM`` (a decoder LM exported by ``lightning_modules.answer_lm.AnswerLMModule``)."""
-    path = Path(source) / "config.json"
-    if not path.is_file():
-        return False
-    try:
-        architectures = json.loads(path.read_text()).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        return False
-    return bool(architectures) and all(str(a).endswith("ForCausalLM") for a in architectures)
+    architectures = folder_architectures(source)
+    return bool(architectures) and all(a.endswith("ForCausalLM") for a in architectures)
 
 
 def looks_like_path(name: str) -> bool:

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from methods import MethodUndefinedError, build_method
 from methods.adapters import ActivationRecorder, adapter_for
-from methods.attnlrp import _multihead_factor_hook
+from methods.attnlrp import _attention_inputs_hook
 from tests.families.open_clip import (
     EOT,
     _open_clip_classifier,
@@ -136,7 +136,7 @@ def test_attnlrp_factors_act_on_the_three_inputs_of_multihead_attention():
     mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double()
     x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(2, 5, 8, dtype=torch.float64)
-    handle = mha.register_forward_pre_hook(_multihead_factor_hook(0.25, 0.25, 0.5), with_kwargs=True)
+    handle = mha.register_forward_pre_hook(_attention_inputs_hook((0.25, 0.25, 0.5)), with_kwargs=True)
     try:
         out = mha(x, x, x, need_weights=False)[0]
     finally:

@@ -37,6 +37,7 @@ from .hf_decoder import (  # noqa: F401
     HFQwen2Adapter,
     HFQwen3Adapter,
 )
+from .hf_siglip import HFSiglipTextAdapter, HFSiglipVisionAdapter  # noqa: F401
 from .hf_text import HFBertAdapter, HFDistilBertAdapter, HFElectraAdapter, HFRobertaAdapter, HFTextAdapter  # noqa: F401
 from .hf_vit import (  # noqa: F401
     HFDeiTAdapter,

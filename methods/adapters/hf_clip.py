@@ -131,6 +131,10 @@ class _HFCLIPTower(HFEncoderBlocks):
         """The normed read-out token ``[B, D]`` (before the projection)."""
         raise NotImplementedError
 
+    def embedding(self, hidden: Tensor, context: SequenceContext) -> Tensor:
+        """The tower's embedding ``[B, projection_dim]`` (unnormalised) from the last hidden states."""
+        return self.projection()(self.pooled(hidden, context))
+
     def score_weight(self) -> Tensor:
         """``logit_scale.exp() * E``: the logits as a bias-free Linear on the L2-normalised embedding, ``E`` the
         scorer's fixed, normalised embeddings of the other modality (``class_embeddings`` / ``image_embeddings``)."""
@@ -141,7 +145,7 @@ class _HFCLIPTower(HFEncoderBlocks):
         """Final norm, read-out, projection (``pre_logits``: the projected, unnormalised embedding), then the
         scorer's ``logits_from_embeddings`` (``logit_scale.exp() * cosine``). Under :meth:`head_rules` the
         gradient treats the embedding's norm as a constant (the logits' values are the scorer's)."""
-        embedding = self.projection()(self.pooled(hidden, context))
+        embedding = self.embedding(hidden, context)
         if pre_logits:
             return embedding
         logits = self.model.logits_from_embeddings(embedding)

@@ -3,6 +3,7 @@ topology per model family, and the engine that runs them."""
 from . import (
     hf_clip,  # noqa: F401,E402  (registers the CLIP tower topologies)
     hf_decoder,  # noqa: F401,E402  (registers the decoder LM topologies)
+    hf_siglip,  # noqa: F401,E402  (registers the SigLIP tower topologies)
     hf_text,  # noqa: F401,E402  (registers the Hugging Face text classifier topologies)
     hf_vit,  # noqa: F401,E402  (registers the Hugging Face ViT-like image classifier topologies)
     open_clip,  # noqa: F401,E402  (registers the open_clip CLIP tower topologies)

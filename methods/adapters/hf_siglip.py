@@ -1,0 +1,292 @@
+"""Adapters for the two towers of a stock Hugging Face ``transformers.SiglipModel``.
+
+Like a ``CLIPModel`` (:mod:`methods.adapters.hf_clip`), a ``SiglipModel`` scores image-text pairs and is explained
+through a scorer holding it (``models.clip.ZeroShotClassifier``: images -> classes; ``models.clip.PromptScorer``:
+texts -> images), read by the same protocol: ``model.clip`` (here the ``SiglipModel``), ``model.clip_tower``
+(``"vision"`` / ``"text"``) and ``model.logits_from_embeddings(z)``: SigLIP's sigmoid logits ``logit_scale.exp() *
+cos(z, e_c) + logit_bias`` against the scorer's fixed, normalised embeddings ``e_c``.
+
+Both towers are CLIP's pre-norm encoder (``x + attn(layer_norm1(x))``, ``h + mlp(layer_norm2(h))``, separate
+``q_proj``/``k_proj``/``v_proj``; ``SiglipEncoderLayer``), called in the order of ``SiglipVisionModel.forward`` /
+``SiglipTextModel.forward``; the hook points and linears are CLIP's (the shared ``_HFCLIPTower``).
+
+* **Vision tower**: no class token. ``embeddings`` (patch convolution + position embedding; no pre-norm), the
+  blocks without a mask, ``post_layernorm`` on every position, then the **attention-pooling head**
+  (``SiglipMultiheadAttentionPoolingHead``: a learned ``probe`` query attends over all positions through an
+  ``nn.MultiheadAttention``, then ``x + mlp(layernorm(x))``), whose output is the image embedding (no
+  projection). Read-out ``"attention_pool"``: the row a method reads from a ``[B, (H,) N, N]`` matrix is the rows
+  weighted by the pooling head's attention, averaged over its heads (``nn.MultiheadAttention``'s own
+  ``need_weights`` output, which the stock head computes on every call: the probabilities of the probe over the
+  ``N`` positions, summing to 1; :meth:`HFSiglipVisionAdapter.readout_weights`). Layout: ``PatchGrid(S/p, S/p,
+  prefix=0)``: every position is a patch.
+* **Text tower**: token + position embeddings, the blocks under a **bidirectional** mask (no causal mask, unlike
+  CLIP; ``transformers.masking_utils.create_bidirectional_mask`` of the ``attention_mask``, as the model builds
+  it), ``final_layer_norm``, then the **last position** ``[:, -1]`` whatever it holds, through ``head`` (a
+  Linear). transformers pools that position regardless of padding (``SiglipTextModel``: "the model uses the last
+  token's hidden state, which may be padding"): SigLIP's texts are padded to ``max_length`` (64) with the pad
+  token, which is also the EOS token ``</s>``, and were trained without an attention mask, so every position is
+  real and the read-out is a pad/EOS token that attends to the whole text. With an ``attention_mask``
+  (``SiglipTokenizer`` of transformers 5 returns one) the padded keys are masked, and the read-out, still the
+  last position, is then itself a padded position: it keeps reading the real tokens, but its own score (a
+  padding position's) is reported as 0. Read-out ``"position"``: ``N - 1`` for every sample (after
+  :meth:`~HFSiglipTextAdapter.drop_positions`, the new last position). Layout: a token sequence whose content
+  positions are the real tokens that are not special tokens (``special_tokens_mask`` when given, else the ids
+  that are the config's ``pad_token_id`` or ``eos_token_id``).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Dict, Optional, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from .base import (
+    ImageAdapter,
+    Layout,
+    ModelInputs,
+    RawInputs,
+    SampleIds,
+    SequenceContext,
+    TokenSequence,
+    check_sample_ids,
+    register_adapter,
+)
+from .hf_clip import TOKEN_EMBEDDING_SCALE, TOWERS, _HFCLIPTower
+from .hf_text import _check_ids_like, _check_token_inputs
+from .recorder import ActivationRecorder
+
+#: per-sample read-out positions of a text batch (``N - 1``), set by the adapter
+READOUT_POSITIONS = "readout_positions"
+
+
+def _siglip_model_class() -> Optional[type]:
+    try:
+        import transformers
+    except ImportError:  # pragma: no cover - a dependency
+        return None
+    return transformers.SiglipModel
+
+
+class _HFSiglipTower(_HFCLIPTower):
+    """What the two SigLIP towers share beyond CLIP's blocks: the model class and the scorer protocol."""
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> Optional[str]:
+        siglip_class = _siglip_model_class()
+        if siglip_class is None:  # pragma: no cover
+            return "transformers is not installed"
+        if isinstance(model, siglip_class):
+            return ("a transformers SiglipModel scores image-text pairs and has no class logits: wrap it as "
+                    "models.clip.ZeroShotClassifier (explain images) or models.clip.PromptScorer (explain texts)")
+        tower = getattr(model, "clip_tower", None)
+        if tower is None or not isinstance(getattr(model, "clip", None), siglip_class):
+            return (f"{type(model).__name__} is not a SigLIP scorer (a module with .clip, a SiglipModel, and "
+                    ".clip_tower)")
+        if tower not in TOWERS:
+            return f"clip_tower must be one of {TOWERS}, got {tower!r}"
+        if tower != cls.tower:
+            return f"a SigLIP scorer of the {tower} tower"
+        if not callable(getattr(model, "logits_from_embeddings", None)):
+            return f"{type(model).__name__} has no logits_from_embeddings(embeddings) method"
+        return None
+
+
+@register_adapter
+class HFSiglipVisionAdapter(ImageAdapter, _HFSiglipTower):
+    """The vision tower of a stock ``transformers.SiglipModel`` behind a scorer with ``clip_tower = "vision"``
+    (``models.clip.ZeroShotClassifier``). Inputs: images ``[B, 3, S, S]`` at the model's ``image_size`` (as
+    ``SiglipImageProcessor`` returns them; no position interpolation). Read-out ``"attention_pool"``: the attention
+    pooling head (module docstring); :meth:`readout_weights` are its head-mean attention over the ``N`` patches.
+    Layout: ``PatchGrid(S/p, S/p, prefix=0)``. Integrated gradients scale the normalised pixels (the all-zero
+    normalised image as baseline)."""
+
+    family = "transformers SiglipModel vision tower (ZeroShotClassifier)"
+    tower = "vision"
+    readout = "attention_pool"
+    num_prefix_tokens = 0
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.num_channels = int(self.config.num_channels)
+        self.patch_size = (int(self.config.patch_size),) * 2
+        #: (the pixel tensor, its version, its read-out weights) of the last :meth:`readout_weights` call
+        self._readout_cache: Optional[Tuple[Any, int, Tensor]] = None
+
+    @classmethod
+    def supports(cls, model: nn.Module) -> Optional[str]:
+        reason = super().supports(model)
+        clip: Any = getattr(model, "clip", None)
+        if reason is None and not getattr(clip.vision_model, "use_head", False):
+            return "the SiglipModel's vision tower has no pooling head (vision_use_head=False): no image embedding"
+        return reason
+
+    @property
+    def has_class_token(self) -> bool:
+        return False
+
+    def pooling_head(self) -> Any:
+        """``SiglipMultiheadAttentionPoolingHead``: ``probe``, ``attention`` (``nn.MultiheadAttention``),
+        ``layernorm``, ``mlp``."""
+        return self.tower_model.head
+
+    def input_embedding(self) -> nn.Module:
+        return self.tower_model.embeddings.patch_embedding
+
+    def embedding_scores(self, products: Tensor) -> Tensor:
+        """The patch convolution's ``[B, D, rows, cols]`` summed over ``D``: ``[B, rows * cols]``."""
+        return products.sum(dim=1).flatten(1)
+
+    def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
+        side = int(self.config.image_size)
+        if size != (side, side):
+            return f"image size {size} does not match the SigLIP vision tower's image_size {side}x{side}"
+        return None
+
+    def embed(self, inputs: ModelInputs) -> Tensor:
+        """``SiglipVisionEmbeddings``: patches + position embeddings (no class token, no pre-norm)."""
+        return self.tower_model.embeddings(inputs["pixel_values"])
+
+    def embedding(self, hidden: Tensor, context: SequenceContext) -> Tensor:
+        """``post_layernorm`` of every position, then the attention-pooling head (the stock module): the image
+        embedding ``[B, D]``."""
+        return self.pooling_head()(self.tower_model.post_layernorm(hidden))
+
+    def rule_scope(self) -> nn.Module:
+        return self.tower_model
+
+    def forward(self, inputs: ModelInputs, grad_from_block: int = 0, pre_logits: bool = False) -> Tensor:
+        """The model's logits (:meth:`ModelAdapter.forward`); with the blocks' attention in eager form (as the
+        methods that read attention run), the pooling head's attention of this forward is kept as the
+        :meth:`readout_weights` of ``inputs``, which then cost no forward of their own."""
+        if self.attention_config()._attn_implementation != "eager":
+            return super().forward(inputs, grad_from_block, pre_logits)
+        with ActivationRecorder() as rec:
+            attention: nn.Module = self.pooling_head().attention
+            rec.output(attention, "pooling", index=1)
+            logits = super().forward(inputs, grad_from_block, pre_logits)
+        self._keep_readout_weights(inputs, rec["pooling"][:, 0, :].detach())
+        return logits
+
+    def _keep_readout_weights(self, inputs: ModelInputs, weights: Tensor) -> None:
+        pixels = inputs["pixel_values"]
+        self._readout_cache = (weakref.ref(pixels), pixels._version, weights)
+
+    def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
+        """``[B, N]``: the pooling head's attention of its probe over the positions, averaged over its heads
+        (``nn.MultiheadAttention``'s second output in the stock head's call), from a forward with the blocks'
+        attention in eager form (so that the weights do not depend on the attention implementation; the pooling
+        head always materialises its probabilities): the last eager :meth:`forward` of the same pixel tensor
+        (the method's own), else a forward without gradients of its own. Kept for the pixel tensor of ``inputs``
+        until the next batch: a method reads its rows several times per batch."""
+        pixels = inputs["pixel_values"]
+        cached = self._readout_cache
+        if cached is not None and cached[0]() is pixels and cached[1] == pixels._version:
+            return cached[2]
+        with torch.no_grad(), self.eager_attention():
+            self.forward(inputs, grad_from_block=self.depth)
+        assert self._readout_cache is not None, "an eager forward keeps the read-out weights"
+        return self._readout_cache[2]
+
+
+@register_adapter
+class HFSiglipTextAdapter(_HFSiglipTower):
+    """The text tower of a stock ``transformers.SiglipModel`` behind a scorer with ``clip_tower = "text"``
+    (``models.clip.PromptScorer``). Inputs: a mapping as a tokenizer returns it (``input_ids`` ``[T, N]``,
+    optional ``attention_mask``, optional ``special_tokens_mask``) or an ``input_ids`` tensor; SigLIP's texts are
+    padded to ``max_length`` (module docstring). Read-out ``"position"``: the last position ``N - 1``. Layout:
+    ``[T, N]`` scores, exactly 0 at masked padding. Integrated gradients scale the token embeddings before the
+    position embeddings are added (as CLIP's text adapter)."""
+
+    family = "transformers SiglipModel text tower (PromptScorer)"
+    tower = "text"
+    modality = "text"
+    readout = "position"
+    layout_class = TokenSequence
+
+    def projection(self) -> nn.Linear:
+        """``SiglipTextModel.head``: the Linear from the normed last position to the joint space."""
+        return self.tower_model.head
+
+    def input_embedding(self) -> nn.Module:
+        return self.tower_model.embeddings.token_embedding
+
+    def special_ids(self) -> Tuple[int, ...]:
+        """The config's ``pad_token_id`` and ``eos_token_id`` that lie in the vocabulary (SigLIP's: both
+        ``</s>``)."""
+        vocab = int(self.config.vocab_size)
+        ids = (getattr(self.config, "pad_token_id", None), getattr(self.config, "eos_token_id", None))
+        return tuple(int(i) for i in ids if i is not None and 0 <= int(i) < vocab)
+
+    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        inputs, ids, mask = _check_token_inputs(inputs, self.family, int(self.config.vocab_size),
+                                                int(self.config.max_position_embeddings), batch="T",
+                                                positions_of="the SigLIP text tower's")
+        shape = ids.shape
+        empty = (mask.sum(dim=1) == 0).nonzero().flatten()
+        if len(empty):
+            raise ValueError(f"attention_mask: samples {empty.tolist()} have no real token")
+        tensors: Dict[str, Tensor] = {"input_ids": ids.long(), "attention_mask": mask}
+        special = inputs.get("special_tokens_mask")
+        if special is not None:
+            tensors["special_tokens_mask"] = _check_ids_like("special_tokens_mask", special, shape).long()
+        tensors[READOUT_POSITIONS] = torch.full((shape[0],), shape[1] - 1, dtype=torch.long, device=ids.device)
+        dtype = self.tower_model.embeddings.token_embedding.weight.dtype
+        return ModelInputs(tensors, int(shape[0]), dtype, ids.device, check_sample_ids(sample_ids, int(shape[0])))
+
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
+        if not isinstance(inputs, ModelInputs):
+            inputs = self.prepare_inputs(inputs)
+        mask, ids = inputs["attention_mask"], inputs["input_ids"]
+        special = inputs.tensors.get("special_tokens_mask")
+        if special is None:
+            special = torch.zeros_like(ids, dtype=torch.bool)
+            for token in self.special_ids():
+                special |= ids == token
+        return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special.bool())
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext(attention_mask=inputs["attention_mask"], readout_positions=inputs[READOUT_POSITIONS])
+
+    def drop_positions(self, hidden: Tensor, context: SequenceContext,
+                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
+        """As the base class; the read-out stays the last position (``N - 2`` of the shortened texts), as the
+        model reads it."""
+        shortened, short = super().drop_positions(hidden, context, removed)
+        positions = torch.full((shortened.shape[0],), shortened.shape[1] - 1, dtype=torch.long,
+                               device=hidden.device)
+        return shortened, SequenceContext(short.attention_mask, positions, short.position_ids)
+
+    def embed(self, inputs: ModelInputs) -> Tensor:
+        """``SiglipTextEmbeddings`` (token + position embeddings); with the per-sample ``token_embedding_scale``
+        set by :meth:`interpolate`, the token embeddings are scaled before the positions are added."""
+        embeddings = self.tower_model.embeddings
+        scale = inputs.tensors.get(TOKEN_EMBEDDING_SCALE)
+        if scale is None:
+            return embeddings(input_ids=inputs["input_ids"])
+        tokens = embeddings.token_embedding(inputs["input_ids"])
+        return embeddings(inputs_embeds=scale.to(tokens.dtype)[:, None, None] * tokens)
+
+    def block_mask(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
+        """The bidirectional padding mask as ``SiglipTextModel`` builds it for the current attention
+        implementation (``None`` when every position is real, as for a text without ``attention_mask``)."""
+        from transformers.masking_utils import create_bidirectional_mask
+
+        mask = context.attention_mask
+        if mask is None or bool(mask.all()):
+            mask = None
+        return create_bidirectional_mask(config=self.config, inputs_embeds=hidden,
+                                         attention_mask=None if mask is None else mask.to(hidden.device))
+
+    def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
+        """``final_layer_norm``, then the last position (``SiglipTextModel``: ``last_hidden_state[:, -1, :]``)."""
+        return self.tower_model.final_layer_norm(hidden)[:, -1, :]
+
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        """``S * B`` samples, step-major, whose token embeddings are multiplied by ``alpha`` before the position
+        embeddings are added."""
+        steps = len(alphas)
+        repeated = {name: t.repeat((steps,) + (1,) * (t.dim() - 1)) for name, t in inputs.tensors.items()
+                    if name != TOKEN_EMBEDDING_SCALE}
+        scale = alphas.to(device=inputs.device, dtype=inputs.score_dtype).repeat_interleave(inputs.batch_size)
+        return inputs.with_tensors(**repeated, **{TOKEN_EMBEDDING_SCALE: scale})

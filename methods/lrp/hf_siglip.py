@@ -1,0 +1,168 @@
+"""LRP topology of the two towers of a stock ``transformers.SiglipModel`` behind a scorer
+(``models.clip.ZeroShotClassifier`` / ``PromptScorer``). No reference implementation exists; this is CLIP's graph
+(:mod:`methods.lrp.hf_clip`) with SigLIP's read-outs, from the shared rules and sub-layers, checked by relevance
+conservation (``tests/test_siglip.py``).
+
+Graph (forward order):
+
+* vision: ``patch_embedding`` (Conv2d, z^B rule) -> ``+ position_embedding`` (Add, the position share dropped; no
+  class token) -> blocks (CLIP's pre-norm blocks, no mask) -> ``post_layernorm`` (identity) -> the
+  **attention-pooling head**: ``a = out_proj(softmax(q k^T / sqrt(d)) v)`` with ``q`` the learned probe's
+  projection (a parameter: no input, its share of ``q k^T``'s relevance is dropped, as a position embedding's) and
+  ``k``, ``v`` projections of every position (the packed ``in_proj_weight``'s slices: the Linear rule on each,
+  summed over the shared input); then ``a + mlp(layernorm(a))`` (the shared residual MLP sub-layer, layernorm
+  identity) -> the probe's token. The attention probabilities are recomputed per head from the recorded input
+  (``nn.MultiheadAttention`` returns their head mean only); the matmul rules of the blocks apply to ``A v`` and
+  ``q k^T``.
+* text: ``token_embedding + position_embedding`` (Add) -> blocks under the bidirectional padding mask (left out of
+  the Add rule, as CLIP's: a masked key's probability is exactly 0) -> ``final_layer_norm`` (identity) -> the
+  **last position** (select) -> ``head`` (Linear).
+* the score: ``logit_scale.exp() * <z / ||z||, e_c> + logit_bias``: a Linear with weight ``logit_scale.exp() * E``
+  on the normalised embedding (the normalisation identity); the bias, a constant, gets no relevance (as the
+  rules' Linear biases).
+
+Full LRP ends at the pixels for the vision tower (``[B, 3, H, W]``) and, for the text tower, at the encoder input
+or the token embeddings (``input_point``), as CLIP's.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..adapters import ActivationRecorder, MethodUndefinedError
+from ..adapters.hf_siglip import HFSiglipTextAdapter, HFSiglipVisionAdapter
+from .hf_clip import HFCLIPTextTopology
+from .sublayers import attention_relprop, block_tensors, embedding_sum_relprop, record_block, residual_mlp_relprop
+from .topology import Topology, register_topology
+
+
+def pooling_attention_problems(attention: nn.Module) -> list:
+    """What in an ``nn.MultiheadAttention`` pooling layer the relevance pass here does not cover."""
+    if not isinstance(attention, nn.MultiheadAttention):
+        return [f"pooling attention {type(attention).__name__} (need nn.MultiheadAttention)"]
+    problems = []
+    if not attention._qkv_same_embed_dim or attention.in_proj_weight is None:
+        problems.append("pooling attention with separate q/k/v weights")
+    if attention.bias_k is not None or attention.bias_v is not None or attention.add_zero_attn:
+        problems.append("pooling attention with bias_k / bias_v / add_zero_attn")
+    if not attention.batch_first:
+        problems.append("pooling attention with batch_first=False")
+    return problems
+
+
+@register_topology(HFSiglipVisionAdapter)
+class HFSiglipVisionTopology(Topology):
+    """Relevance pass over SigLIP's vision tower (``ZeroShotClassifier``) and its attention-pooling head."""
+
+    @staticmethod
+    def check(adapter: HFSiglipVisionAdapter) -> None:
+        head = adapter.pooling_head()
+        problems = pooling_attention_problems(head.attention)
+        conv = adapter.tower_model.embeddings.patch_embedding
+        if not isinstance(conv, nn.Conv2d) or conv.groups != 1 or isinstance(conv.padding, str) and \
+                conv.padding != "valid":
+            problems.append("patch embedding without a plain Conv2d")
+        if not all(isinstance(x, nn.Linear) for x in (head.mlp.fc1, head.mlp.fc2)):
+            problems.append("pooling head MLP layers are not nn.Linear")
+        for i in range(adapter.depth):
+            linears = adapter.attention_linears(i)
+            if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
+                problems.append(f"layer {i} attention projections are not nn.Linear")
+            if not all(isinstance(x, nn.Linear) for x in adapter.mlp_linears(i)):
+                problems.append(f"layer {i} MLP layers are not nn.Linear")
+        if problems:
+            raise MethodUndefinedError(f"LRP rules are not defined for this SigLIP vision tower: "
+                                       f"{'; '.join(problems[:6])}")
+
+    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
+               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
+        """Hooks for the rule inputs of ``blocks``, the pooling head (its input, attention output, MLP, output)
+        and, with ``to_input``, the patch embedding."""
+        adapter = self.adapter
+        for l in blocks:
+            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
+            record_block(rec, adapter, l, layer_outputs)
+        head = adapter.pooling_head()
+        rec.input(head, "pool_in")
+        rec.output(head.attention, "pool_attended", index=0)
+        rec.input(head.mlp.fc1, "pool_fc1_in")
+        if layer_outputs:
+            rec.output(head.mlp.fc1, "pool_fc1_out")
+        rec.input(head.mlp.fc2, "pool_fc2_in")
+        rec.output(head.mlp.fc2, "pool_mlp_out")
+        rec.output(head, "embedding")
+        if to_input:
+            conv = adapter.tower_model.embeddings.patch_embedding
+            rec.input(conv, "pixels")
+            rec.output(conv, "patch_grid")
+
+    @torch.no_grad()
+    def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
+        """Relevance at the last block's output ``[B, N, D]``: the score, the pooling head's residual MLP, its
+        output projection, its attention core and its k/v projections, ``post_layernorm`` (identity)."""
+        adapter = self.adapter
+        head = adapter.pooling_head()
+        attention = head.attention
+        z = acts["embedding"]
+        normed = z / z.norm(p=2, dim=-1, keepdim=True)
+        r = rules["linear"](normed, adapter.score_weight().to(z), relevance_logits)[:, None]   # [B, 1, D]
+        attended = acts["pool_attended"]
+        mlp = block_tensors({}, 0, x=attended, attn_out=attended, mlp_in=attended, mlp_out=acts["pool_mlp_out"],
+                            fc1_in=acts["pool_fc1_in"], fc1_out=acts.get("pool_fc1_out"),
+                            fc2_in=acts["pool_fc2_in"])
+        r = residual_mlp_relprop(rules, mlp, head.mlp.fc1, head.mlp.fc2, r, None)          # at the attention output
+
+        hidden = acts["pool_in"]                                                              # [B, N, D]
+        batch, tokens, dim = hidden.shape
+        heads = int(attention.num_heads)
+        w_q, w_k, w_v = attention.in_proj_weight.chunk(3)
+        b_q, b_k, b_v = (attention.in_proj_bias.chunk(3) if attention.in_proj_bias is not None
+                         else (None, None, None))
+        probe = head.probe.to(hidden).expand(batch, -1, -1)
+        q, k, v = F.linear(probe, w_q, b_q), F.linear(hidden, w_k, b_k), F.linear(hidden, w_v, b_v)
+
+        def heads_first(t: Tensor) -> Tensor:            # [B, n, H*d] -> [B, H, n, d]
+            return t.reshape(batch, t.shape[1], heads, -1).transpose(1, 2)
+
+        def merged(t: Tensor) -> Tensor:                 # [B, H, n, d] -> [B, n, H*d]
+            return t.transpose(1, 2).reshape(batch, t.shape[2], -1)
+
+        qh, kh, vh = heads_first(q), heads_first(k), heads_first(v)
+        attn = torch.softmax(qh @ kh.transpose(-2, -1) / math.sqrt(dim // heads), dim=-1)   # [B, H, 1, N]
+        ctx = attn @ vh                                                                     # [B, H, 1, d]
+        out = attention.out_proj
+        r_ctx = rules["linear"](merged(ctx), out.weight, r, attended.clone(), out.bias)
+        _, r_q, r_k, r_v = attention_relprop(rules, qh, kh, vh, attn, heads_first(r_ctx), need_qk=True, ctx=ctx)
+        acts["probe_relevance"] = merged(r_q)           # [B, 1, D]: the probe's share, no input's (a parameter)
+        return rules.linear_shared(hidden, [(w_k, merged(r_k), k, b_k), (w_v, merged(r_v), v, b_v)])
+
+    @torch.no_grad()
+    def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
+        """From the tokens entering block 0 to the pixels: ``+ position_embedding`` (Add; the position share
+        dropped), the patch convolution (z^B). ``[B, 3, H, W]``."""
+        embeddings = self.adapter.tower_model.embeddings
+        grid = acts["patch_grid"]                                          # [B, D, gh, gw]
+        batch, dim, gh, gw = grid.shape
+        patches = grid.flatten(2).transpose(1, 2)
+        position = embeddings.position_embedding.weight.to(patches)[None, :patches.shape[1]]
+        r_patches = embedding_sum_relprop(rules, patches, position.expand_as(patches), relevance)
+        r_grid = r_patches.transpose(1, 2).reshape(batch, dim, gh, gw)
+        conv = embeddings.patch_embedding
+        padding = (0, 0) if conv.padding == "valid" else conv.padding     # SigLIP's patches: padding="valid"
+        return rules["input_conv"](acts["pixels"].to(grid), conv.weight, r_grid, conv.stride, padding)
+
+
+@register_topology(HFSiglipTextAdapter)
+class HFSiglipTextTopology(HFCLIPTextTopology):
+    """Relevance pass over SigLIP's text tower (``PromptScorer``): CLIP's, read out at the last position."""
+
+    def readout(self, rules, acts, relevance_pooled: Tensor) -> Tensor:
+        """The selection of the last position (``SiglipTextModel``'s ``[:, -1]``)."""
+        hidden = acts["last_hidden"]
+        out = torch.zeros_like(hidden)
+        out[:, -1] = rules["select"](hidden[:, -1], relevance_pooled)
+        return out
