@@ -51,6 +51,15 @@ def rollout_readout(matrices: Sequence[Tensor], row_normalize: bool, read: Calla
     return composed.row()
 
 
+def row_times(row: Tensor, m: Tensor) -> Tensor:
+    """``row[b] @ m[b]`` for each sample (``[B, N]`` x ``[B, N, N]`` -> ``[B, N]``), in float64 (``row`` is kept
+    in float64 by the composers below). A float32 vector-matrix product splits its sums by the number of threads
+    and a batched one picks its kernel by the batch size, so a sample's result would depend on the machine's
+    threads and the batch it is in (one process or several: measured, a segmentation mAP moved by 1.6e-6); in
+    float64, cast back once at the end, it does not."""
+    return torch.stack([r @ mat.to(torch.float64) for r, mat in zip(row.to(torch.float64), m)])
+
+
 class ReadoutRollout:
     """The read-out row of :func:`rollout` composed from the last block down: ``add`` each block's matrix
     ``M_l`` ``[B, N, N]`` in the order ``l = last, last - 1, ..., first``; ``row()`` is
@@ -60,6 +69,7 @@ class ReadoutRollout:
     def __init__(self, row_normalize: bool, read: Callable[[Tensor], Tensor]):
         self.row_normalize = row_normalize
         self.read = read
+        self.dtype = torch.float32
         self._row: Optional[Tensor] = None
 
     def add(self, m: Tensor, overwrite: bool = False) -> None:
@@ -69,12 +79,16 @@ class ReadoutRollout:
             m = m + torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
         if self.row_normalize:
             m = m.div_(m.sum(dim=-1, keepdim=True))
-        self._row = self.read(m) if self._row is None else torch.bmm(self._row[:, None, :], m)[:, 0]
+        if self._row is None:
+            self.dtype = m.dtype
+            self._row = self.read(m).to(torch.float64)
+        else:
+            self._row = row_times(self._row, m)
 
     def row(self) -> Tensor:
         if self._row is None:
             raise ValueError("rollout needs at least one block")
-        return self._row
+        return self._row.to(self.dtype)
 
 
 class ReadoutResidual:
@@ -84,17 +98,18 @@ class ReadoutResidual:
     ``read((I + M_last) ... (I + M_first))``. Holds the row only."""
 
     def __init__(self, start: Tensor):
-        self._row = start
+        self.dtype = start.dtype
+        self._row = start.to(torch.float64)
         self.blocks = 0
 
     def add(self, m: Tensor) -> None:
-        self._row = self._row + torch.bmm(self._row[:, None, :], m)[:, 0]
+        self._row = self._row + row_times(self._row, m)
         self.blocks += 1
 
     def row(self) -> Tensor:
         if not self.blocks:
             raise ValueError("accumulate_residual needs at least one block")
-        return self._row
+        return self._row.to(self.dtype)
 
 
 def accumulate_residual(matrices: Sequence[Tensor]) -> Tensor:
