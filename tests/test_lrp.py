@@ -213,9 +213,9 @@ def test_model_state_restored():
 def test_unsupported_models_raise():
     with pytest.raises(TypeError, match="Sequential.*timm VisionTransformer"):
         build_method("lrp")(nn.Sequential(nn.Conv2d(3, 3, 1)), torch.randn(1, 3, 32, 32))
-    layer_scale = _small(init_values=0.1)
-    with pytest.raises(TypeError, match="VisionTransformer.*layer scale.*supported families"):
-        build_method("transformer_attribution")(layer_scale, torch.randn(1, 3, 32, 32, dtype=torch.float64))
+    qk_norm = _small(qk_norm=True)      # layer scale has a rule (tests/test_timm_variants.py); q/k norm has none
+    with pytest.raises(TypeError, match="VisionTransformer.*q_norm.*supported families"):
+        build_method("transformer_attribution")(qk_norm, torch.randn(1, 3, 32, 32, dtype=torch.float64))
     with pytest.raises(ValueError, match="rule set"):
         build_method("lrp", rules="nope")
 
