@@ -60,6 +60,26 @@ TOKEN_EMBEDDING_SCALE = "token_embedding_scale"
 TOWERS = ("vision", "text")
 
 
+def scorer_problem(model: nn.Module, clip_class: type, tower: str, pair_model: str, scorer: str,
+                   clip_name: str) -> Optional[str]:
+    """Why ``model`` is not a scorer of the ``tower`` tower around a ``clip_class`` model (CLIP, SigLIP, open_clip:
+    a module with ``.clip``, ``.clip_tower`` and ``logits_from_embeddings``, as :mod:`models.clip`'s
+    ``ZeroShotClassifier`` and ``PromptScorer``), or ``None``; the names fill the messages."""
+    if isinstance(model, clip_class):
+        return (f"{pair_model} scores image-text pairs and has no class logits: wrap it as "
+                "models.clip.ZeroShotClassifier (explain images) or models.clip.PromptScorer (explain texts)")
+    found = getattr(model, "clip_tower", None)
+    if found is None or not isinstance(getattr(model, "clip", None), clip_class):
+        return f"{type(model).__name__} is not {scorer} (a module with .clip, {clip_name}, and .clip_tower)"
+    if found not in TOWERS:
+        return f"clip_tower must be one of {TOWERS}, got {found!r}"
+    if found != tower:
+        return f"{scorer} of the {found} tower"
+    if not callable(getattr(model, "logits_from_embeddings", None)):
+        return f"{type(model).__name__} has no logits_from_embeddings(embeddings) method"
+    return None
+
+
 def _clip_model_class() -> Optional[type]:
     try:
         import transformers
@@ -91,19 +111,8 @@ class _HFCLIPTower(HFEncoderBlocks):
         clip_class = _clip_model_class()
         if clip_class is None:  # pragma: no cover
             return "transformers is not installed"
-        if isinstance(model, clip_class):
-            return ("a transformers CLIPModel scores image-text pairs and has no class logits: wrap it as "
-                    "models.clip.ZeroShotClassifier (explain images) or models.clip.PromptScorer (explain texts)")
-        tower = getattr(model, "clip_tower", None)
-        if tower is None or not isinstance(getattr(model, "clip", None), clip_class):
-            return f"{type(model).__name__} is not a CLIP scorer (a module with .clip, a CLIPModel, and .clip_tower)"
-        if tower not in TOWERS:
-            return f"clip_tower must be one of {TOWERS}, got {tower!r}"
-        if tower != cls.tower:
-            return f"a CLIP scorer of the {tower} tower"
-        if not callable(getattr(model, "logits_from_embeddings", None)):
-            return f"{type(model).__name__} has no logits_from_embeddings(embeddings) method"
-        return None
+        return scorer_problem(model, clip_class, cls.tower, "a transformers CLIPModel", "a CLIP scorer",
+                              "a CLIPModel")
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:
@@ -195,8 +204,33 @@ class _HFCLIPTower(HFEncoderBlocks):
         return mlp.fc1, mlp.fc2
 
 
+class _HFPatchVision:
+    """What transformers' CLIP-like vision towers (CLIP, SigLIP) share: the patch convolution
+    (``embeddings.patch_embedding``) as the input embedding, its products summed over the width per patch, and
+    images of exactly the config's ``image_size`` (no position interpolation). Listed before
+    :class:`~methods.adapters.base.ImageAdapter` in a subclass's bases."""
+
+    tower_model: Any
+    config: Any
+    #: the model's name in the image-size message
+    model_name = "CLIP"
+
+    def input_embedding(self) -> nn.Module:
+        return self.tower_model.embeddings.patch_embedding
+
+    def embedding_scores(self, products: Tensor) -> Tensor:
+        """The patch convolution's ``[B, D, rows, cols]`` summed over ``D``: ``[B, rows * cols]``."""
+        return products.sum(dim=1).flatten(1)
+
+    def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
+        side = int(self.config.image_size)
+        if size != (side, side):
+            return f"image size {size} does not match the {self.model_name} vision tower's image_size {side}x{side}"
+        return None
+
+
 @register_adapter
-class HFCLIPVisionAdapter(ImageAdapter, _HFCLIPTower):
+class HFCLIPVisionAdapter(_HFPatchVision, ImageAdapter, _HFCLIPTower):
     """The vision tower of a stock ``transformers.CLIPModel`` behind a scorer with ``clip_tower = "vision"``
     (``models.clip.ZeroShotClassifier``). Inputs (:class:`~methods.adapters.base.ImageAdapter`): images
     ``[B, 3, S, S]`` at the model's ``image_size``, as ``CLIPProcessor`` returns them. Read-out: [CLS] through
@@ -218,19 +252,6 @@ class HFCLIPVisionAdapter(ImageAdapter, _HFCLIPTower):
 
     def projection(self) -> nn.Linear:
         return self.clip.visual_projection
-
-    def input_embedding(self) -> nn.Module:
-        return self.tower_model.embeddings.patch_embedding
-
-    def embedding_scores(self, products: Tensor) -> Tensor:
-        """The patch convolution's ``[B, D, rows, cols]`` summed over ``D``: ``[B, rows * cols]``."""
-        return products.sum(dim=1).flatten(1)
-
-    def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
-        side = int(self.config.image_size)
-        if size != (side, side):
-            return f"image size {size} does not match the CLIP vision tower's image_size {side}x{side}"
-        return None
 
     def embed(self, inputs: ModelInputs) -> Tensor:
         """``CLIPVisionEmbeddings`` (patches, [CLS], positions), then ``pre_layrnorm``."""

@@ -52,7 +52,7 @@ from .base import (
     check_sample_ids,
     register_adapter,
 )
-from .hf_clip import TOKEN_EMBEDDING_SCALE, TOWERS, _HFCLIPTower
+from .hf_clip import TOKEN_EMBEDDING_SCALE, _HFCLIPTower, _HFPatchVision, scorer_problem
 from .hf_text import _check_ids_like, _check_token_inputs
 from .recorder import ActivationRecorder
 
@@ -76,24 +76,12 @@ class _HFSiglipTower(_HFCLIPTower):
         siglip_class = _siglip_model_class()
         if siglip_class is None:  # pragma: no cover
             return "transformers is not installed"
-        if isinstance(model, siglip_class):
-            return ("a transformers SiglipModel scores image-text pairs and has no class logits: wrap it as "
-                    "models.clip.ZeroShotClassifier (explain images) or models.clip.PromptScorer (explain texts)")
-        tower = getattr(model, "clip_tower", None)
-        if tower is None or not isinstance(getattr(model, "clip", None), siglip_class):
-            return (f"{type(model).__name__} is not a SigLIP scorer (a module with .clip, a SiglipModel, and "
-                    ".clip_tower)")
-        if tower not in TOWERS:
-            return f"clip_tower must be one of {TOWERS}, got {tower!r}"
-        if tower != cls.tower:
-            return f"a SigLIP scorer of the {tower} tower"
-        if not callable(getattr(model, "logits_from_embeddings", None)):
-            return f"{type(model).__name__} has no logits_from_embeddings(embeddings) method"
-        return None
+        return scorer_problem(model, siglip_class, cls.tower, "a transformers SiglipModel", "a SigLIP scorer",
+                              "a SiglipModel")
 
 
 @register_adapter
-class HFSiglipVisionAdapter(ImageAdapter, _HFSiglipTower):
+class HFSiglipVisionAdapter(_HFPatchVision, ImageAdapter, _HFSiglipTower):
     """The vision tower of a stock ``transformers.SiglipModel`` behind a scorer with ``clip_tower = "vision"``
     (``models.clip.ZeroShotClassifier``). Inputs: images ``[B, 3, S, S]`` at the model's ``image_size`` (as
     ``SiglipImageProcessor`` returns them; no position interpolation). Read-out ``"attention_pool"``: the attention
@@ -102,6 +90,7 @@ class HFSiglipVisionAdapter(ImageAdapter, _HFSiglipTower):
     normalised image as baseline)."""
 
     family = "transformers SiglipModel vision tower (ZeroShotClassifier)"
+    model_name = "SigLIP"
     tower = "vision"
     readout = "attention_pool"
     num_prefix_tokens = 0
@@ -129,19 +118,6 @@ class HFSiglipVisionAdapter(ImageAdapter, _HFSiglipTower):
         """``SiglipMultiheadAttentionPoolingHead``: ``probe``, ``attention`` (``nn.MultiheadAttention``),
         ``layernorm``, ``mlp``."""
         return self.tower_model.head
-
-    def input_embedding(self) -> nn.Module:
-        return self.tower_model.embeddings.patch_embedding
-
-    def embedding_scores(self, products: Tensor) -> Tensor:
-        """The patch convolution's ``[B, D, rows, cols]`` summed over ``D``: ``[B, rows * cols]``."""
-        return products.sum(dim=1).flatten(1)
-
-    def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
-        side = int(self.config.image_size)
-        if size != (side, side):
-            return f"image size {size} does not match the SigLIP vision tower's image_size {side}x{side}"
-        return None
 
     def embed(self, inputs: ModelInputs) -> Tensor:
         """``SiglipVisionEmbeddings``: patches + position embeddings (no class token, no pre-norm)."""

@@ -67,7 +67,7 @@ from .base import (
     register_adapter,
 )
 from .gradient_rules import normalized_rule
-from .hf_clip import READOUT_POSITIONS, TOKEN_EMBEDDING_SCALE, TOWERS
+from .hf_clip import READOUT_POSITIONS, TOKEN_EMBEDDING_SCALE, scorer_problem
 from .hf_text import _check_token_inputs
 from .recorder import ActivationRecorder
 
@@ -162,20 +162,9 @@ class _OpenCLIPTower(ModelAdapter):
         if classes is None:  # pragma: no cover
             return "open_clip is not installed"
         clip_class, _, block_class = classes
-        if isinstance(model, clip_class):
-            return ("an open_clip CLIP scores image-text pairs and has no class logits: wrap it as "
-                    "models.clip.ZeroShotClassifier (explain images) or models.clip.PromptScorer (explain texts)")
-        tower = getattr(model, "clip_tower", None)
-        if tower is None or not isinstance(getattr(model, "clip", None), clip_class):
-            return (f"{type(model).__name__} is not an open_clip CLIP scorer (a module with .clip, an "
-                    "open_clip.model.CLIP, and .clip_tower)")
-        if tower not in TOWERS:
-            return f"clip_tower must be one of {TOWERS}, got {tower!r}"
-        if tower != cls.tower:
-            return f"a CLIP scorer of the {tower} tower"
-        if not callable(getattr(model, "logits_from_embeddings", None)):
-            return f"{type(model).__name__} has no logits_from_embeddings(embeddings) method"
-        return cls.tower_problem(model.clip) or _blocks_problem(cls.transformer_of(model.clip), block_class)
+        return (scorer_problem(model, clip_class, cls.tower, "an open_clip CLIP", "an open_clip CLIP scorer",
+                               "an open_clip.model.CLIP")
+                or cls.tower_problem(model.clip) or _blocks_problem(cls.transformer_of(model.clip), block_class))
 
     @classmethod
     def tower_problem(cls, clip: Any) -> Optional[str]:

@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from .base import AttentionLinears, ImageAdapter, MethodUndefinedError, SequenceContext
 from .gradient_rules import scale_gradient
 from .recorder import ActivationRecorder
+from .timm_vit import timm_fused_attention_off
 
 SUPPORTED_POOLS = ("token", "avg")
 #: the MLP classes of timm the blocks may hold, by name: the plain MLP and the two SwiGLU forms
@@ -280,17 +281,6 @@ class TimmBeitLikeAdapter(ImageAdapter):
                     handle.remove()
 
     # ------------------------------------------------------------------ attention implementation
-    @contextlib.contextmanager
-    def eager_attention(self) -> Iterator[None]:
+    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
         """Switch timm's fused attention off (it never materialises the attention matrix) and restore it."""
-        modules = [block.attn for block in self.blocks]
-        before = [getattr(m, "fused_attn", False) for m in modules]
-        for m in modules:
-            if hasattr(m, "fused_attn"):
-                m.fused_attn = False
-        try:
-            yield
-        finally:
-            for m, flag in zip(modules, before):
-                if hasattr(m, "fused_attn"):
-                    m.fused_attn = flag
+        return timm_fused_attention_off(block.attn for block in self.blocks)

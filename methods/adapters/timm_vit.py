@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Callable, Hashable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Hashable, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +14,20 @@ from .recorder import ActivationRecorder
 SUPPORTED_POOLS = ("token", "avg", "map")
 #: the read-out kind of each supported ``global_pool``
 READOUT_OF_POOL = {"token": "class_token", "avg": "mean_content", "map": "attention_pool"}
+
+
+@contextlib.contextmanager
+def timm_fused_attention_off(modules: Iterable[nn.Module]) -> Iterator[None]:
+    """timm's ``fused_attn`` flag off on ``modules`` (those that have it) for the block, then each restored."""
+    switched: List[Any] = [m for m in modules if hasattr(m, "fused_attn")]
+    before = [bool(m.fused_attn) for m in switched]
+    for m in switched:
+        m.fused_attn = False
+    try:
+        yield
+    finally:
+        for m, flag in zip(switched, before):
+            m.fused_attn = flag
 
 
 @register_adapter
@@ -210,17 +224,6 @@ class TimmViTAdapter(ImageAdapter):
                 problems.append(f"block {i} gated attention")
         return problems
 
-    @contextlib.contextmanager
-    def eager_attention(self) -> Iterator[None]:
+    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
         """Switch timm's fused attention off (it never materialises the attention matrix) and restore it."""
-        modules = [block.attn for block in self.blocks]
-        before = [getattr(m, "fused_attn", False) for m in modules]
-        for m in modules:
-            if hasattr(m, "fused_attn"):
-                m.fused_attn = False
-        try:
-            yield
-        finally:
-            for m, flag in zip(modules, before):
-                if hasattr(m, "fused_attn"):
-                    m.fused_attn = flag
+        return timm_fused_attention_off(block.attn for block in self.blocks)
