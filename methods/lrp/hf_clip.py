@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from ..adapters import ActivationRecorder, MethodUndefinedError
 from ..adapters.hf_clip import HFCLIPTextAdapter, HFCLIPVisionAdapter, _HFCLIPTower, eos_positions
 from .sublayers import embedding_sum_relprop, readout_relprop, record_block
-from .topology import Topology, register_topology
+from .topology import Topology, linear_layer_problems, register_topology
 
 INPUT_POINTS = ("encoder_input", "word_embeddings")
 
@@ -50,12 +50,7 @@ class _CLIPTowerTopology(Topology):
             problems.append(f"projection {type(adapter.projection()).__name__} (need nn.Linear)")
         if not callable(getattr(adapter.model, "logits_from_embeddings", None)):
             problems.append("no logits_from_embeddings")
-        for i in range(adapter.depth):
-            linears = adapter.attention_linears(i)
-            if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
-                problems.append(f"layer {i} attention projections are not nn.Linear")
-            if not all(isinstance(x, nn.Linear) for x in adapter.mlp_linears(i)):
-                problems.append(f"layer {i} MLP layers are not nn.Linear")
+        problems += linear_layer_problems(adapter)
         if problems:
             raise MethodUndefinedError(f"LRP rules are not defined for this CLIP {adapter.tower} tower: "
                             f"{'; '.join(problems[:6])}")

@@ -37,7 +37,7 @@ from ..adapters import ActivationRecorder, MethodUndefinedError
 from ..adapters.hf_siglip import HFSiglipTextAdapter, HFSiglipVisionAdapter
 from .hf_clip import HFCLIPTextTopology
 from .sublayers import attention_relprop, block_tensors, embedding_sum_relprop, record_block, residual_mlp_relprop
-from .topology import Topology, register_topology
+from .topology import Topology, linear_layer_problems, register_topology
 
 
 def pooling_attention_problems(attention: nn.Module) -> list:
@@ -68,12 +68,7 @@ class HFSiglipVisionTopology(Topology):
             problems.append("patch embedding without a plain Conv2d")
         if not all(isinstance(x, nn.Linear) for x in (head.mlp.fc1, head.mlp.fc2)):
             problems.append("pooling head MLP layers are not nn.Linear")
-        for i in range(adapter.depth):
-            linears = adapter.attention_linears(i)
-            if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
-                problems.append(f"layer {i} attention projections are not nn.Linear")
-            if not all(isinstance(x, nn.Linear) for x in adapter.mlp_linears(i)):
-                problems.append(f"layer {i} MLP layers are not nn.Linear")
+        problems += linear_layer_problems(adapter)
         if problems:
             raise MethodUndefinedError(f"LRP rules are not defined for this SigLIP vision tower: "
                                        f"{'; '.join(problems[:6])}")

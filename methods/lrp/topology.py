@@ -1,10 +1,10 @@
 """Registry of LRP topologies: one per adapter class (model family)."""
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple, Type, TypeVar
+from typing import Callable, Dict, List, Tuple, Type, TypeVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..adapters import MethodUndefinedError, ModelAdapter
 from .sublayers import block_relprop, block_tensors
@@ -66,3 +66,16 @@ def topology_for(adapter: ModelAdapter):
             f"supported families: {', '.join(a.family for a in TOPOLOGIES)}"
         )
     return cls(adapter)
+
+
+def linear_layer_problems(adapter: ModelAdapter) -> List[str]:
+    """The blocks whose q, k, v, output projections or MLP layers are not ``nn.Linear`` (the Linear rule's
+    layers, for the families whose blocks have separate projections)."""
+    problems = []
+    for i in range(adapter.depth):
+        linears = adapter.attention_linears(i)
+        if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
+            problems.append(f"layer {i} attention projections are not nn.Linear")
+        if not all(isinstance(x, nn.Linear) for x in adapter.mlp_linears(i)):
+            problems.append(f"layer {i} MLP layers are not nn.Linear")
+    return problems
