@@ -216,3 +216,42 @@ def test_ranking_study_on_a_given_classifier(ranking, tmp_path):
     assert metrics.stat().st_mtime_ns == stamp   # resumed, not re-run
     with pytest.raises(SystemExit, match="not found"):
         ranking.main(["--classifiers", str(tmp_path / "missing.pt"), "--out", str(out)])
+
+
+@pytest.fixture(scope="module")
+def max_length():
+    return _load_script("max_length")
+
+
+def test_max_length_search_finds_the_limit(max_length):
+    """Doubling, then halving between the last size that ran and the first that ran out of memory; a slow call ends
+    the search with a lower bound; a bug in the method is raised, not counted as out of memory."""
+    def limited(limit, slow_from=None):
+        def call_at(n):
+            if n > limit:
+                return dict(outcome=max_length.OUT_OF_MEMORY, seconds=0.1, peak_extra_mib=None)
+            return dict(outcome=max_length.RAN, seconds=100.0 if slow_from and n >= slow_from else 0.1,
+                        peak_extra_mib=float(n))
+        return call_at
+
+    found = max_length.search(limited(5000), start=1024, max_len=65536, bisect=2, time_limit=30)
+    assert [c["n"] for c in found["calls"]] == [1024, 2048, 4096, 8192, 6144, 5120]
+    assert found["largest"] == 4096 and found["bound"] == "exact" and found["first_failed"] == 5120
+    found = max_length.search(limited(10**9), start=1024, max_len=4096, bisect=2, time_limit=30)
+    assert found["largest"] == 4096 and found["bound"] == "max-len" and found["first_failed"] is None
+    found = max_length.search(limited(10**9, slow_from=2048), start=1024, max_len=65536, bisect=2, time_limit=30)
+    assert found["largest"] == 2048 and found["bound"] == "time limit"
+    assert max_length.is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried ..."))
+    assert not max_length.is_out_of_memory(RuntimeError("shape mismatch"))
+    with pytest.raises(ValueError, match="a bug"):
+        max_length.measure_call(lambda: (_ for _ in ()).throw(ValueError("a bug")), "cpu")
+
+
+def test_max_length_tiny_run(max_length, tmp_path, capsys):
+    out = tmp_path / "max.json"
+    result = max_length.main(["--device", "cpu", "--model-size", "tiny", "--methods", "rollout", "--start", "16",
+                              "--max-len", "32", "--json", str(out)])
+    assert set(result["results"]) == {"forward", "forward+backward", "rollout"}
+    assert all(r["largest"] == 32 and r["bound"] == "max-len" for r in result["results"].values())
+    assert json.loads(out.read_text())["config"]["model"]["max_position_embeddings"] == 32
+    assert "| rollout | 32 | max-len |" in capsys.readouterr().out
