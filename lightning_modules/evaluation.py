@@ -93,7 +93,9 @@ class AttributionEvaluationModule(pl.LightningModule):
             timm's data config; ``evaluation.classifier.Classifier.from_model``).
         forward_batch_size: images per plain forward of the :class:`~evaluation.classifier.Classifier` (the
             callbacks' forwards of perturbed images).
-        method_batch_size: images per method call (default: the whole batch).
+        method_batch_size: images per method call (default: the whole batch). Every call runs at the loader's
+            batch size or this, whichever is smaller: a short batch or chunk is padded with copies of its last
+            sample (:meth:`_call_width`).
         concepts: concept files of this classifier (``ConceptHead.save``; ``train.py --concepts``). A method
             entry ``{name: {method: cdam, concept: <concept name>}}`` explains that concept (``<kind>:<name>``
             when several files hold the name); ``concept_methods: true`` adds ``cdam_concept_<name>`` for every
