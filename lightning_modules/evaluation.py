@@ -71,6 +71,12 @@ def check_finite_relevance(method: str, setting: str, relevance: Tensor, sample_
                          "run's progress files (evaluate.py --resume)")
 
 
+def padded_index(start: int, stop: int, width: int) -> Tensor:
+    """The positions ``start, ..., stop - 1`` followed by copies of ``stop - 1``, ``width`` in all."""
+    index = torch.arange(start, stop)
+    return torch.cat([index, index[-1:].expand(width - len(index))])
+
+
 class AttributionEvaluationModule(pl.LightningModule):
     """Classifier + attribution methods; ``test_step`` returns raw maps per method and class setting.
 
@@ -87,7 +93,9 @@ class AttributionEvaluationModule(pl.LightningModule):
             timm's data config; ``evaluation.classifier.Classifier.from_model``).
         forward_batch_size: images per plain forward of the :class:`~evaluation.classifier.Classifier` (the
             callbacks' forwards of perturbed images).
-        method_batch_size: images per method call (default: the whole batch).
+        method_batch_size: images per method call (default: the whole batch). Every call runs at the loader's
+            batch size or this, whichever is smaller: a short batch or chunk is padded with copies of its last
+            sample (:meth:`_call_width`).
         concepts: concept files of this classifier (``ConceptHead.save``; ``train.py --concepts``). A method
             entry ``{name: {method: cdam, concept: <concept name>}}`` explains that concept (``<kind>:<name>``
             when several files hold the name); ``concept_methods: true`` adds ``cdam_concept_<name>`` for every
@@ -189,36 +197,60 @@ class AttributionEvaluationModule(pl.LightningModule):
         return self.classifier.model_inputs(batch)
 
     def _attribute(self, method, inputs: Union[Tensor, Dict[str, Tensor]], target: Optional[Tensor],
-                   sample_ids: Optional[Tensor]) -> Tensor:
+                   sample_ids: Optional[Tensor], width: Optional[int] = None) -> Tensor:
+        """The method's maps of ``inputs``, ``method_batch_size`` samples per call (default: all). With ``width``
+        (:meth:`_call_width`) every call runs at exactly ``width`` samples: a shorter chunk is padded with copies
+        of its last sample, whose maps are dropped."""
         size = self.classifier.num_samples(inputs)
-        step = self.hparams.method_batch_size or size
+        step = width or self.hparams.method_batch_size or size
         parts = []
         for start in range(0, size, step):
-            stop = start + step
-            chunk = self.classifier.take(inputs, slice(start, stop))
-            targets = None if target is None else self.classifier.method_targets(target[start:stop])
-            parts.append(method(self.model, chunk, target=targets,
-                                sample_ids=None if sample_ids is None else sample_ids[start:stop]))
+            stop = min(start + step, size)
+            index: Union[slice, Tensor] = slice(start, stop)
+            if width is not None and stop - start < width:
+                index = padded_index(start, stop, width)
+            chunk = self.classifier.take(inputs, index)
+            targets = None if target is None else self.classifier.method_targets(target[index])
+            ids = None if sample_ids is None else sample_ids[index]
+            parts.append(method(self.model, chunk, target=targets, sample_ids=ids)[:stop - start])
         return torch.cat(parts)
 
+    def _loader_batch_size(self) -> Optional[int]:
+        """The test loader's batch size (``None`` outside a test loop or for a loader without one)."""
+        loaders = self._trainer.test_dataloaders if self._trainer is not None else None
+        batch_size = getattr(loaders, "batch_size", None)
+        return batch_size if isinstance(batch_size, int) else None
+
+    def _call_width(self) -> Optional[int]:
+        """How many samples every method call of the test loop runs at: the test loader's batch size, or
+        ``method_batch_size`` where that is smaller. A shorter batch (the last of each process, the batches of a
+        resumed run) or chunk is padded up to it, and a short batch's clean forward to the loader's batch size
+        (:meth:`test_step`). A float32 matrix product rounds a row differently for different numbers of rows
+        (measured on the CPU, MKL: 1 to 3 rows against 4 or more; with 2 threads also 5 to 11), so unpadded a
+        sample's logits, gradients and maps would depend on the size of the batch it falls in, which differs
+        between one process and several (benchmarks/README.md, 2026-11-27)."""
+        sizes = [n for n in (self.hparams.method_batch_size, self._loader_batch_size()) if n is not None]
+        return min(sizes) if sizes else None
+
     def _attribute_settings(self, method, inputs: Union[Tensor, Dict[str, Tensor]], targets: Dict[str, Tensor],
-                            sample_ids: Optional[Tensor]) -> Dict[str, Tensor]:
+                            sample_ids: Optional[Tensor], width: Optional[int] = None) -> Dict[str, Tensor]:
         """A class-specific method's maps for every class setting. A sample whose target in a later setting equals
         its target in the first one (``predicted`` and ``target`` of a correctly classified sample) reuses that
         map: only the samples whose targets differ are explained again, as a smaller batch of the same padded
-        width (a method's map of a sample does not depend on the other samples of its batch: the contract tests)."""
+        width (a method's map of a sample does not depend on the other samples of its batch: the contract tests;
+        up to float rounding: that smaller batch is not padded to ``width``, :meth:`_call_width`)."""
         out: Dict[str, Tensor] = {}
         first_setting = None
         for setting, target in targets.items():
             if first_setting is None:
                 first_setting = setting
-                out[setting] = self._attribute(method, inputs, target, sample_ids)
+                out[setting] = self._attribute(method, inputs, target, sample_ids, width)
                 continue
             differ = target != targets[first_setting]
             if not bool(differ.any()):
                 out[setting] = out[first_setting]
             elif bool(differ.all()):
-                out[setting] = self._attribute(method, inputs, target, sample_ids)
+                out[setting] = self._attribute(method, inputs, target, sample_ids, width)
             else:
                 idx = differ.nonzero().flatten()
                 sub = self.classifier.take(inputs, idx)
@@ -248,8 +280,11 @@ class AttributionEvaluationModule(pl.LightningModule):
             batch.update({k: index[batch[k]] for k in ("label", "other_label") if k in batch})
         labels = batch["label"]
         inputs = self.model_inputs(batch)   # NaN or Inf pixels: ValueError naming the samples
-        with torch.no_grad():
-            logits = self.classifier.model_logits(inputs)
+        size, full = self.classifier.num_samples(inputs), self._loader_batch_size()
+        padded = inputs if full is None or full <= size else self.classifier.take(inputs, padded_index(0, size, full))
+        with torch.no_grad():   # a short batch padded to the loader's batch size (:meth:`_call_width`)
+            logits = self.classifier.model_logits(padded)[:size]
+        width = self._call_width()
         num_classes = logits.shape[-1]
         bad = (labels < 0) | (labels >= num_classes)
         if bool(bad.any()):
@@ -266,10 +301,10 @@ class AttributionEvaluationModule(pl.LightningModule):
         with torch.enable_grad():
             for name, method in self.methods.items():
                 if not method.class_specific:
-                    shared = self._attribute(method, inputs, None, sample_ids)
+                    shared = self._attribute(method, inputs, None, sample_ids, width)
                     relevance[name] = {s: shared for s in settings}
                 else:
-                    relevance[name] = self._attribute_settings(method, inputs, targets, sample_ids)
+                    relevance[name] = self._attribute_settings(method, inputs, targets, sample_ids, width)
                 for setting, rel in relevance[name].items():
                     check_finite_relevance(name, setting, rel, sample_ids)
         return {"relevance": relevance, "targets": targets, "logits": logits,

@@ -13,9 +13,9 @@ from torch import Tensor
 from .adapters import ActivationRecorder
 from .attention_gradients import attention_and_gradients, stream_attention_gradients
 from .base import AttributionMethod, check_start_layer
-from .readout import check_class_token_score, check_readout, read_out, set_class_token_score
+from .readout import check_class_token_score, check_readout, read_out, read_out_identity, set_class_token_score
 from .registry import register_method
-from .rollout import accumulate_residual
+from .rollout import ReadoutResidual
 from .targets import class_score, resolve_target
 
 
@@ -120,13 +120,17 @@ class GenericAttribution(AttributionMethod):
     ``start_layer=-1, head_reduction='mean_then_clamp'``. Sequences: ``class_token_score`` ``auto`` = ``zero``
     (the [CLS]->[CLS] entry set to 0, as BI's BERT code does), ``keep``.
 
-    Streaming: the gradients are consumed inside the backward pass: each block's ``Ā_l`` (a head mean, 1/H of a
-    ``[B, H, N, N]`` map) is formed as soon as its gradient arrives and the block's map and gradient are dropped
-    (:func:`methods.attention_gradients.stream_attention_gradients`); the kept ``Ā_l`` are then composed in
-    full (:func:`methods.rollout.accumulate_residual`) and read out. Composing the read-out row alone
-    (:class:`methods.rollout.ReadoutResidual`, equal up to rounding and ``O(L N^2)``) made a float32 evaluation
-    differ between one process and two (a segmentation mAP by 1.6e-6, ``tests/test_clip_zero_shot.py``), so the
-    full product is kept.
+    Streaming: only the read-out row of ``R`` is formed, ``r = read(I)`` then ``r <- r + r Ā_l`` for ``l`` from
+    the last block down (:class:`methods.rollout.ReadoutResidual`, ``O(L N^2)``; equal to ``read(R)`` up to float
+    rounding), inside the backward pass: each block's ``Ā_l`` is formed as soon as its gradient arrives and
+    dropped once folded in (:func:`methods.attention_gradients.stream_attention_gradients`). Beyond the eager
+    attention's maps that the autograd graph saves (one ``[B, H, N, N]`` per block, released as the backward
+    passes it) it holds one block's map, gradient and ``Ā_l`` at a time, and never an ``N x N`` composition.
+    Given a sample's maps and gradients, its row is the same to the bit alone or in any batch, at any number of
+    threads (per-sample float64 products, ``tests/test_streaming.py``); the gradients themselves are not: a
+    float32 model's head rounds a sample differently in a batch of 1 to 3 than in a larger one (MKL on the CPU),
+    which the evaluation evens out by running every batch at the loader's size
+    (:meth:`lightning_modules.evaluation.AttributionEvaluationModule._call_width`).
     """
 
     layer_options = ("start_layer",)
@@ -143,13 +147,16 @@ class GenericAttribution(AttributionMethod):
     def attribute(self, adapter, inputs, target):
         start = check_start_layer(self.start_layer, adapter, self.name)
         layout = adapter.layout(inputs)
-        updates: List[Tensor] = []
+        composed: List[ReadoutResidual] = []
 
         def fold(_layer: int, attn: Tensor, grad: Tensor) -> None:
-            updates.insert(0, generic_update(attn, grad, self.head_reduction))
+            update = generic_update(attn, grad, self.head_reduction)
+            if not composed:
+                composed.append(ReadoutResidual(read_out_identity(adapter, inputs, self.readout, layout, update)))
+            composed[0].add(update)
 
         stream_attention_gradients(adapter, inputs, target, range(start, adapter.depth), fold)
-        row = read_out(accumulate_residual(updates), adapter, inputs, self.readout, layout)
+        row = composed[0].row()
         return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
 
 

@@ -222,6 +222,48 @@ def test_module_contract_with_other_class_and_cdam_callback(tmp_path):
     assert reporter.higher_is_better["segmentation/cdam/miou"] is True
 
 
+def test_short_batches_run_at_the_loaders_batch_size(tmp_path):
+    """The last batch (1 of 4 samples at batch size 3) and the last chunk of ``method_batch_size`` 2 are padded with
+    copies of their last sample: every method call and the clean forward run at 2 and 3 samples, and a sample's
+    map and logits are those of a full batch, to the bit (a float32 matrix product rounds a row differently
+    with 1 to 3 rows than with more: unpadded they would depend on how the data is split over processes)."""
+    import pytorch_lightning as pl
+
+    from datamodules.synthetic_shapes import SyntheticShapesDataModule
+    from lightning_modules.evaluation import AttributionEvaluationModule
+
+    torch.set_num_threads(1)
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
+    module = AttributionEvaluationModule("timm:vit_tiny_patch16_224", pretrained=False, model_kwargs=kwargs,
+                                         methods=["generic_attribution"], method_batch_size=2)
+    method, calls, seen = module.methods["generic_attribution"], [], []
+
+    def recorded(model, inputs, target=None, sample_ids=None):
+        calls.append(len(inputs))
+        return method(model, inputs, target=target, sample_ids=sample_ids)
+
+    recorded.class_specific = True  # type: ignore[attr-defined]
+    module.methods["generic_attribution"] = recorded
+
+    class Spy(pl.Callback):
+        def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            seen.append((outputs, batch))
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, inference_mode=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[Spy()], default_root_dir=str(tmp_path))
+    trainer.test(module, datamodule=SyntheticShapesDataModule(image_size=32, test_size=4, batch_size=3), verbose=False)
+    assert calls == [2, 2, 2] and [len(b["label"]) for _, b in seen] == [3, 1]
+    outputs, batch = seen[1]
+    assert outputs["relevance"]["generic_attribution"]["predicted"].shape == (1, 16)
+    images = torch.cat([module.model_inputs(b) for _, b in seen])   # samples 0, 1, 2 | 3
+    with torch.no_grad():
+        full = module.classifier.model_logits(images[[3, 0, 1]])
+    assert torch.equal(outputs["logits"][0], full[0])
+    target = outputs["targets"]["predicted"]
+    in_pair = method(module.model, images[[3, 1]], target=torch.cat([target, target]))
+    assert torch.equal(outputs["relevance"]["generic_attribution"]["predicted"][0], in_pair[0])
+
+
 def test_inference_mode_is_refused(tmp_path):
     import pytorch_lightning as pl
 

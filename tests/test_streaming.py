@@ -143,6 +143,31 @@ def test_row_compositions_equal_the_full_products():
         ReadoutResidual(weights).row()
 
 
+def test_a_samples_row_does_not_depend_on_its_batch_or_the_threads():
+    """float32 blocks: the row a composer gives a sample is the same to the bit alone, in a batch, and at 1 or 2
+    threads (so an evaluation's maps cannot depend on how its data is split over processes through them)."""
+    generator = torch.Generator().manual_seed(5)
+    mats = [torch.rand(3, 129, 129, generator=generator).tril_() / 129 for _ in range(3)]
+    start = torch.rand(3, 129, generator=generator)
+    threads = torch.get_num_threads()
+
+    def rows(samples, num_threads):
+        torch.set_num_threads(num_threads)
+        residual, rolled = ReadoutResidual(start[samples]), ReadoutRollout(True, lambda m: m[:, 0])
+        for m in reversed(mats):
+            residual.add(m[samples])
+            rolled.add(m[samples].clone(), overwrite=True)
+        return residual.row(), rolled.row()
+
+    try:
+        batched = rows(slice(None), 2)
+        for samples, num_threads in ((slice(None), 1), (slice(1, 2), 1), (slice(1, 2), 2), (slice(0, 2), 1)):
+            for row, reference in zip(rows(samples, num_threads), batched):
+                assert torch.equal(row, reference[samples]), (samples, num_threads)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("model_id", ["vit_cls", "llama_left_padded"])
 def test_streamed_gradients_arrive_top_down_and_equal_the_plain_ones(model_id):
     _, model, inputs, targets, _ = next(m for m in MODELS if m[0] == model_id)
