@@ -126,7 +126,9 @@ class GenericAttribution(AttributionMethod):
     full (:func:`methods.rollout.accumulate_residual`) and read out. Composing the read-out row alone
     (:class:`methods.rollout.ReadoutResidual`, equal up to rounding and ``O(L N^2)``) made a float32 evaluation
     differ between one process and two (a segmentation mAP by 1.6e-6, ``tests/test_clip_zero_shot.py``), so the
-    full product is kept.
+    full product is kept. On the decoder LMs (adapters with ``recomputes_attention``) the forward saves no
+    block's attention either: each block's probabilities are recomputed in the backward from its saved ``q``,
+    ``k``, ``v`` (one more eager attention per block), with the same values bit for bit.
     """
 
     layer_options = ("start_layer",)

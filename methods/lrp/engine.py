@@ -9,7 +9,9 @@ relevance pass applies the closed-form rules of :mod:`methods.lrp.rules` under `
 from the one-hot target (value 1, not the logit; ``ViT_explanation_generator.py:40``) down only as far as the
 caller needs. When gradients are asked for, the relevance pass runs inside that backward pass (gradient hooks
 on the recorded maps; both go from the last block down), so that a caller reducing each block's ``R_A`` with its
-gradient (``cam_reduce``) never holds every block's gradient at once; the values are the same.
+gradient (``cam_reduce``) never holds every block's gradient at once; the values are the same. Where the
+adapter recomputes its attention in the backward (the decoder LMs), no block's map is recorded: each arrives
+recomputed with its gradient, and is dropped once the relevance pass has gone through its block.
 """
 from __future__ import annotations
 
