@@ -2,7 +2,9 @@
 
 :func:`attention_and_gradients` returns every layer's map and gradient at once (``2 L`` maps of ``[B, H, N, N]``);
 :func:`stream_attention_gradients` hands each layer's map and gradient to a function during the backward pass
-itself, from the last layer down, and keeps neither (the autograd graph's own saved attention aside).
+itself, from the last layer down, and keeps neither; on a model whose adapter recomputes its attention in the
+backward (``recomputes_attention``: the decoder LMs) the forward keeps no map either, so one layer's map is held
+at a time.
 
 Gradients are taken of the *sum over the batch* of each sample's target score with ``torch.autograd.grad``
 with respect to activations, which gives each sample its own gradient (samples never interact in an eval-mode
@@ -60,11 +62,18 @@ def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, targe
     gradient at a time beyond what the autograd graph saves for its own backward (with eager attention, each
     layer's post-softmax map, until the backward passes below that layer). ``consume`` must not modify the
     gradient in place (autograd passes it on to the layers below) nor the map (saved by the graph); both are
-    detached. Returns the logits (detached) and the resolved targets."""
+    detached. Returns the logits (detached) and the resolved targets.
+
+    Where the adapter ``recomputes_attention`` (:meth:`~methods.adapters.ModelAdapter.recomputed_attention`) the
+    forward saves no map: each layer's map is recomputed in the backward from its saved ``q``, ``k``, ``v`` (one
+    more eager attention per layer) and handed over at once, then dropped; the maps and gradients are the same
+    bit for bit, and one layer's map is held at a time."""
     layers = sorted({int(layer) for layer in layers})
     if not layers:
         raise ValueError("stream_attention_gradients needs at least one layer")
     check_gradient_of(gradient_of)
+    if adapter.recomputes_attention:
+        return _stream_recomputed(adapter, inputs, target, layers, consume, gradient_of)
     with ActivationRecorder() as rec:
         for layer in layers:
             adapter.record_attention(rec, layer, layer, require_grad=True)
@@ -100,3 +109,23 @@ def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, targe
     if order:
         raise RuntimeError(f"the backward pass never reached the attention of layers {order}")
     return logits.detach(), target
+
+
+def _stream_recomputed(adapter: ModelAdapter, inputs: ModelInputs, target: TargetType, layers: List[int],
+                       consume: Callable[[int, Tensor, Tensor], None], gradient_of: str) -> Tuple[Tensor, Tensor]:
+    """:func:`stream_attention_gradients` through the adapter's recomputed attention (``layers`` sorted)."""
+    wanted = set(layers)
+    delivered: List[int] = []
+
+    def receive(layer: int, attn: Tensor, grad: Tensor) -> None:
+        if layer in wanted:
+            delivered.append(layer)
+            consume(layer, attn, grad)
+
+    with adapter.recomputed_attention(receive, layers[0]) as anchor:
+        logits = adapter.forward(inputs, grad_from_block=layers[0])
+        resolved = resolve_target(logits, target)
+        torch.autograd.grad(target_score(logits, resolved, gradient_of), [anchor])
+    if delivered != list(reversed(layers)):
+        raise RuntimeError(f"the recomputed attention reached layers {delivered}, expected {list(reversed(layers))}")
+    return logits.detach(), resolved

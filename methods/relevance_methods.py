@@ -170,7 +170,10 @@ class TransformerAttribution(_LRPMethod):
     the last block down, and each block's ``Abar_l`` is folded into the row as soon as its ``R_A`` and gradient
     are known and then dropped: at most two blocks' gradients, one block's ``R_A`` and no ``[B, N, N]`` per
     block are held; each block's recorded attention (saved by the graph and read by the relevance pass) is
-    released as the pass goes through it.
+    released as the pass goes through it. On the decoder LMs (adapters with ``recomputes_attention``) no block's
+    attention is recorded or saved by the forward: the backward recomputes each block's probabilities from its
+    saved ``q``, ``k``, ``v`` (one more eager attention per block) and the relevance pass goes through the block
+    as soon as its backward is done, so one block's map is held at a time; the values are the same bit for bit.
     """
 
     default_class_token_score = "row_min"

@@ -326,6 +326,8 @@ class ModelAdapter(abc.ABC):
     records_post_attention_values: bool = False
     #: whether :meth:`forward` makes the hidden states entering ``grad_from_block`` require grad
     hidden_requires_grad: bool = False
+    #: capability: :meth:`recomputed_attention` (the attention probabilities recomputed in the backward pass)
+    recomputes_attention: bool = False
     #: the model and its blocks, whose submodules are read by name (torch types those as ``Tensor | Module``)
     model: Any
     blocks: List[Any]
@@ -545,6 +547,19 @@ class ModelAdapter(abc.ABC):
     def eager_attention(self) -> contextlib.AbstractContextManager[None]:
         """Context in which the attention probabilities are materialised (fused attention switched off),
         restoring the model's setting on exit."""
+
+    def recomputed_attention(self, consume: Callable[[int, Tensor, Tensor], None],
+                             lowest: int) -> contextlib.AbstractContextManager[Tensor]:
+        """Only where :attr:`recomputes_attention`: a context in which :meth:`forward` saves no block's attention
+        probabilities for the backward pass; the backward recomputes each block's probabilities ``A_l``
+        ``[B, H, N, N]`` from its saved ``q``, ``k``, ``v`` (one more eager attention per block) and calls
+        ``consume(l, A_l, dy/dA_l)`` with them, **from the last block down**, for every block from ``lowest`` up
+        that :meth:`forward` records autograd for; the gradients are those of the eager attention bit for bit.
+        The context yields a scalar ``anchor``: differentiating the target to it runs the backward down to block
+        ``lowest``'s probabilities and no further (its gradient is 0). While the context is in force the attention
+        modules of those blocks return no probabilities (:meth:`record_attention` records nothing there; it
+        still does below ``lowest`` and without autograd). The model is restored on exit."""
+        raise NotImplementedError(f"{self.family} does not recompute its attention in the backward pass")
 
 
 class ImageAdapter(ModelAdapter):

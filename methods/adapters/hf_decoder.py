@@ -37,6 +37,13 @@ keyword arguments the model passes, the final norm, the head (``lm_head`` / ``sc
   eager attention computes them); :meth:`~_HFDecoder.record_values` repeats each key/value head over the query
   heads that read it (``repeat_kv``), so the recorded values have the width ``H * head_dim`` of the attention
   output, as the methods expect.
+* **Recomputed attention** (:meth:`~_HFDecoder.recomputed_attention`, the capability
+  ``recomputes_attention``; :mod:`methods.adapters.hf_recompute`): the methods that need each block's
+  probabilities and their gradient once, from the last block down (Generic Attribution, Transformer Attribution),
+  run the family's own ``eager_attention_forward`` inside an autograd function that saves only ``q``, ``k``,
+  ``v`` and recomputes the probabilities in the backward pass: no block's ``[B, H, N, N]`` map is kept by the
+  forward, at the cost of one more eager attention per block. Not for GPT-2 with ``reorder_and_upcast_attn``
+  (its eager path is another function): those keep the saved maps.
 * **Integrated gradients** scale the token embeddings (the input embedding module's output, before GPT-2's
   position embeddings are added), as the CLIP text tower does.
 * **Relevance rules** (:mod:`methods.attnlrp`): the RMSNorm modules are found by type (the identity rule with
@@ -46,6 +53,7 @@ keyword arguments the model passes, the final norm, the head (``lm_head`` / ``sc
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple, Union
 
 import torch
@@ -64,6 +72,7 @@ from .base import (
 )
 from .gradient_rules import apply_identity_rule
 from .hf_blocks import HFEncoderBlocks
+from .hf_recompute import recomputed_attention
 from .hf_text import _check_ids_like, _check_token_inputs
 from .recorder import ActivationRecorder
 
@@ -125,6 +134,7 @@ class _HFDecoder(HFEncoderBlocks):
     model_classes: Tuple[str, ...] = ()
     #: the attribute of the model holding the decoder stack
     base_attr = "model"
+    recomputes_attention = True
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -353,12 +363,26 @@ class _HFDecoder(HFEncoderBlocks):
     def rule_problems(self) -> List[str]:
         return []
 
+    def recomputed_attention(self, consume: Callable[[int, Tensor, Tensor], None],
+                             lowest: int) -> contextlib.AbstractContextManager[Tensor]:
+        """Each block's probabilities recomputed in the backward pass by the family's own eager attention
+        (:func:`methods.adapters.hf_recompute.recomputed_attention`; the base class states the contract): the
+        config is switched to that implementation for the duration (the masks built as for the eager attention)
+        and restored on exit."""
+        if not self.recomputes_attention:
+            raise NotImplementedError(f"{self.family}: this model's attention is not recomputed "
+                                      "(GPT-2 with reorder_and_upcast_attn)")
+        weight: Any = self.input_embedding().weight
+        modules = {self.self_attention(i): i for i in range(self.depth)}
+        return recomputed_attention(self.attention_config(), modules, consume, lowest, weight.dtype, weight.device)
+
     # ------------------------------------------------------------------ where methods hook
     def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                          transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
         """The probabilities ``[B, H, N, N]`` returned by the attention module (``(attn_output, attn_weights)``;
         after dropout, identity in eval; all query heads). ``require_grad`` needs autograd recorded from this
-        block on (see :meth:`forward`)."""
+        block on (see :meth:`forward`). Nothing is recorded for the blocks whose probabilities
+        :meth:`recomputed_attention` recomputes."""
         rec.output(self.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
 
     def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
@@ -490,6 +514,15 @@ class HFGPT2Adapter(_HFDecoder):
         if reason is None and getattr(model.config, "add_cross_attention", False):
             return "GPT-2 with cross-attention is not supported"
         return reason
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        # the stock eager path of reorder_and_upcast_attn is another function (_upcast_and_reordered_attn)
+        self.recomputes_attention = not bool(getattr(self.config, "reorder_and_upcast_attn", False))
+
+    @classmethod
+    def signature_of(cls, model: Any) -> tuple:
+        return super().signature_of(model) + (bool(getattr(model.config, "reorder_and_upcast_attn", False)),)
 
     @staticmethod
     def layers_of(base: Any) -> Any:

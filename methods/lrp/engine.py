@@ -9,12 +9,15 @@ relevance pass applies the closed-form rules of :mod:`methods.lrp.rules` under `
 from the one-hot target (value 1, not the logit; ``ViT_explanation_generator.py:40``) down only as far as the
 caller needs. When gradients are asked for, the relevance pass runs inside that backward pass (gradient hooks
 on the recorded maps; both go from the last block down), so that a caller reducing each block's ``R_A`` with its
-gradient (``cam_reduce``) never holds every block's gradient at once; the values are the same.
+gradient (``cam_reduce``) never holds every block's gradient at once; the values are the same. Where the
+adapter recomputes its attention in the backward (the decoder LMs), no block's map is recorded: each arrives
+recomputed with its gradient, and is dropped once the relevance pass has gone through its block.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -71,6 +74,14 @@ class LRPEngine:
         recorded maps): the blocks above a layer are propagated through as soon as that layer's gradient arrives
         (their own backward is complete by then), so with ``cam_reduce`` each gradient is consumed within about
         one block of its arrival: at most two layers' gradients are held, never all of them.
+
+        Recomputed attention: where the adapter ``recomputes_attention`` and the topology ``streams_attention``
+        (the decoder LMs), with ``grad_layers`` no map of a block from ``min(grad_layers)`` up is recorded nor
+        saved by the forward (:meth:`~methods.adapters.ModelAdapter.recomputed_attention`): each block's map is
+        recomputed in the backward and arrives with its gradient; the relevance pass goes through the block as
+        soon as the block's backward is done (the gradient at its q/k/v projections' input, before which the
+        pass must not overwrite the recorded projection outputs that backward may read), and the map is dropped
+        there: one block's map and gradient are held at a time. The values are the same bit for bit.
         """
         topology = self.topology(adapter)
         depth = adapter.depth
@@ -78,7 +89,21 @@ class LRPEngine:
         grad_layers = sorted({int(l) for l in grad_layers})
         lowest = 0 if to_input else min(cam_layers + grad_layers + [depth])
         blocks = list(range(lowest, depth))
-        with ActivationRecorder() as rec:
+        recompute = bool(grad_layers) and adapter.recomputes_attention and topology.streams_attention
+        topology.streamed_attention_from = grad_layers[0] if recompute else None
+        received: List[int] = []
+
+        def receive(layer: int, attn: Tensor, grad: Tensor) -> None:
+            """A block's recomputed map and its gradient, during the backward: kept until the relevance pass
+            goes through the block (as soon as the block's own backward is done, :func:`arrived`)."""
+            received.append(layer)
+            acts[("attn", layer)] = attn
+            if layer in grad_layers:
+                result.attn_grad[layer] = grad
+
+        recomputed = (adapter.recomputed_attention(receive, grad_layers[0]) if recompute
+                      else contextlib.nullcontext(None))
+        with ActivationRecorder() as rec, recomputed as anchor:
             topology.record(rec, blocks, to_input, grad_blocks=grad_layers,
                             layer_outputs=self.rules.linear_uses_output)
             if grad_layers:
@@ -90,7 +115,10 @@ class LRPEngine:
             rec.outputs.clear()
         target = resolve_target(logits, target)
         result = LRPResult(logits=logits.detach(), target=target)
-        points = {l: acts[("attn", l)] for l in grad_layers}    # the maps in the graph, for the gradient hooks
+        if recompute:   # the input of a block's q/k/v projections: its gradient completes the block's backward
+            points = {l: acts[("qkv_in", l)] for l in blocks if l > grad_layers[0]}
+        else:           # the maps in the graph, for the gradient hooks
+            points = {l: acts[("attn", l)] for l in grad_layers}
         acts = {k: v.detach() for k, v in acts.items()}
         context = adapter.context(inputs)
         if context.attention_mask is not None:
@@ -121,25 +149,34 @@ class LRPEngine:
 
         if grad_layers:
             def arrived(layer: int, grad: Tensor) -> None:
+                if recompute:                   # block ``layer``'s backward is done, its map was received
+                    propagate(layer)
+                    return
                 propagate(layer + 1)            # the blocks above: their backward is done, their gradients here
                 result.attn_grad[layer] = grad.detach()
 
-            handles = [points[l].register_hook(lambda grad, l=l: arrived(l, grad)) for l in grad_layers]
+            handles = [point.register_hook(lambda grad, l=l: arrived(l, grad)) for l, point in points.items()]
             try:
                 score = class_score(logits, target)
                 del logits
-                bottom = points[grad_layers[0]]
-                # a map that is a leaf of the graph (open_clip's joined copy of the probabilities) lies on no
-                # path to the bottom one: differentiated to explicitly (methods.attention_gradients does the same)
-                leaves = [points[l] for l in grad_layers[1:] if points[l].grad_fn is None]
+                if anchor is not None:
+                    wrt = [anchor]
+                else:
+                    # a map that is a leaf of the graph (open_clip's joined copy of the probabilities) lies on no
+                    # path to the bottom one: differentiated to explicitly (methods.attention_gradients does the
+                    # same)
+                    wrt = [points[grad_layers[0]]] + [points[l] for l in grad_layers[1:] if points[l].grad_fn is None]
                 points.clear()
-                grads = torch.autograd.grad(score, [bottom] + leaves)
-                if grad_layers[0] not in result.attn_grad and grad_layers[0] in pending:
+                grads = torch.autograd.grad(score, wrt)
+                if not recompute and grad_layers[0] not in result.attn_grad and grad_layers[0] in pending:
                     result.attn_grad[grad_layers[0]] = grads[0].detach()
-                del grads, bottom, leaves, score
+                del grads, wrt, score
             finally:
                 for handle in handles:
                     handle.remove()
+            if recompute and sorted(received) != list(range(grad_layers[0], depth)):
+                raise RuntimeError(f"the recomputed attention reached blocks {sorted(received)}, expected "
+                                   f"{grad_layers[0]} to {depth - 1}")
         else:
             del logits
         propagate(lowest)

@@ -60,6 +60,7 @@ class _DecoderTopology(Topology):
     block of the module docstring) and the input."""
 
     input_points = INPUT_POINTS
+    streams_attention = True
     adapter: Any
 
     @staticmethod
@@ -73,10 +74,13 @@ class _DecoderTopology(Topology):
                grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
         """Hooks for the rule inputs of ``blocks`` (:func:`~methods.lrp.sublayers.record_block`, plus the gate's
         output and the rotary embedding of the Llama-like blocks), the final norm's output and, with
-        ``to_input``, the embeddings."""
+        ``to_input``, the embeddings. The attention maps of the blocks from ``streamed_attention_from`` up are
+        not recorded (the engine receives them recomputed during the backward)."""
         adapter = self.adapter
+        streamed = self.streamed_attention_from
         for l in blocks:
-            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
+            if streamed is None or l < streamed:
+                adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
             record_block(rec, adapter, l, layer_outputs)
             self.record_block_extra(rec, l)
         rec.output(adapter.final_norm(), "normed")

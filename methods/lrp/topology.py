@@ -1,7 +1,7 @@
 """Registry of LRP topologies: one per adapter class (model family)."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Tuple, Type, TypeVar
+from typing import Callable, Dict, List, Optional, Tuple, Type, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -31,12 +31,17 @@ class Topology:
     Engine options (set by :class:`~methods.lrp.engine.LRPEngine` on every topology; a family without the
     capability ignores them): ``mask_value``, the additive mask the Add rule sees at padded keys (families with
     padding masks); ``input_point``, where full LRP stops: one of ``input_points`` (empty: the family has one
-    input, e.g. the pixels).
+    input, e.g. the pixels); ``streamed_attention_from``, on a topology that ``streams_attention`` (its
+    adapter's :meth:`~methods.adapters.ModelAdapter.recomputed_attention`): the first block whose attention map is
+    not recorded but handed to the engine during the backward (``None``: every map recorded).
     """
 
     mask_value = "dtype_min"
     input_point = "encoder_input"
     input_points: Tuple[str, ...] = ()
+    #: whether ``record`` leaves the maps of the blocks from ``streamed_attention_from`` up to the engine
+    streams_attention = False
+    streamed_attention_from: Optional[int] = None
 
     @staticmethod
     def check(adapter) -> None:
