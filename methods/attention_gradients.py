@@ -54,7 +54,7 @@ def attention_and_gradients(adapter: ModelAdapter, inputs: ModelInputs, target: 
 
 def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, target: TargetType, layers: Sequence[int],
                                consume: Callable[[int, Tensor, Tensor], None],
-                               gradient_of: str = "logit") -> Tuple[Tensor, Tensor]:
+                               gradient_of: str = "logit", recompute: bool = True) -> Tuple[Tensor, Tensor]:
     """``consume(layer, A_l, dy/dA_l)`` for each of ``layers``, **from the last layer down**, during the one
     backward pass: each call comes as soon as that layer's gradient is complete (gradient hooks on the recorded
     maps), and neither tensor is kept afterwards. Same maps and gradients as :func:`attention_and_gradients`
@@ -67,12 +67,13 @@ def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, targe
     Where the adapter ``recomputes_attention`` (:meth:`~methods.adapters.ModelAdapter.recomputed_attention`) the
     forward saves no map: each layer's map is recomputed in the backward from its saved ``q``, ``k``, ``v`` (one
     more eager attention per layer) and handed over at once, then dropped; the maps and gradients are the same
-    bit for bit, and one layer's map is held at a time."""
+    bit for bit, and one layer's map is held at a time. ``recompute=False`` keeps the saved maps instead (no
+    extra attention, ~1 map per layer held until the backward passes it)."""
     layers = sorted({int(layer) for layer in layers})
     if not layers:
         raise ValueError("stream_attention_gradients needs at least one layer")
     check_gradient_of(gradient_of)
-    if adapter.recomputes_attention:
+    if recompute and adapter.recomputes_attention:
         return _stream_recomputed(adapter, inputs, target, layers, consume, gradient_of)
     with ActivationRecorder() as rec:
         for layer in layers:

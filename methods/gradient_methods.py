@@ -131,18 +131,23 @@ class GenericAttribution(AttributionMethod):
     float32 model's head rounds a sample differently in a batch of 1 to 3 than in a larger one (MKL on the CPU),
     which the evaluation evens out by running every batch at the loader's size
     (:meth:`lightning_modules.evaluation.AttributionEvaluationModule._call_width`).
+
+    ``recompute_attention`` (default ``True``): on the models whose adapter can (``recomputes_attention``), each
+    block's probabilities are recomputed in the backward rather than saved by the forward (memory: one block's
+    map at a time; time: one more eager attention per block); ``False`` keeps them (same values, bit for bit).
     """
 
     layer_options = ("start_layer",)
 
     def __init__(self, start_layer: int = 0, head_reduction: str = "clamp_then_mean", readout: str = "auto",
-                 class_token_score: str = "auto"):
+                 class_token_score: str = "auto", recompute_attention: bool = True):
         if head_reduction not in HEAD_REDUCTIONS:
             raise ValueError(f"head_reduction must be one of {HEAD_REDUCTIONS}, got {head_reduction!r}")
         self.start_layer = start_layer
         self.head_reduction = head_reduction
         self.readout = check_readout(readout)
         self.class_token_score = check_class_token_score(class_token_score)
+        self.recompute_attention = bool(recompute_attention)
 
     def attribute(self, adapter, inputs, target):
         start = check_start_layer(self.start_layer, adapter, self.name)
@@ -155,7 +160,8 @@ class GenericAttribution(AttributionMethod):
                 composed.append(ReadoutResidual(read_out_identity(adapter, inputs, self.readout, layout, update)))
             composed[0].add(update)
 
-        stream_attention_gradients(adapter, inputs, target, range(start, adapter.depth), fold)
+        stream_attention_gradients(adapter, inputs, target, range(start, adapter.depth), fold,
+                                   recompute=self.recompute_attention)
         row = composed[0].row()
         return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
 

@@ -47,7 +47,7 @@ class _LRPMethod(AttributionMethod):
                             inputs, include_padding)
 
     def _rollout_row(self, adapter, inputs, target, layers, row_normalize: bool, reduce, with_gradients: bool,
-                     include_padding: bool = False) -> Tensor:
+                     include_padding: bool = False, recompute: bool = True) -> Tensor:
         """The read-out row of the rollout of ``reduce(layer, R_A, grad)`` ``[B, N, N]`` over ``layers``, each
         block's matrix folded into the row as soon as the relevance pass (and, ``with_gradients``, the backward
         pass it runs in) reaches it, from the last block down (:class:`methods.rollout.ReadoutRollout`; the
@@ -59,7 +59,8 @@ class _LRPMethod(AttributionMethod):
             composed.add(reduce(layer, cam, grad), overwrite=True)
 
         LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers,
-                                  grad_layers=layers if with_gradients else (), cam_reduce=fold)
+                                  grad_layers=layers if with_gradients else (), cam_reduce=fold,
+                                  recompute=recompute)
         return self._finish(composed.row(), adapter, inputs, include_padding)
 
     def _finish(self, row: Tensor, adapter, inputs, include_padding: bool) -> Tensor:
@@ -174,6 +175,7 @@ class TransformerAttribution(_LRPMethod):
     attention is recorded or saved by the forward: the backward recomputes each block's probabilities from its
     saved ``q``, ``k``, ``v`` (one more eager attention per block) and the relevance pass goes through the block
     as soon as its backward is done, so one block's map is held at a time; the values are the same bit for bit.
+    ``recompute_attention=False`` keeps each block's map from the forward instead (no extra attention).
     """
 
     default_class_token_score = "row_min"
@@ -182,11 +184,13 @@ class TransformerAttribution(_LRPMethod):
     AUTO_ROW_NORMALIZE = {"vit": False, "bert": True}
 
     def __init__(self, start_layer: int = 0, row_normalize: Optional[bool] = None, rules: Optional[str] = None,
-                 readout: str = "auto", class_token_score: str = "auto", include_padding: bool = False):
+                 readout: str = "auto", class_token_score: str = "auto", include_padding: bool = False,
+                 recompute_attention: bool = True):
         super().__init__(rules, readout, class_token_score)
         self.start_layer = start_layer
         self.row_normalize = row_normalize
         self.include_padding = bool(include_padding)
+        self.recompute_attention = bool(recompute_attention)
 
     def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter, self.name)
@@ -195,7 +199,7 @@ class TransformerAttribution(_LRPMethod):
         if normalize is None:
             normalize = self.AUTO_ROW_NORMALIZE[adapter.layout(inputs).reference]
         return self._rollout_row(adapter, inputs, target, layers, normalize, _relevance_times_gradient, True,
-                                 self.include_padding)
+                                 self.include_padding, self.recompute_attention)
 
 
 @register_method("lrp_rollout")

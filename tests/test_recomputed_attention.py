@@ -169,3 +169,16 @@ def test_families_without_the_capability_keep_the_saved_path():
     assert not bert.recomputes_attention
     with pytest.raises(NotImplementedError, match="recompute"):
         bert.recomputed_attention(lambda *args: None, 0)
+
+
+@pytest.mark.parametrize("name", ["generic_attribution", "transformer_attribution"])
+def test_recompute_attention_false_keeps_the_saved_maps(name):
+    """The option ``recompute_attention=False`` (time over memory): the forward saves each block's map, and the
+    scores are the same bit for bit."""
+    model = _tiny_decoder("llama").eval()
+    inputs = _decoder_batch(3, "left")
+    kept = build_method(name, recompute_attention=False)
+    recomputed = build_method(name)
+    saves = _attention_saves(model, lambda: kept(model, inputs, target=TARGETS))
+    assert saves["forward"] >= adapter_for(model).depth, saves
+    assert torch.equal(kept(model, inputs, target=TARGETS), recomputed(model, inputs, target=TARGETS))

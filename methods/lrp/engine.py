@@ -55,7 +55,8 @@ class LRPEngine:
 
     def run(self, adapter: ModelAdapter, inputs: ModelInputs, target=None, cam_layers: Sequence[int] = (),
             grad_layers: Sequence[int] = (), to_input: bool = False,
-            cam_reduce: Optional[Callable[[int, Tensor, Optional[Tensor]], Optional[Tensor]]] = None) -> LRPResult:
+            cam_reduce: Optional[Callable[[int, Tensor, Optional[Tensor]], Optional[Tensor]]] = None,
+            recompute: bool = True) -> LRPResult:
         """Relevance of the attention maps of ``cam_layers``, gradients of ``grad_layers`` and, with
         ``to_input``, the relevance at the input (the pixels for images).
 
@@ -82,6 +83,7 @@ class LRPEngine:
         soon as the block's backward is done (the gradient at its q/k/v projections' input, before which the
         pass must not overwrite the recorded projection outputs that backward may read), and the map is dropped
         there: one block's map and gradient are held at a time. The values are the same bit for bit.
+        ``recompute=False`` keeps the saved-attention path on those models too (no extra attention per block).
         """
         topology = self.topology(adapter)
         depth = adapter.depth
@@ -89,7 +91,7 @@ class LRPEngine:
         grad_layers = sorted({int(l) for l in grad_layers})
         lowest = 0 if to_input else min(cam_layers + grad_layers + [depth])
         blocks = list(range(lowest, depth))
-        recompute = bool(grad_layers) and adapter.recomputes_attention and topology.streams_attention
+        recompute = recompute and bool(grad_layers) and adapter.recomputes_attention and topology.streams_attention
         topology.streamed_attention_from = grad_layers[0] if recompute else None
         received: List[int] = []
 
