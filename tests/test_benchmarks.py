@@ -255,3 +255,12 @@ def test_max_length_tiny_run(max_length, tmp_path, capsys):
     assert all(r["largest"] == 32 and r["bound"] == "max-len" for r in result["results"].values())
     assert json.loads(out.read_text())["config"]["model"]["max_position_embeddings"] == 32
     assert "| rollout | 32 | max-len |" in capsys.readouterr().out
+
+
+def test_attention_recompute_tiny_run(capsys):
+    rows = _load_script("attention_recompute").main(["--device", "cpu", "--model-size", "tiny", "--seq-lens", "16",
+                                                     "--batch-sizes", "2", "--repeats", "1",
+                                                     "--methods", "generic_attribution"])
+    assert [(r["method"], r["seq_len"], r["batch"]) for r in rows] == [("generic_attribution", 16, 2)]
+    assert _positive(rows[0]["ratio"]["recompute"]) and _positive(rows[0]["ratio"]["keep"])
+    assert "| generic_attribution | 16 | 2 |" in capsys.readouterr().out
