@@ -31,23 +31,29 @@ class _LRPMethod(AttributionMethod):
     """Shared options: ``rules`` (rule set name), ``readout`` (:func:`methods.readout.read_out`; ``auto``,
     the default, is the model's own read-out: the [CLS] row, or the mean over the patch rows of an
     average-pooled model) and, for sequences, ``class_token_score``
-    (:func:`methods.readout.set_class_token_score`; ``auto``: what TE's BERT code does for the method)."""
+    (:func:`methods.readout.set_class_token_score`; ``auto``: what TE's BERT code does for the method).
+    ``recompute_attention`` (default ``True``): where the adapter ``recomputes_attention`` (the decoder LMs) and
+    the relevance pass goes through more than one block, each block's attention map is recomputed in a backward
+    pass and held one at a time (:meth:`methods.lrp.LRPEngine.run`); ``False`` keeps every map from the forward
+    (faster, same values bit for bit)."""
 
     default_rules = "ours"
     default_class_token_score = "zero"
 
-    def __init__(self, rules: Optional[str] = None, readout: str = "auto", class_token_score: str = "auto"):
+    def __init__(self, rules: Optional[str] = None, readout: str = "auto", class_token_score: str = "auto",
+                 recompute_attention: bool = True):
         self.rules = self.default_rules if rules is None else rules
         get_rules(self.rules)  # validate early
         self.readout = check_readout(readout)
         self.class_token_score = check_class_token_score(class_token_score)
+        self.recompute_attention = bool(recompute_attention)
 
     def _read_out(self, matrix: Tensor, adapter, inputs, include_padding: bool = False) -> Tensor:
         return self._finish(read_out(matrix, adapter, inputs, self.readout, adapter.layout(inputs)), adapter,
                             inputs, include_padding)
 
     def _rollout_row(self, adapter, inputs, target, layers, row_normalize: bool, reduce, with_gradients: bool,
-                     include_padding: bool = False, recompute: bool = True) -> Tensor:
+                     include_padding: bool = False) -> Tensor:
         """The read-out row of the rollout of ``reduce(layer, R_A, grad)`` ``[B, N, N]`` over ``layers``, each
         block's matrix folded into the row as soon as the relevance pass (and, ``with_gradients``, the backward
         pass it runs in) reaches it, from the last block down (:class:`methods.rollout.ReadoutRollout`; the
@@ -60,7 +66,7 @@ class _LRPMethod(AttributionMethod):
 
         LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers,
                                   grad_layers=layers if with_gradients else (), cam_reduce=fold,
-                                  recompute=recompute)
+                                  recompute=self.recompute_attention)
         return self._finish(composed.row(), adapter, inputs, include_padding)
 
     def _finish(self, row: Tensor, adapter, inputs, include_padding: bool) -> Tensor:
@@ -100,8 +106,9 @@ class FullLRP(_LRPMethod):
 
     default_rules = "orig"
 
-    def __init__(self, rules: Optional[str] = None, class_token_score: str = "auto", text_input: str = "encoder_input"):
-        super().__init__(rules, class_token_score=class_token_score)
+    def __init__(self, rules: Optional[str] = None, class_token_score: str = "auto", text_input: str = "encoder_input",
+                 recompute_attention: bool = True):
+        super().__init__(rules, class_token_score=class_token_score, recompute_attention=recompute_attention)
         if text_input not in INPUT_POINTS:
             raise ValueError(f"lrp: text_input must be one of {INPUT_POINTS}, got {text_input!r}")
         self.text_input = text_input
@@ -114,7 +121,8 @@ class FullLRP(_LRPMethod):
                              f"({adapter.family}) has none")
 
     def attribute(self, adapter, inputs, target) -> Tensor:
-        res = LRPEngine(self.rules, input_point=self.text_input).run(adapter, inputs, target, to_input=True)
+        res = LRPEngine(self.rules, input_point=self.text_input).run(adapter, inputs, target, to_input=True,
+                                                                     recompute=self.recompute_attention)
         layout = adapter.layout(inputs)
         assert res.input_relevance is not None   # to_input=True
         if is_sequence(layout):
@@ -186,11 +194,10 @@ class TransformerAttribution(_LRPMethod):
     def __init__(self, start_layer: int = 0, row_normalize: Optional[bool] = None, rules: Optional[str] = None,
                  readout: str = "auto", class_token_score: str = "auto", include_padding: bool = False,
                  recompute_attention: bool = True):
-        super().__init__(rules, readout, class_token_score)
+        super().__init__(rules, readout, class_token_score, recompute_attention)
         self.start_layer = start_layer
         self.row_normalize = row_normalize
         self.include_padding = bool(include_padding)
-        self.recompute_attention = bool(recompute_attention)
 
     def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter, self.name)
@@ -199,7 +206,7 @@ class TransformerAttribution(_LRPMethod):
         if normalize is None:
             normalize = self.AUTO_ROW_NORMALIZE[adapter.layout(inputs).reference]
         return self._rollout_row(adapter, inputs, target, layers, normalize, _relevance_times_gradient, True,
-                                 self.include_padding, self.recompute_attention)
+                                 self.include_padding)
 
 
 @register_method("lrp_rollout")
@@ -210,13 +217,15 @@ class LRPRollout(_LRPMethod):
     Sequences: ``class_token_score`` ``auto`` = ``zero``.
 
     Streaming: as Transformer Attribution's (without gradients): each block's ``mean_h relu(R_A_l)`` is folded
-    into the read-out row as soon as the relevance pass reaches it, from the last block down, then dropped."""
+    into the read-out row as soon as the relevance pass reaches it, from the last block down, then dropped. On
+    the decoder LMs (``recompute_attention``, default ``True``) the maps come recomputed in a backward pass whose
+    gradients are dropped, one block at a time, instead of being recorded by the forward."""
 
     layer_options = ("start_layer",)
 
     def __init__(self, start_layer: int = 0, row_normalize: bool = False, rules: Optional[str] = None,
-                 readout: str = "auto", class_token_score: str = "auto"):
-        super().__init__(rules, readout, class_token_score)
+                 readout: str = "auto", class_token_score: str = "auto", recompute_attention: bool = True):
+        super().__init__(rules, readout, class_token_score, recompute_attention)
         self.start_layer = start_layer
         self.row_normalize = row_normalize
 

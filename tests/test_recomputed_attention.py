@@ -1,6 +1,6 @@
 """Decoder LMs recompute each block's attention probabilities in the backward pass
 (``methods.adapters.hf_recompute``; Generic Attribution through ``stream_attention_gradients``, Transformer
-Attribution through the LRP engine's streaming path): on tiny random float64 decoders, left and right padding,
+Attribution, LRP rollout and full LRP through the LRP engine's streaming path): on tiny random float64 decoders, left and right padding,
 
 * the outputs, maps, gradients and relevances are bit-identical to the path that saves the eager attention;
 * the forward saves no ``[B, H, N, N]`` tensor for the backward (``saved_tensors_hooks``), where the saved path
@@ -25,7 +25,8 @@ from tests.families import _decoder_batch, _tiny_decoder, _tiny_text
 KINDS = ["gpt2", "llama", "qwen2", "gemma3"]
 TARGETS = torch.tensor([5, 9, 30])
 METHODS = [("generic_attribution", {}), ("generic_attribution", {"start_layer": 1}),
-           ("transformer_attribution", {}), ("transformer_attribution", {"start_layer": -2})]
+           ("transformer_attribution", {}), ("transformer_attribution", {"start_layer": -2}),
+           ("lrp_rollout", {}), ("lrp", {}), ("lrp", {"text_input": "word_embeddings"}), ("partial_lrp", {})]
 
 
 @contextlib.contextmanager
@@ -182,3 +183,28 @@ def test_recompute_attention_false_keeps_the_saved_maps(name):
     saves = _attention_saves(model, lambda: kept(model, inputs, target=TARGETS))
     assert saves["forward"] >= adapter_for(model).depth, saves
     assert torch.equal(kept(model, inputs, target=TARGETS), recomputed(model, inputs, target=TARGETS))
+
+
+@pytest.mark.parametrize("name", ["lrp_rollout", "lrp"])
+def test_relevance_methods_without_gradients_stream_the_maps_too(name):
+    """LRP rollout and full LRP take no gradients, yet on a decoder their maps arrive recomputed in a backward pass
+    (no block's map recorded by the forward), and ``recompute_attention=False`` records them all: same scores."""
+    model = _tiny_decoder("llama").eval()
+    adapter = adapter_for(model)
+    inputs = _decoder_batch(3, "right")
+    recorded = []
+    original = type(adapter).record_attention
+
+    def counting(self, rec, layer, key, *args, **kwargs):
+        recorded.append(layer)
+        return original(self, rec, layer, key, *args, **kwargs)
+
+    type(adapter).record_attention = counting
+    try:
+        streamed = build_method(name)(model, inputs, target=TARGETS)
+        assert recorded == []
+        kept = build_method(name, recompute_attention=False)(model, inputs, target=TARGETS)
+        assert sorted(recorded) == list(range(adapter.depth))
+    finally:
+        type(adapter).record_attention = original
+    assert torch.equal(streamed, kept)

@@ -82,8 +82,11 @@ class LRPEngine:
         recomputed in the backward and arrives with its gradient; the relevance pass goes through the block as
         soon as the block's backward is done (the gradient at its q/k/v projections' input, before which the
         pass must not overwrite the recorded projection outputs that backward may read), and the map is dropped
-        there: one block's map and gradient are held at a time. The values are the same bit for bit.
-        ``recompute=False`` keeps the saved-attention path on those models too (no extra attention per block).
+        there: one block's map and gradient are held at a time. The values are the same bit for bit. Without
+        ``grad_layers``, where the pass goes through more than one block (LRP rollout, full LRP), the same path
+        runs with a backward pass whose gradients are dropped: it brings each block's map in turn, so one is
+        held at a time, for the cost of that backward. ``recompute=False`` keeps the saved-attention path on those
+        models too (the forward records every map: no extra attention, no backward).
         """
         topology = self.topology(adapter)
         depth = adapter.depth
@@ -91,8 +94,13 @@ class LRPEngine:
         grad_layers = sorted({int(l) for l in grad_layers})
         lowest = 0 if to_input else min(cam_layers + grad_layers + [depth])
         blocks = list(range(lowest, depth))
-        recompute = recompute and bool(grad_layers) and adapter.recomputes_attention and topology.streams_attention
-        topology.streamed_attention_from = grad_layers[0] if recompute else None
+        capable = recompute and adapter.recomputes_attention and topology.streams_attention
+        # the blocks whose maps arrive during a backward pass: the gradients' blocks; without gradients, on a model
+        # that recomputes, every block when more than one would be held (a backward whose gradients are dropped
+        # brings each block's map in turn, instead of the forward recording them all)
+        stream = grad_layers or (blocks if capable and len(blocks) > 1 else [])
+        recompute = capable and bool(stream)
+        topology.streamed_attention_from = stream[0] if recompute else None
         received: List[int] = []
 
         def receive(layer: int, attn: Tensor, grad: Tensor) -> None:
@@ -103,13 +111,13 @@ class LRPEngine:
             if layer in grad_layers:
                 result.attn_grad[layer] = grad
 
-        recomputed = (adapter.recomputed_attention(receive, grad_layers[0]) if recompute
+        recomputed = (adapter.recomputed_attention(receive, stream[0]) if recompute
                       else contextlib.nullcontext(None))
         with ActivationRecorder() as rec, recomputed as anchor:
             topology.record(rec, blocks, to_input, grad_blocks=grad_layers,
                             layer_outputs=self.rules.linear_uses_output)
-            if grad_layers:
-                logits = adapter.forward(inputs, grad_from_block=min(grad_layers))
+            if stream:
+                logits = adapter.forward(inputs, grad_from_block=stream[0])
             else:
                 with torch.no_grad():
                     logits = adapter.forward(inputs, grad_from_block=depth)
@@ -118,7 +126,7 @@ class LRPEngine:
         target = resolve_target(logits, target)
         result = LRPResult(logits=logits.detach(), target=target)
         if recompute:   # the input of a block's q/k/v projections: its gradient completes the block's backward
-            points = {l: acts[("qkv_in", l)] for l in blocks if l > grad_layers[0]}
+            points = {l: acts[("qkv_in", l)] for l in blocks if l > stream[0]}
         else:           # the maps in the graph, for the gradient hooks
             points = {l: acts[("attn", l)] for l in grad_layers}
         acts = {k: v.detach() for k, v in acts.items()}
@@ -149,7 +157,7 @@ class LRPEngine:
                         result.attn_cam[l] = cam
                 del cam
 
-        if grad_layers:
+        if stream:
             def arrived(layer: int, grad: Tensor) -> None:
                 if recompute:                   # block ``layer``'s backward is done, its map was received
                     propagate(layer)
@@ -176,9 +184,9 @@ class LRPEngine:
             finally:
                 for handle in handles:
                     handle.remove()
-            if recompute and sorted(received) != list(range(grad_layers[0], depth)):
+            if recompute and sorted(received) != list(range(stream[0], depth)):
                 raise RuntimeError(f"the recomputed attention reached blocks {sorted(received)}, expected "
-                                   f"{grad_layers[0]} to {depth - 1}")
+                                   f"{stream[0]} to {depth - 1}")
         else:
             del logits
         propagate(lowest)
