@@ -32,7 +32,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, MethodUndefinedError
+from ..adapters import ActivationRecorder
 from ..adapters.hf_clip import HFCLIPTextAdapter, HFCLIPVisionAdapter, _HFCLIPTower, eos_positions
 from .sublayers import (
     embedding_sum_relprop,
@@ -41,7 +41,7 @@ from .sublayers import (
     readout_relprop,
     score_relprop,
 )
-from .topology import INPUT_POINTS, Topology, linear_layer_problems, register_topology
+from .topology import INPUT_POINTS, Topology, linear_layer_problems, refuse, register_topology
 
 
 class _CLIPTowerTopology(Topology):
@@ -54,10 +54,7 @@ class _CLIPTowerTopology(Topology):
             problems.append(f"projection {type(adapter.projection()).__name__} (need nn.Linear)")
         if not callable(getattr(adapter.model, "logits_from_embeddings", None)):
             problems.append("no logits_from_embeddings")
-        problems += linear_layer_problems(adapter)
-        if problems:
-            raise MethodUndefinedError(f"LRP rules are not defined for this CLIP {adapter.tower} tower: "
-                            f"{'; '.join(problems[:6])}")
+        refuse(f"CLIP {adapter.tower} tower", problems + linear_layer_problems(adapter))
 
     def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
         """The projection's input and output, the last hidden states."""

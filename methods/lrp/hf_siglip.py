@@ -32,11 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, MethodUndefinedError
+from ..adapters import ActivationRecorder
 from ..adapters.hf_siglip import HFSiglipTextAdapter, HFSiglipVisionAdapter
 from .hf_clip import HFCLIPTextTopology
 from .sublayers import attention_relprop, block_tensors, patch_embedding_relprop, residual_mlp_relprop, score_relprop
-from .topology import Topology, linear_layer_problems, register_topology
+from .topology import Topology, linear_layer_problems, refuse, register_topology
 
 
 def pooling_attention_problems(attention: nn.Module) -> list:
@@ -67,10 +67,7 @@ class HFSiglipVisionTopology(Topology):
             problems.append("patch embedding without a plain Conv2d")
         if not all(isinstance(x, nn.Linear) for x in (head.mlp.fc1, head.mlp.fc2)):
             problems.append("pooling head MLP layers are not nn.Linear")
-        problems += linear_layer_problems(adapter)
-        if problems:
-            raise MethodUndefinedError(f"LRP rules are not defined for this SigLIP vision tower: "
-                                       f"{'; '.join(problems[:6])}")
+        refuse("SigLIP vision tower", problems + linear_layer_problems(adapter))
 
     def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
         """The pooling head's input, attention output, MLP and output."""

@@ -27,10 +27,9 @@ from ..adapters import (
     HFElectraAdapter,
     HFRobertaAdapter,
     HFTextAdapter,
-    MethodUndefinedError,
 )
 from .sublayers import block_relprop, block_tensors, readout_relprop, record_block
-from .topology import INPUT_POINTS, Topology, register_topology
+from .topology import INPUT_POINTS, Topology, refuse, register_topology
 
 #: the additive mask values the LRP Add rule can see at padded keys
 MASK_VALUES = ("dtype_min", "transformers_3")
@@ -70,9 +69,7 @@ class HFTextTopology(Topology):
             linears = adapter.attention_linears(i)
             if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
                 problems.append(f"layer {i} attention projections are not nn.Linear")
-        if problems:
-            raise MethodUndefinedError(f"LRP rules are not defined for this {type(m).__name__}: "
-                                       f"{'; '.join(problems[:6])}")
+        refuse(type(m).__name__, problems)
 
     # ------------------------------------------------------------------ recording
     def record_block(self, rec: ActivationRecorder, layer: int, layer_outputs: bool) -> None:

@@ -32,10 +32,9 @@ from ..adapters import (
     HFDinov2WithRegistersAdapter,
     HFViTAdapter,
     HFViTLikeAdapter,
-    MethodUndefinedError,
 )
 from .sublayers import conv_relprop, embedding_sum_relprop, readout_relprop
-from .topology import Topology, register_topology
+from .topology import Topology, refuse, register_topology
 
 
 @register_topology(HFDinov2WithRegistersAdapter)
@@ -62,9 +61,7 @@ class HFViTLikeTopology(Topology):
             linears = adapter.attention_linears(i)
             if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
                 problems.append(f"layer {i} attention projections are not nn.Linear")
-        if problems:
-            raise MethodUndefinedError(f"LRP rules are not defined for this {type(adapter.model).__name__}: "
-                                       f"{'; '.join(problems[:6])}")
+        refuse(type(adapter.model).__name__, problems)
 
     def layer_scales(self, layer: int) -> Optional[Tuple[Tuple[nn.Module, Tensor], Tuple[nn.Module, Tensor]]]:
         """DINOv2's ``layer_scale1`` / ``layer_scale2`` (``x * lambda1``)."""

@@ -34,7 +34,7 @@ from typing import Any, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, AttentionLinears, MethodUndefinedError, Projection
+from ..adapters import ActivationRecorder, AttentionLinears, Projection
 from ..adapters.open_clip import OpenCLIPTextAdapter, OpenCLIPVisionAdapter, _OpenCLIPTower
 from .sublayers import (
     embedding_sum_relprop,
@@ -43,7 +43,7 @@ from .sublayers import (
     readout_relprop,
     score_relprop,
 )
-from .topology import INPUT_POINTS, Topology, register_topology
+from .topology import INPUT_POINTS, Topology, refuse, register_topology
 
 
 def packed_projection(attn: nn.MultiheadAttention) -> nn.Linear:
@@ -70,9 +70,7 @@ class _OpenCLIPTowerTopology(Topology):
                 scale = getattr(block, name)
                 if not isinstance(scale, nn.Identity) and not isinstance(getattr(scale, "gamma", None), Tensor):
                     problems.append(f"block {i} layer scale {name} {type(scale).__name__}")
-        if problems:
-            raise MethodUndefinedError(f"LRP rules are not defined for this open_clip {adapter.tower} tower: "
-                                       f"{'; '.join(problems[:6])}")
+        refuse(f"open_clip {adapter.tower} tower", problems)
 
     def layer_scales(self, layer: int) -> Optional[Tuple[Tuple[nn.Module, Tensor], Tuple[nn.Module, Tensor]]]:
         """LayerScale ``ls_1`` / ``ls_2`` (``x * gamma``), where not the identity."""

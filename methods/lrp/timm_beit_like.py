@@ -37,11 +37,11 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, MethodUndefinedError, TimmBeitAdapter, TimmEvaAdapter
+from ..adapters import ActivationRecorder, TimmBeitAdapter, TimmEvaAdapter
 from ..adapters.timm_beit_like import MLP_CLASSES, qkv_bias, qkv_projection
 from .sublayers import attention_relprop, readout_relprop
 from .timm_vit import record_timm_input, timm_input_relprop
-from .topology import Topology, register_topology
+from .topology import Topology, refuse, register_topology
 
 
 class _BeitLikeTopology(Topology):
@@ -63,11 +63,8 @@ class _BeitLikeTopology(Topology):
                 problems.append(f"block {i} gated attention (sigmoid gate on the attention output)")
             if type(block.mlp).__name__ not in MLP_CLASSES:
                 problems.append(f"block {i} mlp {type(block.mlp).__name__}")
-        if problems:
-            raise MethodUndefinedError(
-                f"LRP rules are not defined for this {type(m).__module__}.{type(m).__name__}: "
-                f"{'; '.join(problems[:6])}; supported: {adapter.family} with timm Mlp / SwiGLU / GluMlp, ungated "
-                "attention, a Linear head")
+        refuse(f"{type(m).__module__}.{type(m).__name__}", problems, f"; supported: {adapter.family} with timm Mlp / "
+               "SwiGLU / GluMlp, ungated attention, a Linear head")
 
     # ------------------------------------------------------------------ recording
     def record_block(self, rec: ActivationRecorder, layer: int, layer_outputs: bool) -> None:

@@ -14,9 +14,9 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, MethodUndefinedError, TimmDeiTAdapter, TimmViTAdapter
+from ..adapters import ActivationRecorder, TimmDeiTAdapter, TimmViTAdapter
 from .timm_vit import TimmViTTopology
-from .topology import register_topology
+from .topology import refuse, register_topology
 
 
 @register_topology(TimmDeiTAdapter)
@@ -28,9 +28,9 @@ class TimmDeiTTopology(TimmViTTopology):
     def check(adapter: TimmViTAdapter) -> None:
         """The timm ViT's checks, and ``head_dist`` a Linear layer."""
         TimmViTTopology.check(adapter)
-        if not isinstance(adapter.model.head_dist, nn.Linear):
-            raise MethodUndefinedError(f"LRP rules are not defined for this {type(adapter.model).__name__}: "
-                                       f"head_dist {type(adapter.model.head_dist).__name__} (need nn.Linear)")
+        head_dist = adapter.model.head_dist
+        if not isinstance(head_dist, nn.Linear):
+            refuse(type(adapter.model).__name__, [f"head_dist {type(head_dist).__name__} (need nn.Linear)"])
 
     def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
         """The timm ViT's hooks, and the inputs and outputs of both heads."""

@@ -24,9 +24,9 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, MethodUndefinedError, TimmViTAdapter
+from ..adapters import ActivationRecorder, TimmViTAdapter
 from .sublayers import attention_relprop, patch_embedding_relprop, readout_relprop
-from .topology import Topology, register_topology
+from .topology import Topology, refuse, register_topology
 
 
 def record_timm_input(rec: ActivationRecorder, model: nn.Module) -> None:
@@ -101,12 +101,9 @@ class TimmViTTopology(Topology):
                 problems.append(f"block {i} gated attention")
             if type(blk.mlp) is not Mlp or not isinstance(getattr(blk.mlp, "norm", nn.Identity()), nn.Identity):
                 problems.append(f"block {i} mlp {type(blk.mlp).__name__}")
-        if problems:
-            raise MethodUndefinedError(
-                f"LRP rules are not defined for this {type(m).__module__}.{type(m).__name__}: "
-                f"{'; '.join(problems[:6])}; supported families: {adapter.family} (stock pre-norm "
-                f"Block/Attention/Mlp, Identity layer scale and q/k norm, [CLS], average or map pooling, Linear head)"
-            )
+        refuse(f"{type(m).__module__}.{type(m).__name__}", problems, f"; supported families: {adapter.family} (stock "
+               "pre-norm Block/Attention/Mlp, Identity layer scale and q/k norm, [CLS], average or map pooling, Linear "
+               "head)")
 
     def layer_scales(self, layer: int) -> Optional[Tuple[Tuple[nn.Module, Tensor], Tuple[nn.Module, Tensor]]]:
         blk = self.adapter.blocks[layer]

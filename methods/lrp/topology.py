@@ -143,6 +143,13 @@ def topology_for(adapter: ModelAdapter):
     return cls(adapter)
 
 
+def refuse(what: str, problems: List[str], supported: str = "") -> None:
+    """Where there are ``problems``, :class:`~methods.adapters.MethodUndefinedError` "LRP rules are not defined
+    for this ``what``: " the first six of them, then ``supported``."""
+    if problems:
+        raise MethodUndefinedError(f"LRP rules are not defined for this {what}: {'; '.join(problems[:6])}{supported}")
+
+
 def linear_layer_problems(adapter: ModelAdapter) -> List[str]:
     """The blocks whose q, k, v, output projections or MLP layers are not ``nn.Linear`` (the Linear rule's
     layers, for the families whose blocks have separate projections)."""
