@@ -48,7 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .text_common import TextDataModule, TextDocument, TokenizedTextDataset
+from .text_common import GeneratedTextDataModule, TextDocument, TokenizedTextDataset, size_range
 
 SPLITS = ("train", "val", "test")
 PAD, UNK, QUERY = "<pad>", "<unk>", "?"
@@ -69,13 +69,6 @@ def build_tokenizer(num_keys: int, num_values: int) -> Any:
     core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, unk_token=UNK)
-
-
-def _range(value: Sequence[int], what: str) -> Tuple[int, int]:
-    low, high = (int(v) for v in value)
-    if not 1 <= low <= high:
-        raise ValueError(f"{what} must be (min, max) with 1 <= min <= max, got {tuple(value)}")
-    return low, high
 
 
 def generate_sequences(size: int, num_keys: int, num_values: int, pairs_per_sequence: Tuple[int, int], seed: int,
@@ -132,7 +125,7 @@ class AssociativeRecallDataset(TokenizedTextDataset):
         return item
 
 
-class AssociativeRecallDataModule(TextDataModule):
+class AssociativeRecallDataModule(GeneratedTextDataModule):
     """The associative-recall benchmark (module docstring) for a decoder language model.
 
     ``tokenizer``: a folder or name (the evaluated model's, handed over by ``evaluate.py``), or ``None``: the
@@ -145,22 +138,17 @@ class AssociativeRecallDataModule(TextDataModule):
                  pairs_per_sequence: Tuple[int, int] = (4, 8), train_size: int = 20000, val_size: int = 512,
                  test_size: int = 512, seed: int = 0, max_length: int = 32, batch_size: int = 64,
                  num_workers: int = 0, eval_split: str = "test", eval_subset: Optional[int] = None) -> None:
-        super().__init__(tokenizer, max_length=max_length, stride=None, batch_size=batch_size,
-                         num_workers=num_workers, eval_split=eval_split, eval_subset=eval_subset)
+        super().__init__(tokenizer, train_size, val_size, test_size, seed, max_length=max_length, stride=None,
+                         batch_size=batch_size, num_workers=num_workers, eval_split=eval_split,
+                         eval_subset=eval_subset)
         self.save_hyperparameters()
         if num_keys < 1 or num_values < 2:
             raise ValueError(f"num_keys must be >= 1 and num_values >= 2, got {num_keys}, {num_values}")
-        if eval_split not in SPLITS:
-            raise ValueError(f"eval_split must be one of {SPLITS}, got {eval_split!r}")
-        self.sizes = {"train": int(train_size), "val": int(val_size), "test": int(test_size)}
-        if min(self.sizes.values()) < 0:
-            raise ValueError(f"split sizes must be >= 0, got {self.sizes}")
         self.num_keys, self.num_values = int(num_keys), int(num_values)
-        self.pairs_per_sequence = _range(pairs_per_sequence, "pairs_per_sequence")
+        self.pairs_per_sequence = size_range(pairs_per_sequence, "pairs_per_sequence")
         if self.pairs_per_sequence[1] > self.num_keys:
             raise ValueError(f"pairs_per_sequence {self.pairs_per_sequence} needs as many distinct keys, got "
                              f"num_keys={self.num_keys}")
-        self.seed = int(seed)
         self.classes = tuple(f"v{i}" for i in range(self.num_values))
         self._queries: Dict[str, List[str]] = {}  # docid -> query words
 
@@ -170,13 +158,8 @@ class AssociativeRecallDataModule(TextDataModule):
             self._tokenizer = build_tokenizer(self.num_keys, self.num_values)
         return super().tokenizer
 
-    def has_split(self, split: str) -> bool:
-        return self.sizes.get(split, 0) > 0
-
     def load_documents(self, split: str) -> List[TextDocument]:
-        if split not in self.sizes:
-            raise ValueError(f"unknown split {split!r}; choose among {SPLITS}")
-        pairs = generate_sequences(self.sizes[split], self.num_keys, self.num_values, self.pairs_per_sequence,
+        pairs = generate_sequences(self.split_size(split), self.num_keys, self.num_values, self.pairs_per_sequence,
                                    self.seed, split)
         self._queries.update((doc.docid, query) for doc, query in pairs)
         return [doc for doc, _ in pairs]

@@ -32,11 +32,11 @@ ids: ``planted-<split>-<index>``.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .text_common import TextDataModule, TextDocument
+from .text_common import GeneratedTextDataModule, TextDocument, size_range
 
 #: cue words per class, in class order; ``num_classes=K`` uses the first K classes
 CLASS_WORDS: Dict[str, Tuple[str, ...]] = {
@@ -63,13 +63,6 @@ DISTRACTOR_WORDS: Tuple[str, ...] = tuple(
 SPLITS = ("train", "val", "test")
 
 
-def _range(value: Sequence[int], what: str) -> Tuple[int, int]:
-    low, high = (int(v) for v in value)
-    if not 1 <= low <= high:
-        raise ValueError(f"{what} must be (min, max) with 1 <= min <= max, got {tuple(value)}")
-    return low, high
-
-
 def generate_documents(size: int, num_classes: int, words_per_document: Tuple[int, int],
                        planted_per_document: Tuple[int, int], seed: int, split: str) -> List[TextDocument]:
     """The ``size`` documents of ``split`` (module docstring: generative process and seeding)."""
@@ -90,7 +83,7 @@ def generate_documents(size: int, num_classes: int, words_per_document: Tuple[in
     return documents
 
 
-class PlantedWordsDataModule(TextDataModule):
+class PlantedWordsDataModule(GeneratedTextDataModule):
     """The planted-words benchmark (module docstring) tokenized for a Hugging Face tokenizer (a folder, a name
     in the local cache or ``minilm``; ``None``: the model's, handed over by ``train.py`` and ``evaluate.py``);
     batches carry ``rationale`` (the planted words).
@@ -104,26 +97,16 @@ class PlantedWordsDataModule(TextDataModule):
                  planted_per_document: Tuple[int, int] = (1, 3), seed: int = 0, max_length: int = 64,
                  batch_size: int = 32, num_workers: int = 0, eval_split: str = "test",
                  eval_subset: Optional[int] = None) -> None:
-        super().__init__(tokenizer, max_length=max_length, stride=None, batch_size=batch_size,
-                         num_workers=num_workers, eval_split=eval_split, eval_subset=eval_subset)
+        super().__init__(tokenizer, train_size, val_size, test_size, seed, max_length=max_length, stride=None,
+                         batch_size=batch_size, num_workers=num_workers, eval_split=eval_split,
+                         eval_subset=eval_subset)
         self.save_hyperparameters()
         if not 2 <= num_classes <= len(CLASS_WORDS):
             raise ValueError(f"num_classes must lie in [2, {len(CLASS_WORDS)}], got {num_classes}")
-        if eval_split not in SPLITS:
-            raise ValueError(f"eval_split must be one of {SPLITS}, got {eval_split!r}")
-        self.sizes = {"train": int(train_size), "val": int(val_size), "test": int(test_size)}
-        if min(self.sizes.values()) < 0:
-            raise ValueError(f"split sizes must be >= 0, got {self.sizes}")
-        self.words_per_document = _range(words_per_document, "words_per_document")
-        self.planted_per_document = _range(planted_per_document, "planted_per_document")
-        self.seed = int(seed)
+        self.words_per_document = size_range(words_per_document, "words_per_document")
+        self.planted_per_document = size_range(planted_per_document, "planted_per_document")
         self.classes = tuple(list(CLASS_WORDS)[:num_classes])
 
-    def has_split(self, split: str) -> bool:
-        return self.sizes.get(split, 0) > 0
-
     def load_documents(self, split: str) -> List[TextDocument]:
-        if split not in self.sizes:
-            raise ValueError(f"unknown split {split!r}; choose among {SPLITS}")
-        return generate_documents(self.sizes[split], len(self.classes), self.words_per_document,
+        return generate_documents(self.split_size(split), len(self.classes), self.words_per_document,
                                   self.planted_per_document, self.seed, split)

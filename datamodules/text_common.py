@@ -487,3 +487,36 @@ class TextDataModule(SplitDataLoaders, pl.LightningDataModule):
     def collate_fn(self) -> TextCollator:
         return TextCollator(self.tokenizer.pad_token_id or 0, self.max_length if self.pad_to_max_length else None,
                             self.padding_side)
+
+
+def size_range(value: Sequence[int], what: str) -> Tuple[int, int]:
+    """``value`` as ``(min, max)``, checked: ``1 <= min <= max`` (``what`` names it in the error)."""
+    low, high = (int(v) for v in value)
+    if not 1 <= low <= high:
+        raise ValueError(f"{what} must be (min, max) with 1 <= min <= max, got {tuple(value)}")
+    return low, high
+
+
+class GeneratedTextDataModule(TextDataModule):
+    """A benchmark generated from ``seed`` (:mod:`.planted_words`, :mod:`.associative_recall`): the splits
+    ``train``, ``val``, ``test`` of ``train_size``, ``val_size``, ``test_size`` documents (:meth:`split_size`),
+    ``eval_split`` one of them; the other options are :class:`TextDataModule`'s."""
+
+    def __init__(self, tokenizer: Optional[str], train_size: int, val_size: int, test_size: int, seed: int,
+                 **options: Any) -> None:
+        super().__init__(tokenizer, **options)
+        if self.eval_split not in self.splits:
+            raise ValueError(f"eval_split must be one of {self.splits}, got {self.eval_split!r}")
+        self.sizes = {"train": int(train_size), "val": int(val_size), "test": int(test_size)}
+        if min(self.sizes.values()) < 0:
+            raise ValueError(f"split sizes must be >= 0, got {self.sizes}")
+        self.seed = int(seed)
+
+    def has_split(self, split: str) -> bool:
+        return self.sizes.get(split, 0) > 0
+
+    def split_size(self, split: str) -> int:
+        """How many documents ``split`` has; ``ValueError`` for a split that is none of the three."""
+        if split not in self.sizes:
+            raise ValueError(f"unknown split {split!r}; choose among {self.splits}")
+        return self.sizes[split]

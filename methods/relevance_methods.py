@@ -19,9 +19,8 @@ from torch import Tensor
 
 from .base import AttributionMethod, check_start_layer
 from .lrp import TOPOLOGIES, LRPEngine
-from .lrp.hf_text import INPUT_POINTS
 from .lrp.rules import get_rules
-from .lrp.topology import Topology
+from .lrp.topology import INPUT_POINTS, Topology
 from .readout import check_class_token_score, check_readout, is_sequence, read_out, set_class_token_score
 from .registry import register_method
 from .rollout import ReadoutRollout

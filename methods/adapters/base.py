@@ -111,6 +111,17 @@ def check_sample_ids(sample_ids: SampleIds, batch_size: int) -> Optional[Tensor]
     return ids.long().cpu()
 
 
+def scaled_copies(inputs: ModelInputs, alphas: Tensor, scale_name: str) -> ModelInputs:
+    """``S * B`` samples, step-major: the tensors of ``inputs`` once per ``alpha`` (``[S]``), with the per-sample
+    factor ``scale_name`` (``[S * B]``: each copy's alpha, replacing one already there) that the adapter's
+    ``embed`` multiplies into its embeddings (integrated gradients of the text families)."""
+    steps = len(alphas)
+    repeated = {name: t.repeat((steps,) + (1,) * (t.dim() - 1)) for name, t in inputs.tensors.items()
+                if name != scale_name}
+    scale = alphas.to(device=inputs.device, dtype=inputs.score_dtype).repeat_interleave(inputs.batch_size)
+    return inputs.with_tensors(**repeated, **{scale_name: scale})
+
+
 # ------------------------------------------------------------------------------------------ layouts
 # Both layouts answer the same questions (methods never ask which one they hold); ``like`` is a tensor whose
 # first dimension is the batch and last the positions, giving device (and shape where the layout has none).

@@ -31,7 +31,7 @@ Both towers are pre-norm (``x + attn(layer_norm1(x))``, ``h + mlp(layer_norm2(h)
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Tuple, Type, Union
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from .base import (
     AttentionLinears,
     ImageAdapter,
+    Layout,
     ModelInputs,
     RawInputs,
     SampleIds,
@@ -46,6 +47,7 @@ from .base import (
     TokenSequence,
     check_sample_ids,
     register_adapter,
+    scaled_copies,
 )
 from .gradient_rules import normalized_rule
 from .hf_blocks import HFEncoderBlocks
@@ -88,7 +90,67 @@ def _clip_model_class() -> Optional[type]:
     return transformers.CLIPModel
 
 
-class _HFCLIPTower(HFEncoderBlocks):
+class _ScorerHead:
+    """The head of a tower behind a scorer (module docstring; open_clip's towers share it): the tower's
+    :meth:`embedding`, then the scorer's logits. Listed before the adapter base in a subclass's bases."""
+
+    model: Any
+    clip: Any
+    tower: str
+    head_rule_epsilon: Optional[float]
+
+    def embedding(self, hidden: Tensor, context: SequenceContext) -> Tensor:
+        """The tower's embedding ``[B, projection_dim]`` (unnormalised) from the last hidden states: final norm,
+        read-out, projection."""
+        raise NotImplementedError
+
+    def score_weight(self) -> Tensor:
+        """``logit_scale.exp() * E``: the logits (less a constant ``logit_bias``, where the model has one) as a
+        bias-free Linear on the L2-normalised embedding, ``E`` the scorer's fixed, normalised embeddings of the
+        other modality (``class_embeddings`` / ``image_embeddings``)."""
+        fixed = self.model.class_embeddings if self.tower == "vision" else self.model.image_embeddings
+        return self.clip.logit_scale.exp().to(fixed) * fixed
+
+    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """:meth:`embedding` (``pre_logits``: that projected, unnormalised embedding), then the scorer's
+        ``logits_from_embeddings`` (``logit_scale.exp() * cosine``). Under :meth:`head_rules` the gradient treats
+        the embedding's norm as a constant (the logits' values are the scorer's)."""
+        embedding = self.embedding(hidden, context)
+        if pre_logits:
+            return embedding
+        logits = self.model.logits_from_embeddings(embedding)
+        if self.head_rule_epsilon is None:
+            return logits
+        ruled = normalized_rule(embedding, self.head_rule_epsilon) @ self.score_weight().to(embedding).t()
+        return logits.detach() + (ruled - ruled.detach())
+
+
+class _ScaledTokenText:
+    """What the CLIP-like text towers share (transformers' CLIP and SigLIP, open_clip): token ids ``[T, N]`` read
+    out at one position per text; integrated gradients scale the token embeddings before the position embeddings
+    are added (BI's ``CLIP.ipynb``: ``encode_text(text, scale)``: ``x = scale * token_embedding(text)``), by the
+    per-sample ``token_embedding_scale`` that :meth:`interpolate` sets and ``embed`` reads. Listed first in a
+    subclass's bases."""
+
+    tower = "text"
+    modality = "text"
+    readout = "position"
+    layout_class: Type[Layout] = TokenSequence
+
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        """``S * B`` samples, step-major, whose token embeddings are multiplied by ``alpha`` before the position
+        embeddings are added."""
+        return scaled_copies(inputs, alphas, TOKEN_EMBEDDING_SCALE)
+
+
+def at_readout_positions(normed: Tensor, context: SequenceContext) -> Tensor:
+    """``[B, D]``: each sample's row of ``normed`` ``[B, N, D]`` at its read-out position (the context's)."""
+    assert context.readout_positions is not None, "the text tower's context holds the read-out positions"
+    positions = context.readout_positions.to(normed.device)
+    return normed[torch.arange(normed.shape[0], device=normed.device), positions]
+
+
+class _HFCLIPTower(_ScorerHead, HFEncoderBlocks):
     """Shared machinery of the two CLIP towers (see the module docstring); a subclass names its tower."""
 
     tower = "?"
@@ -141,27 +203,7 @@ class _HFCLIPTower(HFEncoderBlocks):
         raise NotImplementedError
 
     def embedding(self, hidden: Tensor, context: SequenceContext) -> Tensor:
-        """The tower's embedding ``[B, projection_dim]`` (unnormalised) from the last hidden states."""
         return self.projection()(self.pooled(hidden, context))
-
-    def score_weight(self) -> Tensor:
-        """``logit_scale.exp() * E``: the logits as a bias-free Linear on the L2-normalised embedding, ``E`` the
-        scorer's fixed, normalised embeddings of the other modality (``class_embeddings`` / ``image_embeddings``)."""
-        fixed = self.model.class_embeddings if self.tower == "vision" else self.model.image_embeddings
-        return self.clip.logit_scale.exp().to(fixed) * fixed
-
-    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """Final norm, read-out, projection (``pre_logits``: the projected, unnormalised embedding), then the
-        scorer's ``logits_from_embeddings`` (``logit_scale.exp() * cosine``). Under :meth:`head_rules` the
-        gradient treats the embedding's norm as a constant (the logits' values are the scorer's)."""
-        embedding = self.embedding(hidden, context)
-        if pre_logits:
-            return embedding
-        logits = self.model.logits_from_embeddings(embedding)
-        if self.head_rule_epsilon is None:
-            return logits
-        ruled = normalized_rule(embedding, self.head_rule_epsilon) @ self.score_weight().to(embedding).t()
-        return logits.detach() + (ruled - ruled.detach())
 
     def rule_scope(self) -> nn.Module:
         return nn.ModuleList([self.tower_model, self.projection()])
@@ -205,15 +247,21 @@ class _HFCLIPTower(HFEncoderBlocks):
 
 
 class _HFPatchVision:
-    """What transformers' CLIP-like vision towers (CLIP, SigLIP) share: the patch convolution
-    (``embeddings.patch_embedding``) as the input embedding, its products summed over the width per patch, and
-    images of exactly the config's ``image_size`` (no position interpolation). Listed before
+    """What transformers' CLIP-like vision towers (CLIP, SigLIP) share: the config's channels and square patches,
+    the patch convolution (``embeddings.patch_embedding``) as the input embedding, its products summed over the
+    width per patch, and images of exactly the config's ``image_size`` (no position interpolation). Listed before
     :class:`~methods.adapters.base.ImageAdapter` in a subclass's bases."""
 
+    tower = "vision"
     tower_model: Any
     config: Any
     #: the model's name in the image-size message
     model_name = "CLIP"
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)  # type: ignore[call-arg]  # the adapter base, next in a subclass's bases
+        self.num_channels = int(self.config.num_channels)
+        self.patch_size = (int(self.config.patch_size),) * 2
 
     def input_embedding(self) -> nn.Module:
         return self.tower_model.embeddings.patch_embedding
@@ -238,17 +286,7 @@ class HFCLIPVisionAdapter(_HFPatchVision, ImageAdapter, _HFCLIPTower):
     scale the normalised pixels (the all-zero normalised image as baseline, BI's ``Interpretor.py``)."""
 
     family = "transformers CLIPModel vision tower (ZeroShotClassifier)"
-    tower = "vision"
     readout = "class_token"
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
-        self.num_channels = int(self.config.num_channels)
-        self.patch_size = (int(self.config.patch_size),) * 2
-
-    @property
-    def has_class_token(self) -> bool:
-        return True
 
     def projection(self) -> nn.Linear:
         return self.clip.visual_projection
@@ -270,8 +308,45 @@ def eos_positions(input_ids: Tensor, eos_token_id: int) -> Tensor:
     return (input_ids == eos_token_id).int().argmax(dim=-1)
 
 
+class _HFTokenText(_ScaledTokenText):
+    """What transformers' CLIP-like text towers (CLIP, SigLIP) share: ``embeddings.token_embedding`` as the input
+    embedding, the embeddings with the token scale of :meth:`interpolate`, and the batch's tensors. Listed first
+    in a subclass's bases."""
+
+    tower_model: Any
+
+    def input_embedding(self) -> nn.Module:
+        return self.tower_model.embeddings.token_embedding
+
+    def token_batch(self, inputs: Mapping[str, Any], ids: Tensor, mask: Tensor, positions: Tensor,
+                    sample_ids: SampleIds) -> ModelInputs:
+        """The batch of the checked ``ids`` (long) and ``mask``, the ``special_tokens_mask`` of ``inputs`` (checked)
+        when given, and the read-out ``positions``; scores in the token embedding's dtype."""
+        tensors = {"input_ids": ids, "attention_mask": mask}
+        special = inputs.get("special_tokens_mask")
+        if special is not None:
+            tensors["special_tokens_mask"] = _check_ids_like("special_tokens_mask", special, ids.shape).long()
+        tensors[READOUT_POSITIONS] = positions
+        batch = int(ids.shape[0])
+        return ModelInputs(tensors, batch, self.tower_model.embeddings.token_embedding.weight.dtype, ids.device,
+                           check_sample_ids(sample_ids, batch))
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext(attention_mask=inputs["attention_mask"], readout_positions=inputs[READOUT_POSITIONS])
+
+    def embed(self, inputs: ModelInputs) -> Tensor:
+        """The tower's ``embeddings`` (token + position embeddings); with the per-sample ``token_embedding_scale``
+        set by :meth:`interpolate`, the token embeddings are scaled before the positions are added."""
+        embeddings = self.tower_model.embeddings
+        scale = inputs.tensors.get(TOKEN_EMBEDDING_SCALE)
+        if scale is None:
+            return embeddings(input_ids=inputs["input_ids"])
+        tokens = embeddings.token_embedding(inputs["input_ids"])
+        return embeddings(inputs_embeds=scale.to(tokens.dtype)[:, None, None] * tokens)
+
+
 @register_adapter
-class HFCLIPTextAdapter(_HFCLIPTower):
+class HFCLIPTextAdapter(_HFTokenText, _HFCLIPTower):
     """The text tower of a stock ``transformers.CLIPModel`` behind a scorer with ``clip_tower = "text"``
     (``models.clip.PromptScorer``). Inputs: a mapping as ``CLIPTokenizer`` returns it (``input_ids`` ``[T, N]``,
     optional ``attention_mask`` with the real tokens first, optional ``special_tokens_mask``) or an ``input_ids``
@@ -281,16 +356,9 @@ class HFCLIPTextAdapter(_HFCLIPTower):
     ``CLIP.ipynb``: ``encode_text(text, scale)``: ``x = scale * token_embedding(text)``)."""
 
     family = "transformers CLIPModel text tower (PromptScorer)"
-    tower = "text"
-    modality = "text"
-    readout = "position"
-    layout_class = TokenSequence
 
     def projection(self) -> nn.Linear:
         return self.clip.text_projection
-
-    def input_embedding(self) -> nn.Module:
-        return self.tower_model.embeddings.token_embedding
 
     @property
     def eos_token_id(self) -> int:
@@ -314,13 +382,7 @@ class HFCLIPTextAdapter(_HFCLIPTower):
                              "positions make left padding change the text")
         if not bool(mask[rows, eos].all()):
             raise ValueError("attention_mask: the EOS token (the read-out) is padding in some sample")
-        tensors = {"input_ids": ids, "attention_mask": mask}
-        special = inputs.get("special_tokens_mask")
-        if special is not None:
-            tensors["special_tokens_mask"] = _check_ids_like("special_tokens_mask", special, shape).long()
-        tensors[READOUT_POSITIONS] = eos
-        dtype = self.tower_model.embeddings.token_embedding.weight.dtype
-        return ModelInputs(tensors, int(shape[0]), dtype, ids.device, check_sample_ids(sample_ids, int(shape[0])))
+        return self.token_batch(inputs, ids, mask, eos, sample_ids)
 
     def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
         if not isinstance(inputs, ModelInputs):
@@ -333,19 +395,6 @@ class HFCLIPTextAdapter(_HFCLIPTower):
             special = (positions == 0) | (positions == eos[:, None])
         content = mask.bool() & ~special.bool() & (positions < eos[:, None])
         return TokenSequence(attention_mask=mask, content_mask=content)
-
-    def context(self, inputs: ModelInputs) -> SequenceContext:
-        return SequenceContext(attention_mask=inputs["attention_mask"], readout_positions=inputs[READOUT_POSITIONS])
-
-    def embed(self, inputs: ModelInputs) -> Tensor:
-        """``CLIPTextEmbeddings`` (token + position embeddings); with the per-sample ``token_embedding_scale`` set
-        by :meth:`interpolate`, the token embeddings are scaled before the positions are added."""
-        embeddings = self.tower_model.embeddings
-        scale = inputs.tensors.get(TOKEN_EMBEDDING_SCALE)
-        if scale is None:
-            return embeddings(input_ids=inputs["input_ids"])
-        tokens = embeddings.token_embedding(inputs["input_ids"])
-        return embeddings(inputs_embeds=scale.to(tokens.dtype)[:, None, None] * tokens)
 
     def block_mask(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
         """The causal mask combined with the padding mask, as ``CLIPTextModel`` builds it for the current
@@ -360,16 +409,4 @@ class HFCLIPTextAdapter(_HFCLIPTower):
         return {"is_causal": True}
 
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
-        normed = self.tower_model.final_layer_norm(hidden)
-        assert context.readout_positions is not None, "the text tower's context holds the EOS positions"
-        positions = context.readout_positions.to(normed.device)
-        return normed[torch.arange(normed.shape[0], device=normed.device), positions]
-
-    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
-        """``S * B`` samples, step-major, whose token embeddings are multiplied by ``alpha`` before the position
-        embeddings are added (BI's ``CLIP.ipynb`` text side)."""
-        steps = len(alphas)
-        repeated = {name: t.repeat((steps,) + (1,) * (t.dim() - 1)) for name, t in inputs.tensors.items()
-                    if name != TOKEN_EMBEDDING_SCALE}
-        scale = alphas.to(device=inputs.device, dtype=inputs.score_dtype).repeat_interleave(inputs.batch_size)
-        return inputs.with_tensors(**repeated, **{TOKEN_EMBEDDING_SCALE: scale})
+        return at_readout_positions(self.tower_model.final_layer_norm(hidden), context)

@@ -36,7 +36,7 @@ Both towers are CLIP's pre-norm encoder (``x + attn(layer_norm1(x))``, ``h + mlp
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -49,15 +49,11 @@ from .base import (
     SampleIds,
     SequenceContext,
     TokenSequence,
-    check_sample_ids,
     register_adapter,
 )
-from .hf_clip import TOKEN_EMBEDDING_SCALE, _HFCLIPTower, _HFPatchVision, scorer_problem
-from .hf_text import _check_ids_like, _check_token_inputs
+from .hf_clip import _HFCLIPTower, _HFPatchVision, _HFTokenText, scorer_problem
+from .hf_text import _check_token_inputs
 from .recorder import ActivationRecorder
-
-#: per-sample read-out positions of a text batch (``N - 1``), set by the adapter
-READOUT_POSITIONS = "readout_positions"
 
 
 def _siglip_model_class() -> Optional[type]:
@@ -91,14 +87,11 @@ class HFSiglipVisionAdapter(_HFPatchVision, ImageAdapter, _HFSiglipTower):
 
     family = "transformers SiglipModel vision tower (ZeroShotClassifier)"
     model_name = "SigLIP"
-    tower = "vision"
     readout = "attention_pool"
     num_prefix_tokens = 0
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.num_channels = int(self.config.num_channels)
-        self.patch_size = (int(self.config.patch_size),) * 2
         #: (the pixel tensor, its version, its read-out weights) of the last :meth:`readout_weights` call
         self._readout_cache: Optional[Tuple[Any, int, Tensor]] = None
 
@@ -109,10 +102,6 @@ class HFSiglipVisionAdapter(_HFPatchVision, ImageAdapter, _HFSiglipTower):
         if reason is None and not getattr(clip.vision_model, "use_head", False):
             return "the SiglipModel's vision tower has no pooling head (vision_use_head=False): no image embedding"
         return reason
-
-    @property
-    def has_class_token(self) -> bool:
-        return False
 
     def pooling_head(self) -> Any:
         """``SiglipMultiheadAttentionPoolingHead``: ``probe``, ``attention`` (``nn.MultiheadAttention``),
@@ -166,7 +155,7 @@ class HFSiglipVisionAdapter(_HFPatchVision, ImageAdapter, _HFSiglipTower):
 
 
 @register_adapter
-class HFSiglipTextAdapter(_HFSiglipTower):
+class HFSiglipTextAdapter(_HFTokenText, _HFSiglipTower):
     """The text tower of a stock ``transformers.SiglipModel`` behind a scorer with ``clip_tower = "text"``
     (``models.clip.PromptScorer``). Inputs: a mapping as a tokenizer returns it (``input_ids`` ``[T, N]``,
     optional ``attention_mask``, optional ``special_tokens_mask``) or an ``input_ids`` tensor; SigLIP's texts are
@@ -175,17 +164,10 @@ class HFSiglipTextAdapter(_HFSiglipTower):
     position embeddings are added (as CLIP's text adapter)."""
 
     family = "transformers SiglipModel text tower (PromptScorer)"
-    tower = "text"
-    modality = "text"
-    readout = "position"
-    layout_class = TokenSequence
 
     def projection(self) -> nn.Linear:
         """``SiglipTextModel.head``: the Linear from the normed last position to the joint space."""
         return self.tower_model.head
-
-    def input_embedding(self) -> nn.Module:
-        return self.tower_model.embeddings.token_embedding
 
     def special_ids(self) -> Tuple[int, ...]:
         """The config's ``pad_token_id`` and ``eos_token_id`` that lie in the vocabulary (SigLIP's: both
@@ -202,13 +184,8 @@ class HFSiglipTextAdapter(_HFSiglipTower):
         empty = (mask.sum(dim=1) == 0).nonzero().flatten()
         if len(empty):
             raise ValueError(f"attention_mask: samples {empty.tolist()} have no real token")
-        tensors: Dict[str, Tensor] = {"input_ids": ids.long(), "attention_mask": mask}
-        special = inputs.get("special_tokens_mask")
-        if special is not None:
-            tensors["special_tokens_mask"] = _check_ids_like("special_tokens_mask", special, shape).long()
-        tensors[READOUT_POSITIONS] = torch.full((shape[0],), shape[1] - 1, dtype=torch.long, device=ids.device)
-        dtype = self.tower_model.embeddings.token_embedding.weight.dtype
-        return ModelInputs(tensors, int(shape[0]), dtype, ids.device, check_sample_ids(sample_ids, int(shape[0])))
+        last = torch.full((shape[0],), shape[1] - 1, dtype=torch.long, device=ids.device)
+        return self.token_batch(inputs, ids.long(), mask, last, sample_ids)
 
     def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
         if not isinstance(inputs, ModelInputs):
@@ -221,9 +198,6 @@ class HFSiglipTextAdapter(_HFSiglipTower):
                 special |= ids == token
         return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special.bool())
 
-    def context(self, inputs: ModelInputs) -> SequenceContext:
-        return SequenceContext(attention_mask=inputs["attention_mask"], readout_positions=inputs[READOUT_POSITIONS])
-
     def drop_positions(self, hidden: Tensor, context: SequenceContext,
                        removed: Tensor) -> Tuple[Tensor, SequenceContext]:
         """As the base class; the read-out stays the last position (``N - 2`` of the shortened texts), as the
@@ -232,16 +206,6 @@ class HFSiglipTextAdapter(_HFSiglipTower):
         positions = torch.full((shortened.shape[0],), shortened.shape[1] - 1, dtype=torch.long,
                                device=hidden.device)
         return shortened, SequenceContext(short.attention_mask, positions, short.position_ids)
-
-    def embed(self, inputs: ModelInputs) -> Tensor:
-        """``SiglipTextEmbeddings`` (token + position embeddings); with the per-sample ``token_embedding_scale``
-        set by :meth:`interpolate`, the token embeddings are scaled before the positions are added."""
-        embeddings = self.tower_model.embeddings
-        scale = inputs.tensors.get(TOKEN_EMBEDDING_SCALE)
-        if scale is None:
-            return embeddings(input_ids=inputs["input_ids"])
-        tokens = embeddings.token_embedding(inputs["input_ids"])
-        return embeddings(inputs_embeds=scale.to(tokens.dtype)[:, None, None] * tokens)
 
     def block_mask(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
         """The bidirectional padding mask as ``SiglipTextModel`` builds it for the current attention
@@ -257,12 +221,3 @@ class HFSiglipTextAdapter(_HFSiglipTower):
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         """``final_layer_norm``, then the last position (``SiglipTextModel``: ``last_hidden_state[:, -1, :]``)."""
         return self.tower_model.final_layer_norm(hidden)[:, -1, :]
-
-    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
-        """``S * B`` samples, step-major, whose token embeddings are multiplied by ``alpha`` before the position
-        embeddings are added."""
-        steps = len(alphas)
-        repeated = {name: t.repeat((steps,) + (1,) * (t.dim() - 1)) for name, t in inputs.tensors.items()
-                    if name != TOKEN_EMBEDDING_SCALE}
-        scale = alphas.to(device=inputs.device, dtype=inputs.score_dtype).repeat_interleave(inputs.batch_size)
-        return inputs.with_tensors(**repeated, **{TOKEN_EMBEDDING_SCALE: scale})

@@ -22,6 +22,7 @@ from .base import (
     check_sample_ids,
     linear_weight,
     register_adapter,
+    scaled_copies,
 )
 from .gradient_rules import apply_identity_rule
 from .hf_blocks import HFEncoderBlocks
@@ -240,10 +241,7 @@ class HFTextAdapter(HFEncoderBlocks):
     def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
         """``S * B`` samples, step-major, whose embedding output (after the embedding LayerNorm) is multiplied by
         ``alpha`` (Beyond Intuition's BERT, ``BERT.py``: ``embedding_output = alpha * embedding_output``)."""
-        steps = len(alphas)
-        repeated = {name: t.repeat(steps, 1) for name, t in inputs.tensors.items() if name != EMBEDDING_SCALE}
-        scale = alphas.to(device=inputs.device, dtype=inputs.score_dtype).repeat_interleave(inputs.batch_size)
-        return inputs.with_tensors(**repeated, **{EMBEDDING_SCALE: scale})
+        return scaled_copies(inputs, alphas, EMBEDDING_SCALE)
 
     def input_embedding(self) -> nn.Module:
         """The word embeddings (``get_input_embeddings()``: LXT's ``input_embeds``)."""

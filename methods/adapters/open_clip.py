@@ -66,8 +66,14 @@ from .base import (
     check_sample_ids,
     register_adapter,
 )
-from .gradient_rules import normalized_rule
-from .hf_clip import READOUT_POSITIONS, TOKEN_EMBEDDING_SCALE, scorer_problem
+from .hf_clip import (
+    READOUT_POSITIONS,
+    TOKEN_EMBEDDING_SCALE,
+    _ScaledTokenText,
+    _ScorerHead,
+    at_readout_positions,
+    scorer_problem,
+)
 from .hf_text import _check_token_inputs
 from .recorder import ActivationRecorder
 
@@ -139,7 +145,7 @@ def _need_weights(_module: nn.Module, args: Tuple[Any, ...], kwargs: dict) -> Tu
     return args, {**kwargs, "need_weights": True, "average_attn_weights": False}
 
 
-class _OpenCLIPTower(ModelAdapter):
+class _OpenCLIPTower(_ScorerHead, ModelAdapter):
     """Shared machinery of the two open_clip towers (see the module docstring); a subclass names its tower."""
 
     tower = "?"
@@ -212,24 +218,9 @@ class _OpenCLIPTower(ModelAdapter):
         """The projection as a Linear weight ``[out, in]`` (``None``: no projection)."""
         raise NotImplementedError
 
-    def score_weight(self) -> Tensor:
-        """``logit_scale.exp() * E``: the logits (less the constant ``logit_bias``) as a bias-free Linear on the
-        L2-normalised embedding, ``E`` the scorer's fixed, normalised embeddings of the other modality."""
-        fixed = self.model.class_embeddings if self.tower == "vision" else self.model.image_embeddings
-        return self.clip.logit_scale.exp().to(fixed) * fixed
-
-    def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """Read-out, final norm, projection (``pre_logits``: the projected, unnormalised embedding), then the
-        scorer's ``logits_from_embeddings``. Under :meth:`head_rules` the gradient treats the embedding's norm as
-        a constant (the logits' values are the scorer's)."""
-        embedding = self.project(self.pooled(hidden, context))
-        if pre_logits:
-            return embedding
-        logits = self.model.logits_from_embeddings(embedding)
-        if self.head_rule_epsilon is None:
-            return logits
-        ruled = normalized_rule(embedding, self.head_rule_epsilon) @ self.score_weight().to(embedding).t()
-        return logits.detach() + (ruled - ruled.detach())
+    def embedding(self, hidden: Tensor, context: SequenceContext) -> Tensor:
+        """Read-out and final norm (:meth:`pooled`), then :meth:`project`."""
+        return self.project(self.pooled(hidden, context))
 
     @contextlib.contextmanager
     def eager_attention(self) -> Iterator[None]:
@@ -396,7 +387,7 @@ def text_readout_positions(input_ids: Tensor, pool_type: str, eos_token_id: Opti
 
 
 @register_adapter
-class OpenCLIPTextAdapter(_OpenCLIPTower):
+class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
     """The text tower of a stock ``open_clip.model.CLIP`` behind a scorer with ``clip_tower = "text"``
     (``models.clip.PromptScorer``). Inputs: token ids ``[T, context_length]`` as open_clip's tokenizer returns them
     (a tensor or ``{"input_ids": ...}``; no attention mask). Read-out ``"position"``: each text's EOS. Layout:
@@ -405,10 +396,6 @@ class OpenCLIPTextAdapter(_OpenCLIPTower):
     HFCLIPTextAdapter`)."""
 
     family = "open_clip CLIP text tower (PromptScorer)"
-    tower = "text"
-    modality = "text"
-    readout = "position"
-    layout_class = TokenSequence
 
     @classmethod
     def tower_problem(cls, clip: Any) -> Optional[str]:
@@ -483,10 +470,7 @@ class OpenCLIPTextAdapter(_OpenCLIPTower):
         return mask if n == mask.shape[0] else mask[:n, :n]
 
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
-        normed = self.clip.ln_final(hidden)
-        assert context.readout_positions is not None, "the text tower's context holds the EOS positions"
-        positions = context.readout_positions.to(normed.device)
-        return normed[torch.arange(normed.shape[0], device=normed.device), positions]
+        return at_readout_positions(self.clip.ln_final(hidden), context)
 
     def project(self, pooled: Tensor) -> Tensor:
         projection = self.clip.text_projection
@@ -509,12 +493,3 @@ class OpenCLIPTextAdapter(_OpenCLIPTower):
         if isinstance(clip.text_projection, nn.Module):
             modules.append(clip.text_projection)
         return nn.ModuleList(modules)
-
-    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
-        """``S * B`` samples, step-major, whose token embeddings are multiplied by ``alpha`` before the positional
-        embedding is added."""
-        steps = len(alphas)
-        repeated = {name: t.repeat((steps,) + (1,) * (t.dim() - 1)) for name, t in inputs.tensors.items()
-                    if name != TOKEN_EMBEDDING_SCALE}
-        scale = alphas.to(device=inputs.device, dtype=inputs.score_dtype).repeat_interleave(inputs.batch_size)
-        return inputs.with_tensors(**repeated, **{TOKEN_EMBEDDING_SCALE: scale})

@@ -35,16 +35,16 @@ Conventions (both families):
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Hashable, Iterator, List, Optional, Tuple
+from typing import Any, Hashable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import AttentionLinears, ImageAdapter, MethodUndefinedError, SequenceContext
+from .base import MethodUndefinedError, SequenceContext
 from .gradient_rules import scale_gradient
 from .recorder import ActivationRecorder
-from .timm_vit import timm_fused_attention_off
+from .timm_vit import TimmBlocksAdapter
 
 SUPPORTED_POOLS = ("token", "avg")
 #: the MLP classes of timm the blocks may hold, by name: the plain MLP and the two SwiGLU forms
@@ -98,18 +98,13 @@ def _scale_input(factor: Any):
     return hook
 
 
-class TimmBeitLikeAdapter(ImageAdapter):
+class TimmBeitLikeAdapter(TimmBlocksAdapter):
     """Shared by :class:`~methods.adapters.timm_eva.TimmEvaAdapter` and
     :class:`~methods.adapters.timm_beit.TimmBeitAdapter` (see the module docstring). A subclass gives
     :meth:`embed`, :meth:`run_blocks` (with :meth:`key_mask_of`'s masks) and the family checks."""
 
-    pre_norm = True
-
     def __init__(self, model: Any) -> None:
         super().__init__(model)
-        self.blocks = list(model.blocks)
-        self.num_prefix_tokens = int(model.num_prefix_tokens)
-        self.patch_size = (int(model.patch_embed.patch_size[0]), int(model.patch_embed.patch_size[1]))
         self.readout = "class_token" if model.global_pool == "token" else "mean_content"
 
     @classmethod
@@ -126,14 +121,6 @@ class TimmBeitLikeAdapter(ImageAdapter):
         return (model.global_pool, len(model.blocks), int(model.num_prefix_tokens))
 
     # ------------------------------------------------------------------ structure
-    @property
-    def num_heads(self) -> int:
-        return int(self.blocks[0].attn.num_heads)
-
-    @property
-    def width(self) -> int:
-        return int(self.model.embed_dim)
-
     def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
         expected = tuple(int(s) for s in self.model.patch_embed.img_size)
         if tuple(size) != expected:
@@ -182,10 +169,6 @@ class TimmBeitLikeAdapter(ImageAdapter):
         return repeated, SequenceContext(attention_mask=keep.flatten(0, 1))
 
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        rec.output(self.blocks[layer].attn.attn_drop, key, require_grad=require_grad, transform=transform)
-
     def value_projection(self, layer: int, x: Tensor) -> Tensor:
         """The values ``[B, N, H * head_dim]`` (bias included) of block ``layer`` from its attention input."""
         attn = self.blocks[layer].attn
@@ -195,16 +178,6 @@ class TimmBeitLikeAdapter(ImageAdapter):
     def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         rec.output(self.blocks[layer].norm1, key, transform=lambda x: self.value_projection(layer, x))
 
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.output(self.blocks[layer].norm1, key, require_grad=require_grad)
-
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        """The fused ``qkv`` (its biases are the module's ``q_bias`` / ``k_bias`` / ``v_bias`` when present, see
-        :func:`qkv_bias`) and ``proj``."""
-        attn = self.blocks[layer].attn
-        return AttentionLinears(out=attn.proj, qkv=attn.qkv)
-
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         """``fc1`` and ``fc2`` (timm ``SwiGLU``: ``fc1_x`` and ``fc2``, the gate ``fc1_g``; ``GluMlp``: the packed
         ``fc1`` whose halves are gate and input)."""
@@ -212,9 +185,6 @@ class TimmBeitLikeAdapter(ImageAdapter):
         return (mlp.fc1_x if hasattr(mlp, "fc1_x") else mlp.fc1), mlp.fc2
 
     # ------------------------------------------------------------------ relevance rules
-    def input_embedding(self) -> nn.Module:
-        return self.model.patch_embed
-
     def rule_problems(self) -> List[str]:
         """Parts without a rule of :mod:`methods.attnlrp`: gated attention, MLPs other than timm's ``Mlp`` /
         ``SwiGLU`` / ``GluMlp``, GLU activations that are not activation modules, norms that are not LayerNorms
@@ -279,8 +249,3 @@ class TimmBeitLikeAdapter(ImageAdapter):
             finally:
                 for handle in handles:
                     handle.remove()
-
-    # ------------------------------------------------------------------ attention implementation
-    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
-        """Switch timm's fused attention off (it never materialises the attention matrix) and restore it."""
-        return timm_fused_attention_off(block.attn for block in self.blocks)

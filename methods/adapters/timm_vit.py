@@ -30,8 +30,49 @@ def timm_fused_attention_off(modules: Iterable[nn.Module]) -> Iterator[None]:
             m.fused_attn = flag
 
 
+class TimmBlocksAdapter(ImageAdapter):
+    """What the adapters of timm's ViT-like models share (:class:`TimmViTAdapter`,
+    :class:`~methods.adapters.timm_beit_like.TimmBeitLikeAdapter`): the model's ``blocks`` (each ``attn`` with a
+    fused ``qkv`` and ``proj``), ``num_prefix_tokens``, patch size and ``embed_dim``; the attention probabilities
+    are ``attn.attn_drop``'s output (materialised with timm's fused attention off), the attention input is
+    ``norm1``'s output; the input embedding is ``patch_embed``."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.blocks = list(model.blocks)
+        self.num_prefix_tokens = int(model.num_prefix_tokens)
+        self.patch_size = (int(model.patch_embed.patch_size[0]), int(model.patch_embed.patch_size[1]))
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.blocks[0].attn.num_heads)
+
+    @property
+    def width(self) -> int:
+        return int(self.model.embed_dim)
+
+    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        rec.output(self.blocks[layer].attn.attn_drop, key, require_grad=require_grad, transform=transform)
+
+    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                               require_grad: bool = False) -> None:
+        rec.output(self.blocks[layer].norm1, key, require_grad=require_grad)
+
+    def attention_linears(self, layer: int) -> AttentionLinears:
+        attn = self.blocks[layer].attn
+        return AttentionLinears(out=attn.proj, qkv=attn.qkv)
+
+    def input_embedding(self) -> nn.Module:
+        return self.model.patch_embed
+
+    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
+        """Switch timm's fused attention off (it never materialises the attention matrix) and restore it."""
+        return timm_fused_attention_off(block.attn for block in self.blocks)
+
+
 @register_adapter
-class TimmViTAdapter(ImageAdapter):
+class TimmViTAdapter(TimmBlocksAdapter):
     """Stock timm ``VisionTransformer``: pre-norm blocks ``x + attn(norm1(x))``, ``h + mlp(norm2(h))`` (with
     layer scale where the model has it), fused ``qkv`` projection. Inputs
     (:class:`~methods.adapters.base.ImageAdapter`): images whose sides are multiples of the patch size.
@@ -57,13 +98,9 @@ class TimmViTAdapter(ImageAdapter):
     """
 
     family = "timm VisionTransformer"
-    pre_norm = True
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
-        self.blocks = list(model.blocks)
-        self.num_prefix_tokens = int(model.num_prefix_tokens)
-        self.patch_size = (int(model.patch_embed.patch_size[0]), int(model.patch_embed.patch_size[1]))
         self.readout = READOUT_OF_POOL[model.global_pool]
         self._readout_cache: Optional[Tuple[weakref.ReferenceType, Tensor]] = None
 
@@ -105,14 +142,6 @@ class TimmViTAdapter(ImageAdapter):
                 bool(getattr(model, "pool_include_prefix", False)))
 
     # ------------------------------------------------------------------ structure
-    @property
-    def num_heads(self) -> int:
-        return int(self.blocks[0].attn.num_heads)
-
-    @property
-    def width(self) -> int:
-        return int(self.model.embed_dim)
-
     @property
     def has_class_token(self) -> bool:
         m = self.model
@@ -181,30 +210,15 @@ class TimmViTAdapter(ImageAdapter):
         return weights
 
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        rec.output(self.blocks[layer].attn.attn_drop, key, require_grad=require_grad, transform=transform)
-
     def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         dim = self.width
         rec.output(self.blocks[layer].attn.qkv, key, transform=lambda out: out[..., 2 * dim:3 * dim])
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.output(self.blocks[layer].norm1, key, require_grad=require_grad)
-
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].attn
-        return AttentionLinears(out=attn.proj, qkv=attn.qkv)
 
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
 
     # ------------------------------------------------------------------ relevance rules
-    def input_embedding(self) -> nn.Module:
-        return self.model.patch_embed
-
     def head_attention_linears(self) -> List[AttentionLinears]:
         """The ``map`` pooling head's query and key-value projections (none for the other read-outs)."""
         pool = getattr(self.model, "attn_pool", None)
@@ -223,7 +237,3 @@ class TimmViTAdapter(ImageAdapter):
             if getattr(getattr(block, "attn", None), "gate", None) is not None:
                 problems.append(f"block {i} gated attention")
         return problems
-
-    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
-        """Switch timm's fused attention off (it never materialises the attention matrix) and restore it."""
-        return timm_fused_attention_off(block.attn for block in self.blocks)

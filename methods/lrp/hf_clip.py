@@ -32,12 +32,16 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, MethodUndefinedError
+from ..adapters import ActivationRecorder
 from ..adapters.hf_clip import HFCLIPTextAdapter, HFCLIPVisionAdapter, _HFCLIPTower, eos_positions
-from .sublayers import embedding_sum_relprop, readout_relprop, record_block
-from .topology import Topology, linear_layer_problems, register_topology
-
-INPUT_POINTS = ("encoder_input", "word_embeddings")
+from .sublayers import (
+    embedding_sum_relprop,
+    patch_embedding_relprop,
+    position_readout_relprop,
+    readout_relprop,
+    score_relprop,
+)
+from .topology import INPUT_POINTS, Topology, linear_layer_problems, refuse, register_topology
 
 
 class _CLIPTowerTopology(Topology):
@@ -50,27 +54,14 @@ class _CLIPTowerTopology(Topology):
             problems.append(f"projection {type(adapter.projection()).__name__} (need nn.Linear)")
         if not callable(getattr(adapter.model, "logits_from_embeddings", None)):
             problems.append("no logits_from_embeddings")
-        problems += linear_layer_problems(adapter)
-        if problems:
-            raise MethodUndefinedError(f"LRP rules are not defined for this CLIP {adapter.tower} tower: "
-                            f"{'; '.join(problems[:6])}")
+        refuse(f"CLIP {adapter.tower} tower", problems + linear_layer_problems(adapter))
 
-    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
-               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
-        """Hooks for the rule inputs of ``blocks``, the head (projection input and output, last hidden states)
-        and, with ``to_input``, the embeddings (see :meth:`methods.lrp.timm_vit.TimmViTTopology.record`)."""
+    def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
+        """The projection's input and output, the last hidden states."""
         adapter = self.adapter
-        for l in blocks:
-            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
-            record_block(rec, adapter, l, layer_outputs)
         rec.input(adapter.projection(), "proj_in")
         rec.output(adapter.projection(), "embedding")
         rec.output(adapter.blocks[-1], "last_hidden")
-        if to_input:
-            self.record_input(rec)
-
-    def record_input(self, rec: ActivationRecorder) -> None:  # pragma: no cover - per tower
-        raise NotImplementedError
 
     def readout(self, rules, acts, relevance_pooled: Tensor) -> Tensor:  # pragma: no cover - per tower
         raise NotImplementedError
@@ -79,9 +70,7 @@ class _CLIPTowerTopology(Topology):
     def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
         """Relevance at the last block's output ``[B, N, D]``: the score (a Linear on the normalised
         embedding), the projection, the final norm (identity) and the read-out selection."""
-        z = acts["embedding"]
-        normed = z / z.norm(p=2, dim=-1, keepdim=True)
-        r = rules["linear"](normed, self.adapter.score_weight().to(z), relevance_logits)
+        r = score_relprop(rules, acts["embedding"], self.adapter.score_weight(), relevance_logits)
         r = rules["linear"](acts["proj_in"], self.adapter.projection().weight, r)
         return self.readout(rules, acts, r)
 
@@ -103,15 +92,11 @@ class HFCLIPVisionTopology(_CLIPTowerTopology):
         """From the tokens entering block 0 to the pixels: ``pre_layrnorm`` (identity), ``+ position_embedding``
         (Add; the position share dropped), [CLS] dropped, the patch convolution (z^B). ``[B, 3, H, W]``."""
         embeddings = self.adapter.tower_model.embeddings
-        grid = acts["patch_grid"]                                          # [B, D, gh, gw]
-        batch, dim, gh, gw = grid.shape
-        patches = grid.flatten(2).transpose(1, 2)
-        tokens = torch.cat([embeddings.class_embedding.to(patches).expand(batch, 1, dim), patches], dim=1)
-        position = embeddings.position_embedding.weight.to(patches)[None, :tokens.shape[1]]
-        r_patches = embedding_sum_relprop(rules, tokens, position.expand_as(tokens), relevance)[:, 1:]
-        r_grid = r_patches.transpose(1, 2).reshape(batch, dim, gh, gw)
-        conv = embeddings.patch_embedding
-        return rules["input_conv"](acts["pixels"].to(grid), conv.weight, r_grid, conv.stride, conv.padding)
+        patches = acts["patch_grid"].flatten(2).transpose(1, 2)           # [B, D, gh, gw] -> [B, P, D]
+        cls = embeddings.class_embedding.to(patches).view(1, 1, -1)
+        position = embeddings.position_embedding.weight.to(patches)[None, :patches.shape[1] + 1]
+        return patch_embedding_relprop(rules, acts["pixels"].to(patches), embeddings.patch_embedding, patches,
+                                       relevance, [cls], position)
 
 
 @register_topology(HFCLIPTextAdapter)
@@ -139,20 +124,14 @@ class HFCLIPTextTopology(_CLIPTowerTopology):
 
     def readout(self, rules, acts, relevance_pooled: Tensor) -> Tensor:
         """The EOS selection: the relevance placed on each sample's read-out position."""
-        hidden = acts["last_hidden"]
-        positions = eos_positions(acts["input_ids"], self.adapter.eos_token_id).to(hidden.device)
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        out = torch.zeros_like(hidden)
-        out[rows, positions] = rules["select"](hidden[rows, positions], relevance_pooled)
-        return out
+        positions = eos_positions(acts["input_ids"], self.adapter.eos_token_id)
+        return position_readout_relprop(rules, acts["last_hidden"], positions, relevance_pooled)
 
     @torch.no_grad()
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
         """``[B, N, D]``: the relevance at the encoder input (``"encoder_input"``) or at the token embeddings
         (``"word_embeddings"``: the Add of token and position embeddings, the position share dropped)."""
-        if self.input_point not in INPUT_POINTS:
-            raise ValueError(f"input_point must be one of {INPUT_POINTS}, got {self.input_point!r}")
-        if self.input_point == "encoder_input":
+        if self.stops_at_encoder_input():
             return relevance
         tokens = acts["token_embeddings"]
         return embedding_sum_relprop(rules, tokens, acts["position_embeddings"].expand_as(tokens), relevance)

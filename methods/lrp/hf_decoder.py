@@ -33,7 +33,7 @@ for the others the token embeddings) or at the token embeddings (``"word_embeddi
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -49,7 +49,7 @@ from ..adapters.hf_decoder import (
     _HFDecoder,
     repeat_heads,
 )
-from .sublayers import attention_relprop, embedding_sum_relprop, record_block
+from .sublayers import attention_relprop, embedding_sum_relprop
 from .topology import Topology, register_topology
 
 INPUT_POINTS = ("encoder_input", "word_embeddings")
@@ -70,22 +70,15 @@ class _DecoderTopology(Topology):
             raise MethodUndefinedError(f"LRP rules are not defined for this {type(adapter.model).__name__}: "
                             f"{'; '.join(problems[:6])}")
 
-    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
-               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
-        """Hooks for the rule inputs of ``blocks`` (:func:`~methods.lrp.sublayers.record_block`, plus the gate's
-        output and the rotary embedding of the Llama-like blocks), the final norm's output and, with
-        ``to_input``, the embeddings. The attention maps of the blocks from ``streamed_attention_from`` up are
-        not recorded (the engine receives them recomputed during the backward)."""
-        adapter = self.adapter
-        streamed = self.streamed_attention_from
-        for l in blocks:
-            if streamed is None or l < streamed:
-                adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
-            record_block(rec, adapter, l, layer_outputs)
-            self.record_block_extra(rec, l)
-        rec.output(adapter.final_norm(), "normed")
-        if to_input:
-            self.record_input(rec)
+    def record_block(self, rec: ActivationRecorder, layer: int, layer_outputs: bool) -> None:
+        """The shared block keys plus :meth:`record_block_extra` (the gate's output and the rotary embedding of the
+        Llama-like blocks)."""
+        super().record_block(rec, layer, layer_outputs)
+        self.record_block_extra(rec, layer)
+
+    def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
+        """The final norm's output."""
+        rec.output(self.adapter.final_norm(), "normed")
 
     def record_block_extra(self, rec: ActivationRecorder, layer: int) -> None:
         pass

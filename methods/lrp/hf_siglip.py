@@ -27,17 +27,16 @@ or the token embeddings (``input_point``), as CLIP's.
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, MethodUndefinedError
+from ..adapters import ActivationRecorder
 from ..adapters.hf_siglip import HFSiglipTextAdapter, HFSiglipVisionAdapter
 from .hf_clip import HFCLIPTextTopology
-from .sublayers import attention_relprop, block_tensors, embedding_sum_relprop, record_block, residual_mlp_relprop
-from .topology import Topology, linear_layer_problems, register_topology
+from .sublayers import attention_relprop, block_tensors, patch_embedding_relprop, residual_mlp_relprop, score_relprop
+from .topology import Topology, linear_layer_problems, refuse, register_topology
 
 
 def pooling_attention_problems(attention: nn.Module) -> list:
@@ -68,20 +67,11 @@ class HFSiglipVisionTopology(Topology):
             problems.append("patch embedding without a plain Conv2d")
         if not all(isinstance(x, nn.Linear) for x in (head.mlp.fc1, head.mlp.fc2)):
             problems.append("pooling head MLP layers are not nn.Linear")
-        problems += linear_layer_problems(adapter)
-        if problems:
-            raise MethodUndefinedError(f"LRP rules are not defined for this SigLIP vision tower: "
-                                       f"{'; '.join(problems[:6])}")
+        refuse("SigLIP vision tower", problems + linear_layer_problems(adapter))
 
-    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
-               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
-        """Hooks for the rule inputs of ``blocks``, the pooling head (its input, attention output, MLP, output)
-        and, with ``to_input``, the patch embedding."""
-        adapter = self.adapter
-        for l in blocks:
-            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
-            record_block(rec, adapter, l, layer_outputs)
-        head = adapter.pooling_head()
+    def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
+        """The pooling head's input, attention output, MLP and output."""
+        head = self.adapter.pooling_head()
         rec.input(head, "pool_in")
         rec.output(head.attention, "pool_attended", index=0)
         rec.input(head.mlp.fc1, "pool_fc1_in")
@@ -90,10 +80,11 @@ class HFSiglipVisionTopology(Topology):
         rec.input(head.mlp.fc2, "pool_fc2_in")
         rec.output(head.mlp.fc2, "pool_mlp_out")
         rec.output(head, "embedding")
-        if to_input:
-            conv = adapter.tower_model.embeddings.patch_embedding
-            rec.input(conv, "pixels")
-            rec.output(conv, "patch_grid")
+
+    def record_input(self, rec: ActivationRecorder) -> None:
+        conv = self.adapter.tower_model.embeddings.patch_embedding
+        rec.input(conv, "pixels")
+        rec.output(conv, "patch_grid")
 
     @torch.no_grad()
     def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
@@ -102,9 +93,7 @@ class HFSiglipVisionTopology(Topology):
         adapter = self.adapter
         head = adapter.pooling_head()
         attention = head.attention
-        z = acts["embedding"]
-        normed = z / z.norm(p=2, dim=-1, keepdim=True)
-        r = rules["linear"](normed, adapter.score_weight().to(z), relevance_logits)[:, None]   # [B, 1, D]
+        r = score_relprop(rules, acts["embedding"], adapter.score_weight(), relevance_logits)[:, None]   # [B, 1, D]
         attended = acts["pool_attended"]
         mlp = block_tensors({}, 0, x=attended, attn_out=attended, mlp_in=attended, mlp_out=acts["pool_mlp_out"],
                             fc1_in=acts["pool_fc1_in"], fc1_out=acts.get("pool_fc1_out"),
@@ -140,15 +129,10 @@ class HFSiglipVisionTopology(Topology):
         """From the tokens entering block 0 to the pixels: ``+ position_embedding`` (Add; the position share
         dropped), the patch convolution (z^B). ``[B, 3, H, W]``."""
         embeddings = self.adapter.tower_model.embeddings
-        grid = acts["patch_grid"]                                          # [B, D, gh, gw]
-        batch, dim, gh, gw = grid.shape
-        patches = grid.flatten(2).transpose(1, 2)
+        patches = acts["patch_grid"].flatten(2).transpose(1, 2)           # [B, D, gh, gw] -> [B, P, D]
         position = embeddings.position_embedding.weight.to(patches)[None, :patches.shape[1]]
-        r_patches = embedding_sum_relprop(rules, patches, position.expand_as(patches), relevance)
-        r_grid = r_patches.transpose(1, 2).reshape(batch, dim, gh, gw)
-        conv = embeddings.patch_embedding
-        padding = (0, 0) if conv.padding == "valid" else conv.padding     # SigLIP's patches: padding="valid"
-        return rules["input_conv"](acts["pixels"].to(grid), conv.weight, r_grid, conv.stride, padding)
+        return patch_embedding_relprop(rules, acts["pixels"].to(patches), embeddings.patch_embedding, patches,
+                                       relevance, position=position)
 
 
 @register_topology(HFSiglipTextAdapter)

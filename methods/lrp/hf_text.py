@@ -16,7 +16,6 @@ returns it as ``[B, N, D]``.
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -28,15 +27,12 @@ from ..adapters import (
     HFElectraAdapter,
     HFRobertaAdapter,
     HFTextAdapter,
-    MethodUndefinedError,
 )
 from .sublayers import block_relprop, block_tensors, readout_relprop, record_block
-from .topology import Topology, register_topology
+from .topology import INPUT_POINTS, Topology, refuse, register_topology
 
 #: the additive mask values the LRP Add rule can see at padded keys
 MASK_VALUES = ("dtype_min", "transformers_3")
-#: where full LRP stops on a text model
-INPUT_POINTS = ("encoder_input", "word_embeddings")
 
 
 def additive_mask(attention_mask: Tensor, dtype: torch.dtype, mask_value: str) -> Tensor:
@@ -73,31 +69,31 @@ class HFTextTopology(Topology):
             linears = adapter.attention_linears(i)
             if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
                 problems.append(f"layer {i} attention projections are not nn.Linear")
-        if problems:
-            raise MethodUndefinedError(f"LRP rules are not defined for this {type(m).__name__}: "
-                                       f"{'; '.join(problems[:6])}")
+        refuse(type(m).__name__, problems)
 
     # ------------------------------------------------------------------ recording
-    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
-               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
-        """Hooks for the rule inputs of ``blocks`` (see :meth:`TimmViTTopology.record`)."""
-        adapter = self.adapter
-        for l in blocks:
-            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
-        for i, lin in enumerate(adapter.head_linears()):
+    def record_block(self, rec: ActivationRecorder, layer: int, layer_outputs: bool) -> None:
+        """The shared keys, and the attention sub-layer's LayerNorm output (the stream the MLP residual adds to)."""
+        record_block(rec, self.adapter, layer, layer_outputs)
+        rec.output(self.adapter.attention_norm(layer), ("mlp_in", layer))
+
+    def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
+        """The head's Linear inputs, the last hidden states."""
+        for i, lin in enumerate(self.adapter.head_linears()):
             rec.input(lin, ("head_in", i))
-        rec.output(adapter.blocks[-1], "last_hidden")
-        for l in blocks:
-            record_block(rec, adapter, l, layer_outputs)
-            rec.output(adapter.attention_norm(l), ("mlp_in", l))
-        if to_input and self.input_point == "word_embeddings":
-            projection = adapter.embedding_projection()
-            if projection is not None:
-                rec.input(projection, "embedding_projection_in")
-            embeddings = adapter.base.embeddings
-            for name in ("word_embeddings", "token_type_embeddings", "position_embeddings"):
-                if isinstance(getattr(embeddings, name, None), nn.Module):
-                    rec.output(getattr(embeddings, name), name)
+        rec.output(self.adapter.blocks[-1], "last_hidden")
+
+    def record_input(self, rec: ActivationRecorder) -> None:
+        """With ``input_point="word_embeddings"``: the embedding projection's input (ELECTRA) and the embeddings."""
+        if self.input_point != "word_embeddings":
+            return
+        projection = self.adapter.embedding_projection()
+        if projection is not None:
+            rec.input(projection, "embedding_projection_in")
+        embeddings = self.adapter.base.embeddings
+        for name in ("word_embeddings", "token_type_embeddings", "position_embeddings"):
+            if isinstance(getattr(embeddings, name, None), nn.Module):
+                rec.output(getattr(embeddings, name), name)
 
     # ------------------------------------------------------------------ relevance pass
     @torch.no_grad()
@@ -134,9 +130,7 @@ class HFTextTopology(Topology):
         ``(word + token_type) + position`` (two Add rules, in the model's order; the position and token-type
         shares are dropped, as the positional embedding's share of a ViT). A family with a projection between
         the embeddings and the encoder (ELECTRA) first gets the Linear rule through it."""
-        if self.input_point not in INPUT_POINTS:
-            raise ValueError(f"input_point must be one of {INPUT_POINTS}, got {self.input_point!r}")
-        if self.input_point == "encoder_input":
+        if self.stops_at_encoder_input():
             return relevance
         projection = self.adapter.embedding_projection()
         if projection is not None:   # ELECTRA: the Linear rule back to the embeddings' width

@@ -19,7 +19,7 @@ A SwiGLU MLP (``use_swiglu_ffn``) has no rule in Chefer et al.'s framework: LRP 
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -32,18 +32,9 @@ from ..adapters import (
     HFDinov2WithRegistersAdapter,
     HFViTAdapter,
     HFViTLikeAdapter,
-    MethodUndefinedError,
 )
-from ..adapters.base import AttentionLinears
-from .sublayers import (
-    block_relprop,
-    block_tensors,
-    embedding_sum_relprop,
-    folded_linear,
-    readout_relprop,
-    record_block,
-)
-from .topology import Topology, register_topology
+from .sublayers import conv_relprop, embedding_sum_relprop, readout_relprop
+from .topology import Topology, refuse, register_topology
 
 
 @register_topology(HFDinov2WithRegistersAdapter)
@@ -70,41 +61,27 @@ class HFViTLikeTopology(Topology):
             linears = adapter.attention_linears(i)
             if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
                 problems.append(f"layer {i} attention projections are not nn.Linear")
-        if problems:
-            raise MethodUndefinedError(f"LRP rules are not defined for this {type(adapter.model).__name__}: "
-                                       f"{'; '.join(problems[:6])}")
+        refuse(type(adapter.model).__name__, problems)
 
-    def __init__(self, adapter: HFViTLikeAdapter) -> None:
-        super().__init__(adapter)
-        #: per block, the output projection and the MLP's second Linear with the layer scales folded in
-        self.scaled: Dict[int, Tuple[nn.Linear, nn.Linear]] = {}
-        for i, block in enumerate(adapter.blocks):
-            if hasattr(block, "layer_scale1"):
-                fc1, fc2 = adapter.mlp_linears(i)
-                self.scaled[i] = (folded_linear(adapter.attention_linears(i).out, block.layer_scale1.lambda1),
-                                  folded_linear(fc2, block.layer_scale2.lambda1))
+    def layer_scales(self, layer: int) -> Optional[Tuple[Tuple[nn.Module, Tensor], Tuple[nn.Module, Tensor]]]:
+        """DINOv2's ``layer_scale1`` / ``layer_scale2`` (``x * lambda1``)."""
+        block = self.adapter.blocks[layer]
+        if not hasattr(block, "layer_scale1"):
+            return None
+        return (block.layer_scale1, block.layer_scale1.lambda1), (block.layer_scale2, block.layer_scale2.lambda1)
 
     # ------------------------------------------------------------------ recording
-    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
-               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
-        """Hooks for the rule inputs of ``blocks`` (the layer-scale outputs where the model has them), the
-        classifiers' inputs and outputs, the final norm's output and, with ``to_input``, the pixels and the patch
-        tokens (see :meth:`methods.lrp.timm_vit.TimmViTTopology.record`)."""
-        adapter = self.adapter
-        for l in blocks:
-            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
-            record_block(rec, adapter, l, layer_outputs)
-            if l in self.scaled:
-                rec.output(adapter.blocks[l].layer_scale1, ("scaled_attn_out", l))
-                rec.output(adapter.blocks[l].layer_scale2, ("scaled_mlp_out", l))
-        for i, lin in enumerate(adapter.classifiers()):
+    def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
+        """The classifiers' inputs and outputs, the final norm's output."""
+        for i, lin in enumerate(self.adapter.classifiers()):
             rec.input(lin, ("head_in", i))
             rec.output(lin, ("head_out", i))
-        rec.output(adapter.backbone.layernorm, "norm_out")
-        if to_input:
-            patches = adapter.backbone.embeddings.patch_embeddings
-            rec.input(patches.projection, "pixels")
-            rec.output(patches, "patch_tokens")
+        rec.output(self.adapter.backbone.layernorm, "norm_out")
+
+    def record_input(self, rec: ActivationRecorder) -> None:
+        patches = self.adapter.backbone.embeddings.patch_embeddings
+        rec.input(patches.projection, "pixels")
+        rec.output(patches, "patch_tokens")
 
     # ------------------------------------------------------------------ relevance pass
     @torch.no_grad()
@@ -128,20 +105,6 @@ class HFViTLikeTopology(Topology):
                 + readout_relprop(rules, hidden, r[:, dim:], "mean_content", patches))
 
     @torch.no_grad()
-    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
-        """The shared block pass; with layer scales, the scaled branches and the folded Linear layers."""
-        adapter = self.adapter
-        linears, mlp = adapter.attention_linears(layer), adapter.mlp_linears(layer)
-        extra = {}
-        if layer in self.scaled:
-            out, fc2 = self.scaled[layer]
-            linears = AttentionLinears(out=out, q=linears.q, k=linears.k, v=linears.v)
-            mlp = (mlp[0], fc2)
-            extra = dict(attn_out=acts.pop(("scaled_attn_out", layer)), mlp_out=acts.pop(("scaled_mlp_out", layer)))
-        tensors = block_tensors(acts, layer, **extra)
-        return block_relprop(rules, tensors, linears, mlp, adapter.num_heads, relevance, need_below)
-
-    @torch.no_grad()
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
         """From the tokens entering block 0 to the pixels: registers dropped (DINOv2 with registers), ``+
         position_embeddings`` (Add, the positional share dropped), [CLS] (and DeiT's distillation token) dropped,
@@ -160,9 +123,6 @@ class HFViTLikeTopology(Topology):
             relevance = torch.cat([relevance[:, :1], relevance[:, adapter.num_prefix_tokens:]], dim=1)
         else:
             position = embeddings.position_embeddings
-        r_patches = embedding_sum_relprop(rules, tokens, position.to(patches).expand_as(tokens), relevance)
-        r_patches = r_patches[:, len(prefix):]
-        conv = embeddings.patch_embeddings.projection
-        gh, gw = pixels.shape[-2] // conv.stride[0], pixels.shape[-1] // conv.stride[1]
-        r_grid = r_patches.transpose(1, 2).reshape(batch, -1, gh, gw)
-        return rules["input_conv"](pixels.to(patches), conv.weight, r_grid, conv.stride, conv.padding)
+        r_tokens = embedding_sum_relprop(rules, tokens, position.to(patches).expand_as(tokens), relevance)
+        return conv_relprop(rules, pixels.to(patches), embeddings.patch_embeddings.projection,
+                            r_tokens[:, len(prefix):])

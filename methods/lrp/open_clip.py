@@ -29,17 +29,21 @@ embeddings (``"word_embeddings"``, the position share dropped) for the text towe
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, AttentionLinears, MethodUndefinedError
+from ..adapters import ActivationRecorder, AttentionLinears, Projection
 from ..adapters.open_clip import OpenCLIPTextAdapter, OpenCLIPVisionAdapter, _OpenCLIPTower
-from .sublayers import block_relprop, block_tensors, embedding_sum_relprop, folded_linear, readout_relprop
-from .topology import Topology, register_topology
-
-INPUT_POINTS = ("encoder_input", "word_embeddings")
+from .sublayers import (
+    embedding_sum_relprop,
+    patch_embedding_relprop,
+    position_readout_relprop,
+    readout_relprop,
+    score_relprop,
+)
+from .topology import INPUT_POINTS, Topology, refuse, register_topology
 
 
 def packed_projection(attn: nn.MultiheadAttention) -> nn.Linear:
@@ -66,26 +70,26 @@ class _OpenCLIPTowerTopology(Topology):
                 scale = getattr(block, name)
                 if not isinstance(scale, nn.Identity) and not isinstance(getattr(scale, "gamma", None), Tensor):
                     problems.append(f"block {i} layer scale {name} {type(scale).__name__}")
-        if problems:
-            raise MethodUndefinedError(f"LRP rules are not defined for this open_clip {adapter.tower} tower: "
-                                       f"{'; '.join(problems[:6])}")
+        refuse(f"open_clip {adapter.tower} tower", problems)
+
+    def layer_scales(self, layer: int) -> Optional[Tuple[Tuple[nn.Module, Tensor], Tuple[nn.Module, Tensor]]]:
+        """LayerScale ``ls_1`` / ``ls_2`` (``x * gamma``), where not the identity."""
+        block = self.adapter.blocks[layer]
+        if isinstance(block.ls_1, nn.Identity) and isinstance(block.ls_2, nn.Identity):
+            return None
+        weight = block.attn.out_proj.weight
+        one = torch.ones(weight.shape[0], dtype=weight.dtype)
+        return (block.ls_1, getattr(block.ls_1, "gamma", one)), (block.ls_2, getattr(block.ls_2, "gamma", one))
+
+    def rule_linears(self, layer: int) -> Tuple[AttentionLinears, Tuple[Projection, Projection]]:
+        """``out_proj`` and the packed q/k/v projection as a Linear (:func:`packed_projection`); the MLP's."""
+        attn = self.adapter.blocks[layer].attn
+        return AttentionLinears(out=attn.out_proj, qkv=packed_projection(attn)), self.adapter.mlp_linears(layer)
 
     # ------------------------------------------------------------------ recording
-    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
-               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
-        """Hooks for the rule inputs of ``blocks`` (attention module input and output, computed ``q | k | v``
-        and ``A v``; MLP linears), the head and, with ``to_input``, the embeddings."""
-        adapter = self.adapter
-        for l in blocks:
-            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
-            self.record_block(rec, l, layer_outputs)
-        rec.output(adapter.blocks[-1], "last_hidden")
-        self.record_head(rec)
-        if to_input:
-            self.record_input(rec)
-
     def record_block(self, rec: ActivationRecorder, layer: int, layer_outputs: bool) -> None:
-        """The keys of :func:`methods.lrp.sublayers.block_tensors` for block ``layer`` (fused ``qkv``)."""
+        """The keys of :func:`methods.lrp.sublayers.block_tensors` for block ``layer`` (attention module input
+        and output, computed ``q | k | v`` and ``A v``; MLP linears; the scaled branches)."""
         adapter = self.adapter
         block = adapter.blocks[layer]
         attn = block.attn
@@ -117,32 +121,7 @@ class _OpenCLIPTowerTopology(Topology):
             rec.output(fc1, ("fc1_out", layer))
         rec.input(fc2, ("fc2_in", layer))
         rec.output(fc2, ("mlp_out", layer))
-        if not isinstance(block.ls_1, nn.Identity) or not isinstance(block.ls_2, nn.Identity):
-            rec.output(block.ls_1, ("scaled_attn_out", layer))
-            rec.output(block.ls_2, ("scaled_mlp_out", layer))
-
-    @torch.no_grad()
-    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
-        """The shared block pass; with layer scale (``x + gamma * branch``) the scaled branches, ``gamma`` folded
-        into ``out_proj`` and ``c_proj`` (the z-rule through a per-channel constant is the identity)."""
-        block = self.adapter.blocks[layer]
-        attn = block.attn
-        out, (fc1, fc2) = attn.out_proj, self.adapter.mlp_linears(layer)
-        extra = {}
-        if ("scaled_attn_out", layer) in acts:
-            one = torch.ones(out.weight.shape[0], dtype=out.weight.dtype)
-            out = folded_linear(out, getattr(block.ls_1, "gamma", one))
-            fc2 = folded_linear(fc2, getattr(block.ls_2, "gamma", one))
-            extra = dict(attn_out=acts.pop(("scaled_attn_out", layer)), mlp_out=acts.pop(("scaled_mlp_out", layer)))
-        linears = AttentionLinears(out=out, qkv=packed_projection(attn))
-        return block_relprop(rules, block_tensors(acts, layer, **extra), linears, (fc1, fc2),
-                             self.adapter.num_heads, relevance, need_below)
-
-    def record_head(self, rec: ActivationRecorder) -> None:  # pragma: no cover - per tower
-        raise NotImplementedError
-
-    def record_input(self, rec: ActivationRecorder) -> None:  # pragma: no cover - per tower
-        raise NotImplementedError
+        self.record_scaled_branches(rec, layer)
 
     def pooled_and_readout(self, rules, acts, relevance_pooled: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """``(pooled [B, D], relevance at the last block's output [B, N, D])`` (the second only when
@@ -159,8 +138,7 @@ class _OpenCLIPTowerTopology(Topology):
         projection = self.adapter.clip.text_projection if self.adapter.tower == "text" else None
         bias = projection.bias if isinstance(projection, nn.Linear) else None
         z = pooled if weight is None else nn.functional.linear(pooled, weight.to(pooled), bias)
-        normed = z / z.norm(p=2, dim=-1, keepdim=True)
-        r = rules["linear"](normed, self.adapter.score_weight().to(z), relevance_logits)
+        r = score_relprop(rules, z, self.adapter.score_weight(), relevance_logits)
         if weight is not None:
             r = rules["linear"](pooled, weight.to(pooled), r, None, bias)
         return self.pooled_and_readout(rules, acts, r)[1]
@@ -172,7 +150,8 @@ class OpenCLIPVisionTopology(_OpenCLIPTowerTopology):
 
     adapter: OpenCLIPVisionAdapter
 
-    def record_head(self, rec: ActivationRecorder) -> None:
+    def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
+        rec.output(self.adapter.blocks[-1], "last_hidden")
         rec.output(self.adapter.visual.ln_post, "ln_post_out")
 
     def record_input(self, rec: ActivationRecorder) -> None:
@@ -196,15 +175,10 @@ class OpenCLIPVisionTopology(_OpenCLIPTowerTopology):
         """From the tokens entering block 0 to the pixels: ``ln_pre`` (identity), ``+ positional_embedding``
         (Add; the position share dropped), the class token dropped, ``conv1`` (z^B). ``[B, 3, H, W]``."""
         visual = self.adapter.visual
-        grid = acts["patch_grid"]                                          # [B, D, gh, gw]
-        batch, dim, gh, gw = grid.shape
-        patches = grid.flatten(2).transpose(1, 2)
-        tokens = torch.cat([visual.class_embedding.to(patches).expand(batch, 1, dim), patches], dim=1)
-        position = visual.positional_embedding.to(patches)[None]
-        r_patches = embedding_sum_relprop(rules, tokens, position.expand_as(tokens), relevance)[:, 1:]
-        r_grid = r_patches.transpose(1, 2).reshape(batch, dim, gh, gw)
-        conv = visual.conv1
-        return rules["input_conv"](acts["pixels"].to(grid), conv.weight, r_grid, conv.stride, conv.padding)
+        patches = acts["patch_grid"].flatten(2).transpose(1, 2)           # [B, D, gh, gw] -> [B, P, D]
+        cls = visual.class_embedding.to(patches).view(1, 1, -1)
+        return patch_embedding_relprop(rules, acts["pixels"].to(patches), visual.conv1, patches, relevance, [cls],
+                                       visual.positional_embedding.to(patches)[None])
 
 
 @register_topology(OpenCLIPTextAdapter)
@@ -214,7 +188,7 @@ class OpenCLIPTextTopology(_OpenCLIPTowerTopology):
     adapter: OpenCLIPTextAdapter
     input_points = INPUT_POINTS
 
-    def record_head(self, rec: ActivationRecorder) -> None:
+    def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
         rec.output(self.adapter.clip.ln_final, "ln_final_out")
 
     def record_input(self, rec: ActivationRecorder) -> None:
@@ -224,21 +198,16 @@ class OpenCLIPTextTopology(_OpenCLIPTowerTopology):
         """The EOS selection: the relevance placed on each text's read-out position."""
         hidden = acts["ln_final_out"]
         positions = acts["readout_positions"].to(hidden.device)
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        pooled = hidden[rows, positions]
+        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), positions]
         if relevance_pooled is None:
             return pooled, hidden
-        out = torch.zeros_like(hidden)
-        out[rows, positions] = rules["select"](pooled, relevance_pooled)
-        return pooled, out
+        return pooled, position_readout_relprop(rules, hidden, positions, relevance_pooled)
 
     @torch.no_grad()
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
         """``[B, N, D]``: the relevance at the encoder input (``"encoder_input"``) or at the token embeddings
         (``"word_embeddings"``: the Add of token and positional embeddings, the position share dropped)."""
-        if self.input_point not in INPUT_POINTS:
-            raise ValueError(f"input_point must be one of {INPUT_POINTS}, got {self.input_point!r}")
-        if self.input_point == "encoder_input":
+        if self.stops_at_encoder_input():
             return relevance
         tokens = acts["token_embeddings"]
         position = self.adapter.clip.positional_embedding.to(tokens)[None]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -280,6 +280,47 @@ def embedding_sum_relprop(rules, tokens: Tensor, position: Tensor, relevance: Te
     """``e = tokens + position``: the Add rule; the positional embedding's share is dropped (it is no input)."""
     r_tokens, _ = rules["add"](tokens, position, relevance)
     return r_tokens
+
+
+def conv_relprop(rules, pixels: Tensor, conv: nn.Conv2d, r_patches: Tensor) -> Tensor:
+    """From the patch tokens (``[B, P, D]``, row-major over the grid of the pixels' size over the stride) to the
+    pixels ``[B, C, H, W]``: the patch convolution's z^B rule (``input_conv``; ``padding="valid"``: none)."""
+    gh, gw = pixels.shape[-2] // conv.stride[0], pixels.shape[-1] // conv.stride[1]
+    r_grid = r_patches.transpose(1, 2).reshape(r_patches.shape[0], -1, gh, gw)
+    padding = (0, 0) if conv.padding == "valid" else conv.padding
+    return rules["input_conv"](pixels, conv.weight, r_grid, conv.stride, padding)
+
+
+def patch_embedding_relprop(rules, pixels: Tensor, conv: nn.Conv2d, patches: Tensor, relevance: Tensor,
+                            prefix: Sequence[Tensor] = (), position: Optional[Tensor] = None) -> Tensor:
+    """From the tokens entering the blocks to the pixels ``[B, C, H, W]``. The tokens: the ``prefix`` tokens
+    (parameters ``[1, k, D]`` each: [CLS], registers), then the patch tokens ``patches`` ``[B, P, D]``, plus
+    ``position`` (broadcastable; ``None``: no position embedding, or one already in ``patches``); ``relevance``
+    ``[B, n, D]`` at them. The Add rule with the position share dropped, the prefix tokens dropped (no input),
+    then :func:`conv_relprop`."""
+    batch = patches.shape[0]
+    if position is not None:
+        tokens = torch.cat([t.expand(batch, -1, -1) for t in prefix] + [patches], dim=1) if prefix else patches
+        relevance = embedding_sum_relprop(rules, tokens, position.expand_as(tokens), relevance)
+    return conv_relprop(rules, pixels, conv, relevance[:, relevance.shape[1] - patches.shape[1]:])
+
+
+def score_relprop(rules, embedding: Tensor, score_weight: Tensor, relevance_logits: Tensor) -> Tensor:
+    """A CLIP-like scorer's logits ``logit_scale.exp() * <z / ||z||, e_c>`` (a ``logit_bias``, a constant, gets no
+    relevance): the Linear rule of ``score_weight`` (``logit_scale.exp() * E``) on the L2-normalised ``embedding``
+    ``z`` ``[B, D]`` (the normalisation identity, as LayerNorm). Returns the relevance at ``z``."""
+    normed = embedding / embedding.norm(p=2, dim=-1, keepdim=True)
+    return rules["linear"](normed, score_weight.to(embedding), relevance_logits)
+
+
+def position_readout_relprop(rules, hidden: Tensor, positions: Tensor, relevance_pooled: Tensor) -> Tensor:
+    """Relevance of the hidden states ``[B, N, D]`` from that of the rows read at ``positions`` ``[B]`` (one per
+    sample: an EOS, the last position): the selection rule."""
+    positions = positions.to(hidden.device)
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
+    out = torch.zeros_like(hidden)
+    out[rows, positions] = rules["select"](hidden[rows, positions], relevance_pooled)
+    return out
 
 
 def readout_relprop(rules, hidden: Tensor, relevance_latent: Tensor, readout: str,

@@ -32,15 +32,16 @@ head that is not ``nn.Linear``, a patch embedding without a plain ``Conv2d``.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, MethodUndefinedError, TimmBeitAdapter, TimmEvaAdapter
+from ..adapters import ActivationRecorder, TimmBeitAdapter, TimmEvaAdapter
 from ..adapters.timm_beit_like import MLP_CLASSES, qkv_bias, qkv_projection
-from .sublayers import attention_relprop, embedding_sum_relprop, readout_relprop
-from .topology import Topology, register_topology
+from .sublayers import attention_relprop, readout_relprop
+from .timm_vit import record_timm_input, timm_input_relprop
+from .topology import Topology, refuse, register_topology
 
 
 class _BeitLikeTopology(Topology):
@@ -62,48 +63,42 @@ class _BeitLikeTopology(Topology):
                 problems.append(f"block {i} gated attention (sigmoid gate on the attention output)")
             if type(block.mlp).__name__ not in MLP_CLASSES:
                 problems.append(f"block {i} mlp {type(block.mlp).__name__}")
-        if problems:
-            raise MethodUndefinedError(
-                f"LRP rules are not defined for this {type(m).__module__}.{type(m).__name__}: "
-                f"{'; '.join(problems[:6])}; supported: {adapter.family} with timm Mlp / SwiGLU / GluMlp, ungated "
-                "attention, a Linear head")
+        refuse(f"{type(m).__module__}.{type(m).__name__}", problems, f"; supported: {adapter.family} with timm Mlp / "
+               "SwiGLU / GluMlp, ungated attention, a Linear head")
 
     # ------------------------------------------------------------------ recording
-    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
-               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
-        """Hooks for the rule inputs of ``blocks`` (and of the embedding when ``to_input``); the attention
-        probabilities of ``grad_blocks`` are made differentiable. ``layer_outputs``: also the outputs of the MLP's
-        input projections, for rule sets whose Linear rule reads them."""
-        m, adapter = self.model, self.adapter
-        for l in blocks:
-            block = adapter.blocks[l]
-            attn, mlp = block.attn, block.mlp
-            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
-            adapter.record_block_input(rec, l, ("x", l))
-            rec.output(block.norm1, ("qkv_in", l))
-            for name in ("q", "k", "v"):
-                projection = getattr(attn, f"{name}_proj", None)
-                if projection is not None:
-                    rec.output(projection, (name, l))
-            if hasattr(attn, "norm"):
-                rec.input(attn.norm, ("ctx", l))
-            rec.input(attn.proj, ("proj_in", l))
-            rec.output(attn, ("attn_out", l))
-            rec.output(block.norm2, ("mlp_in", l))
-            if layer_outputs:
-                for name in ("fc1", "fc1_x"):
-                    if hasattr(mlp, name):
-                        rec.output(getattr(mlp, name), ("fc1_out", l))
-                if hasattr(mlp, "fc1_g"):
-                    rec.output(mlp.fc1_g, ("gate_out", l))
-            rec.input(mlp.fc2, ("fc2_in", l))
-            rec.output(mlp, ("mlp_out", l))
-            self.record_block_extra(rec, l)
-        rec.input(m.head, "head_in")
-        rec.output(m.norm, "norm_out")
-        if to_input:
-            rec.input(m.patch_embed.proj, "pixels")
-            rec.output(m.patch_embed, "patch_tokens")
+    def record_block(self, rec: ActivationRecorder, layer: int, layer_outputs: bool) -> None:
+        """The block's rule inputs (``layer_outputs``: also the outputs of the MLP's input projections, for rule
+        sets whose Linear rule reads them) and the family's (:meth:`record_block_extra`)."""
+        block = self.adapter.blocks[layer]
+        attn, mlp = block.attn, block.mlp
+        self.adapter.record_block_input(rec, layer, ("x", layer))
+        rec.output(block.norm1, ("qkv_in", layer))
+        for name in ("q", "k", "v"):
+            projection = getattr(attn, f"{name}_proj", None)
+            if projection is not None:
+                rec.output(projection, (name, layer))
+        if hasattr(attn, "norm"):
+            rec.input(attn.norm, ("ctx", layer))
+        rec.input(attn.proj, ("proj_in", layer))
+        rec.output(attn, ("attn_out", layer))
+        rec.output(block.norm2, ("mlp_in", layer))
+        if layer_outputs:
+            for name in ("fc1", "fc1_x"):
+                if hasattr(mlp, name):
+                    rec.output(getattr(mlp, name), ("fc1_out", layer))
+            if hasattr(mlp, "fc1_g"):
+                rec.output(mlp.fc1_g, ("gate_out", layer))
+        rec.input(mlp.fc2, ("fc2_in", layer))
+        rec.output(mlp, ("mlp_out", layer))
+        self.record_block_extra(rec, layer)
+
+    def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
+        rec.input(self.model.head, "head_in")
+        rec.output(self.model.norm, "norm_out")
+
+    def record_input(self, rec: ActivationRecorder) -> None:
+        record_timm_input(rec, self.model)
 
     def record_block_extra(self, rec: ActivationRecorder, layer: int) -> None:
         pass
@@ -203,26 +198,8 @@ class _BeitLikeTopology(Topology):
 
     @torch.no_grad()
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
-        """From the tokens entering block 0 to the pixels: ``norm_pre`` / ``pos_drop`` (identity), ``+ pos_embed``
-        (Add; the position share dropped), prefix tokens dropped, patch conv (z^B). Returns ``[B, 3, H, W]``."""
-        m = self.model
-        patches = acts["patch_tokens"]                         # [B, P, D]
-        p = self.adapter.num_prefix_tokens
-        pos = m.pos_embed
-        if pos is None:
-            r_patches = relevance[:, p:]
-        elif getattr(m, "no_embed_class", False):
-            r_patches = embedding_sum_relprop(rules, patches, pos.expand(patches.shape[0], -1, -1), relevance[:, p:])
-        else:
-            prefix = [t.expand(patches.shape[0], -1, -1) for t in (m.cls_token, getattr(m, "reg_token", None))
-                      if t is not None]
-            tokens = torch.cat(prefix + [patches], dim=1)
-            r_patches = embedding_sum_relprop(rules, tokens, pos.expand(patches.shape[0], -1, -1), relevance)[:, p:]
-        pixels = acts["pixels"]
-        conv = m.patch_embed.proj
-        gh, gw = pixels.shape[-2] // conv.stride[0], pixels.shape[-1] // conv.stride[1]
-        r_grid = r_patches.transpose(1, 2).reshape(patches.shape[0], -1, gh, gw)
-        return rules["input_conv"](pixels, conv.weight, r_grid, conv.stride, conv.padding)
+        """:func:`~methods.lrp.timm_vit.timm_input_relprop`: ``[B, 3, H, W]``."""
+        return timm_input_relprop(rules, self.model, acts, relevance, self.adapter.num_prefix_tokens)
 
 
 @register_topology(TimmEvaAdapter)

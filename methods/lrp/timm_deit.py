@@ -9,15 +9,14 @@ proportion to the operands). Relevance reaches the final hidden states at positi
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import List, Optional
 
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, MethodUndefinedError, TimmDeiTAdapter, TimmViTAdapter
-from .sublayers import embedding_sum_relprop
+from ..adapters import ActivationRecorder, TimmDeiTAdapter, TimmViTAdapter
 from .timm_vit import TimmViTTopology
-from .topology import register_topology
+from .topology import refuse, register_topology
 
 
 @register_topology(TimmDeiTAdapter)
@@ -29,14 +28,13 @@ class TimmDeiTTopology(TimmViTTopology):
     def check(adapter: TimmViTAdapter) -> None:
         """The timm ViT's checks, and ``head_dist`` a Linear layer."""
         TimmViTTopology.check(adapter)
-        if not isinstance(adapter.model.head_dist, nn.Linear):
-            raise MethodUndefinedError(f"LRP rules are not defined for this {type(adapter.model).__name__}: "
-                                       f"head_dist {type(adapter.model.head_dist).__name__} (need nn.Linear)")
+        head_dist = adapter.model.head_dist
+        if not isinstance(head_dist, nn.Linear):
+            refuse(type(adapter.model).__name__, [f"head_dist {type(head_dist).__name__} (need nn.Linear)"])
 
-    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
-               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
+    def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
         """The timm ViT's hooks, and the inputs and outputs of both heads."""
-        super().record(rec, blocks, to_input, grad_blocks, layer_outputs)
+        super().record_head(rec, layer_outputs)
         m = self.model
         rec.output(m.head, "head_out")
         rec.input(m.head_dist, "head_dist_in")
@@ -54,22 +52,6 @@ class TimmDeiTTopology(TimmViTTopology):
         out[:, 1] = rules["select"](hidden[:, 1], rules["linear"](acts["head_dist_in"], m.head_dist.weight, r_dist))
         return out
 
-    @torch.no_grad()
-    def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
-        """From the tokens entering block 0 to the pixels: ``+ pos_embed`` (Add, the positional share dropped;
-        over the [CLS], distillation and patch tokens, or the patches alone with ``no_embed_class``), both prefix
-        tokens dropped, patch conv (z^B). ``[B, 3, H, W]``."""
-        m = self.model
-        patches = acts["patch_tokens"]                                     # [B, P, D]
-        batch = patches.shape[0]
-        pos = m.pos_embed.expand(batch, -1, -1)
-        if getattr(m, "no_embed_class", False):
-            r_patches = embedding_sum_relprop(rules, patches, pos, relevance[:, 2:])
-        else:
-            tokens = torch.cat([m.cls_token.expand(batch, -1, -1), m.dist_token.expand(batch, -1, -1), patches], 1)
-            r_patches = embedding_sum_relprop(rules, tokens, pos, relevance)[:, 2:]
-        pixels = acts["pixels"]
-        conv = m.patch_embed.proj
-        gh, gw = pixels.shape[-2] // conv.stride[0], pixels.shape[-1] // conv.stride[1]
-        r_grid = r_patches.transpose(1, 2).reshape(batch, -1, gh, gw)
-        return rules["input_conv"](pixels, conv.weight, r_grid, conv.stride, conv.padding)
+    def prefix_tokens(self) -> Optional[List[Tensor]]:
+        """[CLS], then the distillation token (the positional embedding covers both unless ``no_embed_class``)."""
+        return [self.model.cls_token, self.model.dist_token]

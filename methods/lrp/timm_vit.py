@@ -19,23 +19,38 @@ the tokens the pool reads (the patches; the prefix tokens get none, unless ``poo
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, MethodUndefinedError, TimmViTAdapter
-from ..adapters.base import AttentionLinears
-from .sublayers import (
-    attention_relprop,
-    block_relprop,
-    block_tensors,
-    embedding_sum_relprop,
-    folded_linear,
-    readout_relprop,
-    record_block,
-)
-from .topology import Topology, register_topology
+from ..adapters import ActivationRecorder, TimmViTAdapter
+from .sublayers import attention_relprop, patch_embedding_relprop, readout_relprop
+from .topology import Topology, refuse, register_topology
+
+
+def record_timm_input(rec: ActivationRecorder, model: nn.Module) -> None:
+    """What :func:`timm_input_relprop` reads: the pixels and the patch tokens."""
+    m: Any = model
+    rec.input(m.patch_embed.proj, "pixels")
+    rec.output(m.patch_embed, "patch_tokens")
+
+
+def timm_input_relprop(rules, model: nn.Module, acts, relevance: Tensor, num_prefix: int,
+                       prefix: Optional[List[Tensor]] = None) -> Tensor:
+    """From the tokens entering block 0 of a timm ViT-like model to the pixels (``norm_pre``, ``patch_drop``
+    identity; the recorded ``pixels`` and ``patch_tokens``, ``patch_embed.norm`` identity): ``+ pos_embed`` (Add,
+    the position share dropped; with ``no_embed_class`` over the patches only, none without ``pos_embed``), the
+    ``num_prefix`` ``prefix`` tokens dropped (default: [CLS] and the registers, those the model has),
+    ``patch_embed.proj`` (z^B). ``[B, 3, H, W]``."""
+    m: Any = model
+    if prefix is None:
+        prefix = [t for t in (m.cls_token, getattr(m, "reg_token", None)) if t is not None]
+    position = m.pos_embed
+    if position is not None and getattr(m, "no_embed_class", False):
+        relevance, prefix = relevance[:, num_prefix:], []
+    return patch_embedding_relprop(rules, acts["pixels"], m.patch_embed.proj, acts["patch_tokens"], relevance,
+                                   prefix, position)
 
 
 @register_topology(TimmViTAdapter)
@@ -86,38 +101,21 @@ class TimmViTTopology(Topology):
                 problems.append(f"block {i} gated attention")
             if type(blk.mlp) is not Mlp or not isinstance(getattr(blk.mlp, "norm", nn.Identity()), nn.Identity):
                 problems.append(f"block {i} mlp {type(blk.mlp).__name__}")
-        if problems:
-            raise MethodUndefinedError(
-                f"LRP rules are not defined for this {type(m).__module__}.{type(m).__name__}: "
-                f"{'; '.join(problems[:6])}; supported families: {adapter.family} (stock pre-norm "
-                f"Block/Attention/Mlp, Identity layer scale and q/k norm, [CLS], average or map pooling, Linear head)"
-            )
+        refuse(f"{type(m).__module__}.{type(m).__name__}", problems, f"; supported families: {adapter.family} (stock "
+               "pre-norm Block/Attention/Mlp, Identity layer scale and q/k norm, [CLS], average or map pooling, Linear "
+               "head)")
 
-    def __init__(self, adapter: TimmViTAdapter) -> None:
-        super().__init__(adapter)
-        #: per block with layer scale (``x + gamma * branch``, a constant per channel: relevance passes it
-        #: unchanged), the output projection and the MLP's second Linear with the scales folded in
-        self.scaled: Dict[int, Tuple[nn.Linear, nn.Linear]] = {}
-        for i, blk in enumerate(adapter.blocks):
-            if not isinstance(blk.ls1, nn.Identity) or not isinstance(blk.ls2, nn.Identity):
-                one = torch.ones(adapter.width)
-                self.scaled[i] = (folded_linear(blk.attn.proj, getattr(blk.ls1, "gamma", one)),
-                                  folded_linear(blk.mlp.fc2, getattr(blk.ls2, "gamma", one)))
+    def layer_scales(self, layer: int) -> Optional[Tuple[Tuple[nn.Module, Tensor], Tuple[nn.Module, Tensor]]]:
+        blk = self.adapter.blocks[layer]
+        if isinstance(blk.ls1, nn.Identity) and isinstance(blk.ls2, nn.Identity):
+            return None
+        one = torch.ones(self.adapter.width)
+        return (blk.ls1, getattr(blk.ls1, "gamma", one)), (blk.ls2, getattr(blk.ls2, "gamma", one))
 
     # ------------------------------------------------------------------ recording
-    def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
-               grad_blocks: Sequence[int] = (), layer_outputs: bool = True) -> None:
-        """Hooks for the rule inputs of ``blocks`` (and of the embedding when ``to_input``); the attention
-        probabilities of ``grad_blocks`` are made differentiable (for ``d logit / d A``). ``layer_outputs``:
-        also the outputs of the Linear layers that nothing else needs (``fc1``), for rule sets whose Linear rule
-        reads them (:attr:`RuleSet.linear_uses_output`)."""
-        m, adapter = self.model, self.adapter
-        for l in blocks:
-            adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
-            record_block(rec, adapter, l, layer_outputs)
-            if l in self.scaled:
-                rec.output(adapter.blocks[l].ls1, ("scaled_attn_out", l))
-                rec.output(adapter.blocks[l].ls2, ("scaled_mlp_out", l))
+    def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
+        """The head's input, the final norm's output and the ``map`` pool's tensors."""
+        m = self.model
         rec.input(m.head, "head_in")
         rec.output(m.norm, "norm_out")
         pool = getattr(m, "attn_pool", None)
@@ -132,26 +130,15 @@ class TimmViTTopology(Topology):
                 rec.output(pool.mlp.fc1, "pool_fc1_out")
             rec.input(pool.mlp.fc2, "pool_fc2_in")
             rec.output(pool.mlp.fc2, "pool_mlp_out")
-        if to_input:
-            rec.input(m.patch_embed.proj, "pixels")
-            rec.output(m.patch_embed, "patch_tokens")
+
+    def record_input(self, rec: ActivationRecorder) -> None:
+        record_timm_input(rec, self.model)
+
+    def prefix_tokens(self) -> Optional[List[Tensor]]:
+        """The prefix token parameters before the patches, in the model's order (``None``: [CLS], registers)."""
+        return None
 
     # ------------------------------------------------------------------ relevance pass
-    @torch.no_grad()
-    def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):
-        """The shared block pass; with layer scale, the scaled branches and the Linear layers with the scales
-        folded in (the z-rule through ``gamma * a`` is the identity: one input per output)."""
-        adapter = self.adapter
-        linears, mlp = adapter.attention_linears(layer), adapter.mlp_linears(layer)
-        extra = {}
-        if layer in self.scaled:
-            out, fc2 = self.scaled[layer]
-            linears = AttentionLinears(out=out, qkv=linears.qkv)
-            mlp = (mlp[0], fc2)
-            extra = dict(attn_out=acts.pop(("scaled_attn_out", layer)), mlp_out=acts.pop(("scaled_mlp_out", layer)))
-        return block_relprop(rules, block_tensors(acts, layer, **extra), linears, mlp, adapter.num_heads, relevance,
-                             need_below)
-
     @torch.no_grad()
     def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
         """Relevance at the output of the final ``norm`` (``[B, N, D]``): head Linear, then the read-out."""
@@ -193,22 +180,6 @@ class TimmViTTopology(Topology):
 
     @torch.no_grad()
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
-        """From the tokens entering block 0 to the pixels: norm_pre / patch_drop (identity), ``+ pos_embed``
-        (Add; the positional-embedding share is dropped), prefix tokens dropped, patch conv (z^B).
-        Returns ``[B, 3, H, W]``."""
-        m = self.model
-        patches = acts["patch_tokens"]                      # [B, P, D] (patch_embed.norm: identity)
-        p = self.adapter.num_prefix_tokens
-        pos = m.pos_embed.expand(patches.shape[0], -1, -1)
-        if getattr(m, "no_embed_class", False):
-            r_patches = embedding_sum_relprop(rules, patches, pos, relevance[:, p:])
-        else:
-            prefix = [t.expand(patches.shape[0], -1, -1) for t in (m.cls_token, getattr(m, "reg_token", None))
-                      if t is not None]
-            tokens = torch.cat(prefix + [patches], dim=1)
-            r_patches = embedding_sum_relprop(rules, tokens, pos, relevance)[:, p:]
-        pixels = acts["pixels"]
-        conv = m.patch_embed.proj
-        gh, gw = pixels.shape[-2] // conv.stride[0], pixels.shape[-1] // conv.stride[1]
-        r_grid = r_patches.transpose(1, 2).reshape(patches.shape[0], -1, gh, gw)
-        return rules["input_conv"](pixels, conv.weight, r_grid, conv.stride, conv.padding)
+        """:func:`timm_input_relprop`: ``[B, 3, H, W]``."""
+        return timm_input_relprop(rules, self.model, acts, relevance, self.adapter.num_prefix_tokens,
+                                  self.prefix_tokens())
