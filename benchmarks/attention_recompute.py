@@ -27,18 +27,9 @@ if __name__ == "__main__":
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
+from benchmarks import methods as bench  # noqa: E402 - after the path set-up above
+
 VARIANTS = {"recompute": True, "keep": False}
-
-
-def _load_methods_benchmark():
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "methods.py")
-    spec = importlib.util.spec_from_file_location("benchmarks_methods_script", path)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
 
 
 def _call(method, model, inputs, targets):
@@ -46,7 +37,6 @@ def _call(method, model, inputs, targets):
 
 
 def main(argv=None) -> list:
-    bench = _load_methods_benchmark()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model-size", choices=sorted(bench.LLAMA_SIZES), default="base")

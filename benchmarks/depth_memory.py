@@ -33,6 +33,8 @@ if __name__ == "__main__":
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
+from benchmarks import methods as bench  # noqa: E402 - after the path set-up above
+
 METHODS = ["raw_attention", "rollout", "gradcam", "generic_attribution", "transformer_attribution", "lrp_rollout",
            "partial_lrp", "attnlrp", "cp_lrp"]
 ANCHOR = "forward+backward"
@@ -45,7 +47,6 @@ def _worker(spec: dict) -> dict:
 
     from methods.cpu_memory import retain_freed_memory
 
-    bench = _load_methods_benchmark()
     if spec.get("glibc_malloc", "retain") == "retain":
         retain_freed_memory()
     torch.set_num_threads(int(spec["threads"]))
@@ -71,17 +72,6 @@ def _worker(spec: dict) -> dict:
             return method(model, inputs, target=target)
     seconds, peak, note = bench._first_call_with_memory(fn, "cpu", True)
     return dict(name=spec["name"], depth=int(spec["depth"]), seq_len=n, peak_mib=peak, seconds=seconds, note=note)
-
-
-def _load_methods_benchmark():
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "methods.py")
-    spec = importlib.util.spec_from_file_location("benchmarks_methods_script", path)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
 
 
 def main(argv=None) -> dict:

@@ -44,19 +44,10 @@ if __name__ == "__main__":
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
+from benchmarks import methods as bench  # noqa: E402 - after the path set-up above
+
 #: what each call's outcome is called in the results
 RAN, OUT_OF_MEMORY, TIME_LIMIT = "ran", "out of memory", "time limit"
-
-
-def _load_methods_benchmark():
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "methods.py")
-    spec = importlib.util.spec_from_file_location("benchmarks_methods_script", path)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -150,7 +141,6 @@ def search(call_at: Callable[[int], Dict[str, object]], start: int, max_len: int
 
 
 def main(argv=None) -> dict:
-    bench = _load_methods_benchmark()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model-size", choices=sorted(bench.LLAMA_SIZES), default="base")
