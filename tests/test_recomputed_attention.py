@@ -1,6 +1,7 @@
 """Decoder LMs recompute each block's attention probabilities in the backward pass
 (``methods.adapters.hf_recompute``; Generic Attribution through ``stream_attention_gradients``, Transformer
-Attribution, LRP rollout and full LRP through the LRP engine's streaming path): on tiny random float64 decoders, left and right padding,
+Attribution, LRP rollout and full LRP through the LRP engine's streaming path): on tiny random float64 decoders,
+left and right padding,
 
 * the outputs, maps, gradients and relevances are bit-identical to the path that saves the eager attention;
 * the forward saves no ``[B, H, N, N]`` tensor for the backward (``saved_tensors_hooks``), where the saved path
