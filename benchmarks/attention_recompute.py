@@ -10,7 +10,8 @@ the forward saves no block's probabilities, the backward recomputes them) and ``
 attention keeps them for the backward), and the forward+backward anchor of ``methods.py``. Each gets one untimed
 call that also measures its peak extra memory (CUDA: ``max_memory_allocated`` increase; not measured on the CPU),
 then ``--repeats`` rounds of (anchor, recompute, keep), interleaved so that drift hits all three alike; medians.
-The two variants' scores are checked to be equal bit for bit on every call's first round.
+The two variants' scores are checked to be equal bit for bit on every call's first round. The process keeps the
+memory it frees (``methods.cpu_memory.retain_freed_memory``), as ``methods.py``'s workers and ``evaluate.py`` do.
 """
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ def main(argv=None) -> list:
     args = p.parse_args(argv)
 
     from methods import build_method
+    from methods.cpu_memory import retain_freed_memory
 
+    retain_freed_memory()   # as methods.py's workers, evaluate.py and train.py run (CPU: no fresh pages per map)
     model = bench.build_model(args.model_size, args.device, "llama")
     rows = []
     print("| method | N | batch | fwd+bwd ms | recompute: ratio | keep: ratio | recompute: peak / fwd+bwd's | "
