@@ -264,3 +264,11 @@ def test_attention_recompute_tiny_run(capsys):
     assert [(r["method"], r["seq_len"], r["batch"]) for r in rows] == [("generic_attribution", 16, 2)]
     assert _positive(rows[0]["ratio"]["recompute"]) and _positive(rows[0]["ratio"]["keep"])
     assert "| generic_attribution | 16 | 2 |" in capsys.readouterr().out
+
+
+def test_eager_floor_tiny_run(capsys):
+    rows = _load_script("eager_floor").main(["--device", "cpu", "--model-size", "tiny", "--seq-lens", "16",
+                                             "--repeats", "1"])
+    assert [r["seq_len"] for r in rows] == [16]
+    assert all(_positive(rows[0][k]) for k in ("eager_over_sdpa", "rollout_over_sdpa", "rollout_over_eager"))
+    assert "| 16 |" in capsys.readouterr().out
