@@ -168,13 +168,20 @@ class _HFCLIPTower(_ScorerHead, HFEncoderBlocks):
     def tower_of(cls, clip: Any) -> Any:
         return clip.vision_model if cls.tower == "vision" else clip.text_model
 
+    #: what :func:`scorer_problem` names: the model, the scorer, the wrapped model
+    scorer_names = ("a transformers CLIPModel", "a CLIP scorer", "a CLIPModel")
+
+    @staticmethod
+    def model_class() -> Optional[type]:
+        """The wrapped model's class (``None`` without transformers)."""
+        return _clip_model_class()
+
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
-        clip_class = _clip_model_class()
-        if clip_class is None:  # pragma: no cover
+        model_class = cls.model_class()
+        if model_class is None:  # pragma: no cover
             return "transformers is not installed"
-        return scorer_problem(model, clip_class, cls.tower, "a transformers CLIPModel", "a CLIP scorer",
-                              "a CLIPModel")
+        return scorer_problem(model, model_class, cls.tower, *cls.scorer_names)
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:

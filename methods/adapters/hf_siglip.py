@@ -51,7 +51,7 @@ from .base import (
     TokenSequence,
     register_adapter,
 )
-from .hf_clip import _HFCLIPTower, _HFPatchVision, _HFTokenText, scorer_problem
+from .hf_clip import _HFCLIPTower, _HFPatchVision, _HFTokenText
 from .hf_text import _check_token_inputs
 from .recorder import ActivationRecorder
 
@@ -67,13 +67,11 @@ def _siglip_model_class() -> Optional[type]:
 class _HFSiglipTower(_HFCLIPTower):
     """What the two SigLIP towers share beyond CLIP's blocks: the model class and the scorer protocol."""
 
-    @classmethod
-    def supports(cls, model: nn.Module) -> Optional[str]:
-        siglip_class = _siglip_model_class()
-        if siglip_class is None:  # pragma: no cover
-            return "transformers is not installed"
-        return scorer_problem(model, siglip_class, cls.tower, "a transformers SiglipModel", "a SigLIP scorer",
-                              "a SiglipModel")
+    scorer_names = ("a transformers SiglipModel", "a SigLIP scorer", "a SiglipModel")
+
+    @staticmethod
+    def model_class() -> Optional[type]:
+        return _siglip_model_class()
 
 
 @register_adapter
