@@ -29,6 +29,7 @@ import torch
 from methods import build_method
 from methods.adapters import ActivationRecorder, adapter_for
 from methods.beyond_intuition import BeyondIntuitionToken
+from tests.lrp_passes import head_relevance
 
 transformers = pytest.importorskip("transformers")
 
@@ -283,21 +284,11 @@ def test_lrp_conserves_relevance_on_both_towers():
     """No reference exists for LRP on CLIP: with the conservative ``"ours"`` rules, the relevance entering the
     first block sums to the one-hot target (1) per sample, on both towers (float64); full LRP runs to the
     pixels (image) and to the encoder input (text, where it still sums to 1)."""
-    from methods.lrp import LRPEngine
     from tests.families import _clip_classifier, _clip_images, _clip_scorer, _clip_token_batch
 
     for model, inputs in ((_clip_classifier().eval(), _clip_images(3)), (_clip_scorer().eval(), _clip_token_batch(3))):
-        adapter = adapter_for(model)
-        prepared = adapter.prepare_inputs(inputs)
-        engine = LRPEngine("ours")
-        topology = engine.topology(adapter)
-        with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
-            topology.record(rec, range(adapter.depth), True, layer_outputs=True)
-            logits = adapter.forward(prepared, grad_from_block=adapter.depth)
-        acts = dict(rec.outputs)
-        relevance = torch.zeros_like(logits)
-        relevance[:, 1] = 1
-        r = topology.head_relprop(engine.rules, acts, relevance)
+        start = head_relevance(model, inputs)
+        adapter, engine, topology, acts, r = start.adapter, start.engine, start.topology, start.acts, start.relevance
         torch.testing.assert_close(r.sum(dim=(1, 2)), torch.ones(3, dtype=torch.float64), rtol=0, atol=1e-6)
         for l in reversed(range(adapter.depth)):
             r, cam = topology.block_relprop(engine.rules, acts, l, r, True)

@@ -10,6 +10,7 @@ import torch
 from methods import build_method
 from methods.adapters import ActivationRecorder, adapter_for
 from tests.families import DECODER_KINDS, _decoder_batch, _decoder_logits, _tiny_decoder
+from tests.lrp_passes import head_relevance
 
 transformers = pytest.importorskip("transformers")
 
@@ -174,23 +175,12 @@ def test_lrp_conserves_relevance_on_decoders(kind, head):
     every block sums to the one-hot target (1) per sample (float64, left padding), as for CLIP's towers; full
     LRP to the encoder input sums to 1 as well (GPT-2: to the embedding sum; at its word embeddings the position
     share is dropped)."""
-    from methods.lrp import LRPEngine
 
     model = _tiny_decoder(kind, head).eval()
     inputs = _decoder_batch(3, "left")
-    adapter = adapter_for(model)
-    prepared = adapter.prepare_inputs(inputs)
-    engine = LRPEngine("ours")
-    topology = engine.topology(adapter)
-    with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
-        topology.record(rec, range(adapter.depth), True, layer_outputs=True)
-        logits = adapter.forward(prepared, grad_from_block=adapter.depth)
-    acts = dict(rec.outputs)
-    acts["readout_positions"] = adapter.context(prepared).readout_positions
-    relevance = torch.zeros_like(logits)
-    relevance[:, 1] = 1
+    start = head_relevance(model, inputs, readout_positions=True)
+    adapter, engine, topology, acts, r = start.adapter, start.engine, start.topology, start.acts, start.relevance
     ones = torch.ones(3, dtype=torch.float64)
-    r = topology.head_relprop(engine.rules, acts, relevance)
     torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6)
     for l in reversed(range(adapter.depth)):
         r, cam = topology.block_relprop(engine.rules, acts, l, r, True)

@@ -21,6 +21,7 @@ from tests.families.open_clip import (
     _open_clip_scorer,
     _tiny_open_clip,
 )
+from tests.lrp_passes import head_relevance
 
 open_clip = pytest.importorskip("open_clip")
 
@@ -102,21 +103,10 @@ def test_eager_attention_leaves_no_hook_and_does_not_change_the_logits():
 def test_lrp_conserves_relevance(build, inputs):
     """With the conservative ``"ours"`` rules the relevance entering every block sums to the one-hot target (1)
     per sample (as for transformers' CLIP, ``tests/test_clip.py``)."""
-    from methods.lrp import LRPEngine
 
     model, inputs = build().eval(), inputs()
-    adapter = adapter_for(model)
-    prepared = adapter.prepare_inputs(inputs)
-    engine = LRPEngine("ours")
-    topology = engine.topology(adapter)
-    with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
-        topology.record(rec, range(adapter.depth), True, layer_outputs=True)
-        logits = adapter.forward(prepared, grad_from_block=adapter.depth)
-    acts = dict(rec.outputs)
-    acts["readout_positions"] = adapter.context(prepared).readout_positions
-    relevance = torch.zeros_like(logits)
-    relevance[:, 1] = 1
-    r = topology.head_relprop(engine.rules, acts, relevance)
+    start = head_relevance(model, inputs, readout_positions=True)
+    adapter, engine, topology, acts, r = start.adapter, start.engine, start.topology, start.acts, start.relevance
     ones = torch.ones(3, dtype=torch.float64)
     torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6)
     for layer in reversed(range(adapter.depth)):

@@ -13,8 +13,7 @@ transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
 
 from methods import build_method  # noqa: E402
-from methods.adapters import ActivationRecorder, adapter_for  # noqa: E402
-from methods.lrp import LRPEngine  # noqa: E402
+from methods.adapters import adapter_for  # noqa: E402
 from models.clip import PromptScorer, ZeroShotClassifier, tokenize_texts  # noqa: E402
 from tests.families import _tiny_vit  # noqa: E402
 from tests.families.siglip import (  # noqa: E402
@@ -25,6 +24,7 @@ from tests.families.siglip import (  # noqa: E402
     _siglip_token_batch,
     _tiny_siglip,
 )
+from tests.lrp_passes import head_relevance  # noqa: E402
 
 CORPUS = ["a photo of a cat", "a photo of a dog", "a drawing of a red circle", "a blue square on white",
           "a green triangle", "this is a photo of a bird"]
@@ -142,17 +142,8 @@ def test_lrp_conserves_relevance_through_the_pooling_head():
     for model, inputs in ((_siglip_classifier().eval(), _siglip_images(3)),
                           (_siglip_scorer().eval(), _siglip_token_batch(3, with_mask=True)),
                           (_siglip_scorer().eval(), _siglip_token_batch(3))):
-        adapter = adapter_for(model)
-        prepared = adapter.prepare_inputs(inputs)
-        engine = LRPEngine("ours")
-        topology = engine.topology(adapter)
-        with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
-            topology.record(rec, range(adapter.depth), True, layer_outputs=True)
-            logits = adapter.forward(prepared, grad_from_block=adapter.depth)
-        acts = dict(rec.outputs)
-        relevance = torch.zeros_like(logits)
-        relevance[:, 1] = 1
-        r = topology.head_relprop(engine.rules, acts, relevance)
+        start = head_relevance(model, inputs)
+        adapter, engine, topology, acts, r = start.adapter, start.engine, start.topology, start.acts, start.relevance
         total = r.sum(dim=(1, 2))
         if adapter.tower == "vision":
             probe = acts["probe_relevance"].sum(dim=(1, 2))
