@@ -258,6 +258,12 @@ class EvaluationCallback(pl.Callback):
         """``{result key: x values}`` of the list-valued results (default: none)."""
         return {}
 
+    def per_sample_scores(self) -> Dict[str, tuple]:
+        """``{result key: (sample indices LongTensor[N], values Tensor[N] or [N, X])}`` after :meth:`compute`, on
+        every rank, gathered across processes (list states with ``dist_reduce_fx="cat"``), the rows in any order
+        (the writer sorts them by index): what the run's per-sample sidecar holds (default: nothing)."""
+        return {}
+
     def _place_metrics(self, device: Optional[torch.device]) -> None:
         """Move every metric of :meth:`metrics` to ``device`` (``None``: leave them where they are)."""
         if device is not None:
