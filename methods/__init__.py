@@ -5,12 +5,13 @@
     scores = method(model, inputs, target=None)   # [B, P] patch scores for images ([B, H, W] pixels for lrp);
                                                   # [B, N] per input position for token sequences
 """
-# Importing the method modules registers them.
+# Importing the families registers their adapters and topologies; importing the method modules registers them.
 from . import (
     ablation_methods,  # noqa: F401,E402
     attention_methods,  # noqa: F401,E402
     attnlrp,  # noqa: F401,E402
     beyond_intuition,  # noqa: F401,E402
+    families,  # noqa: F401,E402
     gradient_methods,  # noqa: F401,E402
     random_baseline,  # noqa: F401,E402
     relevance_methods,  # noqa: F401,E402

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Tuple
 import torch
 from torch import Tensor, nn
 
-from methods.adapters import HFDeiTWithTeacherAdapter, HFViTAdapter, HFViTLikeAdapter
+from methods.families.hf_vit import HFDeiTWithTeacherAdapter, HFViTAdapter, HFViTLikeAdapter
 
 
 def _is_distilled(model: nn.Module) -> bool:

@@ -19,7 +19,7 @@ timm = pytest.importorskip("timm")
 from timm.models.vision_transformer import VisionTransformer  # noqa: E402
 
 from methods import build_method, minmax_normalize  # noqa: E402
-from methods.adapters import TimmViTAdapter  # noqa: E402
+from methods.families.timm_vit import TimmViTAdapter  # noqa: E402
 from methods.lrp import LRPEngine  # noqa: E402
 from methods.lrp import rules as R  # noqa: E402
 

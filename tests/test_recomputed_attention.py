@@ -18,8 +18,8 @@ import torch
 
 from methods import build_method
 from methods.adapters import adapter_for
-from methods.adapters.hf_recompute import _ACTIVE, RECOMPUTED_ATTENTION
 from methods.attention_gradients import attention_and_gradients, stream_attention_gradients
+from methods.families.hf_decoder.recompute import _ACTIVE, RECOMPUTED_ATTENTION
 from methods.lrp import LRPEngine
 from tests.families import _decoder_batch, _tiny_decoder, _tiny_text
 

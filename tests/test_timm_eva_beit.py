@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from methods import MethodUndefinedError, build_method
-from methods.adapters import ActivationRecorder, ModelAdapter, TimmBeitAdapter, TimmEvaAdapter, adapter_for
+from methods.adapters import ActivationRecorder, ModelAdapter, adapter_for
+from methods.families.timm_eva_beit import TimmBeitAdapter, TimmEvaAdapter
 from methods.lrp import LRPEngine, topology_for
 from tests.families import _images
 from tests.families.timm_eva_beit import BEIT_RELPOS, EVA02_CLIP, EVA02_GLU, EVA_PLAIN, _tiny

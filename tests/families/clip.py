@@ -61,7 +61,7 @@ def _clip_token_batch(batch: int, with_special: bool = False) -> dict:
 
 
 def _clip_families() -> list:
-    from methods.adapters import HFCLIPTextAdapter, HFCLIPVisionAdapter
+    from methods.families.hf_clip import HFCLIPTextAdapter, HFCLIPVisionAdapter
 
     def length(inputs, i):
         return int(inputs["attention_mask"][i].sum())

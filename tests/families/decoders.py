@@ -83,7 +83,7 @@ def _decoder_logits(model: nn.Module, inputs: dict) -> Tensor:
 
 
 def _decoder_family(name: str, kind: str, head: str, side: str) -> Family:
-    from methods.adapters import (
+    from methods.families.hf_decoder import (
         HFGemma3Adapter,
         HFGPT2Adapter,
         HFLlamaAdapter,

@@ -51,14 +51,14 @@ def _tiny_hf(kind: str) -> nn.Module:
 
 
 def _families() -> list:
-    from methods.adapters import (
+    from methods.families.hf_vit import (
         HFDeiTAdapter,
         HFDeiTWithTeacherAdapter,
         HFDinov2Adapter,
         HFDinov2WithRegistersAdapter,
         HFViTAdapter,
-        TimmDeiTAdapter,
     )
+    from methods.families.timm_deit import TimmDeiTAdapter
 
     options = {"beyond_intuition_head": {"start_layer": 1, "steps": 4},
                "beyond_intuition_token": {"start_layer": 1, "steps": 4}}

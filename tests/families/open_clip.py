@@ -82,7 +82,7 @@ BI_TEXT = {"beyond_intuition_head": {"steps": 4}, "beyond_intuition_token": {"st
 
 
 def _vision(name: str, undefined: Optional[dict] = None, **options) -> Family:
-    from methods.adapters import OpenCLIPVisionAdapter
+    from methods.families.open_clip import OpenCLIPVisionAdapter
 
     return Family(name=name, adapter=OpenCLIPVisionAdapter, build=lambda: _open_clip_classifier(**options),
                   inputs=_open_clip_images, single=lambda x, i: x[i:i + 1],
@@ -91,7 +91,7 @@ def _vision(name: str, undefined: Optional[dict] = None, **options) -> Family:
 
 
 def _text(name: str, undefined: Optional[dict] = None, **options) -> Family:
-    from methods.adapters import OpenCLIPTextAdapter
+    from methods.families.open_clip import OpenCLIPTextAdapter
 
     return Family(name=name, adapter=OpenCLIPTextAdapter, build=lambda: _open_clip_scorer(**options),
                   inputs=_open_clip_ids, single=lambda x, i: x[i:i + 1], padding=_after_eos,

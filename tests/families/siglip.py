@@ -69,7 +69,7 @@ def _siglip_token_batch(batch: int, with_mask: bool = False) -> dict:
 
 
 def _siglip_families() -> list:
-    from methods.adapters import HFSiglipTextAdapter, HFSiglipVisionAdapter
+    from methods.families.hf_siglip import HFSiglipTextAdapter, HFSiglipVisionAdapter
 
     bi = {"beyond_intuition_head": {"start_layer": 1, "steps": 4},
           "beyond_intuition_token": {"start_layer": 1, "steps": 4}}

@@ -39,7 +39,7 @@ def _tiny_bert(seed: int = 0) -> nn.Module:
 
 
 def _text_family(name: str, kind: str, with_types: bool, with_special: bool = None) -> Family:
-    from methods.adapters import HFBertAdapter, HFDistilBertAdapter, HFElectraAdapter, HFRobertaAdapter
+    from methods.families.hf_text import HFBertAdapter, HFDistilBertAdapter, HFElectraAdapter, HFRobertaAdapter
 
     adapter = {"bert": HFBertAdapter, "roberta": HFRobertaAdapter, "distilbert": HFDistilBertAdapter,
                "electra": HFElectraAdapter}[kind]

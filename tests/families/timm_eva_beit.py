@@ -41,7 +41,7 @@ def _tiny(kind: str, bias_free: bool = False, seed: int = 0, **config) -> nn.Mod
 
 
 def _family(name: str, kind: str, config: dict) -> Family:
-    from methods.adapters import TimmBeitAdapter, TimmEvaAdapter
+    from methods.families.timm_eva_beit import TimmBeitAdapter, TimmEvaAdapter
 
     return Family(
         name=name, adapter={"eva": TimmEvaAdapter, "beit": TimmBeitAdapter}[kind],

@@ -24,7 +24,7 @@ def _tiny_variant(**kwargs) -> nn.Module:
 
 
 def _variant_family(name: str, undefined: dict = None, **kwargs) -> Family:
-    from methods.adapters import TimmViTAdapter
+    from methods.families.timm_vit import TimmViTAdapter
 
     return Family(
         name=name, adapter=TimmViTAdapter, build=lambda: _tiny_variant(**kwargs), inputs=_images,

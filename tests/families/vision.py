@@ -24,7 +24,7 @@ def _images(batch: int) -> Tensor:
 
 
 def _image_family(name: str, global_pool: str) -> Family:
-    from methods.adapters import TimmViTAdapter
+    from methods.families.timm_vit import TimmViTAdapter
 
     return Family(
         name=name, adapter=TimmViTAdapter, build=lambda: _tiny_vit(global_pool), inputs=_images,

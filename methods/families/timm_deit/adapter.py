@@ -27,8 +27,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from .base import Layout, ModelInputs, register_adapter
-from .timm_vit import TimmViTAdapter
+from ...adapters.base import Layout, ModelInputs, register_adapter
+from ..timm_vit.adapter import TimmViTAdapter
 
 
 def _distilled_class() -> Optional[type]:

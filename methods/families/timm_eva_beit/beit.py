@@ -23,8 +23,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .base import ModelInputs, SequenceContext, register_adapter
-from .timm_beit_like import TimmBeitLikeAdapter
+from ...adapters.base import ModelInputs, SequenceContext, register_adapter
+from .adapter import TimmBeitLikeAdapter
 
 
 @register_adapter

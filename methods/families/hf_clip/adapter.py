@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Tuple, Type
 import torch
 from torch import Tensor, nn
 
-from .base import (
+from ...adapters.base import (
     AttentionLinears,
     ImageAdapter,
     Layout,
@@ -49,10 +49,10 @@ from .base import (
     register_adapter,
     scaled_copies,
 )
-from .gradient_rules import normalized_rule
-from .hf_blocks import HFEncoderBlocks
-from .hf_text import _check_ids_like, _check_token_inputs
-from .recorder import ActivationRecorder
+from ...adapters.gradient_rules import normalized_rule
+from ...adapters.recorder import ActivationRecorder
+from ..hf_blocks import HFEncoderBlocks
+from ..hf_text.adapter import _check_ids_like, _check_token_inputs
 
 #: extra per-sample tensors of a text batch set by the adapter: the read-out (EOS) positions and, from
 #: :meth:`HFCLIPTextAdapter.interpolate`, the factor on the token embeddings

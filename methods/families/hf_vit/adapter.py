@@ -55,9 +55,9 @@ from typing import Any, Callable, Hashable, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from .base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
-from .hf_blocks import HFEncoderBlocks
-from .recorder import ActivationRecorder
+from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
+from ...adapters.recorder import ActivationRecorder
+from ..hf_blocks import HFEncoderBlocks
 
 #: the attention implementation the adapters here switch to for methods that read the probabilities
 MATERIALISED_ATTENTION = "token_attributions_eager"

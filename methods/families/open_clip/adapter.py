@@ -54,7 +54,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .base import (
+from ...adapters.base import (
     AttentionLinears,
     ImageAdapter,
     ModelAdapter,
@@ -66,7 +66,8 @@ from .base import (
     check_sample_ids,
     register_adapter,
 )
-from .hf_clip import (
+from ...adapters.recorder import ActivationRecorder
+from ..hf_clip.adapter import (
     READOUT_POSITIONS,
     TOKEN_EMBEDDING_SCALE,
     _ScaledTokenText,
@@ -74,8 +75,7 @@ from .hf_clip import (
     at_readout_positions,
     scorer_problem,
 )
-from .hf_text import _check_token_inputs
-from .recorder import ActivationRecorder
+from ..hf_text.adapter import _check_token_inputs
 
 #: the vision pooling types (``VisionTransformer.pool_type``) -> read-out
 VISION_POOLS = {"tok": "class_token", "avg": "mean_content"}

@@ -12,7 +12,7 @@ from typing import Any, Callable, Hashable, Mapping, Optional, Sequence, Tuple, 
 import torch
 from torch import Tensor, nn
 
-from .base import (
+from ...adapters.base import (
     AttentionLinears,
     ModelInputs,
     RawInputs,
@@ -24,9 +24,9 @@ from .base import (
     register_adapter,
     scaled_copies,
 )
-from .gradient_rules import apply_identity_rule
-from .hf_blocks import HFEncoderBlocks
-from .recorder import ActivationRecorder
+from ...adapters.gradient_rules import apply_identity_rule
+from ...adapters.recorder import ActivationRecorder
+from ..hf_blocks import HFEncoderBlocks
 
 #: an extra per-sample tensor set by :meth:`HFBertAdapter.interpolate`: the factor on the embedding output
 EMBEDDING_SCALE = "embedding_scale"

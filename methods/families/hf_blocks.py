@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterator, Optional
 
 from torch import Tensor
 
-from .base import ModelAdapter, SequenceContext
+from ..adapters.base import ModelAdapter, SequenceContext
 
 
 class HFEncoderBlocks(ModelAdapter):

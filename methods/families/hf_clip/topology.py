@@ -32,16 +32,16 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder
-from ..adapters.hf_clip import HFCLIPTextAdapter, HFCLIPVisionAdapter, _HFCLIPTower, eos_positions
-from .sublayers import (
+from ...adapters import ActivationRecorder
+from ...lrp.sublayers import (
     embedding_sum_relprop,
     patch_embedding_relprop,
     position_readout_relprop,
     readout_relprop,
     score_relprop,
 )
-from .topology import INPUT_POINTS, Topology, linear_layer_problems, refuse, register_topology
+from ...lrp.topology import INPUT_POINTS, Topology, linear_layer_problems, refuse, register_topology
+from .adapter import HFCLIPTextAdapter, HFCLIPVisionAdapter, _HFCLIPTower, eos_positions
 
 
 class _CLIPTowerTopology(Topology):

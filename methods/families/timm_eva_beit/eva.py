@@ -29,8 +29,8 @@ from typing import Any, Optional
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import AttentionLinears, ModelInputs, SequenceContext, register_adapter
-from .timm_beit_like import TimmBeitLikeAdapter, attention_width, qkv_projection
+from ...adapters.base import AttentionLinears, ModelInputs, SequenceContext, register_adapter
+from .adapter import TimmBeitLikeAdapter, attention_width, qkv_projection
 
 
 @register_adapter

@@ -34,16 +34,16 @@ from typing import Any, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, AttentionLinears, Projection
-from ..adapters.open_clip import OpenCLIPTextAdapter, OpenCLIPVisionAdapter, _OpenCLIPTower
-from .sublayers import (
+from ...adapters import ActivationRecorder, AttentionLinears, Projection
+from ...lrp.sublayers import (
     embedding_sum_relprop,
     patch_embedding_relprop,
     position_readout_relprop,
     readout_relprop,
     score_relprop,
 )
-from .topology import INPUT_POINTS, Topology, refuse, register_topology
+from ...lrp.topology import INPUT_POINTS, Topology, refuse, register_topology
+from .adapter import OpenCLIPTextAdapter, OpenCLIPVisionAdapter, _OpenCLIPTower
 
 
 def packed_projection(attn: nn.MultiheadAttention) -> nn.Linear:

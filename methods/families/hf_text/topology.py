@@ -20,16 +20,16 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..adapters import (
-    ActivationRecorder,
+from ...adapters import ActivationRecorder
+from ...lrp.sublayers import block_relprop, block_tensors, readout_relprop, record_block
+from ...lrp.topology import INPUT_POINTS, Topology, refuse, register_topology
+from .adapter import (
     HFBertAdapter,
     HFDistilBertAdapter,
     HFElectraAdapter,
     HFRobertaAdapter,
     HFTextAdapter,
 )
-from .sublayers import block_relprop, block_tensors, readout_relprop, record_block
-from .topology import INPUT_POINTS, Topology, refuse, register_topology
 
 #: the additive mask values the LRP Add rule can see at padded keys
 MASK_VALUES = ("dtype_min", "transformers_3")

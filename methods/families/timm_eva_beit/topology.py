@@ -37,11 +37,13 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, TimmBeitAdapter, TimmEvaAdapter
-from ..adapters.timm_beit_like import MLP_CLASSES, qkv_bias, qkv_projection
-from .sublayers import attention_relprop, readout_relprop
-from .timm_vit import record_timm_input, timm_input_relprop
-from .topology import Topology, refuse, register_topology
+from ...adapters import ActivationRecorder
+from ...lrp.sublayers import attention_relprop, readout_relprop
+from ...lrp.topology import Topology, refuse, register_topology
+from ..timm_vit.topology import record_timm_input, timm_input_relprop
+from .adapter import MLP_CLASSES, qkv_bias, qkv_projection
+from .beit import TimmBeitAdapter
+from .eva import TimmEvaAdapter
 
 
 class _BeitLikeTopology(Topology):

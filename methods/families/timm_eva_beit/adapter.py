@@ -41,10 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import MethodUndefinedError, SequenceContext
-from .gradient_rules import scale_gradient
-from .recorder import ActivationRecorder
-from .timm_vit import TimmBlocksAdapter
+from ...adapters.base import MethodUndefinedError, SequenceContext
+from ...adapters.gradient_rules import scale_gradient
+from ...adapters.recorder import ActivationRecorder
+from ..timm_vit.adapter import TimmBlocksAdapter
 
 SUPPORTED_POOLS = ("token", "avg")
 #: the MLP classes of timm the blocks may hold, by name: the plain MLP and the two SwiGLU forms

@@ -59,7 +59,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .base import (
+from ...adapters.base import (
     AttentionLinears,
     ModelInputs,
     Projection,
@@ -70,11 +70,11 @@ from .base import (
     check_sample_ids,
     register_adapter,
 )
-from .gradient_rules import apply_identity_rule
-from .hf_blocks import HFEncoderBlocks
-from .hf_recompute import recomputed_attention
-from .hf_text import _check_ids_like, _check_token_inputs
-from .recorder import ActivationRecorder
+from ...adapters.gradient_rules import apply_identity_rule
+from ...adapters.recorder import ActivationRecorder
+from ..hf_blocks import HFEncoderBlocks
+from ..hf_text.adapter import _check_ids_like, _check_token_inputs
+from .recompute import recomputed_attention
 
 #: extra per-sample tensors of a batch set by the adapter: the read-out positions, the position ids and, from
 #: :meth:`_HFDecoder.interpolate`, the factor on the token embeddings

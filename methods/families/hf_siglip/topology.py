@@ -32,11 +32,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder
-from ..adapters.hf_siglip import HFSiglipTextAdapter, HFSiglipVisionAdapter
-from .hf_clip import HFCLIPTextTopology
-from .sublayers import attention_relprop, block_tensors, patch_embedding_relprop, residual_mlp_relprop, score_relprop
-from .topology import Topology, linear_layer_problems, refuse, register_topology
+from ...adapters import ActivationRecorder
+from ...lrp.sublayers import (
+    attention_relprop,
+    block_tensors,
+    patch_embedding_relprop,
+    residual_mlp_relprop,
+    score_relprop,
+)
+from ...lrp.topology import Topology, linear_layer_problems, refuse, register_topology
+from ..hf_clip.topology import HFCLIPTextTopology
+from .adapter import HFSiglipTextAdapter, HFSiglipVisionAdapter
 
 
 def pooling_attention_problems(attention: nn.Module) -> list:

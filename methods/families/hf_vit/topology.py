@@ -24,8 +24,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..adapters import (
-    ActivationRecorder,
+from ...adapters import ActivationRecorder
+from ...lrp.sublayers import conv_relprop, embedding_sum_relprop, readout_relprop
+from ...lrp.topology import Topology, refuse, register_topology
+from .adapter import (
     HFDeiTAdapter,
     HFDeiTWithTeacherAdapter,
     HFDinov2Adapter,
@@ -33,8 +35,6 @@ from ..adapters import (
     HFViTAdapter,
     HFViTLikeAdapter,
 )
-from .sublayers import conv_relprop, embedding_sum_relprop, readout_relprop
-from .topology import Topology, refuse, register_topology
 
 
 @register_topology(HFDinov2WithRegistersAdapter)

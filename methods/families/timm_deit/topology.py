@@ -14,9 +14,11 @@ from typing import List, Optional
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, TimmDeiTAdapter, TimmViTAdapter
-from .timm_vit import TimmViTTopology
-from .topology import refuse, register_topology
+from ...adapters import ActivationRecorder
+from ...lrp.topology import refuse, register_topology
+from ..timm_vit.adapter import TimmViTAdapter
+from ..timm_vit.topology import TimmViTTopology
+from .adapter import TimmDeiTAdapter
 
 
 @register_topology(TimmDeiTAdapter)

@@ -38,8 +38,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..adapters import ActivationRecorder, MethodUndefinedError, linear_weight
-from ..adapters.hf_decoder import (
+from ...adapters import ActivationRecorder, MethodUndefinedError, linear_weight
+from ...lrp.sublayers import attention_relprop, embedding_sum_relprop
+from ...lrp.topology import Topology, register_topology
+from .adapter import (
     HFGemma3Adapter,
     HFGPT2Adapter,
     HFLlamaAdapter,
@@ -49,8 +51,6 @@ from ..adapters.hf_decoder import (
     _HFDecoder,
     repeat_heads,
 )
-from .sublayers import attention_relprop, embedding_sum_relprop
-from .topology import Topology, register_topology
 
 INPUT_POINTS = ("encoder_input", "word_embeddings")
 

@@ -41,7 +41,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from .base import (
+from ...adapters.base import (
     ImageAdapter,
     Layout,
     ModelInputs,
@@ -51,9 +51,9 @@ from .base import (
     TokenSequence,
     register_adapter,
 )
-from .hf_clip import _HFCLIPTower, _HFPatchVision, _HFTokenText
-from .hf_text import _check_token_inputs
-from .recorder import ActivationRecorder
+from ...adapters.recorder import ActivationRecorder
+from ..hf_clip.adapter import _HFCLIPTower, _HFPatchVision, _HFTokenText
+from ..hf_text.adapter import _check_token_inputs
 
 
 def _siglip_model_class() -> Optional[type]:

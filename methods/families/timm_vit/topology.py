@@ -24,9 +24,10 @@ from typing import Any, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..adapters import ActivationRecorder, TimmViTAdapter
-from .sublayers import attention_relprop, patch_embedding_relprop, readout_relprop
-from .topology import Topology, refuse, register_topology
+from ...adapters import ActivationRecorder
+from ...lrp.sublayers import attention_relprop, patch_embedding_relprop, readout_relprop
+from ...lrp.topology import Topology, refuse, register_topology
+from .adapter import TimmViTAdapter
 
 
 def record_timm_input(rec: ActivationRecorder, model: nn.Module) -> None:

@@ -8,8 +8,8 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, List, Optional, 
 import torch
 from torch import Tensor, nn
 
-from .base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
-from .recorder import ActivationRecorder
+from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
+from ...adapters.recorder import ActivationRecorder
 
 SUPPORTED_POOLS = ("token", "avg", "map")
 #: the read-out kind of each supported ``global_pool``
