@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from methods.adapters import adapter_for
-from methods.families.hf_decoder.adapter import last_real_positions, positions_from_mask
+from methods.adapters.tokens import last_real_positions, positions_from_mask
 from models.sources import load_tokenizer
 
 from .class_sets import GENERIC_NAME, model_class_names

@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from methods.families.hf_text.adapter import special_positions
+from methods.adapters.tokens import special_positions
 from methods.random_baseline import random_token_scores
 
 from .pixel_maps import pixel_maps

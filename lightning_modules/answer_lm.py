@@ -43,8 +43,8 @@ from torch import Tensor, nn
 
 from lightning_modules.classification_step import StageSteps
 from lightning_modules.lr_schedule import stepped_schedule
+from methods.adapters.tokens import last_real_positions, positions_from_mask
 from methods.config_values import PlainDict
-from methods.families.hf_decoder.adapter import last_real_positions, positions_from_mask
 from models.checkpoint_io import cpu_float32_state_dict, fresh_export_folder
 from models.sources import check_remote_code_options
 

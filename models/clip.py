@@ -19,8 +19,8 @@ Chefer et al. 2021b's pair explanation (one image, several texts, each text its 
 is ``ZeroShotClassifier(clip, text_embeddings)`` on the image repeated once per text with ``target=arange(T)``
 (image side) and ``PromptScorer(clip, image)`` with ``target=0`` (text side).
 
-Both wrappers follow the protocol of :mod:`methods.adapters.hf_clip` (``clip``, ``clip_tower``,
-``logits_from_embeddings``; :mod:`methods.adapters.hf_siglip` for a ``SiglipModel``); their fixed embeddings are
+Both wrappers follow the protocol of :mod:`methods.families.hf_clip` (``clip``, ``clip_tower``,
+``logits_from_embeddings``; :mod:`methods.families.hf_siglip` for a ``SiglipModel``); their fixed embeddings are
 buffers (L2-normalised), ``logit_scale`` (and SigLIP's ``logit_bias``) are read from the model at every call.
 
 SigLIP's texts (:func:`text_embeddings`, :meth:`ZeroShotClassifier.from_prompts`): the text tower pools the
@@ -34,7 +34,7 @@ transformers 5 does; the model then masks the padded keys, which it was not trai
 
 Both wrappers take an open_clip ``CLIP`` too (``open_clip.model.CLIP``; :mod:`models.openclip`: ``encode_image`` /
 ``encode_text``, open_clip's tokenizers, ``+ logit_bias`` where the model has one; adapters
-:mod:`methods.adapters.open_clip`); ``open_clip:<name>`` specs load one (:func:`load_open_clip_classifier`).
+:mod:`methods.families.open_clip`); ``open_clip:<name>`` specs load one (:func:`load_open_clip_classifier`).
 
 Loading by spec (:func:`load_zero_shot_classifier`; the ``clip:`` source of :func:`models.sources.load_model`):
 ``"clip:<source>"`` is the zero-shot classifier of a CLIP in Hugging Face ``save_pretrained`` layout, read from
@@ -232,7 +232,7 @@ class ZeroShotClassifier(nn.Module):
     ``class_embeddings`` ``[C, D]`` (``D`` = the model's ``projection_dim``; SigLIP's vision ``hidden_size``) are
     stored L2-normalised (buffer ``class_embeddings``); ``classnames`` (optional) is kept
     for reports. The attribution methods explain the vision tower through it (adapter
-    ``methods.adapters.hf_clip.HFCLIPVisionAdapter``).
+    ``methods.families.hf_clip.HFCLIPVisionAdapter``).
 
     ``pretrained_cfg``: the data config timm's ``resolve_data_config(model=...)`` reads
     (:func:`clip_pretrained_cfg`; OpenAI's mean/std unless a loader sets the model's own, as
@@ -330,7 +330,7 @@ class PromptScorer(nn.Module):
 
     ``pixel_values`` ``[I, 3, S, S]`` (normalised) are embedded once at construction (no gradient, eval mode) and
     stored L2-normalised (buffer ``image_embeddings``); or pass ``image_embeddings`` ``[I, D]`` directly. The
-    attribution methods explain the text tower through it (adapter ``methods.adapters.hf_clip.HFCLIPTextAdapter``).
+    attribution methods explain the text tower through it (adapter ``methods.families.hf_clip.HFCLIPTextAdapter``).
     """
 
     clip_tower = "text"

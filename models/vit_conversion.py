@@ -20,7 +20,7 @@ What is mapped:
   (timm's exact ``nn.GELU``), ``layer_norm_eps`` from timm's norms (1e-6 in timm's ViTs; transformers' default
   is 1e-12, so it must be carried over), dropouts 0, ``num_labels`` = timm's ``num_classes``.
 
-The target modules are found through the adapters' accessors (:mod:`methods.adapters.hf_vit`), so the state dict
+The target modules are found through the adapters' accessors (:mod:`methods.families.hf_vit`), so the state dict
 carries the installed transformers' parameter names. A timm model with parts that have no counterpart in the
 transformers class (registers, layer scale, q/k norm, ``fc_norm``, ``norm_pre``, average pooling, no class
 token, a non-GELU MLP, ``no_embed_class``) is refused with a ``ValueError`` that names them.
@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Tuple
 import torch
 from torch import Tensor, nn
 
-from methods.families.hf_vit import HFDeiTWithTeacherAdapter, HFViTAdapter, HFViTLikeAdapter
+from methods.adapters import adapter_for
 
 
 def _is_distilled(model: nn.Module) -> bool:
@@ -138,7 +138,7 @@ def hf_vit_from_timm(model: Any) -> nn.Module:
     config = timm_to_hf_config(model)
     reference = next(model.parameters())
     hf = getattr(transformers, _model_class(model))(config).to(dtype=reference.dtype, device=reference.device)
-    adapter: HFViTLikeAdapter = (HFDeiTWithTeacherAdapter if _is_distilled(model) else HFViTAdapter)(hf)
+    adapter: Any = adapter_for(hf)  # the transformers ViT family (ViT, or DeiT with teacher)
     embeddings = adapter.backbone.embeddings
     _copy(embeddings.patch_embeddings.projection, model.patch_embed.proj)
     embeddings.cls_token.copy_(model.cls_token)

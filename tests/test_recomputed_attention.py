@@ -1,5 +1,5 @@
 """Decoder LMs recompute each block's attention probabilities in the backward pass
-(``methods.adapters.hf_recompute``; Generic Attribution through ``stream_attention_gradients``, Transformer
+(``methods.families.hf_decoder.recompute``; Generic Attribution through ``stream_attention_gradients``, Transformer
 Attribution, LRP rollout and full LRP through the LRP engine's streaming path): on tiny random float64 decoders,
 left and right padding,
 

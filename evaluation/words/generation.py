@@ -10,7 +10,7 @@ generated before it.
 * **Decoding**: greedy (the argmax of each step's next-token logits, as ``model.generate(do_sample=False)``),
   batched over the prompts: the prompts are left padded (a tokenizer's right-padded batch is moved to the left),
   the position ids come from the mask (``attention_mask.cumsum(-1) - 1``, as ``generate`` and the decoder adapter
-  count them), the logits are the adapter's (:mod:`methods.adapters.hf_decoder`: the model's own modules, the
+  count them), the logits are the adapter's (:mod:`methods.families.hf_decoder`: the model's own modules, the
   padding queries of a left-padded row kept finite). Each step recomputes the whole sequence (no key/value
   cache): the attribution of each step runs the whole sequence anyway. A row stops after ``max_new_tokens`` or
   at its first EOS token (included, explained); a finished row's later positions are padding (``pad_token_id``,

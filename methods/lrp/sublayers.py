@@ -1,6 +1,6 @@
 """Relevance through the sub-layers every Transformer family shares, built from the rules of
 :mod:`methods.lrp.rules`: the attention core, the residual attention and residual MLP sub-layers, the embedding
-sum and the read-out. A family's topology (:mod:`methods.lrp.timm_vit`, ...) records the tensors named in
+sum and the read-out. A family's topology (:mod:`methods.families.timm_vit.topology`, ...) records the tensors named in
 :class:`BlockTensors` and calls these in the order of its graph.
 
 The active-token optimisation lives here too: tokens whose relevance is zero in every sample (all but [CLS]

@@ -51,8 +51,8 @@ from ...adapters.base import (
 )
 from ...adapters.gradient_rules import normalized_rule
 from ...adapters.recorder import ActivationRecorder
+from ...adapters.tokens import check_ids_like, check_token_inputs
 from ..hf_blocks import HFEncoderBlocks
-from ..hf_text.adapter import _check_ids_like, _check_token_inputs
 
 #: extra per-sample tensors of a text batch set by the adapter: the read-out (EOS) positions and, from
 #: :meth:`HFCLIPTextAdapter.interpolate`, the factor on the token embeddings
@@ -332,7 +332,7 @@ class _HFTokenText(_ScaledTokenText):
         tensors = {"input_ids": ids, "attention_mask": mask}
         special = inputs.get("special_tokens_mask")
         if special is not None:
-            tensors["special_tokens_mask"] = _check_ids_like("special_tokens_mask", special, ids.shape).long()
+            tensors["special_tokens_mask"] = check_ids_like("special_tokens_mask", special, ids.shape).long()
         tensors[READOUT_POSITIONS] = positions
         batch = int(ids.shape[0])
         return ModelInputs(tensors, batch, self.tower_model.embeddings.token_embedding.weight.dtype, ids.device,
@@ -372,7 +372,7 @@ class HFCLIPTextAdapter(_HFTokenText, _HFCLIPTower):
         return int(self.tower_model.eos_token_id)
 
     def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        inputs, ids, mask = _check_token_inputs(inputs, self.family, int(self.config.vocab_size),
+        inputs, ids, mask = check_token_inputs(inputs, self.family, int(self.config.vocab_size),
                                                 int(self.config.max_position_embeddings), batch="T",
                                                 positions_of="the CLIP text tower's")
         shape = ids.shape

@@ -38,7 +38,7 @@ keyword arguments the model passes, the final norm, the head (``lm_head`` / ``sc
   heads that read it (``repeat_kv``), so the recorded values have the width ``H * head_dim`` of the attention
   output, as the methods expect.
 * **Recomputed attention** (:meth:`~_HFDecoder.recomputed_attention`, the capability
-  ``recomputes_attention``; :mod:`methods.adapters.hf_recompute`): the methods that need each block's
+  ``recomputes_attention``; :mod:`methods.families.hf_decoder.recompute`): the methods that need each block's
   probabilities and their gradient once, from the last block down (Generic Attribution, Transformer Attribution),
   run the family's own ``eager_attention_forward`` inside an autograd function that saves only ``q``, ``k``,
   ``v`` and recomputes the probabilities in the backward pass: no block's ``[B, H, N, N]`` map is kept by the
@@ -72,8 +72,8 @@ from ...adapters.base import (
 )
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
+from ...adapters.tokens import check_ids_like, check_token_inputs, last_real_positions, positions_from_mask
 from ..hf_blocks import HFEncoderBlocks
-from ..hf_text.adapter import _check_ids_like, _check_token_inputs
 from .recompute import recomputed_attention
 
 #: extra per-sample tensors of a batch set by the adapter: the read-out positions, the position ids and, from
@@ -82,17 +82,6 @@ READOUT_POSITIONS = "readout_positions"
 POSITION_IDS = "position_ids"
 TOKEN_EMBEDDING_SCALE = "token_embedding_scale"
 FULL, SLIDING = "full_attention", "sliding_attention"
-
-
-def last_real_positions(attention_mask: Tensor) -> Tensor:
-    """Each row's last position with ``attention_mask == 1`` (``[B]``)."""
-    n = attention_mask.shape[-1]
-    return (attention_mask.long() * torch.arange(1, n + 1, device=attention_mask.device)).argmax(dim=-1)
-
-
-def positions_from_mask(attention_mask: Tensor) -> Tensor:
-    """``(attention_mask.cumsum(-1) - 1).clamp(min=0)``: each real token's index among its row's real tokens."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def repeat_heads(values: Tensor, kv_heads: int, groups: int) -> Tensor:
@@ -202,7 +191,7 @@ class _HFDecoder(HFEncoderBlocks):
         return 1 << 62
 
     def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        inputs, ids, mask = _check_token_inputs(inputs, self.family, int(self.config.vocab_size), self.max_length(),
+        inputs, ids, mask = check_token_inputs(inputs, self.family, int(self.config.vocab_size), self.max_length(),
                                                 missing_note="; inputs_embeds are not supported")
         shape = ids.shape
         runs = (mask[:, 1:] > mask[:, :-1]).long().sum(dim=1) + mask[:, 0]
@@ -213,7 +202,7 @@ class _HFDecoder(HFEncoderBlocks):
         tensors: Dict[str, Tensor] = {"input_ids": ids.long(), "attention_mask": mask}
         special = inputs.get("special_tokens_mask")
         if special is not None:
-            tensors["special_tokens_mask"] = _check_ids_like("special_tokens_mask", special, shape).long()
+            tensors["special_tokens_mask"] = check_ids_like("special_tokens_mask", special, shape).long()
         readout = inputs.get("readout_position")
         if readout is None:
             readout = last_real_positions(mask)
@@ -366,7 +355,7 @@ class _HFDecoder(HFEncoderBlocks):
     def recomputed_attention(self, consume: Callable[[int, Tensor, Tensor], None],
                              lowest: int) -> contextlib.AbstractContextManager[Tensor]:
         """Each block's probabilities recomputed in the backward pass by the family's own eager attention
-        (:func:`methods.adapters.hf_recompute.recomputed_attention`; the base class states the contract): the
+        (:func:`methods.families.hf_decoder.recompute.recomputed_attention`; the base class states the contract): the
         config is switched to that implementation for the duration (the masks built as for the eager attention)
         and restored on exit."""
         if not self.recomputes_attention:

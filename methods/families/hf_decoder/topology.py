@@ -1,5 +1,5 @@
 """LRP topology of stock ``transformers`` decoder LMs and their sequence classifiers (GPT-2, Llama, Mistral,
-Qwen2, Qwen3, Gemma 3 text; :mod:`methods.adapters.hf_decoder`). No reference implementation exists (Chefer's
+Qwen2, Qwen3, Gemma 3 text; :mod:`methods.families.hf_decoder`). No reference implementation exists (Chefer's
 and Beyond Intuition's code cover ViT, BERT and CLIP): this is the graph of the CLIP text tower (a causal,
 pre-norm tower read at a per-sample position) with the decoders' parts, built from the shared rules and
 sub-layers, and checked by relevance conservation (``tests/test_hf_decoder.py``: with the conservative

@@ -1,6 +1,6 @@
 """Adapters for the two towers of a stock Hugging Face ``transformers.SiglipModel``.
 
-Like a ``CLIPModel`` (:mod:`methods.adapters.hf_clip`), a ``SiglipModel`` scores image-text pairs and is explained
+Like a ``CLIPModel`` (:mod:`methods.families.hf_clip`), a ``SiglipModel`` scores image-text pairs and is explained
 through a scorer holding it (``models.clip.ZeroShotClassifier``: images -> classes; ``models.clip.PromptScorer``:
 texts -> images), read by the same protocol: ``model.clip`` (here the ``SiglipModel``), ``model.clip_tower``
 (``"vision"`` / ``"text"``) and ``model.logits_from_embeddings(z)``: SigLIP's sigmoid logits ``logit_scale.exp() *
@@ -52,8 +52,8 @@ from ...adapters.base import (
     register_adapter,
 )
 from ...adapters.recorder import ActivationRecorder
+from ...adapters.tokens import check_token_inputs
 from ..hf_clip.adapter import _HFCLIPTower, _HFPatchVision, _HFTokenText
-from ..hf_text.adapter import _check_token_inputs
 
 
 def _siglip_model_class() -> Optional[type]:
@@ -175,7 +175,7 @@ class HFSiglipTextAdapter(_HFTokenText, _HFSiglipTower):
         return tuple(int(i) for i in ids if i is not None and 0 <= int(i) < vocab)
 
     def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        inputs, ids, mask = _check_token_inputs(inputs, self.family, int(self.config.vocab_size),
+        inputs, ids, mask = check_token_inputs(inputs, self.family, int(self.config.vocab_size),
                                                 int(self.config.max_position_embeddings), batch="T",
                                                 positions_of="the SigLIP text tower's")
         shape = ids.shape

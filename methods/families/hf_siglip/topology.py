@@ -1,6 +1,6 @@
 """LRP topology of the two towers of a stock ``transformers.SiglipModel`` behind a scorer
 (``models.clip.ZeroShotClassifier`` / ``PromptScorer``). No reference implementation exists; this is CLIP's graph
-(:mod:`methods.lrp.hf_clip`) with SigLIP's read-outs, from the shared rules and sub-layers, checked by relevance
+(:mod:`.hf_clip.topology`) with SigLIP's read-outs, from the shared rules and sub-layers, checked by relevance
 conservation (``tests/test_siglip.py``).
 
 Graph (forward order):

@@ -7,7 +7,7 @@ each block, the head), so its logits are the model's.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Hashable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -26,66 +26,11 @@ from ...adapters.base import (
 )
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
+from ...adapters.tokens import check_ids_like, check_token_inputs, special_positions
 from ..hf_blocks import HFEncoderBlocks
 
 #: an extra per-sample tensor set by :meth:`HFBertAdapter.interpolate`: the factor on the embedding output
 EMBEDDING_SCALE = "embedding_scale"
-
-
-def _check_ids_like(name: str, tensor: Any, shape: Optional[Sequence[int]]) -> Tensor:
-    if not isinstance(tensor, Tensor):
-        raise ValueError(f"{name} must be a tensor [B, N], got {type(tensor).__name__}")
-    if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
-        raise ValueError(f"{name} must hold integers (or bools for masks), got dtype {tensor.dtype}")
-    if shape is None and tensor.dim() != 2:
-        raise ValueError(f"{name} must be [B, N] (a batch of token ids as a tokenizer returns it with "
-                         f"return_tensors='pt'), got shape {tuple(tensor.shape)}")
-    if shape is not None and tuple(tensor.shape) != tuple(shape):
-        raise ValueError(f"{name} has shape {tuple(tensor.shape)} but input_ids has {tuple(shape)}")
-    return tensor.detach()
-
-
-def _check_token_inputs(inputs: RawInputs, family: str, vocab: int, max_len: int, batch: str = "B",
-                        missing_note: str = "", positions_of: str = "the model's"
-                        ) -> Tuple[Mapping[str, Any], Tensor, Tensor]:
-    """A tokenizer's batch ``[batch, N]`` (or the ids alone) as a mapping, its checked ``input_ids`` (dtype as
-    given) and ``attention_mask`` (long, 0/1; all ones when absent), for ``vocab`` token ids and ``max_len``
-    positions."""
-    if isinstance(inputs, Tensor):
-        inputs = {"input_ids": inputs}
-    if not isinstance(inputs, Mapping):
-        raise ValueError(f"expected token ids [{batch}, N] or a mapping as a tokenizer returns it "
-                         f"({{'input_ids', 'attention_mask', ...}}), got {type(inputs).__name__}")
-    if inputs.get("input_ids") is None:
-        given = ", ".join(map(repr, inputs.keys())) or "nothing"
-        raise ValueError(f"{family} needs 'input_ids' [{batch}, N] (got {given}){missing_note}")
-    ids = _check_ids_like("input_ids", inputs["input_ids"], None)
-    if ids.dtype == torch.bool:
-        raise ValueError("input_ids must hold integers, got dtype torch.bool")
-    shape = ids.shape
-    if shape[0] == 0 or shape[1] == 0:
-        raise ValueError(f"input_ids must hold at least one sample and one token, got shape {tuple(shape)}")
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-        raise ValueError(f"input_ids must lie in [0, {vocab}) (the model's vocabulary), got values in "
-                         f"[{int(ids.min())}, {int(ids.max())}]")
-    if shape[1] > max_len:
-        raise ValueError(f"sequences of {shape[1]} tokens exceed {positions_of} {max_len} positions")
-    mask = inputs.get("attention_mask")
-    mask = _check_ids_like("attention_mask", torch.ones_like(ids) if mask is None else mask, shape)
-    if not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError("attention_mask must hold 0 (padding) and 1 (real token) only")
-    return inputs, ids, mask.long()
-
-
-def special_positions(attention_mask: Tensor) -> Tensor:
-    """Without a ``special_tokens_mask``: [CLS] at position 0 and each sample's last real token ([SEP])."""
-    special = torch.zeros_like(attention_mask, dtype=torch.bool)
-    special[:, 0] = True
-    lengths = attention_mask.long().sum(dim=1)
-    last = (attention_mask.long() * torch.arange(1, attention_mask.shape[1] + 1, device=attention_mask.device)
-            ).argmax(dim=1)
-    special[torch.arange(attention_mask.shape[0], device=attention_mask.device)[lengths > 0], last[lengths > 0]] = True
-    return special
 
 
 class HFTextAdapter(HFEncoderBlocks):
@@ -176,7 +121,7 @@ class HFTextAdapter(HFEncoderBlocks):
 
     # ------------------------------------------------------------------ inputs, layout
     def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        inputs, ids, mask = _check_token_inputs(inputs, self.family, int(self.model.config.vocab_size),
+        inputs, ids, mask = check_token_inputs(inputs, self.family, int(self.model.config.vocab_size),
                                                 self.max_length(), missing_note="; inputs_embeds are not supported")
         shape = ids.shape
         tensors = {"input_ids": ids.long()}
@@ -187,7 +132,7 @@ class HFTextAdapter(HFEncoderBlocks):
         for name in ("token_type_ids", "special_tokens_mask"):
             value = inputs.get(name)
             if value is not None:
-                tensors[name] = _check_ids_like(name, value, shape).long()
+                tensors[name] = check_ids_like(name, value, shape).long()
         types = tensors.get("token_type_ids")
         if types is not None and not self.uses_token_types:
             if bool(types.any()):

@@ -33,7 +33,7 @@ Conventions shared by all of them:
   weights say that each half is one read-out token, whatever the classifier's weights on it).
   ``readout="class_token"`` reads the [CLS] row alone on every model here. The methods that build a
   token-to-token matrix report its read-out row; the others differentiate or propagate the logits themselves,
-  so every token the classifier reads feeds them (as for timm's distilled DeiT, :mod:`methods.adapters.timm_deit`).
+  so every token the classifier reads feeds them (as for timm's distilled DeiT, :mod:`methods.families.timm_deit`).
 * **pre_logits**: what the classifier reads (``[CLS]``; DINOv2: ``[CLS] ++ mean of the patches``; DeiT with
   teacher: the mean of the [CLS] and distillation tokens, as timm's distilled DeiT defines it: that model has two
   classifiers and no single latent of its own).

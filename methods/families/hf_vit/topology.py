@@ -1,4 +1,4 @@
-"""LRP topology of the stock Hugging Face ViT-like image classifiers (:mod:`methods.adapters.hf_vit`).
+"""LRP topology of the stock Hugging Face ViT-like image classifiers (:mod:`methods.families.hf_vit`).
 
 Graph (forward order): ``patch_embeddings.projection`` (Conv2d, z^B rule) -> prefix tokens concat -> ``+
 position_embeddings`` (Add; the positional share dropped; DINOv2 with registers inserts its registers after the

@@ -1,7 +1,7 @@
 """Adapters for the two towers of a stock ``open_clip.model.CLIP`` (open_clip's own ``VisionTransformer`` and text
 transformer, blocks ``ResidualAttentionBlock`` on ``nn.MultiheadAttention``).
 
-Like :mod:`methods.adapters.hf_clip`, a method explains one tower through a *scorer* that holds the CLIP and turns
+Like :mod:`methods.families.hf_clip`, a method explains one tower through a *scorer* that holds the CLIP and turns
 the tower's embedding into logits against fixed embeddings of the other modality (``models.clip.
 ZeroShotClassifier``: images -> classes; ``models.clip.PromptScorer``: texts -> images). The protocol: ``model.clip``
 (an ``open_clip.model.CLIP``), ``model.clip_tower`` (``"vision"`` / ``"text"``) and
@@ -67,6 +67,7 @@ from ...adapters.base import (
     register_adapter,
 )
 from ...adapters.recorder import ActivationRecorder
+from ...adapters.tokens import check_token_inputs
 from ..hf_clip.adapter import (
     READOUT_POSITIONS,
     TOKEN_EMBEDDING_SCALE,
@@ -75,7 +76,6 @@ from ..hf_clip.adapter import (
     at_readout_positions,
     scorer_problem,
 )
-from ..hf_text.adapter import _check_token_inputs
 
 #: the vision pooling types (``VisionTransformer.pool_type``) -> read-out
 VISION_POOLS = {"tok": "class_token", "avg": "mean_content"}
@@ -277,7 +277,7 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
 
     def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """Beyond Intuition's CLIP token scale: the value projection of ``ln_1`` applied to the residual stream
-        after the attention sub-layer (the input of ``ln_2``), as :meth:`methods.adapters.hf_clip._HFCLIPTower.
+        after the attention sub-layer (the input of ``ln_2``), as :meth:`methods.families.hf_clip.adapter._HFCLIPTower.
         record_post_attention_values`; ``ln_1.forward`` is called directly, so no hook on it fires."""
         block = self.blocks[layer]
 
@@ -392,7 +392,7 @@ class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
     (``models.clip.PromptScorer``). Inputs: token ids ``[T, context_length]`` as open_clip's tokenizer returns them
     (a tensor or ``{"input_ids": ...}``; no attention mask). Read-out ``"position"``: each text's EOS. Layout:
     ``[T, context_length]`` scores, exactly 0 after the EOS (module docstring). Integrated gradients scale the
-    token embeddings before the positional embedding is added (as :class:`~methods.adapters.hf_clip.
+    token embeddings before the positional embedding is added (as :class:`~methods.families.hf_clip.adapter.
     HFCLIPTextAdapter`)."""
 
     family = "open_clip CLIP text tower (PromptScorer)"
@@ -419,7 +419,7 @@ class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
             raise ValueError("open_clip's CLIP text tower takes no attention_mask (its tokenizer pads with 0 to the "
                              "context length and the causal mask keeps the padding from the read-out): pass the "
                              "input_ids alone")
-        _, ids, _ = _check_token_inputs(inputs, self.family, int(self.clip.vocab_size), self.context_length,
+        _, ids, _ = check_token_inputs(inputs, self.family, int(self.clip.vocab_size), self.context_length,
                                         batch="T", positions_of="the open_clip text tower's")
         if ids.shape[1] != self.context_length:
             raise ValueError(f"input_ids have {ids.shape[1]} positions; open_clip's CLIP adds all its "

@@ -1,6 +1,6 @@
 """LRP topology of the two towers of a stock ``open_clip.model.CLIP`` behind a CLIP scorer
-(``models.clip.ZeroShotClassifier`` / ``PromptScorer``; adapters :mod:`methods.adapters.open_clip`). As for
-transformers' CLIP (:mod:`methods.lrp.hf_clip`) no reference implementation exists: this is the ViT graph of Chefer
+(``models.clip.ZeroShotClassifier`` / ``PromptScorer``; adapters :mod:`methods.families.open_clip`). As for
+transformers' CLIP (:mod:`.hf_clip.topology`) no reference implementation exists: this is the ViT graph of Chefer
 et al. 2021a with open_clip's names, built from the shared rules and sub-layers.
 
 Graph (forward order):

@@ -7,7 +7,7 @@ The model is a timm ``VisionTransformer`` with a second prefix token, the distil
 equal weight. Methods run the model in eval mode (:mod:`methods.model_state`), where the heads are always
 averaged, whatever ``distilled_training`` says.
 
-Conventions (beyond :class:`~methods.adapters.timm_vit.TimmViTAdapter`'s): read-out ``"weighted"``, the mean of
+Conventions (beyond :class:`~methods.families.timm_vit.adapter.TimmViTAdapter`'s): read-out ``"weighted"``, the mean of
 the [CLS] and distillation positions (:meth:`TimmDeiTAdapter.readout_weights`: 1/2 each), so a method's
 "read-out row" of a token-to-token matrix is the mean of rows 0 and 1; ``readout="class_token"`` reads the
 [CLS] row alone (the half of the logits that ``head`` gives). Both prefix tokens are never scored: the layout

@@ -1,5 +1,5 @@
 """LRP topology of timm's distilled DeiT (``VisionTransformerDistilled``): the timm ViT graph
-(:mod:`methods.lrp.timm_vit`) with a second prefix token and a second head.
+(:mod:`methods.families.timm_vit.topology`) with a second prefix token and a second head.
 
 Graph (forward order): ``patch_embed.proj`` (Conv2d, z^B rule) -> [CLS] and distillation tokens concat ->
 ``+ pos_embed`` (Add; the positional embedding covers both prefix tokens unless ``no_embed_class``) -> blocks ->

@@ -99,8 +99,8 @@ def _scale_input(factor: Any):
 
 
 class TimmBeitLikeAdapter(TimmBlocksAdapter):
-    """Shared by :class:`~methods.adapters.timm_eva.TimmEvaAdapter` and
-    :class:`~methods.adapters.timm_beit.TimmBeitAdapter` (see the module docstring). A subclass gives
+    """Shared by :class:`~methods.families.timm_eva_beit.eva.TimmEvaAdapter` and
+    :class:`~methods.families.timm_eva_beit.beit.TimmBeitAdapter` (see the module docstring). A subclass gives
     :meth:`embed`, :meth:`run_blocks` (with :meth:`key_mask_of`'s masks) and the family checks."""
 
     def __init__(self, model: Any) -> None:

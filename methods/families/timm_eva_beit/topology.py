@@ -1,5 +1,5 @@
-"""LRP topologies of stock timm ``Eva`` (EVA, EVA-02) and ``Beit`` classifiers (:mod:`methods.adapters.timm_eva`,
-:mod:`methods.adapters.timm_beit`): Chefer et al.'s rules (:mod:`methods.lrp.rules`) on their graph.
+"""LRP topologies of stock timm ``Eva`` (EVA, EVA-02) and ``Beit`` classifiers (:mod:`.eva`,
+:mod:`.beit`): Chefer et al.'s rules (:mod:`methods.lrp.rules`) on their graph.
 
 No reference implementation covers these models (Chefer's code covers ViT, BERT and CLIP); the parts they add
 are covered by the rules as follows:
@@ -13,7 +13,7 @@ are covered by the rules as follows:
 * **rotary embedding** (EVA-02): linear in ``q`` and ``k`` per position; relevance passes coordinate-wise
   (identity) between the projections' outputs and the rotated ``q``, ``k`` that the attention core reads
   (recomputed from the recorded projections with timm's own ``apply_rot_embed_cat`` and the rotary embedding the
-  block received), as for Llama's rotary embedding (:mod:`methods.lrp.hf_decoder`); q/k norms identity;
+  block received), as for Llama's rotary embedding (:mod:`methods.families.hf_decoder.topology`); q/k norms identity;
 * **SwiGLU** ``fc2(norm(act(g) * x))``: ``fc2``'s Linear rule, the inner norm identity, the product by the
   uniform rule (half of its relevance to each factor), the activation identity, the Linear rules of the gate and
   the input projections (timm ``SwiGLU``: ``fc1_g``, ``fc1_x`` on one shared input; ``GluMlp``: the packed
@@ -200,7 +200,7 @@ class _BeitLikeTopology(Topology):
 
     @torch.no_grad()
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
-        """:func:`~methods.lrp.timm_vit.timm_input_relprop`: ``[B, 3, H, W]``."""
+        """:func:`~methods.families.timm_vit.topology.timm_input_relprop`: ``[B, 3, H, W]``."""
         return timm_input_relprop(rules, self.model, acts, relevance, self.adapter.num_prefix_tokens)
 
 

@@ -32,7 +32,7 @@ def timm_fused_attention_off(modules: Iterable[nn.Module]) -> Iterator[None]:
 
 class TimmBlocksAdapter(ImageAdapter):
     """What the adapters of timm's ViT-like models share (:class:`TimmViTAdapter`,
-    :class:`~methods.adapters.timm_beit_like.TimmBeitLikeAdapter`): the model's ``blocks`` (each ``attn`` with a
+    :class:`~methods.families.timm_eva_beit.adapter.TimmBeitLikeAdapter`): the model's ``blocks`` (each ``attn`` with a
     fused ``qkv`` and ``proj``), ``num_prefix_tokens``, patch size and ``embed_dim``; the attention probabilities
     are ``attn.attn_drop``'s output (materialised with timm's fused attention off), the attention input is
     ``norm1``'s output; the input embedding is ``patch_embed``."""
