@@ -10,24 +10,7 @@ texts -> images). The adapters read that protocol, not the wrapper classes:
 * ``model.logits_from_embeddings(z)``: logits ``[B, C]`` from the tower's projected, unnormalised embedding
   ``z`` ``[B, projection_dim]`` (``visual_projection`` / ``text_projection`` output).
 
-Both towers are pre-norm (``x + attn(layer_norm1(x))``, ``h + mlp(layer_norm2(h))``) with separate
-``q_proj``/``k_proj``/``v_proj`` projections; the adapters call the model's own submodules in the order of
-``CLIPVisionModel.forward`` / ``CLIPTextModel.forward``, so their logits are the wrapper's.
-
-* **Vision tower**: embeddings ([CLS] + patches + positions), ``pre_layrnorm``, the blocks; read-out
-  ``"class_token"``: ``post_layernorm`` of the [CLS] token, ``visual_projection``. Layout: a patch grid after
-  the [CLS] token.
-* **Text tower**: token + position embeddings, the blocks under the causal mask combined with the padding mask
-  (``transformers.masking_utils.create_causal_mask``, as the model builds it); read-out ``"position"``: each
-  sample's EOS position, ``final_layer_norm``, ``text_projection``. The EOS position is found as the model finds
-  it: the first ``eos_token_id`` (the argmax of the ids for legacy configs with ``eos_token_id == 2``). Without
-  an ``attention_mask`` every position is real, as in ``CLIPTextModel`` and in the authors' code (OpenAI's
-  ``clip.tokenize`` pads with 0 after the EOT token and passes no mask). Positions after the EOS never reach the
-  read-out, but their values and gradients enter the per-sample means that some methods take over the whole map
-  (Beyond Intuition's head weights, Grad-CAM's ``matrix`` gradient mean): pass the tokenizer's ``attention_mask``
-  to leave padding out (then a padded text gets the scores it gets alone). Layout: a token sequence whose
-  content positions are the real tokens before the EOS that are not special tokens (``special_tokens_mask``
-  when given, else position 0, the start token, and the EOS).
+Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations
 

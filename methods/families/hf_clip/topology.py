@@ -7,23 +7,7 @@ the one-hot target, per sample).
 
 Graph (forward order):
 
-* vision: ``patch_embedding`` (Conv2d, z^B rule) -> [CLS] concat -> ``+ position_embedding`` (Add, the position
-  share dropped) -> ``pre_layrnorm`` (identity) -> blocks (pre-norm: ``x + attn(layer_norm1(x))``,
-  ``h + mlp(layer_norm2(h))``, separate q/k/v) -> [CLS] select -> ``post_layernorm`` (identity) ->
-  ``visual_projection`` (Linear);
-* text: ``token_embedding + position_embedding`` (Add) -> blocks under the causal (and padding) mask -> EOS
-  select -> ``final_layer_norm`` (identity) -> ``text_projection`` (Linear);
-* the score: ``logit_scale.exp() * <z / ||z||, e_c>`` against the fixed, normalised embeddings ``e_c`` of the
-  other modality: a bias-free Linear with weight ``logit_scale.exp() * E`` on the normalised embedding (the L2
-  normalisation identity, as LayerNorm).
-
-The additive attention mask is left out of the Add rule of the scores (``mask=None``): a masked key's attention
-probability is exactly 0, so its relevance is 0 and the Add rule would give the scores all of it (exactly so
-for the proportional rule, up to the stabiliser for the renormalised one).
-
-Full LRP ends at the pixels for the vision tower (``[B, 3, H, W]``); for the text tower at the encoder input
-(``input_point="encoder_input"``: the embedding sum, ``[B, N, D]``, as TE's BERT) or, with
-``"word_embeddings"``, at the token embeddings (the position share dropped).
+Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations
 

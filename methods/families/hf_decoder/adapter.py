@@ -7,49 +7,7 @@ An adapter calls the model's own submodules in the order of the model's own ``fo
 layers) exactly as the model builds them, the rotary embeddings of the model's ``rotary_emb``, each layer with the
 keyword arguments the model passes, the final norm, the head (``lm_head`` / ``score``). Its logits are the model's.
 
-* **Inputs**: a tokenizer's batch (``input_ids`` ``[B, N]``, ``attention_mask``, optional
-  ``special_tokens_mask``) or the ids alone. **Left or right padding** (or none): the real tokens of each row
-  must be contiguous. Optional ``readout_position`` (``LongTensor[B]``): explain the prediction made at another
-  real position of each row (default: the last real token).
-* **Position ids from the mask**: ``(attention_mask.cumsum(-1) - 1).clamp(min=0)``, what ``generate()`` does, so
-  a padded row gets the positions it has alone (GPT-2's absolute positions; the rotary embeddings). A plain
-  ``model(input_ids, attention_mask)`` call counts positions from column 0 instead: with left padding pass the
-  same ``position_ids`` to compare.
-* **Padding rows**: the eager attention of the RoPE families computes its softmax in float32 even in a float64
-  model, where the float64 mask minimum becomes ``-inf``: a padding query of a left-padded row (every key
-  masked) would give NaN, which reaches the real rows as ``0 * NaN`` (stock transformers returns NaN logits).
-  The adapter lets each padding query attend to itself: real rows are unchanged bit for bit (their
-  probabilities at padding keys are exactly 0 either way), padding rows become finite.
-* **Read-out** ``"position"``: each row's **last attended position** (the next-token prediction of the real
-  sequence; ``readout_position`` overrides it). LMs: the logits of that position ``[B, vocab]``; a ``target`` is
-  a vocabulary id per row (``None``: the argmax, the greedy next token). ``*ForSequenceClassification``: the
-  class logits at that position (transformers reads the rightmost token that is not ``pad_token_id``, the same
-  position whenever the pad id does not occur inside the text).
-* **Layout**: a :class:`~methods.adapters.base.TokenSequence` (scores ``[B, N]`` aligned with the input, exactly 0
-  at padding). Special tokens (left out of the content positions, their scores kept): ``special_tokens_mask``
-  when given; else none, except a BOS token (``config.bos_token_id``) at the first real position of a row.
-* **Attention sink**: decoders put much of every query's attention on the first real token (the BOS token when
-  there is one), whatever the text. Attention-based maps (raw attention, rollout) therefore score it highly; it
-  is not a content position when it is the BOS (see above), so per-sample content statistics leave it out. Pass
-  a ``special_tokens_mask`` marking the first token to leave it out where there is no BOS.
-* **Grouped-query attention** (Llama, Mistral, Qwen, Gemma with ``num_key_value_heads < num_attention_heads``):
-  :meth:`~_HFDecoder.record_attention` returns the ``[B, H, N, N]`` probabilities of all ``H`` query heads (as the
-  eager attention computes them); :meth:`~_HFDecoder.record_values` repeats each key/value head over the query
-  heads that read it (``repeat_kv``), so the recorded values have the width ``H * head_dim`` of the attention
-  output, as the methods expect.
-* **Recomputed attention** (:meth:`~_HFDecoder.recomputed_attention`, the capability
-  ``recomputes_attention``; :mod:`methods.families.hf_decoder.recompute`): the methods that need each block's
-  probabilities and their gradient once, from the last block down (Generic Attribution, Transformer Attribution),
-  run the family's own ``eager_attention_forward`` inside an autograd function that saves only ``q``, ``k``,
-  ``v`` and recomputes the probabilities in the backward pass: no block's ``[B, H, N, N]`` map is kept by the
-  forward, at the cost of one more eager attention per block. Not for GPT-2 with ``reorder_and_upcast_attn``
-  (its eager path is another function): those keep the saved maps.
-* **Integrated gradients** scale the token embeddings (the input embedding module's output, before GPT-2's
-  position embeddings are added), as the CLIP text tower does.
-* **Relevance rules** (:mod:`methods.attnlrp`): the RMSNorm modules are found by type (the identity rule with
-  the statistics as the stock module computes them), :meth:`~_HFRopeDecoder.gated_mlps` names the gated MLPs
-  (``gate_proj``, ``up_proj``, ``down_proj``). GPT-2's ``c_attn`` is a ``Conv1D`` (a linear layer with
-  its weight stored ``[in, out]``), given as the fused ``qkv`` of :class:`~methods.adapters.base.AttentionLinears`.
+Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations
 

@@ -9,25 +9,7 @@ masks as the eager attention's, ``AttentionMaskInterface``): the module's **own*
 in the module's python module: each family's softmax dtype, GQA repetition, soft-capping, scaling and options stay
 its own) run inside a ``torch.autograd.Function`` that
 
-* in the forward runs it under ``torch.no_grad()`` and saves only ``q``, ``k``, ``v`` (as the attention interface
-  receives them: after the rotary embedding, before the key/value heads are repeated); the probabilities are
-  dropped at once, and the mask is shared by every block;
-* in the backward runs it again with autograd recorded and takes ``torch.autograd.grad(out, [A, q, k, v],
-  grad_out)``: the gradient ``dA`` at the probabilities and the gradients at ``q``, ``k``, ``v`` are those of the
-  eager attention bit for bit (the same operations on the same tensors); it hands ``(layer, A, dA)`` to the
-  caller's ``consume`` and returns the ``q``, ``k``, ``v`` gradients.
-
-So no block's probabilities survive the forward: the backward holds one block's ``A``, ``dA`` and the softmax
-backward's temporaries at a time. The cost: one more eager attention forward per block in the backward (the
-``q k^T``, softmax and ``A v`` of each block twice). ``consume`` is called from the last block down (each block's
-backward needs the one above it) and owns both tensors (nothing else reads them afterwards).
-
-The lowest block (``lowest``) is reached through ``anchor``, a scalar leaf that its function takes as an extra
-input: differentiating the target to ``anchor`` runs the backward down to that block's probabilities only (its
-``q``, ``k``, ``v`` enter detached, as the recorded map of the eager path is the lowest point differentiated to);
-its gradient is 0. Blocks below ``lowest`` and calls without autograd (``torch.no_grad()``) run the plain eager
-attention. Dropout inside the attention cannot be recomputed: a module in training mode with a non-zero attention
-dropout raises ``RuntimeError``.
+Design notes: ``NOTES.md`` beside this file (recompute.py).
 """
 from __future__ import annotations
 

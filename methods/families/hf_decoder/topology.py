@@ -7,28 +7,7 @@ sub-layers, and checked by relevance conservation (``tests/test_hf_decoder.py``:
 
 Graph (forward order):
 
-* GPT-2: ``wte + wpe`` (Add, the position share dropped at ``"word_embeddings"``) -> blocks ``x + attn(ln_1(x))``,
-  ``h + c_proj(act(c_fc(ln_2(h))))`` with ``Conv1D`` linears (Linear rules on their transposed weights), fused
-  ``c_attn`` -> ``[q | k | v]`` (the shared sub-layers);
-* Llama-like: ``embed_tokens`` (the encoder input itself) -> blocks ``x + o_proj(attn(norm(x)))``,
-  ``h + down_proj(act(gate_proj(h')) * up_proj(h'))``:
-
-  - RMSNorms (block norms, the final norm, Qwen3's / Gemma's q/k norms) identity, as LayerNorm;
-  - the rotary embedding: relevance passes coordinate-wise (identity, as through the norms) between the q/k
-    projections' outputs and the rotated ``q``, ``k`` of ``q k^T`` (the attention core reads the rotated ones,
-    recomputed from the recorded projections with the model's own ``apply_rotary_pos_emb``);
-  - grouped-query attention: the key/value heads repeated for their query heads (``repeat_kv``) in the core,
-    the relevance of the copies summed back (the clone rule) before ``k_proj`` / ``v_proj``;
-  - the gated MLP: ``down_proj``'s Linear rule, the product ``act(gate) * up`` by the uniform rule (half of its
-    relevance to each factor), the activation identity, the Linear rules of ``gate_proj`` and ``up_proj``
-    (their shared input: one clone);
-* the read-out: the final norm (identity), each row's read-out position (the selection rule), ``lm_head`` /
-  ``score`` (Linear rule); Gemma 3's final logit soft-capping ``cap * tanh(z / cap)`` identity.
-
-The additive attention mask is left out of the Add rule of the scores (``mask=None``), as for CLIP's text tower:
-a masked key's probability is exactly 0, so its relevance is 0. Every block runs on all positions (no
-active-token shortcut). Full LRP stops at the encoder input (``"encoder_input"``: for GPT-2 the embedding sum,
-for the others the token embeddings) or at the token embeddings (``"word_embeddings"``).
+Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations
 

@@ -10,28 +10,7 @@ Both towers are CLIP's pre-norm encoder (``x + attn(layer_norm1(x))``, ``h + mlp
 ``q_proj``/``k_proj``/``v_proj``; ``SiglipEncoderLayer``), called in the order of ``SiglipVisionModel.forward`` /
 ``SiglipTextModel.forward``; the hook points and linears are CLIP's (the shared ``_HFCLIPTower``).
 
-* **Vision tower**: no class token. ``embeddings`` (patch convolution + position embedding; no pre-norm), the
-  blocks without a mask, ``post_layernorm`` on every position, then the **attention-pooling head**
-  (``SiglipMultiheadAttentionPoolingHead``: a learned ``probe`` query attends over all positions through an
-  ``nn.MultiheadAttention``, then ``x + mlp(layernorm(x))``), whose output is the image embedding (no
-  projection). Read-out ``"attention_pool"``: the row a method reads from a ``[B, (H,) N, N]`` matrix is the rows
-  weighted by the pooling head's attention, averaged over its heads (``nn.MultiheadAttention``'s own
-  ``need_weights`` output, which the stock head computes on every call: the probabilities of the probe over the
-  ``N`` positions, summing to 1; :meth:`HFSiglipVisionAdapter.readout_weights`). Layout: ``PatchGrid(S/p, S/p,
-  prefix=0)``: every position is a patch.
-* **Text tower**: token + position embeddings, the blocks under a **bidirectional** mask (no causal mask, unlike
-  CLIP; ``transformers.masking_utils.create_bidirectional_mask`` of the ``attention_mask``, as the model builds
-  it), ``final_layer_norm``, then the **last position** ``[:, -1]`` whatever it holds, through ``head`` (a
-  Linear). transformers pools that position regardless of padding (``SiglipTextModel``: "the model uses the last
-  token's hidden state, which may be padding"): SigLIP's texts are padded to ``max_length`` (64) with the pad
-  token, which is also the EOS token ``</s>``, and were trained without an attention mask, so every position is
-  real and the read-out is a pad/EOS token that attends to the whole text. With an ``attention_mask``
-  (``SiglipTokenizer`` of transformers 5 returns one) the padded keys are masked, and the read-out, still the
-  last position, is then itself a padded position: it keeps reading the real tokens, but its own score (a
-  padding position's) is reported as 0. Read-out ``"position"``: ``N - 1`` for every sample (after
-  :meth:`~HFSiglipTextAdapter.drop_positions`, the new last position). Layout: a token sequence whose content
-  positions are the real tokens that are not special tokens (``special_tokens_mask`` when given, else the ids
-  that are the config's ``pad_token_id`` or ``eos_token_id``).
+Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations
 

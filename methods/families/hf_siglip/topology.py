@@ -5,24 +5,7 @@ conservation (``tests/test_siglip.py``).
 
 Graph (forward order):
 
-* vision: ``patch_embedding`` (Conv2d, z^B rule) -> ``+ position_embedding`` (Add, the position share dropped; no
-  class token) -> blocks (CLIP's pre-norm blocks, no mask) -> ``post_layernorm`` (identity) -> the
-  **attention-pooling head**: ``a = out_proj(softmax(q k^T / sqrt(d)) v)`` with ``q`` the learned probe's
-  projection (a parameter: no input, its share of ``q k^T``'s relevance is dropped, as a position embedding's) and
-  ``k``, ``v`` projections of every position (the packed ``in_proj_weight``'s slices: the Linear rule on each,
-  summed over the shared input); then ``a + mlp(layernorm(a))`` (the shared residual MLP sub-layer, layernorm
-  identity) -> the probe's token. The attention probabilities are recomputed per head from the recorded input
-  (``nn.MultiheadAttention`` returns their head mean only); the matmul rules of the blocks apply to ``A v`` and
-  ``q k^T``.
-* text: ``token_embedding + position_embedding`` (Add) -> blocks under the bidirectional padding mask (left out of
-  the Add rule, as CLIP's: a masked key's probability is exactly 0) -> ``final_layer_norm`` (identity) -> the
-  **last position** (select) -> ``head`` (Linear).
-* the score: ``logit_scale.exp() * <z / ||z||, e_c> + logit_bias``: a Linear with weight ``logit_scale.exp() * E``
-  on the normalised embedding (the normalisation identity); the bias, a constant, gets no relevance (as the
-  rules' Linear biases).
-
-Full LRP ends at the pixels for the vision tower (``[B, 3, H, W]``) and, for the text tower, at the encoder input
-or the token embeddings (``input_point``), as CLIP's.
+Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """LRP topology of stock ``transformers`` text classifiers (BERT, RoBERTa, DistilBERT, ELECTRA): TE
 ``BERT_explainability``'s graph of BERT, which the others share up to names.
 
-Graph (forward order): embeddings (word + token-type + position, LayerNorm, dropout) -> blocks (post-norm:
-``h = LN1(x + dense(attn(x)))``, ``y = LN2(h + fc2(act(fc1(h))))``; separate ``query``/``key``/``value``
-projections; the attention scores ``q k^T / sqrt(d)`` plus the additive mask through an Add) -> head on
-``y[:, 0]``: the [CLS] selection and the head's Linear layers (BERT: pooler ``dense`` then ``classifier``;
-RoBERTa and ELECTRA: ``dense`` then ``out_proj``; DistilBERT: ``pre_classifier`` then ``classifier``), with
-tanh / GELU / ReLU / dropout between them identity for LRP (TE's rules). ELECTRA-small's projection from the
-embedding width to the encoder's (``embeddings_project``) sits before the encoder input.
-
 As in TE's ``BertModel.relprop``, the relevance pass ends at the encoder input (the embedding LayerNorm's
 output; LayerNorm is identity for LRP, so this is also the relevance of the embedding sum): ``input_relprop``
-returns it as ``[B, N, D]``.
+returns it as ``[B, N, D]``. The graph: ``NOTES.md`` beside this file.
 """
 from __future__ import annotations
 

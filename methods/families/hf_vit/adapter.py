@@ -2,50 +2,7 @@
 
 One shared machinery (:class:`HFViTLikeAdapter`), one small subclass per model class:
 
-========================================== =========== ============ =================================================
-model class                                prefix      read-out     what the classifier reads (final ``layernorm``)
-========================================== =========== ============ =================================================
-``ViTForImageClassification``              [CLS]       class_token  ``classifier([CLS])``
-``DeiTForImageClassification``             [CLS], dist class_token  ``classifier([CLS])`` (the distillation token is
-                                                                    not read)
-``DeiTForImageClassificationWithTeacher``  [CLS], dist weighted     ``(cls_classifier([CLS]) +
-                                                                    distillation_classifier(dist)) / 2``
-``Dinov2ForImageClassification``           [CLS]       weighted     ``classifier([CLS] ++ mean of the patches)``
-``Dinov2WithRegistersForImageClassification`` [CLS], R  weighted     as DINOv2; the registers are not read
-                                           registers
-========================================== =========== ============ =================================================
-
-Conventions shared by all of them:
-
-* **blocks**: pre-norm ``x + attn(norm_before(x))``, ``h + mlp(norm_after(h))`` (DINOv2: each branch times its
-  layer scale), separate ``q_proj`` / ``k_proj`` / ``v_proj`` and ``o_proj``; run as the model runs them, with
-  the mask ``create_bidirectional_mask`` builds for an image batch (``None``: every position is real).
-* **inputs** (:class:`~methods.adapters.base.ImageAdapter`): normalised images ``[B, num_channels, H, W]`` as the
-  model's image processor returns them (a tensor or ``{"pixel_values": ...}``); ViT and DeiT at the config's
-  ``image_size`` (they refuse other sizes), DINOv2 at any multiple of the patch size (it interpolates its
-  positional embedding).
-* **layout**: a patch grid after the prefix tokens; **prefix tokens are never scored** ([CLS], the distillation
-  token, the registers).
-* **read-out** ``"weighted"`` (:meth:`~methods.adapters.base.ModelAdapter.readout_weights`): the read-out row of a
-  token-to-token matrix is the weighted mean of the rows the classifier reads. DeiT with teacher: rows 0 ([CLS])
-  and 1 (distillation), 1/2 each, as the two heads' logits are averaged. DINOv2: the [CLS] row with weight 1/2
-  and the mean of the patch rows with weight 1/2 (the classifier reads both halves of ``[CLS] ++ mean``; the
-  weights say that each half is one read-out token, whatever the classifier's weights on it).
-  ``readout="class_token"`` reads the [CLS] row alone on every model here. The methods that build a
-  token-to-token matrix report its read-out row; the others differentiate or propagate the logits themselves,
-  so every token the classifier reads feeds them (as for timm's distilled DeiT, :mod:`methods.families.timm_deit`).
-* **pre_logits**: what the classifier reads (``[CLS]``; DINOv2: ``[CLS] ++ mean of the patches``; DeiT with
-  teacher: the mean of the [CLS] and distillation tokens, as timm's distilled DeiT defines it: that model has two
-  classifiers and no single latent of its own).
-* **attention**: the probabilities the attention module returns in eager mode (``(output, weights)``); methods
-  that read them switch the config, for the call, to :data:`MATERIALISED_ATTENTION`: transformers' eager
-  attention (scores, mask, softmax, dropout, ``A @ v``) registered under its own name through the public
-  ``transformers.AttentionInterface``, with the softmax in the wider of float32 and the model's dtype. For
-  float32, float16 and bfloat16 models that is the stock eager attention exactly; a float64 model keeps the
-  float64 precision of its own (SDPA) forward, where the stock eager attention rounds the probabilities to
-  float32 (the maps of a float64 model then agree with the same weights in timm to float64 precision instead
-  of float32's). The model's own eager form (``attn_implementation="eager"``) still rounds: its logits differ
-  from its SDPA logits at float32 precision.
+Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations
 

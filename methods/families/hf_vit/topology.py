@@ -6,16 +6,7 @@ Add, so they carry no positional embedding and their relevance is dropped) -> bl
 projections, no mask: the ViT graph; :func:`methods.lrp.sublayers.block_relprop`) -> final ``layernorm``
 (identity) -> read-out and classifier(s):
 
-* ViT, DeiT: ``classifier`` (Linear) on [CLS] (selection rule onto position 0);
-* DeiT with teacher: the Add of the two classifiers' logits (their mean; the constant 1/2 is invisible to the
-  rules), a Linear rule per classifier, the selection of positions 0 and 1;
-* DINOv2: ``classifier`` (Linear) on ``[CLS] ++ mean of the patches``: the first half of its input relevance
-  selects [CLS], the second half goes through the mean-pool rule onto the patch tokens.
-
-DINOv2's layer scales (``x * lambda`` after each branch, a constant per channel) are folded into the Linear
-layer before them (``o_proj`` and ``fc2``: weight ``diag(lambda) W``, bias ``lambda b``), as LRP canonizers
-merge affine layers: the residual Add sees the scaled branch, and the Linear rule the layer that computes it.
-A SwiGLU MLP (``use_swiglu_ffn``) has no rule in Chefer et al.'s framework: LRP is undefined there.
+Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations
 

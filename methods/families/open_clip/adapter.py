@@ -7,43 +7,7 @@ ZeroShotClassifier``: images -> classes; ``models.clip.PromptScorer``: texts -> 
 (an ``open_clip.model.CLIP``), ``model.clip_tower`` (``"vision"`` / ``"text"``) and
 ``model.logits_from_embeddings(z)`` (``logit_scale.exp() * cos(z, e_c)``, ``+ logit_bias`` when the CLIP has one).
 
-Blocks: pre-norm, ``x + ls_1(attn(ln_1(x)))``, ``h + ls_2(mlp(ln_2(h)))`` (``ls_1`` / ``ls_2``: LayerScale, or
-identity). The adapter calls the blocks themselves (``block(x, attn_mask=...)``, the model's ``Transformer.forward``),
-so its logits are the model's. ``nn.MultiheadAttention`` never materialises the attention probabilities
-(``need_weights=False``, SDPA or torch's fused kernel): under :meth:`eager_attention` a forward pre-hook on each
-attention module sets ``need_weights=True, average_attn_weights=False`` in the block's own call (torch's explicit
-softmax; the values equal the fused form's up to floating-point rounding), so the blocks still run as
-``ResidualAttentionBlock.forward``. The probabilities it returns are a view taken after they were used, so they carry no
-gradient of the logits: where a method needs ``d logit / d A`` (``record_attention(require_grad=True)``), the
-hook makes them a leaf and joins it to the attention output by :class:`_AttentionGradient` (forward: the output
-unchanged; backward: ``dL/dA_h = (dL/dout W_out)_h v_h^T``, ``v`` computed from the module's own
-``in_proj_weight``), so the gradient of everything else is the model's own. The value projection
-(:meth:`record_values`) is likewise computed from ``in_proj_weight`` in a hook. AttnLRP / CP-LRP act on the
-module's three inputs (:attr:`AttentionLinears.multihead`).
-
-* **Vision tower** (``clip.visual``, an open_clip ``VisionTransformer``): ``_embeds`` (``conv1`` patches, the class
-  embedding, ``positional_embedding``, patch dropout (identity in eval), ``ln_pre``), the blocks, ``_pool``
-  (``ln_post`` and the pooling of ``pool_type``: ``"tok"``, read-out ``"class_token"``; ``"avg"``, the mean of the
-  patch tokens, read-out ``"mean_content"``; ``final_ln_after_pool`` pools first), then ``@ proj``. Attention
-  pooling (``attentional_pool``, CoCa) is not supported: its ``AttentionalPooler`` is a cross-attention over all
-  tokens with learned queries, a read-out no method here defines. Layout: a patch grid after the class token
-  (always present; with ``"avg"`` it takes part in the blocks but not in the pooling, and gets no score).
-* **Text tower** (the text modules live on the CLIP itself: ``token_embedding``, ``positional_embedding``,
-  ``transformer``, ``ln_final``, ``text_projection``, ``attn_mask``): ``encode_text``'s order; read-out
-  ``"position"``: the EOS, found as the model finds it (``text_pool_type="argmax"``: the argmax of the ids, OpenAI's
-  EOT being the largest id; ``"eos"``: the first ``text_eos_id``); ``ln_final``, the projection (a matrix, an
-  ``nn.Linear``, or none). Inputs: ids ``[T, context_length]`` as open_clip's tokenizer returns them (a tensor,
-  or ``{"input_ids": ...}``): padded with 0 to the full context, because ``encode_text`` adds every positional
-  embedding; **no attention mask** (the model takes none, and one is refused). The padding is a real input of the
-  blocks, but under the causal mask no position after the EOS reaches the read-out: its true attribution is 0.
-  The layout therefore counts the positions up to the EOS as real (its ``attention_mask``), the rest as padding
-  (every method's output is exactly 0 there and per-sample statistics leave it out); the content positions are
-  those strictly between the start token (position 0) and the EOS. A text tower without the causal mask
-  (``no_causal_mask``) is not supported: there the padding reaches the read-out.
-
-Not supported (``supports`` says why): other vision towers (``ModifiedResNet``, timm towers), open_clip's custom
-blocks (``CustomResidualAttentionBlock``: q/k norm, scaled cosine attention), ``CustomTextCLIP`` / CoCa (not an
-``open_clip.model.CLIP``), ``batch_first=False`` transformers, text pooling ``"first"`` / ``"last"``.
+Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations
 

@@ -5,27 +5,7 @@ et al. 2021a with open_clip's names, built from the shared rules and sub-layers.
 
 Graph (forward order):
 
-* vision: ``conv1`` (Conv2d, z^B rule) -> class embedding concat -> ``+ positional_embedding`` (Add, the position
-  share dropped) -> patch dropout (identity in eval) -> ``ln_pre`` (identity) -> blocks -> ``ln_post`` (identity)
-  and the pooling ([CLS] select, or the mean of the patch tokens; ``final_ln_after_pool``: pooling first) ->
-  ``@ proj`` (a Linear with weight ``proj^T``);
-* text: ``token_embedding + positional_embedding`` (Add) -> blocks under the causal mask -> ``ln_final``
-  (identity) -> EOS select -> ``text_projection`` (a matrix, a Linear with bias, or none);
-* the score: ``logit_scale.exp() * <z / ||z||, e_c>`` (+ ``logit_bias``, a constant without relevance): a bias-free
-  Linear with weight ``logit_scale.exp() * E`` on the normalised embedding (the L2 normalisation identity).
-
-Blocks: pre-norm ``x + attn(ln_1(x))``, ``h + mlp(ln_2(h))`` (the shared sub-layers,
-:func:`methods.lrp.sublayers.block_relprop`). ``nn.MultiheadAttention`` runs its packed ``in_proj_weight`` and its
-``out_proj`` functionally, so no hook reaches the projections: hooks on the module record its query input (the
-``ln_1`` output) and output, ``q | k | v`` are computed from ``in_proj_weight`` / ``in_proj_bias`` and the output
-projection's input ``A v`` from the recorded probabilities (eager attention, which every LRP method runs under);
-the rules read the projection weights as a Linear sharing the module's parameters (never called). The causal mask
-is left out of the Add rule of the scores, as for transformers' CLIP text tower. LayerScale (``ls_1`` / ``ls_2``,
-``x + gamma * branch``): a constant per channel passes relevance unchanged; the Add rule sees the scaled branch
-and ``gamma`` is folded into ``out_proj`` / ``c_proj`` for their Linear rules.
-
-Full LRP ends at the pixels for the vision tower, at the encoder input (``"encoder_input"``) or the token
-embeddings (``"word_embeddings"``, the position share dropped) for the text tower.
+Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations
 

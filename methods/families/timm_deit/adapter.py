@@ -7,18 +7,7 @@ The model is a timm ``VisionTransformer`` with a second prefix token, the distil
 equal weight. Methods run the model in eval mode (:mod:`methods.model_state`), where the heads are always
 averaged, whatever ``distilled_training`` says.
 
-Conventions (beyond :class:`~methods.families.timm_vit.adapter.TimmViTAdapter`'s): read-out ``"weighted"``, the mean of
-the [CLS] and distillation positions (:meth:`TimmDeiTAdapter.readout_weights`: 1/2 each), so a method's
-"read-out row" of a token-to-token matrix is the mean of rows 0 and 1; ``readout="class_token"`` reads the
-[CLS] row alone (the half of the logits that ``head`` gives). Both prefix tokens are never scored: the layout
-is a patch grid after 2 prefix tokens. ``pre_logits`` is the model's own: the mean of the two tokens.
-
-How the methods read out: those that build a token-to-token matrix (``raw_attention``, ``rollout``, ``gradcam``,
-``generic_attribution``, ``transformer_attribution``, ``partial_lrp``, ``lrp_rollout``, ``beyond_intuition_*``)
-report the mean of its rows 0 and 1 (:func:`methods.readout.read_out`); the others differentiate or propagate
-the averaged logit itself, so both heads feed them (``attnlrp``, ``cp_lrp``, full ``lrp``: the Add of the two
-heads' logits, then each head's Linear rule; ``cdam``: by default the residual stream entering the last block,
-as for every read-out other than a single class token; ``token_ablation``: the change of the averaged logit).
+Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations
 

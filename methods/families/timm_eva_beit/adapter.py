@@ -9,28 +9,7 @@ embedding of ``q`` and ``k``; BEiT's relative position bias) and reads out the [
 
 Conventions (both families):
 
-* **Inputs**: normalised images ``[B, 3, H, W]`` of exactly the model's ``img_size`` (the rotary embedding and the
-  relative position bias are built for that patch grid). **Layout**: a patch grid after ``num_prefix_tokens``
-  prefix tokens ([CLS], EVA's register tokens); prefix tokens are never scored.
-* **Attention probabilities**: the output of ``attn.attn_drop`` (post-softmax, after the rotary embedding /
-  relative position bias entered the logits; dropout is the identity in eval), materialised only by the eager
-  path: :meth:`eager_attention` switches ``fused_attn`` off and restores it.
-* **Values**: ``[B, N, H * head_dim]``, bias included, computed from the attention input (``norm1``'s output)
-  exactly as the attention module computes its projection (:func:`qkv_projection`), then sliced.
-* **Removed positions** (:meth:`drop_positions`, token ablation): a removed patch becomes *padding* instead of
-  being cut out of the sequence (the rotary embedding and the relative position bias belong to the full grid):
-  every block masks it as a key (the model's ``attn_mask`` / an additive ``-inf`` in BEiT's shared relative
-  position bias) and the average pooling leaves it out, so the other tokens compute exactly what they compute
-  without it; the [CLS] read-out never reads it.
-* **AttnLRP / CP-LRP** (:meth:`product_rules`): as ``q``, ``k``, ``v`` are not module outputs, the uniform rule
-  on ``A @ v`` is placed on the gradient at the product (the output projection's input: ``v`` and ``A`` both get
-  the ``v`` factor) and the rest of the ``q``/``k`` factor on the gradient at ``A`` (``attn_drop``'s output;
-  ``0``: CP-LRP's constant attention), which gives the gradients at ``q``, ``k``, ``v`` exactly the factors of
-  :mod:`methods.attnlrp` (the rotary embedding, the relative position bias and the softmax are unchanged
-  between them); this needs the eager attention path, which the rules switch on for their duration. Gated MLPs
-  (timm ``SwiGLU``: ``fc1_g``/``fc1_x``; ``GluMlp``: one packed ``fc1``): the uniform rule on ``act(g) * x``
-  (the gradient at the product halved, at ``drop1``'s input) or, for CP-LRP, the gate branch detached. Layer
-  scale is a product with a constant: the plain gradient.
+Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations
 

@@ -8,13 +8,7 @@
 
 Parts (conventions shared with EVA: :mod:`.timm_beit_like`):
 
-* **Relative position bias** (``use_rel_pos_bias``: one table per block; ``use_shared_rel_pos_bias``: one for all
-  blocks): an additive ``[H, N, N]`` term of the attention logits (``q k^T * scale + bias``), so the recorded
-  probabilities already hold it. Positions removed by token ablation are masked by adding ``-inf`` at their keys
-  to the shared bias the blocks read (:meth:`TimmBeitAdapter.run_blocks`).
-* **Layer scale** (``init_values``): ``gamma_1``, ``gamma_2`` on the two branches.
-* **MLP**: timm ``Mlp`` (GELU) or ``SwiGLU`` (``swiglu_mlp``), optionally with its inner LayerNorm (``scale_mlp``).
-* The only prefix token is [CLS] (``num_prefix_tokens = 1``).
+Design notes: ``NOTES.md`` beside this file (beit.py).
 """
 from __future__ import annotations
 

@@ -1,26 +1,15 @@
-"""Adapter for stock ``timm.models.eva.Eva`` classifiers: EVA and EVA-02 (and timm's other ``Eva``-built ViTs
+r"""Adapter for stock ``timm.models.eva.Eva`` classifiers: EVA and EVA-02 (and timm's other ``Eva``-built ViTs
 with the same parts).
 
 ``Eva.forward_features`` in order: ``patch_embed``, ``_pos_embed`` ([CLS] and register tokens, the absolute
 position embedding when ``use_abs_pos_emb``; it also returns the rotary embedding), ``norm_pre``, the
-``EvaBlock``\\ s (each called with the rotary embedding; per block with ``rope_type='mixed'``), ``norm``; then
+``EvaBlock``\ s (each called with the rotary embedding; per block with ``rope_type='mixed'``), ``norm``; then
 ``forward_head``: pooling (``'token'``: [CLS]; ``'avg'``: the mean of the tokens after the prefix), ``fc_norm``,
 ``head_drop``, ``head``. The adapter calls exactly these, so its logits are the model's.
 
 Parts (conventions shared with BEiT: :mod:`.timm_beit_like`):
 
-* **Rotary embedding** (EVA-02, ``use_rot_pos_emb``): applied inside the attention to the patch rows of ``q`` and
-  ``k`` (prefix tokens are not rotated), so it is part of the attention logits: the recorded probabilities
-  already hold it. :meth:`TimmEvaAdapter.rotary_embedding` is the model's own ``rope.get_embed()``.
-* **MLP**: timm ``Mlp`` (EVA: GELU), or SwiGLU (EVA-02, ``swiglu_mlp``): the packed ``GluMlp`` (one ``fc1`` whose
-  first half is the gate, ``act(gate) * x``) or ``SwiGLU`` with separate ``fc1_g`` / ``fc1_x`` and an inner
-  LayerNorm (``scale_mlp``).
-* **Sub-LN** (``scale_attn_inner``): a LayerNorm on the merged ``A @ v`` before ``proj``; separate ``q_proj`` /
-  ``k_proj`` / ``v_proj`` (``qkv_fused=False``) or the fused ``qkv`` with ``q_bias``/``v_bias``.
-* **Layer scale** (``init_values``): ``gamma_1``, ``gamma_2`` on the two branches.
-
-Refused (:meth:`TimmEvaAdapter.supports`): post-norm blocks (``use_post_norm``), timm's ``AttentionRope``
-(``attn_type='rope'``), attention pooling or pooling other than ``'token'`` / ``'avg'``, ``dynamic_img_size``.
+Design notes: ``NOTES.md`` beside this file (eva.py).
 """
 from __future__ import annotations
 

@@ -4,31 +4,7 @@
 No reference implementation covers these models (Chefer's code covers ViT, BERT and CLIP); the parts they add
 are covered by the rules as follows:
 
-* **layer scale** ``gamma * branch``: an element-wise product with a constant, one input per output, so the
-  relevance passes through unchanged (as through a LayerNorm's affine weight); the Add rule of the residual sees
-  the scaled branch;
-* **relative position bias** (BEiT) ``scores = q k^T * scale + bias``: an additive constant of the attention
-  logits, the Add rule between the scores and the bias with the bias's share dropped (as BERT's additive
-  attention mask: :func:`~methods.lrp.sublayers.attention_relprop` with ``mask_add``);
-* **rotary embedding** (EVA-02): linear in ``q`` and ``k`` per position; relevance passes coordinate-wise
-  (identity) between the projections' outputs and the rotated ``q``, ``k`` that the attention core reads
-  (recomputed from the recorded projections with timm's own ``apply_rot_embed_cat`` and the rotary embedding the
-  block received), as for Llama's rotary embedding (:mod:`methods.families.hf_decoder.topology`); q/k norms identity;
-* **SwiGLU** ``fc2(norm(act(g) * x))``: ``fc2``'s Linear rule, the inner norm identity, the product by the
-  uniform rule (half of its relevance to each factor), the activation identity, the Linear rules of the gate and
-  the input projections (timm ``SwiGLU``: ``fc1_g``, ``fc1_x`` on one shared input; ``GluMlp``: the packed
-  ``fc1`` with the two halves' relevances concatenated), as the decoders' gated MLP;
-* **sub-LN** (``scale_attn_inner``): a LayerNorm between ``A @ v`` and ``proj``, identity;
-* the fused ``q | k | v`` projection with ``q_bias`` / ``v_bias`` (and the zero ``k_bias``): the Linear rule on
-  ``qkv.weight`` with the concatenated biases, its output recomputed as the model computes it.
-
-Graph (forward order): ``patch_embed.proj`` (Conv2d, z^B rule) -> prefix tokens concat -> ``+ pos_embed`` (Add,
-the position share dropped; none without an absolute position embedding) -> ``norm_pre`` (identity) -> blocks
-``h = x + gamma_1 * attn(norm1(x))``, ``y = h + gamma_2 * mlp(norm2(h))`` -> ``norm`` (identity) -> read-out
-([CLS] select or the mean of the patch tokens) -> ``fc_norm`` (identity) -> ``head`` (Linear). Every block runs
-on all positions (no active-token shortcut). Refused (:class:`~methods.adapters.MethodUndefinedError`): gated
-attention (a sigmoid gate on the attention output), MLPs other than timm's ``Mlp`` / ``SwiGLU`` / ``GluMlp``, a
-head that is not ``nn.Linear``, a patch embedding without a plain ``Conv2d``.
+Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations
 

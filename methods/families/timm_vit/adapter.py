@@ -83,18 +83,9 @@ class TimmViTAdapter(TimmBlocksAdapter):
     to and through the registers, and a row normalisation (rollout's) runs over all ``N`` positions, registers
     included, so the patch scores of a row sum to less than one where attention rests on the registers.
 
-    Read-out, by ``global_pool`` (what ``forward_head`` does after the final ``norm``):
-
-    * ``'token'``: ``"class_token"``, the [CLS] row (position 0);
-    * ``'avg'``: ``"mean_content"``, the mean over the patch rows: registers and [CLS] are left out exactly as
-      timm's ``pool`` drops the first ``num_prefix_tokens`` before the mean; ``fc_norm`` (a LayerNorm after the
-      mean, timm's default for average pooling) is part of the head. ``pool_include_prefix=True`` (a mean over
-      the prefix tokens too) is not supported;
-    * ``'map'``: ``"attention_pool"``, timm's ``AttentionPoolLatent`` (one learned query attending over the
-      patch tokens, then its projection and a residual MLP; SigLIP's vision towers): the read-out row of each
-      sample is the pool's attention, mean over the pool's heads, over the tokens the pool reads (0 at the
-      prefix tokens unless ``pool_include_prefix``), :meth:`readout_weights`. Gradient methods differentiate
-      through the pool (the model's own forward).
+    Read-out, by ``global_pool`` (what ``forward_head`` does after the final ``norm``): ``'token'`` (the [CLS]
+    row), ``'avg'`` (the mean over the patch rows, ``fc_norm`` in the head) or ``'map'`` (the attention pool's
+    head-mean attention, :meth:`readout_weights`); details in ``NOTES.md`` beside this file.
     """
 
     family = "timm VisionTransformer"

@@ -10,12 +10,7 @@ Layer scale (``x + gamma * branch``, DINOv2, CaiT-style ``init_values``): a cons
 output, so the z-rule passes relevance through it unchanged; the Add rule sees the scaled branch, and ``gamma`` is
 folded into the branch's last Linear (``proj``, ``fc2``) for its rule (as for transformers' DINOv2).
 
-The ``map`` head (timm's ``AttentionPoolLatent``, one learned query) by the rules of a block:
-``y = proj(A @ v)`` with ``A = softmax(q k^T * scale)``, ``q = q_proj(latent)``, ``[k | v] = kv(tokens)``, then
-``y + mlp(norm(y))``: the Add rule, the MLP's Linear rules and the clone of ``y``, the output projection's Linear
-rule, the attention core (:func:`methods.lrp.sublayers.attention_relprop`: the matmul rule on ``A @ v`` and on
-``q @ k^T``; the query's share is dropped, as the learned latent is no input) and the Linear rule of ``kv`` onto
-the tokens the pool reads (the patches; the prefix tokens get none, unless ``pool_include_prefix``).
+Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations
 
