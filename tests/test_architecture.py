@@ -1,9 +1,10 @@
 """The packages stand on floors and import only downward (docs/architecture.md).
 
 The import graph is read from the source (every ``import`` statement, at module level or inside a function), so
-an import hidden in a function to dodge a cycle is caught like any other. Three checks:
+an import hidden in a function to dodge a cycle is caught like any other. The checks:
 
-* no package imports a package on its own floor or above;
+* no package imports a package on its own floor or above; inside ``methods/`` no module imports up its floors
+  (:data:`METHODS_FLOORS`), and no package above it imports a model family;
 * no cycle among the project's modules;
 * no project import inside a function, except the documented lazy optional dependencies in :data:`LAZY_ALLOWED`.
 """
@@ -28,6 +29,18 @@ FLOORS: List[Tuple[str, ...]] = [
     ("train", "evaluate", "compare"),
 ]
 FLOOR = {package: level for level, packages in enumerate(FLOORS) for package in packages}
+
+#: the floors inside ``methods/``, bottom to top: the core (the adapter interface and plain helpers), the shared LRP
+#: floor, the model families (one folder each), the method files; a module of ``methods`` not named here is a method
+#: file. A module imports its own floor and the floors below (families may build on each other, e.g. SigLIP on CLIP).
+METHODS_FLOORS: List[Tuple[str, ...]] = [
+    ("methods.adapters", "methods.targets", "methods.model_state", "methods.config_values", "methods.cpu_memory",
+     "methods.maps"),
+    ("methods.lrp",),
+    ("methods.families",),
+]
+#: the packages above ``methods`` reach a family only through the core (``adapter_for``, ``methods.adapters.tokens``)
+FAMILIES = "methods.families"
 
 #: ``file:imported module`` pairs allowed inside a function (documented lazy optional dependencies); none today
 LAZY_ALLOWED: Set[str] = set()
@@ -94,6 +107,31 @@ def test_imports_go_only_down_a_floor():
     assert not upward, "imports on the same floor or up one:\n" + "\n".join(sorted(upward))
 
 
+def methods_floor(module: str) -> int:
+    """The floor of a module of ``methods`` (:data:`METHODS_FLOORS`; the method files on top)."""
+    for level, prefixes in enumerate(METHODS_FLOORS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return level
+    return len(METHODS_FLOORS)
+
+
+def test_methods_imports_go_only_down_its_floors():
+    """core < lrp < families < method files (docs/architecture.md)."""
+    files, edges = graph()
+    upward = [f"{files[m].relative_to(ROOT)}:{line} imports {target}"
+              for m, targets in edges.items() if m.split(".")[0] == "methods" for target, line, _ in targets
+              if target.split(".")[0] == "methods" and methods_floor(target) > methods_floor(m)]
+    assert not upward, "imports up a floor inside methods/:\n" + "\n".join(sorted(upward))
+
+
+def test_no_package_above_methods_imports_a_family():
+    files, edges = graph()
+    reaching = [f"{files[m].relative_to(ROOT)}:{line} imports {target}"
+                for m, targets in edges.items() if m.split(".")[0] != "methods" for target, line, _ in targets
+                if target == FAMILIES or target.startswith(FAMILIES + ".")]
+    assert not reaching, "a family module imported outside methods/ (use methods.adapters):\n" + "\n".join(reaching)
+
+
 def test_no_import_cycle():
     _, edges = graph()
     adjacency = {m: sorted({t for t, _, _ in targets}) for m, targets in edges.items()}
@@ -130,3 +168,11 @@ def test_the_check_sees_an_upward_import(tmp_path):
     path.write_text("import callbacks.base\n\ndef f():\n    from models import loading\n")
     found = imports_of("methods.probe", path, {"callbacks.base", "models", "models.loading", "methods.probe"})
     assert ("callbacks.base", 1, False) in found and ("models.loading", 4, True) in found
+
+
+def test_the_methods_floors_are_ordered():
+    """The checker's floors: core < lrp < families < method files, and a method file is on top by default."""
+    floors = [methods_floor(m) for m in ("methods.adapters.base", "methods.lrp.engine",
+                                         "methods.families.hf_text.adapter", "methods.rollout")]
+    assert floors == sorted(floors) and len(set(floors)) == 4
+    assert methods_floor("methods.targets") == methods_floor("methods.adapters.tokens") == 0
