@@ -468,7 +468,7 @@ def classifier_for(model: nn.Module, batch_size: int = 64, verbalizer: Optional[
     is an :class:`AnswerTokenClassifier` (over the ``verbalizer``'s words when one is given, which only a language
     model takes)."""
     adapter = adapter_for(model)
-    if getattr(adapter, "is_lm", False):
+    if adapter.is_lm:
         return AnswerTokenClassifier.from_model(model, batch_size, verbalizer=verbalizer,
                                                 verbalizer_multi_token=verbalizer_multi_token, **options)
     if verbalizer is not None:

@@ -339,6 +339,8 @@ class ModelAdapter(abc.ABC):
     hidden_requires_grad: bool = False
     #: capability: :meth:`recomputed_attention` (the attention probabilities recomputed in the backward pass)
     recomputes_attention: bool = False
+    #: a causal language model: logits over its vocabulary at the read-out position, a target is a token id
+    is_lm: bool = False
     #: the model and its blocks, whose submodules are read by name (torch types those as ``Tensor | Module``)
     model: Any
     blocks: List[Any]

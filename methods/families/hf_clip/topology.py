@@ -36,8 +36,6 @@ class _CLIPTowerTopology(Topology):
         problems = []
         if not isinstance(adapter.projection(), nn.Linear):
             problems.append(f"projection {type(adapter.projection()).__name__} (need nn.Linear)")
-        if not callable(getattr(adapter.model, "logits_from_embeddings", None)):
-            problems.append("no logits_from_embeddings")
         refuse(f"CLIP {adapter.tower} tower", problems + linear_layer_problems(adapter))
 
     def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:

@@ -88,6 +88,8 @@ class _HFDecoder(HFEncoderBlocks):
         self.base: Any = getattr(model, self.base_attr)
         self.blocks = list(self.layers_of(self.base))
         self.config: Any = model.config
+        #: a causal LM (logits over the vocabulary) rather than a sequence classifier
+        self.is_lm = hasattr(model, "lm_head")
 
     @staticmethod
     def layers_of(base: Any) -> Any:
@@ -122,11 +124,6 @@ class _HFDecoder(HFEncoderBlocks):
     @property
     def has_class_token(self) -> bool:
         return False
-
-    @property
-    def is_lm(self) -> bool:
-        """A causal LM (logits over the vocabulary) rather than a sequence classifier."""
-        return hasattr(self.model, "lm_head")
 
     def classifier(self) -> nn.Module:
         """The head's linear layer: ``lm_head`` or ``score``."""

@@ -43,8 +43,6 @@ class _OpenCLIPTowerTopology(Topology):
     @staticmethod
     def check(adapter: _OpenCLIPTower) -> None:
         problems = []
-        if not callable(getattr(adapter.model, "logits_from_embeddings", None)):
-            problems.append("no logits_from_embeddings")
         for i, block in enumerate(adapter.blocks):
             for name in ("ls_1", "ls_2"):
                 scale = getattr(block, name)
