@@ -14,14 +14,14 @@ the stock model's (the logits are bit-identical), only gradients change:
   q/k norms, Gemma's ``(1 + w)`` form): the identity rule as LXT's ``rms_norm_forward``, ``x *
   stop_grad(rsqrt(mean(x^2) + eps))``, the statistics in float32 and the casts of the stock module (an RMSNorm
   of another form is refused);
-* **gated MLP** (the adapter's :meth:`~methods.adapters.ModelAdapter.gated_mlps`, ``down_proj(act_fn(gate_proj(x))
+* **gated MLP** (the adapter's :meth:`~methods.adapters.base.RuleMap.gated_mlps`, ``down_proj(act_fn(gate_proj(x))
   * up_proj(x))``): ``attnlrp``: the identity rule on ``act_fn`` (found by type, as every activation) and the
   uniform rule on the product (the gradient of ``down_proj``'s input times 1/2, a forward pre-hook); ``cp_lrp``:
   the gate branch detached (``gate_proj``'s output), no 1/2 (LXT's ``gated_mlp_forward`` /
   ``cp_gated_mlp_forward``);
 * **element-wise activations** (every activation module of torch, timm and ``transformers``: the MLP's GELU,
   BERT's pooler tanh, ELECTRA's head GELU; the functional tanh / ReLU of RoBERTa's and DistilBERT's heads through
-  the adapter's :meth:`~methods.adapters.ModelAdapter.head_rules`): the identity rule (AttnLRP Eq. 9), gradient
+  the adapter's :meth:`~methods.adapters.base.RuleMap.head_rules`): the identity rule (AttnLRP Eq. 9), gradient
   ``g * act(x) / (x + epsilon)`` with LXT's ``epsilon = 1e-10`` added whatever the sign of ``x``;
 * **attention** (``attnlrp``): the uniform rule (AttnLRP Eq. 7) on both matrix products, ``q k^T`` and ``A v``:
   gradients at ``q`` and ``k`` times 1/4 and at ``v`` times 1/2 (LXT's wrapper of every attention function;
@@ -31,10 +31,10 @@ the stock model's (the logits are bit-identical), only gradients change:
   rule scope (open_clip's blocks, SigLIP's attention-pooling head), whose projections are a packed weight applied
   functionally inside the module: the factors on its ``query``, ``key`` and ``value`` inputs through a forward
   pre-hook, each of which feeds only its own third of ``in_proj_weight`` (the gamma rule is refused there); an
-  attention pooling head, the adapter's :meth:`~methods.adapters.ModelAdapter.head_attention_linears` (timm's
+  attention pooling head, the adapter's :meth:`~methods.adapters.base.RuleMap.head_attention_linears` (timm's
   ``map`` pool): the same factors on its query projection and on the halves of its fused ``[k | v]``; an adapter
   whose model computes q, k, v without modules places them itself,
-  :meth:`~methods.adapters.ModelAdapter.product_rules`: timm's EVA / BEiT); the softmax keeps its plain gradient
+  :meth:`~methods.adapters.base.RuleMap.product_rules`: timm's EVA / BEiT); the softmax keeps its plain gradient
   (LXT's efficient mode). ``cp_lrp`` (Ali et al. 2022, "XAI for Transformers: Better Explanations through
   Conservative Propagation"): ``q`` and ``k`` detached, so the attention probabilities are constants, ``v``
   plain;
@@ -166,9 +166,9 @@ def rule_scope_problems(adapter: ModelAdapter) -> List[str]:
     """What in the adapter's rule scope the rules here cannot handle: RMSNorms of an unknown form, gated MLPs
     whose activation is not an element-wise activation module."""
     problems = [f"{name or 'model'}: {type(module).__name__} of unknown form"
-                for name, module in adapter.rule_scope().named_modules()
+                for name, module in adapter.rule_map.scope().named_modules()
                 if is_rms_norm(module) and rms_norm_form(module) is None]
-    for i, mlp in enumerate(adapter.gated_mlps()):
+    for i, mlp in enumerate(adapter.rule_map.gated_mlps()):
         if not is_elementwise_activation(getattr(mlp, "act_fn", None) or nn.Identity()):
             problems.append(f"gated mlp {i}: activation {type(getattr(mlp, 'act_fn', None)).__name__} is not an "
                             "element-wise activation module")
@@ -221,17 +221,17 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                     gamma: Optional[float] = None, conv_gamma: Optional[float] = None) -> Iterator[None]:
     """The rules of ``variant`` (``"attnlrp"`` or ``"cp_lrp"``) on ``adapter``'s model for the duration of the
     block: forward hooks on its norms, activations, attention projections and (with ``gamma`` / ``conv_gamma``)
-    linear and convolution layers, and the adapter's :meth:`~methods.adapters.ModelAdapter.head_rules`; all
+    linear and convolution layers, and the adapter's :meth:`~methods.adapters.base.RuleMap.head_rules`; all
     removed on exit."""
     q_factor, k_factor, v_factor = ATTENTION_FACTORS[variant]
     handles = []
-    if gamma is not None and any(isinstance(m, nn.MultiheadAttention) for m in adapter.rule_scope().modules()):
+    if gamma is not None and any(isinstance(m, nn.MultiheadAttention) for m in adapter.rule_map.scope().modules()):
         raise MethodUndefinedError(f"{variant}: the gamma rule needs hooks on every linear layer; "
                                    "nn.MultiheadAttention applies in_proj_weight and out_proj functionally")
-    own_products = adapter.product_rules((q_factor, k_factor, v_factor),
+    own_products = adapter.rule_map.product_rules((q_factor, k_factor, v_factor),
                                          "constant" if variant == "cp_lrp" else "uniform", gamma)
     try:
-        for module in adapter.rule_scope().modules():
+        for module in adapter.rule_map.scope().modules():
             if isinstance(module, (nn.Linear, Conv1D)) and gamma is not None:
                 handles.append(module.register_forward_hook(_gamma_hook(gamma)))
             elif isinstance(module, nn.Conv2d) and conv_gamma is not None:
@@ -252,13 +252,13 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 handles.append(module.register_forward_pre_hook(
                     _attention_inputs_hook((q_factor, k_factor, v_factor)), with_kwargs=True))
         mlp: Any
-        for mlp in adapter.gated_mlps() if own_products is None else ():
+        for mlp in adapter.rule_map.gated_mlps() if own_products is None else ():
             if variant == "cp_lrp":
                 handles.append(mlp.gate_proj.register_forward_hook(_detach_output))
             else:
                 handles.append(mlp.down_proj.register_forward_pre_hook(_halve_input_gradient))
         attentions = [adapter.attention_linears(layer) for layer in range(adapter.depth if own_products is None else 0)]
-        for linears in attentions + adapter.head_attention_linears():
+        for linears in attentions + adapter.rule_map.head_attention_linears():
             if linears.multihead is not None:    # its factors: the rule scope's nn.MultiheadAttention hook above
                 continue
             if linears.qkv is not None:
@@ -275,7 +275,7 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 for linear, factor in ((linears.q, q_factor), (linears.k, k_factor), (linears.v, v_factor)):
                     if linear is not None and factor != 1.0:
                         handles.append(linear.register_forward_hook(_gradient_factor_hook(factor)))
-        with own_products or contextlib.nullcontext(), adapter.head_rules(epsilon):
+        with own_products or contextlib.nullcontext(), adapter.rule_map.head_rules(epsilon):
             yield
     finally:
         for handle in handles:
@@ -305,7 +305,7 @@ class _GradientLRP(AttributionMethod):
         if self.level in IMAGE_LEVELS and adapter.modality != "image":
             raise ValueError(f"{self.name}: level={self.level!r} needs an image model; {type(adapter.model).__name__} "
                              f"({adapter.family}) reads {adapter.modality}")
-        problems = adapter.rule_problems() + rule_scope_problems(adapter)
+        problems = adapter.rule_map.problems() + rule_scope_problems(adapter)
         if problems:
             raise MethodUndefinedError(f"{self.name}: no relevance rule for parts of this "
                                        f"{type(adapter.model).__name__} ({adapter.family}): {'; '.join(problems[:6])}")
@@ -322,7 +322,7 @@ class _GradientLRP(AttributionMethod):
         rules = relevance_rules(adapter, self.variant, self.epsilon, self.gamma, self.conv_gamma)
         with ActivationRecorder() as rec, rules, torch.enable_grad():
             if not pixels:
-                rec.output(adapter.input_embedding(), "x", require_grad=True)
+                rec.output(adapter.rule_map.input_embedding(), "x", require_grad=True)
             if layer_inputs:
                 for l in range(adapter.depth):
                     adapter.record_block_input(rec, l, ("block", l))
@@ -338,7 +338,7 @@ class _GradientLRP(AttributionMethod):
     def _scores(self, adapter: ModelAdapter, inputs: ModelInputs, x: Tensor, grad: Tensor) -> Tensor:
         products = x * grad
         if self.level == "tokens":
-            return adapter.embedding_scores(products)
+            return adapter.rule_map.embedding_scores(products)
         pixels = products.sum(dim=1)
         if self.level == "pixels":
             return pixels

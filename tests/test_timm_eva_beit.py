@@ -70,11 +70,11 @@ def test_attention_rules_at_the_products_equal_the_projection_placement(variant,
     images, target = _images(3), torch.tensor([1, 4, 0])
     ours = build_method(variant, **options)(model, images, target=target)
     adapter = adapter_for(model)
-    adapter.product_rules = lambda *args: None     # this adapter object only: attnlrp's own placement
+    adapter.rule_map.product_rules = lambda *args: None     # this adapter object only: attnlrp's own placement
     try:
         theirs = build_method(variant, **options)(model, images, target=target)
     finally:
-        del adapter.product_rules
+        del adapter.rule_map.product_rules
     torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12 * float(theirs.abs().max()))
 
 

@@ -20,6 +20,7 @@ from .base import (  # noqa: F401
     PatchGrid,
     Projection,
     RawInputs,
+    RuleMap,
     SampleIds,
     SequenceContext,
     TokenSequence,

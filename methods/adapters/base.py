@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import weakref
 from dataclasses import dataclass, replace
 from typing import (
@@ -314,6 +315,75 @@ class AttentionLinears:
 
 
 # ------------------------------------------------------------------------------------------ interface
+class RuleMap:
+    """Where AttnLRP / CP-LRP (:mod:`methods.attnlrp`; Achtibat et al. 2024, rules placed by layer type) put their
+    rules in one family's models: a family declares its subclass as ``ModelAdapter.rule_map_class`` (in its
+    folder's ``rules.py``), which reads the family's modules through :attr:`adapter`. The defaults fit a model
+    whose norms and activations are modules inside ``adapter.model``, with no gated MLP, no attention outside the
+    blocks and no product the rules cannot hook. :meth:`head_rules` is the one state: the identity rule's
+    stabiliser that an adapter's ``head`` reads (:attr:`head_epsilon`) for the non-linearities it computes itself.
+    """
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+        #: the identity rule's stabiliser while :meth:`head_rules` is in force (``None``: plain gradients)
+        self.head_epsilon: Optional[float] = None
+
+    def scope(self) -> nn.Module:
+        """The module whose norms and element-wise activations carry the rules (found by type, as LXT patches
+        classes: ``nn.LayerNorm`` and the activation modules of torch, timm and transformers)."""
+        return self.adapter.model
+
+    def problems(self) -> List[str]:
+        """What in this model has no relevance rule of :mod:`methods.attnlrp` (e.g. a gated MLP), or ``[]``."""
+        return []
+
+    def head_attention_linears(self) -> List[AttentionLinears]:
+        """The linear layers of the attention sub-layers outside the blocks (an attention pooling head: its
+        query ``q`` and key-value ``kv`` projections), given the attention rules as the blocks' ones; ``[]``
+        (default) when there are none."""
+        return []
+
+    def gated_mlps(self) -> List[nn.Module]:
+        """The gated MLPs, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (Llama's, Qwen's, Gemma's), given
+        the identity rule on the activation and the uniform rule on the product; ``[]`` (default) when none."""
+        return []
+
+    def product_rules(self, attention: Tuple[float, float, float], gate: str,
+                      gamma: Optional[float] = None) -> Optional[contextlib.AbstractContextManager[None]]:
+        """For a model that forms its multiplicative interactions where :mod:`methods.attnlrp` cannot hook them
+        (timm's EVA and BEiT attention computes ``q``, ``k``, ``v`` with a functional linear layer; timm's GLU
+        MLPs), a context in which the family places those rules itself: the gradients at ``q``, ``k``, ``v``
+        times the factors ``attention`` (``(q, k, v)``), and in every gated MLP the uniform rule on the product
+        (``gate="uniform"``: half of the gradient to each factor) or the gate branch held constant
+        (``gate="constant"``); ``gamma``: the gamma rule asked for on every linear layer (a family whose model
+        computes some linear layer functionally raises :class:`MethodUndefinedError`). ``None`` (default):
+        :mod:`methods.attnlrp` hooks the adapter's ``attention_linears`` and :meth:`gated_mlps` itself."""
+        return None
+
+    def input_embedding(self) -> nn.Module:
+        """The module whose output is the per-position input embedding: the token-id embedding for text (no
+        position or token-type share), the patch embedding for images (no [CLS], no positions)."""
+        raise NotImplementedError(f"{self.adapter.family} does not name its input embedding")
+
+    def embedding_scores(self, products: Tensor) -> Tensor:
+        """``embedding * gradient`` (the :meth:`input_embedding` output's shape) summed over the width: scores
+        ``[B, num_scores]`` in the output layout (token positions; patches in row-major grid order)."""
+        return products.sum(dim=-1).flatten(1)
+
+    @contextlib.contextmanager
+    def head_rules(self, epsilon: float) -> Iterator[None]:
+        """Within it, the adapter's ``head`` applies the identity rule (:mod:`methods.adapters.gradient_rules`,
+        with the stabiliser ``epsilon``) to the non-linearities it computes itself rather than through a module
+        (a functional ``tanh`` or ``relu``, CLIP's L2 normalisation); the values are unchanged."""
+        before = self.head_epsilon
+        self.head_epsilon = epsilon
+        try:
+            yield
+        finally:
+            self.head_epsilon = before
+
+
 class ModelAdapter(abc.ABC):
     """What a method may know about a model. Subclasses wrap one family of stock models.
 
@@ -341,9 +411,16 @@ class ModelAdapter(abc.ABC):
     recomputes_attention: bool = False
     #: a causal language model: logits over its vocabulary at the read-out position, a target is a token id
     is_lm: bool = False
+    #: where AttnLRP / CP-LRP place their rules in this family's models (the family's ``rules.py``)
+    rule_map_class: Type[RuleMap] = RuleMap
     #: the model and its blocks, whose submodules are read by name (torch types those as ``Tensor | Module``)
     model: Any
     blocks: List[Any]
+
+    @functools.cached_property
+    def rule_map(self) -> RuleMap:
+        """This adapter's :class:`RuleMap` (one per adapter: it holds the head rules' state)."""
+        return self.rule_map_class(self)
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -494,66 +571,6 @@ class ModelAdapter(abc.ABC):
     def mlp_linears(self, layer: int) -> Tuple[Projection, Projection]:
         """The MLP's two linear layers (up-projection, down-projection) of block ``layer`` (a gated MLP:
         ``up_proj`` and ``down_proj``; its gate is the family's own member)."""
-
-    # -------------------------------------------------------------- relevance rules (AttnLRP, CP-LRP)
-    def rule_scope(self) -> nn.Module:
-        """The module whose norms and element-wise activations carry the rules of :mod:`methods.attnlrp`
-        (found by type, as LXT patches classes: ``nn.LayerNorm`` and the activation modules of torch, timm and
-        transformers)."""
-        return self.model
-
-    def rule_problems(self) -> List[str]:
-        """What in this model has no relevance rule of :mod:`methods.attnlrp` (e.g. a gated MLP), or ``[]``."""
-        return []
-
-    def head_attention_linears(self) -> List[AttentionLinears]:
-        """The linear layers of the attention sub-layers outside the blocks (an attention pooling head: its
-        query ``q`` and key-value ``kv`` projections), which :mod:`methods.attnlrp` gives the attention rules as
-        the blocks' ones; ``[]`` (default) when there are none."""
-        return []
-
-    def gated_mlps(self) -> List[nn.Module]:
-        """The gated MLPs of the model, ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (Llama's, Qwen's,
-        Gemma's), which :mod:`methods.attnlrp` gives their rules (the identity rule on the activation, the uniform
-        rule on the product); ``[]`` (default) when there are none."""
-        return []
-
-    def product_rules(self, attention: Tuple[float, float, float], gate: str,
-                      gamma: Optional[float] = None) -> Optional[contextlib.AbstractContextManager[None]]:
-        """For a model that forms its multiplicative interactions where :mod:`methods.attnlrp` cannot hook them
-        (timm's EVA and BEiT attention computes ``q``, ``k``, ``v`` with a functional linear layer; timm's GLU
-        MLPs), a context in which the adapter places those rules itself: the gradients at ``q``, ``k``, ``v``
-        times the factors ``attention`` (``(q, k, v)``), and in every gated MLP the uniform rule on the product
-        (``gate="uniform"``: half of the gradient to each factor) or the gate branch held constant
-        (``gate="constant"``); ``gamma``: the gamma rule asked for on every linear layer (an adapter whose model
-        computes some linear layer functionally raises :class:`MethodUndefinedError`). ``None`` (default):
-        :mod:`methods.attnlrp` hooks :meth:`attention_linears` and :meth:`gated_mlps` itself."""
-        return None
-
-    def input_embedding(self) -> nn.Module:
-        """The module whose output is the per-position input embedding: the token-id embedding for text (no
-        position or token-type share), the patch embedding for images (no [CLS], no positions)."""
-        raise NotImplementedError(f"{self.family} does not name its input embedding")
-
-    def embedding_scores(self, products: Tensor) -> Tensor:
-        """``embedding * gradient`` (the :meth:`input_embedding` output's shape) summed over the width: scores
-        ``[B, num_scores]`` in the output layout (token positions; patches in row-major grid order)."""
-        return products.sum(dim=-1).flatten(1)
-
-    @contextlib.contextmanager
-    def head_rules(self, epsilon: float) -> Iterator[None]:
-        """Within it, :meth:`head` applies the identity rule (:mod:`methods.adapters.gradient_rules`, with the
-        stabiliser ``epsilon``) to the non-linearities it computes itself rather than through a module (a
-        functional ``tanh`` or ``relu``, CLIP's L2 normalisation); the values are unchanged."""
-        before = self.head_rule_epsilon
-        self.head_rule_epsilon = epsilon
-        try:
-            yield
-        finally:
-            self.head_rule_epsilon = before
-
-    #: the identity rule's stabiliser while :meth:`head_rules` is in force (``None``: plain gradients)
-    head_rule_epsilon: Optional[float] = None
 
     # -------------------------------------------------------------- attention implementation
     @abc.abstractmethod

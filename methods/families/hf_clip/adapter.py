@@ -25,6 +25,7 @@ from ...adapters.base import (
     Layout,
     ModelInputs,
     RawInputs,
+    RuleMap,
     SampleIds,
     SequenceContext,
     TokenSequence,
@@ -36,6 +37,7 @@ from ...adapters.gradient_rules import normalized_rule
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs
 from ..hf_blocks import HFEncoderBlocks
+from .rules import CLIPTextRules, CLIPVisionRules
 
 #: extra per-sample tensors of a text batch set by the adapter: the read-out (EOS) positions and, from
 #: :meth:`HFCLIPTextAdapter.interpolate`, the factor on the token embeddings
@@ -80,7 +82,7 @@ class _ScorerHead:
     model: Any
     clip: Any
     tower: str
-    head_rule_epsilon: Optional[float]
+    rule_map: RuleMap
 
     def embedding(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         """The tower's embedding ``[B, projection_dim]`` (unnormalised) from the last hidden states: final norm,
@@ -96,15 +98,15 @@ class _ScorerHead:
 
     def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
         """:meth:`embedding` (``pre_logits``: that projected, unnormalised embedding), then the scorer's
-        ``logits_from_embeddings`` (``logit_scale.exp() * cosine``). Under :meth:`head_rules` the gradient treats
-        the embedding's norm as a constant (the logits' values are the scorer's)."""
+        ``logits_from_embeddings`` (``logit_scale.exp() * cosine``). Under the rule map's ``head_rules`` the
+        gradient treats the embedding's norm as a constant (the logits' values are the scorer's)."""
         embedding = self.embedding(hidden, context)
         if pre_logits:
             return embedding
         logits = self.model.logits_from_embeddings(embedding)
-        if self.head_rule_epsilon is None:
+        if self.rule_map.head_epsilon is None:
             return logits
-        ruled = normalized_rule(embedding, self.head_rule_epsilon) @ self.score_weight().to(embedding).t()
+        ruled = normalized_rule(embedding, self.rule_map.head_epsilon) @ self.score_weight().to(embedding).t()
         return logits.detach() + (ruled - ruled.detach())
 
 
@@ -195,9 +197,6 @@ class _HFCLIPTower(_ScorerHead, HFEncoderBlocks):
     def embedding(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         return self.projection()(self.pooled(hidden, context))
 
-    def rule_scope(self) -> nn.Module:
-        return nn.ModuleList([self.tower_model, self.projection()])
-
     # ------------------------------------------------------------------ where methods hook
     def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                          transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
@@ -253,13 +252,6 @@ class _HFPatchVision:
         self.num_channels = int(self.config.num_channels)
         self.patch_size = (int(self.config.patch_size),) * 2
 
-    def input_embedding(self) -> nn.Module:
-        return self.tower_model.embeddings.patch_embedding
-
-    def embedding_scores(self, products: Tensor) -> Tensor:
-        """The patch convolution's ``[B, D, rows, cols]`` summed over ``D``: ``[B, rows * cols]``."""
-        return products.sum(dim=1).flatten(1)
-
     def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
         side = int(self.config.image_size)
         if size != (side, side):
@@ -274,6 +266,8 @@ class HFCLIPVisionAdapter(_HFPatchVision, ImageAdapter, _HFCLIPTower):
     ``[B, 3, S, S]`` at the model's ``image_size``, as ``CLIPProcessor`` returns them. Read-out: [CLS] through
     ``post_layernorm`` and ``visual_projection``. Layout: ``PatchGrid(S/p, S/p, prefix=1)``. Integrated gradients
     scale the normalised pixels (the all-zero normalised image as baseline, BI's ``Interpretor.py``)."""
+
+    rule_map_class = CLIPVisionRules
 
     family = "transformers CLIPModel vision tower (ZeroShotClassifier)"
     readout = "class_token"
@@ -304,9 +298,6 @@ class _HFTokenText(_ScaledTokenText):
     in a subclass's bases."""
 
     tower_model: Any
-
-    def input_embedding(self) -> nn.Module:
-        return self.tower_model.embeddings.token_embedding
 
     def token_batch(self, inputs: Mapping[str, Any], ids: Tensor, mask: Tensor, positions: Tensor,
                     sample_ids: SampleIds) -> ModelInputs:
@@ -344,6 +335,8 @@ class HFCLIPTextAdapter(_HFTokenText, _HFCLIPTower):
     BI's ``interpret_ours`` take ``R_text[EOT]``). Layout: ``[T, N]`` scores, exactly 0 at padding.
     Integrated gradients scale the token embeddings before the position embeddings are added (BI's
     ``CLIP.ipynb``: ``encode_text(text, scale)``: ``x = scale * token_embedding(text)``)."""
+
+    rule_map_class = CLIPTextRules
 
     family = "transformers CLIPModel text tower (PromptScorer)"
 

@@ -12,7 +12,7 @@ Design notes: ``NOTES.md`` beside this file (adapter.py).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Hashable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +33,7 @@ from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, last_real_positions, positions_from_mask
 from ..hf_blocks import HFEncoderBlocks
 from .recompute import recomputed_attention
+from .rules import DecoderRules, Gemma3Rules, RopeDecoderRules
 
 #: extra per-sample tensors of a batch set by the adapter: the read-out positions, the position ids and, from
 #: :meth:`_HFDecoder.interpolate`, the factor on the token embeddings
@@ -72,6 +73,8 @@ def _transformers_class(name: str) -> Optional[type]:
 class _HFDecoder(HFEncoderBlocks):
     """Shared machinery of the decoder families (see the module docstring); a family subclass names its model
     classes and submodules."""
+
+    rule_map_class = DecoderRules
 
     modality = "text"
     readout = "position"
@@ -304,9 +307,6 @@ class _HFDecoder(HFEncoderBlocks):
         scaled output is the input embedding, LXT's ``inputs_embeds``)."""
         return self.base.embed_tokens
 
-    def rule_problems(self) -> List[str]:
-        return []
-
     def recomputed_attention(self, consume: Callable[[int, Tensor, Tensor], None],
                              lowest: int) -> contextlib.AbstractContextManager[Tensor]:
         """Each block's probabilities recomputed in the backward pass by the family's own eager attention
@@ -349,7 +349,7 @@ class _HFDecoder(HFEncoderBlocks):
         return AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
 
     def mlp_linears(self, layer: int) -> Tuple[Projection, Projection]:
-        """``up_proj`` and ``down_proj`` (the gate: :meth:`gated_mlps`)."""
+        """``up_proj`` and ``down_proj`` (the gate: ``rules.RopeDecoderRules.gated_mlps``)."""
         mlp = self.blocks[layer].mlp
         return mlp.up_proj, mlp.down_proj
 
@@ -358,9 +358,7 @@ class _HFRopeDecoder(_HFDecoder):
     """Llama-like decoders: ``embed_tokens``, RMSNorm, rotary embeddings, (grouped-query) attention with
     ``q_proj``/``k_proj``/``v_proj``/``o_proj``, gated MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
 
-    def gated_mlps(self) -> List[nn.Module]:
-        """Every block's MLP (``down_proj(act_fn(gate_proj(x)) * up_proj(x))``)."""
-        return [block.mlp for block in self.blocks]
+    rule_map_class = RopeDecoderRules
 
 
 @register_adapter
@@ -409,8 +407,10 @@ class HFGemma3Adapter(_HFRopeDecoder):
     RMSNorms ``x * rsqrt(mean(x^2) + eps) * (1 + w)`` around both sub-layers and on the query/key heads, local
     (sliding-window) and global layers with their own rotary embeddings (``config.layer_types``), the LM's final
     logit soft-capping ``cap * tanh(logits / cap)`` (the identity rule on the tanh under AttnLRP / CP-LRP's
-    :meth:`head_rules`; LXT leaves it plain). Refused: bidirectional attention; attention-logit soft-capping
-    has no relevance rule (:meth:`rule_problems`)."""
+    ``head_rules``; LXT leaves it plain). Refused: bidirectional attention; attention-logit soft-capping
+    has no relevance rule (``rules.Gemma3Rules.problems``)."""
+
+    rule_map_class = Gemma3Rules
 
     family = "transformers Gemma3ForCausalLM"
     model_classes = ("Gemma3ForCausalLM", "Gemma3TextForSequenceClassification")
@@ -432,13 +432,7 @@ class HFGemma3Adapter(_HFRopeDecoder):
         if pre_logits or not self.is_lm or cap is None:
             return logits
         scaled = logits / cap
-        return apply_identity_rule(torch.tanh, scaled, self.head_rule_epsilon) * cap
-
-    def rule_problems(self) -> List[str]:
-        if getattr(self.config, "attn_logit_softcapping", None) is not None:
-            return ["attention-logit soft-capping (config.attn_logit_softcapping): no rule for the tanh inside the "
-                    "attention function"]
-        return []
+        return apply_identity_rule(torch.tanh, scaled, self.rule_map.head_epsilon) * cap
 
 
 @register_adapter

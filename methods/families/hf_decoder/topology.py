@@ -44,7 +44,7 @@ class _DecoderTopology(Topology):
 
     @staticmethod
     def check(adapter: _HFDecoder) -> None:
-        problems = adapter.rule_problems()
+        problems = adapter.rule_map.problems()
         if problems:
             raise MethodUndefinedError(f"LRP rules are not defined for this {type(adapter.model).__name__}: "
                             f"{'; '.join(problems[:6])}")

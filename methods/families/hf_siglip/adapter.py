@@ -33,6 +33,7 @@ from ...adapters.base import (
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_token_inputs
 from ..hf_clip.adapter import _HFCLIPTower, _HFPatchVision, _HFTokenText
+from .rules import SiglipTextRules, SiglipVisionRules
 
 
 def _siglip_model_class() -> Optional[type]:
@@ -61,6 +62,8 @@ class HFSiglipVisionAdapter(_HFPatchVision, ImageAdapter, _HFSiglipTower):
     pooling head (module docstring); :meth:`readout_weights` are its head-mean attention over the ``N`` patches.
     Layout: ``PatchGrid(S/p, S/p, prefix=0)``. Integrated gradients scale the normalised pixels (the all-zero
     normalised image as baseline)."""
+
+    rule_map_class = SiglipVisionRules
 
     family = "transformers SiglipModel vision tower (ZeroShotClassifier)"
     model_name = "SigLIP"
@@ -93,9 +96,6 @@ class HFSiglipVisionAdapter(_HFPatchVision, ImageAdapter, _HFSiglipTower):
         """``post_layernorm`` of every position, then the attention-pooling head (the stock module): the image
         embedding ``[B, D]``."""
         return self.pooling_head()(self.tower_model.post_layernorm(hidden))
-
-    def rule_scope(self) -> nn.Module:
-        return self.tower_model
 
     def forward(self, inputs: ModelInputs, grad_from_block: int = 0, pre_logits: bool = False) -> Tensor:
         """The model's logits (:meth:`ModelAdapter.forward`); with the blocks' attention in eager form (as the
@@ -139,6 +139,8 @@ class HFSiglipTextAdapter(_HFTokenText, _HFSiglipTower):
     padded to ``max_length`` (module docstring). Read-out ``"position"``: the last position ``N - 1``. Layout:
     ``[T, N]`` scores, exactly 0 at masked padding. Integrated gradients scale the token embeddings before the
     position embeddings are added (as CLIP's text adapter)."""
+
+    rule_map_class = SiglipTextRules
 
     family = "transformers SiglipModel text tower (PromptScorer)"
 

@@ -28,6 +28,7 @@ from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, special_positions
 from ..hf_blocks import HFEncoderBlocks
+from .rules import TextRules
 
 #: an extra per-sample tensor set by :meth:`HFBertAdapter.interpolate`: the factor on the embedding output
 EMBEDDING_SCALE = "embedding_scale"
@@ -42,6 +43,8 @@ class HFTextAdapter(HFEncoderBlocks):
     :class:`TokenSequence` whose content positions are the real tokens that are not special tokens (from
     ``special_tokens_mask`` when given, else position 0 and each sample's last real token).
     """
+
+    rule_map_class = TextRules
 
     pre_norm = False
     modality = "text"
@@ -188,10 +191,6 @@ class HFTextAdapter(HFEncoderBlocks):
         ``alpha`` (Beyond Intuition's BERT, ``BERT.py``: ``embedding_output = alpha * embedding_output``)."""
         return scaled_copies(inputs, alphas, EMBEDDING_SCALE)
 
-    def input_embedding(self) -> nn.Module:
-        """The word embeddings (``get_input_embeddings()``: LXT's ``input_embeds``)."""
-        return self.model.get_input_embeddings()
-
     # ------------------------------------------------------------------ where methods hook
     def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                          transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
@@ -256,7 +255,7 @@ class _DenseHeadOnFirstToken(HFTextAdapter):
         """The head's ``forward`` step by step (``pre_logits``: the input of ``out_proj``)."""
         head = self.model.classifier
         x = head.dropout(hidden[:, 0, :])
-        x = self.head_activation(head.dense(x))   # a module (ELECTRA) or functional (RoBERTa: head_rule_epsilon)
+        x = self.head_activation(head.dense(x))   # a module (ELECTRA) or functional (RoBERTa: rule_map.head_epsilon)
         x = head.dropout(x)
         return x if pre_logits else head.out_proj(x)
 
@@ -279,7 +278,7 @@ class HFRobertaAdapter(_DenseHeadOnFirstToken):
         return int(self.model.config.max_position_embeddings) - int(self.model.config.pad_token_id) - 1
 
     def head_activation(self, x: Tensor) -> Tensor:
-        return apply_identity_rule(torch.tanh, x, self.head_rule_epsilon)
+        return apply_identity_rule(torch.tanh, x, self.rule_map.head_epsilon)
 
 
 @register_adapter
@@ -322,7 +321,7 @@ class HFDistilBertAdapter(HFTextAdapter):
         """``DistilBertForSequenceClassification.forward``'s head (``pre_logits``: the classifier's input)."""
         m = self.model
         pooled = m.dropout(apply_identity_rule(nn.functional.relu, m.pre_classifier(hidden[:, 0]),
-                                               self.head_rule_epsilon))
+                                               self.rule_map.head_epsilon))
         return pooled if pre_logits else m.classifier(pooled)
 
     def head_linears(self) -> Tuple[nn.Linear, ...]:

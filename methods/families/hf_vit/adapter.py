@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
 from ...adapters.recorder import ActivationRecorder
 from ..hf_blocks import HFEncoderBlocks
+from .rules import Dinov2Rules, ViTLikeRules
 
 #: the attention implementation the adapters here switch to for methods that read the probabilities
 MATERIALISED_ATTENTION = "token_attributions_eager"
@@ -47,6 +48,8 @@ class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
     """Shared machinery of the Hugging Face ViT-like image classifiers (see the module docstring). A subclass
     names its model class (``model_class``), the attribute of its backbone (``backbone_attr``), its prefix
     tokens and read-out, and its :meth:`head`."""
+
+    rule_map_class = ViTLikeRules
 
     model_class = "?"
     backbone_attr = "?"
@@ -172,9 +175,6 @@ class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
         return mlp.fc1, mlp.fc2
 
     # ------------------------------------------------------------------ relevance rules
-    def input_embedding(self) -> nn.Module:
-        return self.backbone.embeddings.patch_embeddings
-
     # ------------------------------------------------------------------ attention implementation
     @contextlib.contextmanager
     def eager_attention(self) -> Iterator[None]:
@@ -248,6 +248,8 @@ class HFDinov2Adapter(HFViTLikeAdapter):
     read-out ``"weighted"``: the [CLS] row 1/2, the mean patch row 1/2. Any image size that is a multiple of the
     patch size. A SwiGLU MLP (``use_swiglu_ffn``) is a gated MLP for AttnLRP."""
 
+    rule_map_class = Dinov2Rules
+
     family = "transformers Dinov2ForImageClassification"
     model_class = "Dinov2ForImageClassification"
     backbone_attr = "dinov2"
@@ -268,9 +270,6 @@ class HFDinov2Adapter(HFViTLikeAdapter):
 
     def attention_norm(self, layer: int) -> nn.Module:
         return self.blocks[layer].norm1
-
-    def gated_mlps(self) -> List[nn.Module]:
-        return [block.mlp for block in self.blocks if hasattr(block.mlp, "gate_proj")]
 
 
 @register_adapter

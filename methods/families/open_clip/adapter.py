@@ -12,7 +12,7 @@ Design notes: ``NOTES.md`` beside this file (adapter.py).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Hashable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Hashable, Iterator, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +40,7 @@ from ..hf_clip.adapter import (
     at_readout_positions,
     scorer_problem,
 )
+from .rules import OpenCLIPTextRules, OpenCLIPVisionRules
 
 #: the vision pooling types (``VisionTransformer.pool_type``) -> read-out
 VISION_POOLS = {"tok": "class_token", "avg": "mean_content"}
@@ -262,10 +263,6 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
         return mlp.c_fc, mlp.c_proj
 
     # ------------------------------------------------------------------ relevance rules
-    def rule_scope(self) -> nn.Module:
-        """The tower's modules (the other tower is not on the path)."""
-        raise NotImplementedError
-
 
 @register_adapter
 class OpenCLIPVisionAdapter(ImageAdapter, _OpenCLIPTower):
@@ -273,6 +270,8 @@ class OpenCLIPVisionAdapter(ImageAdapter, _OpenCLIPTower):
     (``models.clip.ZeroShotClassifier``). Inputs: images ``[B, 3, H, W]`` at the tower's ``image_size``, normalised
     as the model's preprocessing does. Read-out: ``"class_token"`` (``pool_type="tok"``) or ``"mean_content"``
     (``"avg"``). Layout: ``PatchGrid(H/p, W/p, prefix=1)``. Integrated gradients scale the normalised pixels."""
+
+    rule_map_class = OpenCLIPVisionRules
 
     family = "open_clip CLIP vision tower (ZeroShotClassifier)"
     tower = "vision"
@@ -331,16 +330,6 @@ class OpenCLIPVisionAdapter(ImageAdapter, _OpenCLIPTower):
     def projection_weight(self) -> Optional[Tensor]:
         return self.visual.proj.t()
 
-    def input_embedding(self) -> nn.Module:
-        return self.visual.conv1
-
-    def embedding_scores(self, products: Tensor) -> Tensor:
-        """The patch convolution's ``[B, D, rows, cols]`` summed over ``D``: ``[B, rows * cols]``."""
-        return products.sum(dim=1).flatten(1)
-
-    def rule_scope(self) -> nn.Module:
-        return self.visual
-
 
 def text_readout_positions(input_ids: Tensor, pool_type: str, eos_token_id: Optional[int]) -> Tensor:
     """Each text's read-out position as ``open_clip.transformer.text_global_pool`` finds it: the argmax of the ids
@@ -358,6 +347,8 @@ class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
     ``[T, context_length]`` scores, exactly 0 after the EOS (module docstring). Integrated gradients scale the
     token embeddings before the positional embedding is added (as :class:`~methods.families.hf_clip.adapter.
     HFCLIPTextAdapter`)."""
+
+    rule_map_class = OpenCLIPTextRules
 
     family = "open_clip CLIP text tower (PromptScorer)"
 
@@ -448,12 +439,3 @@ class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
             return None
         return projection.weight if isinstance(projection, nn.Linear) else projection.t()
 
-    def input_embedding(self) -> nn.Module:
-        return self.clip.token_embedding
-
-    def rule_scope(self) -> nn.Module:
-        clip = self.clip
-        modules: List[nn.Module] = [clip.token_embedding, clip.transformer, clip.ln_final]
-        if isinstance(clip.text_projection, nn.Module):
-            modules.append(clip.text_projection)
-        return nn.ModuleList(modules)

@@ -13,21 +13,18 @@ Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Hashable, Iterator, List, Optional, Tuple
+from typing import Any, Hashable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...adapters.base import MethodUndefinedError, SequenceContext
-from ...adapters.gradient_rules import scale_gradient
+from ...adapters.base import SequenceContext
 from ...adapters.recorder import ActivationRecorder
 from ..timm_vit.adapter import TimmBlocksAdapter
+from .rules import TimmEvaBeitRules
 
 SUPPORTED_POOLS = ("token", "avg")
-#: the MLP classes of timm the blocks may hold, by name: the plain MLP and the two SwiGLU forms
-MLP_CLASSES = ("Mlp", "SwiGLU", "GluMlp")
 
 
 def qkv_projection(attn: Any, x: Tensor) -> Tensor:
@@ -58,29 +55,12 @@ def attention_width(attn: Any) -> int:
                                       // attn.num_heads)
 
 
-def is_activation_module(module: nn.Module) -> bool:
-    """Whether ``module`` is an element-wise activation module of torch or timm (which :mod:`methods.attnlrp`
-    gives the identity rule), not ``nn.GLU`` (which splits its input)."""
-    return (type(module).__module__ in ("torch.nn.modules.activation", "timm.layers.activations")
-            and not isinstance(module, (nn.GLU, nn.Softmax, nn.MultiheadAttention)))
-
-
-def _scale_output(factor: Any):
-    def hook(_module: nn.Module, _inputs: Any, output: Tensor) -> Tensor:
-        return scale_gradient(output, factor)
-    return hook
-
-
-def _scale_input(factor: Any):
-    def hook(_module: nn.Module, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
-        return (scale_gradient(inputs[0], factor),) + tuple(inputs[1:])
-    return hook
-
-
 class TimmBeitLikeAdapter(TimmBlocksAdapter):
     """Shared by :class:`~methods.families.timm_eva_beit.eva.TimmEvaAdapter` and
     :class:`~methods.families.timm_eva_beit.beit.TimmBeitAdapter` (see the module docstring). A subclass gives
     :meth:`embed`, :meth:`run_blocks` (with :meth:`key_mask_of`'s masks) and the family checks."""
+
+    rule_map_class = TimmEvaBeitRules
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
@@ -164,67 +144,3 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
         return (mlp.fc1_x if hasattr(mlp, "fc1_x") else mlp.fc1), mlp.fc2
 
     # ------------------------------------------------------------------ relevance rules
-    def rule_problems(self) -> List[str]:
-        """Parts without a rule of :mod:`methods.attnlrp`: gated attention, MLPs other than timm's ``Mlp`` /
-        ``SwiGLU`` / ``GluMlp``, GLU activations that are not activation modules, norms that are not LayerNorms
-        (timm's ``RmsNorm``)."""
-        problems = []
-        for i, block in enumerate(self.blocks):
-            if getattr(block.attn, "gate", None) is not None:
-                problems.append(f"block {i} gated attention (sigmoid gate on the attention output)")
-            mlp = block.mlp
-            if type(mlp).__name__ not in MLP_CLASSES:
-                problems.append(f"block {i} mlp {type(mlp).__name__}")
-            elif type(mlp).__name__ != "Mlp" and not is_activation_module(mlp.act):
-                problems.append(f"block {i} gated mlp activation {type(mlp.act).__name__}")
-        for name, module in self.model.named_modules():
-            if type(module).__name__.endswith("Norm") and not isinstance(module, nn.LayerNorm):
-                problems.append(f"{name}: {type(module).__name__} (no relevance rule; LayerNorm only)")
-        return problems
-
-    def product_rules(self, attention: Tuple[float, float, float], gate: str,
-                      gamma: Optional[float] = None) -> Optional[contextlib.AbstractContextManager[None]]:
-        """The rules of the attention products and the gated MLPs, placed by this adapter (module docstring).
-        The gamma rule cannot reach a fused ``qkv`` with biases (computed by ``F.linear``, its module never
-        called): refused there."""
-        functional = [i for i, block in enumerate(self.blocks)
-                      if getattr(block.attn, "qkv", None) is not None and block.attn.q_bias is not None]
-        if gamma is not None and functional:
-            raise MethodUndefinedError(
-                f"the gamma rule (gamma={gamma}) is not defined on this {type(self.model).__name__} ({self.family}): "
-                f"blocks {functional} compute their fused q/k/v projection with q_bias/v_bias by F.linear, not by "
-                "the qkv module, so no hook can apply it (leave gamma=None)")
-        q_factor, k_factor, v_factor = attention
-        if q_factor != k_factor or v_factor == 0:
-            raise ValueError(f"{self.family}: attention factors (q, k, v) = {attention} cannot be placed at the "
-                             "attention products (q and k must share a factor, v must have one)")
-        if gate not in ("uniform", "constant"):
-            raise ValueError(f"gate rule must be 'uniform' or 'constant', got {gate!r}")
-        return self._product_rules(v_factor, q_factor / v_factor, gate)
-
-    @contextlib.contextmanager
-    def _product_rules(self, product_factor: float, attention_factor: float, gate: str) -> Iterator[None]:
-        handles = []
-        with self.eager_attention():
-            try:
-                for block in self.blocks:
-                    attn, mlp = block.attn, block.mlp
-                    if product_factor != 1:
-                        handles.append(attn.proj.register_forward_pre_hook(_scale_input(product_factor)))
-                    handles.append(attn.attn_drop.register_forward_hook(_scale_output(attention_factor)))
-                    kind = type(mlp).__name__
-                    if kind == "Mlp":
-                        continue
-                    if gate == "uniform":
-                        handles.append(mlp.drop1.register_forward_pre_hook(_scale_input(0.5)))
-                    elif kind == "SwiGLU":
-                        handles.append(mlp.fc1_g.register_forward_hook(_scale_output(0.0)))
-                    else:                      # GluMlp: the packed fc1's gate half held constant
-                        half = mlp.fc1.out_features // 2
-                        gate_first = not mlp.gate_last
-                        factor = torch.tensor([0.0 if gate_first else 1.0] * half + [1.0 if gate_first else 0.0] * half)
-                        handles.append(mlp.fc1.register_forward_hook(_scale_output(factor)))
-                yield
-            finally:
-                for handle in handles:
-                    handle.remove()

@@ -17,9 +17,10 @@ from ...adapters import ActivationRecorder
 from ...lrp.sublayers import attention_relprop, readout_relprop
 from ...lrp.topology import Topology, refuse, register_topology
 from ..timm_vit.topology import record_timm_input, timm_input_relprop
-from .adapter import MLP_CLASSES, qkv_bias, qkv_projection
+from .adapter import qkv_bias, qkv_projection
 from .beit import TimmBeitAdapter
 from .eva import TimmEvaAdapter
+from .rules import MLP_CLASSES
 
 
 class _BeitLikeTopology(Topology):

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
 from ...adapters.recorder import ActivationRecorder
+from .rules import TimmBlocksRules, TimmViTRules
 
 SUPPORTED_POOLS = ("token", "avg", "map")
 #: the read-out kind of each supported ``global_pool``
@@ -37,6 +38,8 @@ class TimmBlocksAdapter(ImageAdapter):
     are ``attn.attn_drop``'s output (materialised with timm's fused attention off), the attention input is
     ``norm1``'s output; the input embedding is ``patch_embed``."""
 
+    rule_map_class = TimmBlocksRules
+
     def __init__(self, model: Any) -> None:
         super().__init__(model)
         self.blocks = list(model.blocks)
@@ -63,9 +66,6 @@ class TimmBlocksAdapter(ImageAdapter):
         attn = self.blocks[layer].attn
         return AttentionLinears(out=attn.proj, qkv=attn.qkv)
 
-    def input_embedding(self) -> nn.Module:
-        return self.model.patch_embed
-
     def eager_attention(self) -> contextlib.AbstractContextManager[None]:
         """Switch timm's fused attention off (it never materialises the attention matrix) and restore it."""
         return timm_fused_attention_off(block.attn for block in self.blocks)
@@ -87,6 +87,8 @@ class TimmViTAdapter(TimmBlocksAdapter):
     row), ``'avg'`` (the mean over the patch rows, ``fc_norm`` in the head) or ``'map'`` (the attention pool's
     head-mean attention, :meth:`readout_weights`); details in ``NOTES.md`` beside this file.
     """
+
+    rule_map_class = TimmViTRules
 
     family = "timm VisionTransformer"
 
@@ -210,21 +212,3 @@ class TimmViTAdapter(TimmBlocksAdapter):
         return mlp.fc1, mlp.fc2
 
     # ------------------------------------------------------------------ relevance rules
-    def head_attention_linears(self) -> List[AttentionLinears]:
-        """The ``map`` pooling head's query and key-value projections (none for the other read-outs)."""
-        pool = getattr(self.model, "attn_pool", None)
-        if self.readout != "attention_pool" or pool is None:
-            return []
-        return [AttentionLinears(out=pool.proj, q=pool.q, kv=pool.kv)]
-
-    def rule_problems(self) -> List[str]:
-        """Gated MLPs (SwiGLU, GLU) and gated attention have no rule here: the uniform rule on their products is
-        not applied."""
-        problems = []
-        for i, block in enumerate(self.blocks):
-            mlp = getattr(block, "mlp", None)
-            if mlp is not None and any(hasattr(mlp, name) for name in ("fc1_g", "fc1_x", "gate")):
-                problems.append(f"block {i} gated mlp {type(mlp).__name__}")
-            if getattr(getattr(block, "attn", None), "gate", None) is not None:
-                problems.append(f"block {i} gated attention")
-        return problems
