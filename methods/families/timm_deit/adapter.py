@@ -11,7 +11,7 @@ Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
 from torch import Tensor, nn
@@ -52,6 +52,14 @@ class TimmDeiTAdapter(TimmViTAdapter):
     @property
     def has_class_token(self) -> bool:
         return True
+
+    def distillation_head(self) -> Any:
+        """The second head ``head_dist``, reading the distillation token."""
+        return self.model.head_dist
+
+    def prefix_parameters(self) -> List[Tensor]:
+        """[CLS], then the distillation token (the positional embedding covers both unless ``no_embed_class``)."""
+        return [self.model.cls_token, self.model.dist_token]
 
     def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
         """1/2 at [CLS] (position 0) and at the distillation token (position 1), 0 elsewhere."""

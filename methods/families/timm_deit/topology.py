@@ -9,14 +9,13 @@ proportion to the operands). Relevance reaches the final hidden states at positi
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ...adapters import ActivationRecorder
 from ...lrp.topology import refuse, register_topology
-from ..timm_vit.adapter import TimmViTAdapter
 from ..timm_vit.topology import TimmViTTopology
 from .adapter import TimmDeiTAdapter
 
@@ -27,33 +26,29 @@ class TimmDeiTTopology(TimmViTTopology):
     :class:`~methods.adapters.TimmDeiTAdapter` (see the module docstring)."""
 
     @staticmethod
-    def check(adapter: TimmViTAdapter) -> None:
+    def check(adapter: Any) -> None:
         """The timm ViT's checks, and ``head_dist`` a Linear layer."""
         TimmViTTopology.check(adapter)
-        head_dist = adapter.model.head_dist
+        head_dist = adapter.distillation_head()
         if not isinstance(head_dist, nn.Linear):
             refuse(type(adapter.model).__name__, [f"head_dist {type(head_dist).__name__} (need nn.Linear)"])
 
     def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
         """The timm ViT's hooks, and the inputs and outputs of both heads."""
         super().record_head(rec, layer_outputs)
-        m = self.model
-        rec.output(m.head, "head_out")
-        rec.input(m.head_dist, "head_dist_in")
-        rec.output(m.head_dist, "head_dist_out")
+        head, head_dist = self.adapter.classifier(), self.adapter.distillation_head()
+        rec.output(head, "head_out")
+        rec.input(head_dist, "head_dist_in")
+        rec.output(head_dist, "head_dist_out")
 
     @torch.no_grad()
     def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
         """Relevance at the output of the final ``norm`` ``[B, N, D]``: the Add of the two heads' logits, each
         head's Linear rule, the selection of positions 0 ([CLS]) and 1 (distillation)."""
-        m = self.model
+        head, head_dist = self.adapter.classifier(), self.adapter.distillation_head()
         r_cls, r_dist = rules["add"](acts["head_out"], acts["head_dist_out"], relevance_logits)
         hidden = acts["norm_out"]
         out = torch.zeros_like(hidden)
-        out[:, 0] = rules["select"](hidden[:, 0], rules["linear"](acts["head_in"], m.head.weight, r_cls))
-        out[:, 1] = rules["select"](hidden[:, 1], rules["linear"](acts["head_dist_in"], m.head_dist.weight, r_dist))
+        out[:, 0] = rules["select"](hidden[:, 0], rules["linear"](acts["head_in"], head.weight, r_cls))
+        out[:, 1] = rules["select"](hidden[:, 1], rules["linear"](acts["head_dist_in"], head_dist.weight, r_dist))
         return out
-
-    def prefix_tokens(self) -> Optional[List[Tensor]]:
-        """[CLS], then the distillation token (the positional embedding covers both unless ``no_embed_class``)."""
-        return [self.model.cls_token, self.model.dist_token]

@@ -38,6 +38,10 @@ class TimmBeitAdapter(TimmBeitLikeAdapter):
             return f"{type(model).__name__} is not a timm Beit"
         return cls.pool_problem(model)
 
+    def shared_relative_position_bias(self) -> Optional[nn.Module]:
+        """The model's relative position bias shared by all blocks (``rel_pos_bias``), ``None`` without one."""
+        return self.model.rel_pos_bias
+
     # ------------------------------------------------------------------ forward pieces (the model's own order)
     def embed(self, inputs: ModelInputs) -> Tensor:
         """``patch_embed``, [CLS], ``+ pos_embed`` (if any), ``pos_drop``."""

@@ -32,9 +32,10 @@ class _BeitLikeTopology(Topology):
     def check(adapter: Any) -> None:
         m = adapter.model
         problems = []
-        if not isinstance(m.head, nn.Linear):
-            problems.append(f"head {type(m.head).__name__} (need nn.Linear)")
-        proj = getattr(m.patch_embed, "proj", None)
+        head = adapter.classifier()
+        if not isinstance(head, nn.Linear):
+            problems.append(f"head {type(head).__name__} (need nn.Linear)")
+        proj = getattr(adapter.patch_embedding(), "proj", None)
         if not isinstance(proj, nn.Conv2d) or proj.groups != 1 or tuple(proj.dilation) != (1, 1):
             problems.append("patch embedding without a plain Conv2d proj")
         for i, block in enumerate(adapter.blocks):
@@ -73,11 +74,11 @@ class _BeitLikeTopology(Topology):
         self.record_block_extra(rec, layer)
 
     def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
-        rec.input(self.model.head, "head_in")
-        rec.output(self.model.norm, "norm_out")
+        rec.input(self.adapter.classifier(), "head_in")
+        rec.output(self.adapter.final_norm(), "norm_out")
 
     def record_input(self, rec: ActivationRecorder) -> None:
-        record_timm_input(rec, self.model)
+        record_timm_input(rec, self.adapter)
 
     def record_block_extra(self, rec: ActivationRecorder, layer: int) -> None:
         pass
@@ -96,8 +97,7 @@ class _BeitLikeTopology(Topology):
     def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
         """Relevance at the output of the final ``norm`` (``[B, N, D]``): head Linear, ``fc_norm`` and
         ``head_drop`` identity, then the read-out."""
-        m = self.model
-        r = rules["linear"](acts["head_in"], m.head.weight, relevance_logits)
+        r = rules["linear"](acts["head_in"], self.adapter.classifier().weight, relevance_logits)
         content = slice(self.adapter.num_prefix_tokens, None)
         return readout_relprop(rules, acts["norm_out"], r, self.adapter.readout, content)
 
@@ -178,7 +178,7 @@ class _BeitLikeTopology(Topology):
     @torch.no_grad()
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
         """:func:`~methods.families.timm_vit.topology.timm_input_relprop`: ``[B, 3, H, W]``."""
-        return timm_input_relprop(rules, self.model, acts, relevance, self.adapter.num_prefix_tokens)
+        return timm_input_relprop(rules, self.adapter, acts, relevance)
 
 
 @register_topology(TimmEvaAdapter)
@@ -213,10 +213,10 @@ class TimmBeitTopology(_BeitLikeTopology):
     block's own and the model's shared one) in the Add rule of the attention logits."""
 
     def logit_bias(self, layer: int) -> Optional[Tensor]:
-        m = self.model
         attn: Any = self.adapter.blocks[layer].attn
         bias = attn._get_rel_pos_bias() if attn.relative_position_bias_table is not None else None
-        if m.rel_pos_bias is not None:
-            shared = m.rel_pos_bias()
+        shared_module = self.adapter.shared_relative_position_bias()
+        if shared_module is not None:
+            shared = shared_module()
             bias = shared if bias is None else bias + shared
         return bias

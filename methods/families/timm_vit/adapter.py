@@ -70,6 +70,34 @@ class TimmBlocksAdapter(ImageAdapter):
         """Switch timm's fused attention off (it never materialises the attention matrix) and restore it."""
         return timm_fused_attention_off(block.attn for block in self.blocks)
 
+    # ------------------------------------------------------------------ modules the LRP topologies read
+    def classifier(self) -> Any:
+        """The classification head ``head`` (an ``nn.Linear`` where LRP is defined)."""
+        return self.model.head
+
+    def final_norm(self) -> Any:
+        """The norm after the last block, ``norm``."""
+        return self.model.norm
+
+    def patch_embedding(self) -> Any:
+        """``patch_embed``, whose ``proj`` convolution makes the patch tokens."""
+        return self.model.patch_embed
+
+    def prefix_parameters(self) -> List[Tensor]:
+        """The prefix token parameters before the patches, in the model's order: [CLS] and the registers (those
+        the model has)."""
+        m = self.model
+        return [t for t in (m.cls_token, getattr(m, "reg_token", None)) if t is not None]
+
+    def position_embedding(self) -> Tuple[Optional[Tensor], bool]:
+        """``pos_embed`` (``None`` without one) and whether it leaves the prefix tokens out (``no_embed_class``)."""
+        return getattr(self.model, "pos_embed", None), bool(getattr(self.model, "no_embed_class", False))
+
+    @property
+    def dynamic_image_size(self) -> bool:
+        """Whether the model interpolates its positional embedding to each image size (``dynamic_img_size``)."""
+        return bool(getattr(self.model, "dynamic_img_size", False))
+
 
 @register_adapter
 class TimmViTAdapter(TimmBlocksAdapter):
@@ -165,6 +193,10 @@ class TimmViTAdapter(TimmBlocksAdapter):
         return m.forward_head(m.norm(hidden), pre_logits=pre_logits)
 
     # ------------------------------------------------------------------ attention pooling read-out
+    def attention_pool(self) -> Any:
+        """The ``map`` pooling head (timm's ``AttentionPoolLatent``), ``None`` for the other read-outs' models."""
+        return getattr(self.model, "attn_pool", None)
+
     @property
     def pool_start(self) -> int:
         """The first position the pooling head reads: 0 with ``pool_include_prefix``, else the first patch."""

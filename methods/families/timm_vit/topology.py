@@ -14,7 +14,7 @@ Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -25,28 +25,25 @@ from ...lrp.topology import Topology, refuse, register_topology
 from .adapter import TimmViTAdapter
 
 
-def record_timm_input(rec: ActivationRecorder, model: nn.Module) -> None:
+def record_timm_input(rec: ActivationRecorder, adapter: Any) -> None:
     """What :func:`timm_input_relprop` reads: the pixels and the patch tokens."""
-    m: Any = model
-    rec.input(m.patch_embed.proj, "pixels")
-    rec.output(m.patch_embed, "patch_tokens")
+    patch_embed = adapter.patch_embedding()
+    rec.input(patch_embed.proj, "pixels")
+    rec.output(patch_embed, "patch_tokens")
 
 
-def timm_input_relprop(rules, model: nn.Module, acts, relevance: Tensor, num_prefix: int,
-                       prefix: Optional[List[Tensor]] = None) -> Tensor:
+def timm_input_relprop(rules, adapter: Any, acts, relevance: Tensor) -> Tensor:
     """From the tokens entering block 0 of a timm ViT-like model to the pixels (``norm_pre``, ``patch_drop``
     identity; the recorded ``pixels`` and ``patch_tokens``, ``patch_embed.norm`` identity): ``+ pos_embed`` (Add,
     the position share dropped; with ``no_embed_class`` over the patches only, none without ``pos_embed``), the
-    ``num_prefix`` ``prefix`` tokens dropped (default: [CLS] and the registers, those the model has),
+    adapter's prefix tokens dropped ([CLS], registers, DeiT's distillation token: those the model has),
     ``patch_embed.proj`` (z^B). ``[B, 3, H, W]``."""
-    m: Any = model
-    if prefix is None:
-        prefix = [t for t in (m.cls_token, getattr(m, "reg_token", None)) if t is not None]
-    position = m.pos_embed
-    if position is not None and getattr(m, "no_embed_class", False):
-        relevance, prefix = relevance[:, num_prefix:], []
-    return patch_embedding_relprop(rules, acts["pixels"], m.patch_embed.proj, acts["patch_tokens"], relevance,
-                                   prefix, position)
+    prefix = adapter.prefix_parameters()
+    position, no_embed_class = adapter.position_embedding()
+    if position is not None and no_embed_class:
+        relevance, prefix = relevance[:, adapter.num_prefix_tokens:], []
+    return patch_embedding_relprop(rules, acts["pixels"], adapter.patch_embedding().proj, acts["patch_tokens"],
+                                   relevance, prefix, position)
 
 
 @register_topology(TimmViTAdapter)
@@ -62,20 +59,21 @@ class TimmViTTopology(Topology):
 
         m = adapter.model
         problems = []
-        pool = getattr(m, "attn_pool", None)
+        pool = adapter.attention_pool()
         if pool is not None:
             for attr in ("q_norm", "k_norm"):
                 if not isinstance(getattr(pool, attr), nn.Identity):
                     problems.append(f"attention pool {attr}")
             if type(pool.mlp) is not Mlp or not isinstance(getattr(pool.mlp, "norm", nn.Identity()), nn.Identity):
                 problems.append(f"attention pool mlp {type(pool.mlp).__name__}")
-        if getattr(m, "pos_embed", None) is None:
+        if adapter.position_embedding()[0] is None:
             problems.append("no absolute positional embedding")
-        if getattr(m, "dynamic_img_size", False):
+        if adapter.dynamic_image_size:
             problems.append("dynamic_img_size")
-        if not isinstance(m.head, nn.Linear):
-            problems.append(f"head {type(m.head).__name__} (need nn.Linear)")
-        proj = getattr(m.patch_embed, "proj", None)
+        head = adapter.classifier()
+        if not isinstance(head, nn.Linear):
+            problems.append(f"head {type(head).__name__} (need nn.Linear)")
+        proj = getattr(adapter.patch_embedding(), "proj", None)
         if not isinstance(proj, nn.Conv2d) or proj.groups != 1 or tuple(proj.dilation) != (1, 1):
             problems.append("patch embedding without a plain Conv2d proj")
         for i, blk in enumerate(adapter.blocks):
@@ -111,10 +109,10 @@ class TimmViTTopology(Topology):
     # ------------------------------------------------------------------ recording
     def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
         """The head's input, the final norm's output and the ``map`` pool's tensors."""
-        m = self.model
-        rec.input(m.head, "head_in")
-        rec.output(m.norm, "norm_out")
-        pool = getattr(m, "attn_pool", None)
+        adapter = self.adapter
+        rec.input(adapter.classifier(), "head_in")
+        rec.output(adapter.final_norm(), "norm_out")
+        pool = adapter.attention_pool()
         if pool is not None:
             rec.output(pool.q, "pool_q")
             rec.input(pool.kv, "pool_kv_in")
@@ -128,18 +126,14 @@ class TimmViTTopology(Topology):
             rec.output(pool.mlp.fc2, "pool_mlp_out")
 
     def record_input(self, rec: ActivationRecorder) -> None:
-        record_timm_input(rec, self.model)
-
-    def prefix_tokens(self) -> Optional[List[Tensor]]:
-        """The prefix token parameters before the patches, in the model's order (``None``: [CLS], registers)."""
-        return None
+        record_timm_input(rec, self.adapter)
 
     # ------------------------------------------------------------------ relevance pass
     @torch.no_grad()
     def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
         """Relevance at the output of the final ``norm`` (``[B, N, D]``): head Linear, then the read-out."""
-        m = self.model
-        r = rules["linear"](acts["head_in"], m.head.weight, relevance_logits)   # fc_norm, head_drop: identity
+        head = self.adapter.classifier()                                    # fc_norm, head_drop: identity
+        r = rules["linear"](acts["head_in"], head.weight, relevance_logits)
         first = self.adapter.pool_start
         if self.adapter.readout == "attention_pool":
             out = torch.zeros_like(acts["norm_out"])
@@ -151,7 +145,7 @@ class TimmViTTopology(Topology):
     def pool_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
         """Relevance of the tokens the ``map`` pool reads (``[B, n, D]``) from that of its output ``[B, D]``
         (the module docstring's rules; the pool's norm and GELU: identity)."""
-        pool = self.model.attn_pool
+        pool = self.adapter.attention_pool()
         y, m_out = acts["pool_y"], acts["pool_mlp_out"]                    # [B, 1, D]: one latent query
         r_y, r_m = rules["add"](y, m_out, relevance[:, None])
         r_m = rules["linear"](acts["pool_fc2_in"], pool.mlp.fc2.weight, r_m, m_out, pool.mlp.fc2.bias)
@@ -177,5 +171,4 @@ class TimmViTTopology(Topology):
     @torch.no_grad()
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
         """:func:`timm_input_relprop`: ``[B, 3, H, W]``."""
-        return timm_input_relprop(rules, self.model, acts, relevance, self.adapter.num_prefix_tokens,
-                                  self.prefix_tokens())
+        return timm_input_relprop(rules, self.adapter, acts, relevance)
