@@ -80,6 +80,7 @@ from transformers.pytorch_utils import Conv1D
 
 from .adapters import (
     ActivationRecorder,
+    AttentionLinears,
     MethodUndefinedError,
     ModelAdapter,
     ModelInputs,
@@ -216,66 +217,83 @@ def _gradient_factor_hook(factor: Any):
     return hook
 
 
+def _module_rule_hook(module: nn.Module, variant: str, epsilon: float, gamma: Optional[float],
+                      conv_gamma: Optional[float], factors: Tuple[float, float, float]) -> Optional[Any]:
+    """The hook of ``module``'s rule by its type (gamma on linear and convolution layers when asked for, the
+    LayerNorm / RMSNorm / activation rules, the attention factors at an ``nn.MultiheadAttention``'s inputs), or
+    ``None`` when it has none."""
+    if isinstance(module, (nn.Linear, Conv1D)) and gamma is not None:
+        return module.register_forward_hook(_gamma_hook(gamma))
+    if isinstance(module, nn.Conv2d) and conv_gamma is not None:
+        return module.register_forward_hook(_gamma_hook(conv_gamma))
+    if isinstance(module, nn.LayerNorm):
+        if len(module.normalized_shape) != 1:
+            raise TypeError(f"{variant}: LayerNorm over {tuple(module.normalized_shape)} (the rule "
+                            "normalises the last dimension only)")
+        return module.register_forward_hook(_layer_norm_hook)
+    if is_rms_norm(module):
+        form = rms_norm_form(module)
+        if form is None:
+            raise TypeError(f"{variant}: {type(module).__name__} of unknown form")
+        return module.register_forward_hook(_rms_norm_hook(*form))
+    if is_elementwise_activation(module):
+        return module.register_forward_hook(_activation_hook(epsilon))
+    if isinstance(module, nn.MultiheadAttention):
+        return module.register_forward_pre_hook(_attention_inputs_hook(factors), with_kwargs=True)
+    return None
+
+
+def _attention_factor_hooks(linears: AttentionLinears, factors: Tuple[float, float, float]) -> List[Any]:
+    """The gradient factors ``(q, k, v)`` at the outputs of one attention sub-layer's projections (fused
+    ``qkv``, an attention pool's own ``q`` and fused ``[k | v]``, or separate ``q``, ``k``, ``v``)."""
+    q_factor, k_factor, v_factor = factors
+    if linears.multihead is not None:    # its factors: the rule scope's nn.MultiheadAttention hook
+        return []
+    if linears.qkv is not None:
+        third = out_features(linears.qkv) // 3
+        qkv = torch.tensor([q_factor] * third + [k_factor] * third + [v_factor] * third)
+        return [linears.qkv.register_forward_hook(_gradient_factor_hook(qkv))]
+    if linears.kv is not None:   # an attention pooling head: its own query, a fused [k | v]
+        half = out_features(linears.kv) // 2
+        kv = torch.tensor([k_factor] * half + [v_factor] * half)
+        handles = [linears.kv.register_forward_hook(_gradient_factor_hook(kv))]
+        if linears.q is not None and q_factor != 1.0:
+            handles.append(linears.q.register_forward_hook(_gradient_factor_hook(q_factor)))
+        return handles
+    return [linear.register_forward_hook(_gradient_factor_hook(factor))
+            for linear, factor in ((linears.q, q_factor), (linears.k, k_factor), (linears.v, v_factor))
+            if linear is not None and factor != 1.0]
+
+
 @contextlib.contextmanager
 def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTITY_EPSILON,
                     gamma: Optional[float] = None, conv_gamma: Optional[float] = None) -> Iterator[None]:
     """The rules of ``variant`` (``"attnlrp"`` or ``"cp_lrp"``) on ``adapter``'s model for the duration of the
     block: forward hooks on its norms, activations, attention projections and (with ``gamma`` / ``conv_gamma``)
-    linear and convolution layers, and the adapter's :meth:`~methods.adapters.base.RuleMap.head_rules`; all
+    linear and convolution layers, and the rule map's :meth:`~methods.adapters.base.RuleMap.head_rules`; all
     removed on exit."""
-    q_factor, k_factor, v_factor = ATTENTION_FACTORS[variant]
+    factors = ATTENTION_FACTORS[variant]
+    rule_map = adapter.rule_map
     handles = []
-    if gamma is not None and any(isinstance(m, nn.MultiheadAttention) for m in adapter.rule_map.scope().modules()):
+    if gamma is not None and any(isinstance(m, nn.MultiheadAttention) for m in rule_map.scope().modules()):
         raise MethodUndefinedError(f"{variant}: the gamma rule needs hooks on every linear layer; "
                                    "nn.MultiheadAttention applies in_proj_weight and out_proj functionally")
-    own_products = adapter.rule_map.product_rules((q_factor, k_factor, v_factor),
-                                         "constant" if variant == "cp_lrp" else "uniform", gamma)
+    own_products = rule_map.product_rules(factors, "constant" if variant == "cp_lrp" else "uniform", gamma)
     try:
-        for module in adapter.rule_map.scope().modules():
-            if isinstance(module, (nn.Linear, Conv1D)) and gamma is not None:
-                handles.append(module.register_forward_hook(_gamma_hook(gamma)))
-            elif isinstance(module, nn.Conv2d) and conv_gamma is not None:
-                handles.append(module.register_forward_hook(_gamma_hook(conv_gamma)))
-            elif isinstance(module, nn.LayerNorm):
-                if len(module.normalized_shape) != 1:
-                    raise TypeError(f"{variant}: LayerNorm over {tuple(module.normalized_shape)} (the rule "
-                                    "normalises the last dimension only)")
-                handles.append(module.register_forward_hook(_layer_norm_hook))
-            elif is_rms_norm(module):
-                form = rms_norm_form(module)
-                if form is None:
-                    raise TypeError(f"{variant}: {type(module).__name__} of unknown form")
-                handles.append(module.register_forward_hook(_rms_norm_hook(*form)))
-            elif is_elementwise_activation(module):
-                handles.append(module.register_forward_hook(_activation_hook(epsilon)))
-            elif isinstance(module, nn.MultiheadAttention):
-                handles.append(module.register_forward_pre_hook(
-                    _attention_inputs_hook((q_factor, k_factor, v_factor)), with_kwargs=True))
+        for module in rule_map.scope().modules():
+            handle = _module_rule_hook(module, variant, epsilon, gamma, conv_gamma, factors)
+            if handle is not None:
+                handles.append(handle)
         mlp: Any
-        for mlp in adapter.rule_map.gated_mlps() if own_products is None else ():
+        for mlp in rule_map.gated_mlps() if own_products is None else ():
             if variant == "cp_lrp":
                 handles.append(mlp.gate_proj.register_forward_hook(_detach_output))
             else:
                 handles.append(mlp.down_proj.register_forward_pre_hook(_halve_input_gradient))
         attentions = [adapter.attention_linears(layer) for layer in range(adapter.depth if own_products is None else 0)]
-        for linears in attentions + adapter.rule_map.head_attention_linears():
-            if linears.multihead is not None:    # its factors: the rule scope's nn.MultiheadAttention hook above
-                continue
-            if linears.qkv is not None:
-                third = out_features(linears.qkv) // 3
-                factors = torch.tensor([q_factor] * third + [k_factor] * third + [v_factor] * third)
-                handles.append(linears.qkv.register_forward_hook(_gradient_factor_hook(factors)))
-            elif linears.kv is not None:   # an attention pooling head: its own query, a fused [k | v]
-                half = out_features(linears.kv) // 2
-                factors = torch.tensor([k_factor] * half + [v_factor] * half)
-                handles.append(linears.kv.register_forward_hook(_gradient_factor_hook(factors)))
-                if linears.q is not None and q_factor != 1.0:
-                    handles.append(linears.q.register_forward_hook(_gradient_factor_hook(q_factor)))
-            else:
-                for linear, factor in ((linears.q, q_factor), (linears.k, k_factor), (linears.v, v_factor)):
-                    if linear is not None and factor != 1.0:
-                        handles.append(linear.register_forward_hook(_gradient_factor_hook(factor)))
-        with own_products or contextlib.nullcontext(), adapter.rule_map.head_rules(epsilon):
+        for linears in attentions + rule_map.head_attention_linears():
+            handles.extend(_attention_factor_hooks(linears, factors))
+        with own_products or contextlib.nullcontext(), rule_map.head_rules(epsilon):
             yield
     finally:
         for handle in handles:

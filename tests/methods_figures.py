@@ -11,7 +11,6 @@ family module, the functions in ``methods/`` over :data:`MAX_FUNCTION_LINES` lin
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
 from pathlib import Path
 from typing import Iterator, List, Tuple
@@ -24,9 +23,8 @@ RAW_MODEL_NAMES = {"model", "m"}
 
 
 def python_files(root: Path, folder: str) -> List[Path]:
-    """The tracked ``.py`` files under ``root/folder``."""
-    out = subprocess.run(["git", "ls-files", folder], cwd=root, capture_output=True, text=True, check=True).stdout
-    return [root / p for p in out.split() if p.endswith(".py")]
+    """The ``.py`` files under ``root/folder``, sorted."""
+    return sorted(path for path in (root / folder).rglob("*.py") if "__pycache__" not in path.parts)
 
 
 def functions(tree: ast.AST) -> Iterator[ast.AST]:

@@ -14,6 +14,8 @@ import ast
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
+from tests import methods_figures as figures
+
 ROOT = Path(__file__).resolve().parent.parent
 
 #: bottom to top; a package may import its own modules and the packages of strictly lower floors
@@ -176,3 +178,13 @@ def test_the_methods_floors_are_ordered():
                                          "methods.families.hf_text.adapter", "methods.rollout")]
     assert floors == sorted(floors) and len(set(floors)) == 4
     assert methods_floor("methods.targets") == methods_floor("methods.adapters.tokens") == 0
+
+
+def test_methods_keep_their_shape():
+    """Issue 33's figures that are checks: no function in ``methods/`` over 60 lines, no capability probed with
+    ``getattr(adapter, ...)``, no LRP topology reading the raw model (tests/methods_figures.py)."""
+    assert not figures.long_functions(ROOT), f"functions over {figures.MAX_FUNCTION_LINES} lines (split them)"
+    probes = [str(p.relative_to(ROOT)) for p in figures.python_files(ROOT, "methods")
+              if "getattr(adapter" in p.read_text()]
+    assert not probes, f"capabilities probed with getattr(adapter, ...) (declare them on the adapter): {probes}"
+    assert figures.raw_model_reads(ROOT) == 0, "an LRP topology reads the raw model (ask its adapter)"

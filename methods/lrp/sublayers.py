@@ -229,6 +229,17 @@ def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears
         r_x = scatter_tokens(r_x, rows, tokens)
     if not need_below:
         return None, r_attn
+    r_in = projections_relprop(rules, t, linears, (r_q, r_k, r_v), rows)
+    return rules["clone"](t.x, [r_x, r_in]), r_attn
+
+
+def projections_relprop(rules, t: BlockTensors, linears: AttentionLinears, r_qkv: Tuple[Tensor, Tensor, Tensor],
+                        rows: Optional[Tensor]) -> Tensor:
+    """The Linear rule of the q/k/v projections onto their input ``t.qkv_in`` ``[B, N, D]``, from the relevance
+    at ``q`` (the active ``rows`` only; ``None``: all tokens), ``k`` and ``v`` (every token), each
+    ``[B, H, n, d]``: one rule per separate projection, summed, or one on the fused ``qkv``."""
+    r_q, r_k, r_v = r_qkv
+    batch, tokens = t.x.shape[:2]
     x_in = t.qkv_in
     if linears.qkv is None:
         assert linears.q is not None and linears.k is not None and linears.v is not None
@@ -242,27 +253,25 @@ def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears
             return linear_weight(linear), merged(r), out, linear.bias
 
         if rows is None:
-            r_in = rules.linear_shared(x_in, [term(linears.q, r_q, t.q), term(linears.k, r_k, t.k),
+            return rules.linear_shared(x_in, [term(linears.q, r_q, t.q), term(linears.k, r_k, t.k),
                                               term(linears.v, r_v, t.v)])
-        else:
-            r_in = rules.linear_shared(x_in, [term(linears.k, r_k, t.k), term(linears.v, r_v, t.v)])
-            r_in[:, rows] += rules["linear"](x_in[:, rows], linear_weight(linears.q), merged(r_q), t.q[:, rows],
-                                             linears.q.bias)
-        return rules["clone"](t.x, [r_x, r_in]), r_attn
+        r_in = rules.linear_shared(x_in, [term(linears.k, r_k, t.k), term(linears.v, r_v, t.v)])
+        r_in[:, rows] += rules["linear"](x_in[:, rows], linear_weight(linears.q), merged(r_q), t.q[:, rows],
+                                         linears.q.bias)
+        return r_in
     assert t.qkv is not None
     weight, bias, qkv_out = linear_weight(linears.qkv), linears.qkv.bias, t.qkv
     if rows is None:
-        r_qkv = torch.stack([r.transpose(1, 2) for r in (r_q, r_k, r_v)], dim=2).reshape(batch, tokens, -1)
-        r_in = rules["linear"](x_in, weight, r_qkv, qkv_out, bias)
-    else:
-        # The Linear rule is a sum over output units: the q units (relevance on the active rows only) and the
-        # k, v units (every token) are two smaller applications of it.
-        dim = weight.shape[0] // 3
-        r_kv = torch.stack([r.transpose(1, 2) for r in (r_k, r_v)], dim=2).reshape(batch, tokens, -1)
-        r_in = rules["linear"](x_in, weight[dim:], r_kv, qkv_out[..., dim:], _part(bias, dim, None))
-        r_in[:, rows] += rules["linear"](x_in[:, rows], weight[:dim], r_q.transpose(1, 2).reshape(
-            batch, len(rows), -1), qkv_out[:, rows, :dim], _part(bias, 0, dim))
-    return rules["clone"](t.x, [r_x, r_in]), r_attn
+        r_all = torch.stack([r.transpose(1, 2) for r in (r_q, r_k, r_v)], dim=2).reshape(batch, tokens, -1)
+        return rules["linear"](x_in, weight, r_all, qkv_out, bias)
+    # The Linear rule is a sum over output units: the q units (relevance on the active rows only) and the
+    # k, v units (every token) are two smaller applications of it.
+    dim = weight.shape[0] // 3
+    r_kv = torch.stack([r.transpose(1, 2) for r in (r_k, r_v)], dim=2).reshape(batch, tokens, -1)
+    r_in = rules["linear"](x_in, weight[dim:], r_kv, qkv_out[..., dim:], _part(bias, dim, None))
+    r_in[:, rows] += rules["linear"](x_in[:, rows], weight[:dim], r_q.transpose(1, 2).reshape(
+        batch, len(rows), -1), qkv_out[:, rows, :dim], _part(bias, 0, dim))
+    return r_in
 
 
 def block_relprop(rules, t: BlockTensors, linears: AttentionLinears, mlp: Tuple[Projection, Projection], heads: int,

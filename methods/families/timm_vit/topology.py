@@ -73,7 +73,8 @@ class TimmViTTopology(Topology):
         head = adapter.classifier()
         if not isinstance(head, nn.Linear):
             problems.append(f"head {type(head).__name__} (need nn.Linear)")
-        proj = getattr(adapter.patch_embedding(), "proj", None)
+        patch_embed = adapter.patch_embedding()
+        proj = getattr(patch_embed, "proj", None)
         if not isinstance(proj, nn.Conv2d) or proj.groups != 1 or tuple(proj.dilation) != (1, 1):
             problems.append("patch embedding without a plain Conv2d proj")
         for i, blk in enumerate(adapter.blocks):
