@@ -23,6 +23,18 @@ class HFEncoderBlocks(ModelAdapter):
     replaced) are differentiable even when every parameter is frozen."""
 
     hidden_requires_grad = True
+    #: the model's (or tower's) ``PretrainedConfig``
+    config: Any
+
+    @property
+    def num_heads(self) -> int:
+        """``config.num_attention_heads``."""
+        return int(self.config.num_attention_heads)
+
+    @property
+    def width(self) -> int:
+        """``config.hidden_size``."""
+        return int(self.config.hidden_size)
 
     def attention_config(self) -> Any:
         """The ``PretrainedConfig`` whose ``_attn_implementation`` the layers read."""

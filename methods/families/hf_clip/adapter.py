@@ -174,14 +174,6 @@ class _HFCLIPTower(_ScorerHead, HFEncoderBlocks):
         return (cls.tower, len(tower.encoder.layers), int(tower.config.num_attention_heads))
 
     # ------------------------------------------------------------------ structure
-    @property
-    def num_heads(self) -> int:
-        return int(self.config.num_attention_heads)
-
-    @property
-    def width(self) -> int:
-        return int(self.config.hidden_size)
-
     def projection(self) -> nn.Linear:
         """The linear map from the pooled, normed token to the joint embedding space."""
         raise NotImplementedError

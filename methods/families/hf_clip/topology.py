@@ -5,8 +5,6 @@ nor Beyond Intuition's code propagates relevance through CLIP); this is the timm
 (``tests/test_clip.py``: with the conservative ``"ours"`` rules the relevance entering the first block sums to
 the one-hot target, per sample).
 
-Graph (forward order):
-
 Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations

@@ -117,14 +117,6 @@ class _HFDecoder(HFEncoderBlocks):
         return len(self.blocks)
 
     @property
-    def num_heads(self) -> int:
-        return int(self.config.num_attention_heads)
-
-    @property
-    def width(self) -> int:
-        return int(self.config.hidden_size)
-
-    @property
     def has_class_token(self) -> bool:
         return False
 

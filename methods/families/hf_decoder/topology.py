@@ -5,8 +5,6 @@ pre-norm tower read at a per-sample position) with the decoders' parts, built fr
 sub-layers, and checked by relevance conservation (``tests/test_hf_decoder.py``: with the conservative
 ``"ours"`` rules the relevance entering every block sums to the one-hot target, per sample).
 
-Graph (forward order):
-
 Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations

@@ -3,8 +3,6 @@
 (:mod:`.hf_clip.topology`) with SigLIP's read-outs, from the shared rules and sub-layers, checked by relevance
 conservation (``tests/test_siglip.py``).
 
-Graph (forward order):
-
 Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations

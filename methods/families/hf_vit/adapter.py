@@ -1,6 +1,8 @@
-"""Adapters for the stock Hugging Face ``transformers`` ViT-like image classifiers.
-
-One shared machinery (:class:`HFViTLikeAdapter`), one small subclass per model class:
+"""Adapters for the stock Hugging Face ``transformers`` ViT-like image classifiers: ``ViTForImageClassification``,
+``DeiTForImageClassification`` (with teacher), ``Dinov2ForImageClassification`` (with registers). One shared
+machinery (:class:`HFViTLikeAdapter`), one small subclass per model class naming its prefix tokens, read-out
+(``class_token``, or ``weighted`` where the classifier reads several rows) and classifier(s). Prefix tokens are
+never scored.
 
 Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
@@ -95,14 +97,6 @@ class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
         return (cls.model_class, len(cls.layers_of(backbone)), cls.prefix_tokens_of(model.config))
 
     # ------------------------------------------------------------------ structure
-    @property
-    def num_heads(self) -> int:
-        return int(self.config.num_attention_heads)
-
-    @property
-    def width(self) -> int:
-        return int(self.config.hidden_size)
-
     @property
     def has_class_token(self) -> bool:
         return True

@@ -1,10 +1,7 @@
-"""LRP topology of the stock Hugging Face ViT-like image classifiers (:mod:`methods.families.hf_vit`).
-
-Graph (forward order): ``patch_embeddings.projection`` (Conv2d, z^B rule) -> prefix tokens concat -> ``+
-position_embeddings`` (Add; the positional share dropped; DINOv2 with registers inserts its registers after the
-Add, so they carry no positional embedding and their relevance is dropped) -> blocks (pre-norm, separate q/k/v
-projections, no mask: the ViT graph; :func:`methods.lrp.sublayers.block_relprop`) -> final ``layernorm``
-(identity) -> read-out and classifier(s):
+"""LRP topology of the stock Hugging Face ViT-like image classifiers (:mod:`methods.families.hf_vit`): the ViT
+graph of Chefer et al. 2021a (patch convolution by z^B, the positional share dropped at the Add, pre-norm blocks
+with separate q/k/v projections, final norm identity), read out through each model's classifier(s); DINOv2's
+layer scales folded into the Linear layer before them.
 
 Design notes: ``NOTES.md`` beside this file (topology.py).
 """

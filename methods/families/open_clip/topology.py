@@ -3,8 +3,6 @@
 transformers' CLIP (:mod:`.hf_clip.topology`) no reference implementation exists: this is the ViT graph of Chefer
 et al. 2021a with open_clip's names, built from the shared rules and sub-layers.
 
-Graph (forward order):
-
 Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations

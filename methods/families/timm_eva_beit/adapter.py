@@ -7,8 +7,6 @@ module itself is never called), adds position information inside the attention l
 embedding of ``q`` and ``k``; BEiT's relative position bias) and reads out the [CLS] token
 (``global_pool='token'``) or the mean of the patch tokens (``'avg'``, then ``fc_norm``).
 
-Conventions (both families):
-
 Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations

@@ -6,8 +6,6 @@
 (``'avg'``: the mean of the patch tokens, the default; ``'token'``: [CLS]), ``fc_norm`` (with ``'avg'``),
 ``head_drop``, ``head``. The adapter calls exactly these, so its logits are the model's.
 
-Parts (conventions shared with EVA: :mod:`.timm_beit_like`):
-
 Design notes: ``NOTES.md`` beside this file (beit.py).
 """
 from __future__ import annotations

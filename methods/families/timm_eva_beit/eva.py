@@ -7,8 +7,6 @@ position embedding when ``use_abs_pos_emb``; it also returns the rotary embeddin
 ``forward_head``: pooling (``'token'``: [CLS]; ``'avg'``: the mean of the tokens after the prefix), ``fc_norm``,
 ``head_drop``, ``head``. The adapter calls exactly these, so its logits are the model's.
 
-Parts (conventions shared with BEiT: :mod:`.timm_beit_like`):
-
 Design notes: ``NOTES.md`` beside this file (eva.py).
 """
 from __future__ import annotations

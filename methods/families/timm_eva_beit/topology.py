@@ -1,9 +1,6 @@
 """LRP topologies of stock timm ``Eva`` (EVA, EVA-02) and ``Beit`` classifiers (:mod:`.eva`,
 :mod:`.beit`): Chefer et al.'s rules (:mod:`methods.lrp.rules`) on their graph.
 
-No reference implementation covers these models (Chefer's code covers ViT, BERT and CLIP); the parts they add
-are covered by the rules as follows:
-
 Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations
@@ -11,12 +8,12 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ...adapters import ActivationRecorder
 from ...lrp.sublayers import attention_relprop, readout_relprop
 from ...lrp.topology import Topology, refuse, register_topology
-from ..timm_vit.topology import record_timm_input, timm_input_relprop
+from ..timm_vit.topology import record_timm_input, stem_problems, timm_input_relprop
 from .adapter import qkv_bias, qkv_projection
 from .beit import TimmBeitAdapter
 from .eva import TimmEvaAdapter
@@ -31,14 +28,7 @@ class _BeitLikeTopology(Topology):
     @staticmethod
     def check(adapter: Any) -> None:
         m = adapter.model
-        problems = []
-        head = adapter.classifier()
-        if not isinstance(head, nn.Linear):
-            problems.append(f"head {type(head).__name__} (need nn.Linear)")
-        patch_embed = adapter.patch_embedding()
-        proj = getattr(patch_embed, "proj", None)
-        if not isinstance(proj, nn.Conv2d) or proj.groups != 1 or tuple(proj.dilation) != (1, 1):
-            problems.append("patch embedding without a plain Conv2d proj")
+        problems = stem_problems(adapter)
         for i, block in enumerate(adapter.blocks):
             if getattr(block.attn, "gate", None) is not None:
                 problems.append(f"block {i} gated attention (sigmoid gate on the attention output)")

@@ -14,7 +14,7 @@ Design notes: ``NOTES.md`` beside this file (topology.py).
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +23,20 @@ from ...adapters import ActivationRecorder
 from ...lrp.sublayers import attention_relprop, patch_embedding_relprop, readout_relprop
 from ...lrp.topology import Topology, refuse, register_topology
 from .adapter import TimmViTAdapter
+
+
+def stem_problems(adapter: Any) -> List[str]:
+    """What the Linear rule of the head and the z^B rule of the patch embedding need: an ``nn.Linear`` head and a
+    plain ``Conv2d`` patch projection (no groups, no dilation)."""
+    problems = []
+    head = adapter.classifier()
+    if not isinstance(head, nn.Linear):
+        problems.append(f"head {type(head).__name__} (need nn.Linear)")
+    patch_embed = adapter.patch_embedding()
+    proj = getattr(patch_embed, "proj", None)
+    if not isinstance(proj, nn.Conv2d) or proj.groups != 1 or tuple(proj.dilation) != (1, 1):
+        problems.append("patch embedding without a plain Conv2d proj")
+    return problems
 
 
 def record_timm_input(rec: ActivationRecorder, adapter: Any) -> None:
@@ -70,13 +84,7 @@ class TimmViTTopology(Topology):
             problems.append("no absolute positional embedding")
         if adapter.dynamic_image_size:
             problems.append("dynamic_img_size")
-        head = adapter.classifier()
-        if not isinstance(head, nn.Linear):
-            problems.append(f"head {type(head).__name__} (need nn.Linear)")
-        patch_embed = adapter.patch_embedding()
-        proj = getattr(patch_embed, "proj", None)
-        if not isinstance(proj, nn.Conv2d) or proj.groups != 1 or tuple(proj.dilation) != (1, 1):
-            problems.append("patch embedding without a plain Conv2d proj")
+        problems += stem_problems(adapter)
         for i, blk in enumerate(adapter.blocks):
             if type(blk) is not Block:
                 problems.append(f"block {i} is {type(blk).__name__} (need timm Block)")
