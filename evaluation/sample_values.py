@@ -16,7 +16,7 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_cat
 
-from .metrics import f64
+from .metrics import SumsMetric, f64
 
 
 class SampleValues(Metric):
@@ -77,3 +77,19 @@ def class_mean(values: Tensor, groups: Tensor) -> Tensor:
     if not means:
         return torch.tensor(float("nan"), dtype=torch.float64)
     return torch.stack(means).mean()
+
+
+class Count(SumsMetric):
+    """A float64 count summed across processes (e.g. a test's forward passes: model inputs evaluated)."""
+
+    higher_is_better = None
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_sums("total")
+
+    def update(self, amount: float) -> None:
+        self.total += float(amount)
+
+    def compute(self) -> Tensor:
+        return self.total.clone()
