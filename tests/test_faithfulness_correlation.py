@@ -25,8 +25,8 @@ class _ToDouble(nn.Module):
 
 def _model():
     torch.manual_seed(0)
-    return nn.Sequential(_ToDouble(), nn.Conv2d(3, 4, 3, padding=1), nn.Tanh(), nn.Flatten(), nn.Linear(4 * SIZE * SIZE, CLASSES)
-                         ).double().eval()
+    layers = [_ToDouble(), nn.Conv2d(3, 4, 3, padding=1), nn.Tanh(), nn.Flatten(), nn.Linear(4 * SIZE * SIZE, CLASSES)]
+    return nn.Sequential(*layers).double().eval()
 
 
 class _Float64Classifier(Classifier):
