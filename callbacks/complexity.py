@@ -34,6 +34,7 @@ class ComplexityTest(SampleScoreTest):
         class_settings: explained classes to test (default ``predicted``).
         unit: ``patch`` or ``pixel`` (images), ``token`` (texts); ``None``: ``patch`` for images, ``token`` for texts.
         threshold: effective complexity's threshold, relative to the map's maximum magnitude.
+        oracle: add the ground-truth map as method ``oracle`` (:func:`callbacks.sample_scores.oracle_map`).
     """
 
     PREFIX = "complexity"
@@ -47,13 +48,13 @@ class ComplexityTest(SampleScoreTest):
     )
 
     def __init__(self, methods: Optional[Sequence[str]] = None, class_settings: Sequence[str] = ("predicted",),
-                 unit: Optional[str] = None, threshold: float = 1e-5) -> None:
+                 unit: Optional[str] = None, threshold: float = 1e-5, oracle: bool = False) -> None:
         if unit is not None and unit not in UNITS:
             raise ValueError(f"complexity: unit must be one of {UNITS} or None, got {unit!r}")
         if not 0 <= threshold < 1:
             raise ValueError(f"complexity: threshold must lie in [0, 1), got {threshold}")
         self.unit, self.threshold = unit, float(threshold)
-        super().__init__(methods, class_settings)
+        super().__init__(methods, class_settings, oracle)
 
     @classmethod
     def wandb_tags(cls, init_args: Mapping[str, Any]) -> List[str]:

@@ -62,6 +62,7 @@ class FaithfulnessCorrelationTest(SampleScoreTest):
             ``None``: ``chefer`` for images, ``pad`` for texts.
         score: ``probability`` (softmax) or ``logit`` of the explained class.
         seed: the subsets' seed (with each sample's dataset index).
+        oracle: add the ground-truth map as method ``oracle`` (:func:`callbacks.sample_scores.oracle_map`).
     """
 
     PREFIX = "faithfulness_correlation"
@@ -73,7 +74,8 @@ class FaithfulnessCorrelationTest(SampleScoreTest):
 
     def __init__(self, methods: Optional[Sequence[str]] = None, class_settings: Sequence[str] = ("predicted",),
                  runs: int = 100, subset_fraction: float = 0.1, unit: Optional[str] = None,
-                 masking: Optional[str] = None, score: str = "probability", seed: int = 0) -> None:
+                 masking: Optional[str] = None, score: str = "probability", seed: int = 0, oracle: bool = False
+                 ) -> None:
         if int(runs) < 2:
             raise ValueError(f"faithfulness correlation: runs must be >= 2 (a correlation), got {runs}")
         if not 0 < float(subset_fraction) < 1:
@@ -84,7 +86,7 @@ class FaithfulnessCorrelationTest(SampleScoreTest):
             raise ValueError(f"faithfulness correlation: score must be one of {SCORES}, got {score!r}")
         self.runs, self.subset_fraction, self.unit = int(runs), float(subset_fraction), unit
         self.masking, self.score, self.seed = masking, score, int(seed)
-        super().__init__(methods, class_settings)
+        super().__init__(methods, class_settings, oracle)
 
     @classmethod
     def wandb_tags(cls, init_args: Mapping[str, Any]) -> List[str]:
@@ -128,6 +130,7 @@ class FaithfulnessCorrelationTest(SampleScoreTest):
         if not isinstance(batch.get("index"), Tensor):
             raise KeyError(f"{self.PREFIX}: the batch has no 'index' (each sample's dataset index), which seeds its "
                            f"subsets; got keys {sorted(batch)}")
+        outputs = self._with_oracle(outputs, batch)
         self._build_at_first_batch(outputs)
         perturber, unit, image = self._setup(batch)
         classifier, layout = outputs["classifier"], outputs.get("layout")

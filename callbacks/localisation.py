@@ -55,6 +55,7 @@ class LocalisationTest(SampleScoreTest):
             texts.
         tolerance: the pointing game's tolerance in units (``None``: 15 for pixels, TorchRay's; 0 otherwise).
         patch_threshold: the share of a patch the mask must cover for the patch to be inside (``patch`` unit).
+        oracle: add the ground-truth map as method ``oracle`` (:func:`callbacks.sample_scores.oracle_map`).
     """
 
     PREFIX = "localisation"
@@ -74,8 +75,8 @@ class LocalisationTest(SampleScoreTest):
     )
 
     def __init__(self, methods: Optional[Sequence[str]] = None, class_settings: Sequence[str] = ("target",),
-                 unit: Optional[str] = None, tolerance: Optional[float] = None, patch_threshold: float = 0.5
-                 ) -> None:
+                 unit: Optional[str] = None, tolerance: Optional[float] = None, patch_threshold: float = 0.5,
+                 oracle: bool = False) -> None:
         if unit is not None and unit not in IMAGE_UNITS + TEXT_UNITS:
             raise ValueError(f"localisation: unit must be one of {IMAGE_UNITS + TEXT_UNITS} or None, got {unit!r}")
         if tolerance is not None and tolerance < 0:
@@ -83,7 +84,7 @@ class LocalisationTest(SampleScoreTest):
         if not 0 < patch_threshold <= 1:
             raise ValueError(f"localisation: patch_threshold must lie in (0, 1], got {patch_threshold}")
         self.unit, self.tolerance, self.patch_threshold = unit, tolerance, float(patch_threshold)
-        super().__init__(methods, class_settings)
+        super().__init__(methods, class_settings, oracle)
 
     @classmethod
     def wandb_tags(cls, init_args: Mapping[str, Any]) -> List[str]:

@@ -10,6 +10,10 @@ A subclass declares ``PREFIX`` (the test of its result keys), ``metric_cards`` (
 Results: ``<PREFIX>/<method>/<setting>/<metric>``, each with its card's ``higher_is_better``; the per-sample
 values (:meth:`per_sample_scores`) under the same keys. Samples are identified by ``batch["index"]`` (required);
 the states are gathered and sorted by index before any sum, so one process and several give identical numbers.
+
+``oracle=True`` (a sanity check on ground-truth benchmarks) adds a method named ``oracle`` whose map is the ground
+truth itself (:func:`oracle_map`: an image's ``mask`` as a pixel map, a text's rationale tokens as 1, else 0), the
+same for every class setting: it should score better than every method on the localisation and faithfulness keys.
 """
 from __future__ import annotations
 
@@ -22,7 +26,23 @@ from evaluation.metric_cards import MetricCard
 from evaluation.result_keys import ResultKey
 from evaluation.sample_values import SampleValues, nan_mean
 
-from .base import EvaluationCallback, OncePerMap, Result, relevance_for
+from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
+
+ORACLE = "oracle"
+
+
+def oracle_map(batch: Dict[str, Any]) -> Tensor:
+    """The ground truth of a batch as a map: ``mask`` ``[B, H, W]`` (images) or ``[B, N]`` token scores, 1 at the
+    tokens of rationale words (texts); a ``KeyError`` naming what is missing otherwise."""
+    if isinstance(batch.get("mask"), Tensor):
+        mask = batch["mask"]
+        return (mask[:, 0] if mask.dim() == 4 else mask).to(torch.float32)
+    if isinstance(batch.get("word_ids"), Tensor) and isinstance(batch.get("rationale"), Tensor):
+        word_ids, rationale = batch["word_ids"].long(), batch["rationale"].bool()
+        inside = rationale.gather(1, word_ids.clamp(min=0, max=rationale.shape[1] - 1)) & (word_ids >= 0)
+        return inside.to(torch.float32)
+    raise KeyError(f"oracle: the batch has no ground truth ('mask', or 'word_ids' and 'rationale'); got keys "
+                   f"{sorted(batch)}")
 
 
 class SampleScoreTest(EvaluationCallback):
@@ -31,11 +51,28 @@ class SampleScoreTest(EvaluationCallback):
     PREFIX = "?"
     metric_cards: Tuple[MetricCard, ...] = ()
 
-    def __init__(self, methods: Optional[Sequence[str]] = None, class_settings: Sequence[str] = ("predicted",)
-                 ) -> None:
+    def __init__(self, methods: Optional[Sequence[str]] = None, class_settings: Sequence[str] = ("predicted",),
+                 oracle: bool = False) -> None:
         super().__init__()
         self._select(methods, class_settings)
+        self.oracle = bool(oracle)
         self.reset()
+
+    def _with_oracle(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> Dict[str, Any]:
+        """``outputs`` with the ground-truth map as method ``oracle`` (when ``oracle`` is on), else as they are."""
+        if not self.oracle:
+            return outputs
+        if ORACLE in outputs["relevance"]:
+            raise ValueError(f"{self.PREFIX}: oracle=True, but the run already has a method named {ORACLE!r}")
+        truth = oracle_map(batch)
+        relevance = dict(outputs["relevance"], **{ORACLE: {s: truth for s in self.class_settings}})
+        return dict(outputs, relevance=relevance)
+
+    def _build_at_first_batch(self, outputs: Dict[str, Any]) -> None:
+        if not self._metrics:
+            methods = list(self.methods) if self.methods is not None else [
+                m for m in outputs["relevance"] if m != ORACLE]
+            self.build(methods + ([ORACLE] if self.oracle else []), outputs_device(outputs))
 
     # ------------------------------------------------------------------------------------------ to implement
     def sample_values(self, relevance: Tensor, outputs: Dict[str, Any], batch: Dict[str, Any]) -> Tensor:
@@ -72,6 +109,7 @@ class SampleScoreTest(EvaluationCallback):
         if not isinstance(batch.get("index"), Tensor):
             raise KeyError(f"{self.PREFIX}: the batch has no 'index' (each sample's dataset index), which keys its "
                            f"per-sample values; got keys {sorted(batch)}")
+        outputs = self._with_oracle(outputs, batch)
         self._build_at_first_batch(outputs)
         once = OncePerMap()       # a class-agnostic method's one map serves every class setting
         for method, setting in self._pairs():

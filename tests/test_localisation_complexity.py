@@ -317,3 +317,20 @@ def test_two_gloo_processes_give_identical_results(tmp_path):
     assert two.pop("index") == list(range(12))            # gathered from both processes, sorted
     assert two.keys() == one.keys()
     assert all(np.array_equal(two[k], one[k], equal_nan=True) for k in one)
+
+
+def test_oracle_map_scores_best():
+    batches = _image_batches(seed=9)
+    for _, batch in batches:
+        batch["mask"][0, 0, 0] = 1 if batch["mask"][0].sum() == 0 else batch["mask"][0, 0, 0]
+    res = _drive(LocalisationTest(methods=list(METHODS), oracle=True, tolerance=2), batches).compute()
+    for name in ("pointing_game", "energy_pointing_game", "relevance_mass_accuracy", "relevance_rank_accuracy",
+                 "roc_auc"):
+        assert res[f"localisation/oracle/target/{name}"] == 1.0
+        if name != "relevance_mass_accuracy":     # signed: a map with negative scores outside can pass 1
+            assert all(res[f"localisation/{m}/target/{name}"] < 1.0 for m in METHODS), name
+    text = _drive(LocalisationTest(methods=["a"], oracle=True), _text_batches()).compute()
+    assert text["localisation/oracle/target/roc_auc"] == 1.0
+    with pytest.raises(ValueError, match="already has a method named 'oracle'"):
+        outputs, batch = batches[0]
+        LocalisationTest(oracle=True).update({**outputs, "relevance": {"oracle": {}}}, batch)
