@@ -26,6 +26,7 @@ from evaluation.localisation import (
     relevance_rank_accuracy,
 )
 from evaluation.sample_values import SampleValues
+from methods.maps import tokens_to_map
 
 METHODS = ("a", "b", "c")
 
@@ -197,7 +198,6 @@ def test_localisation_callback_images_pixel_and_patch():
     res = _drive(LocalisationTest(methods=list(METHODS), class_settings=["target"]), batches).compute()
     assert len(res) == 3 * 5 and all(k.startswith("localisation/") for k in res)
     # pixel unit, by hand for method "a": bilinear upsampling of the raw token map, the 15-pixel pointing game
-    from methods.maps import tokens_to_map
     maps = torch.cat([tokens_to_map(o["relevance"]["a"]["target"].double(), (4, 4), image_size=(16, 16))
                       for o, _ in batches]).flatten(1)
     truth = torch.cat([bt["mask"] for _, bt in batches]).flatten(1) > 0.5

@@ -4,6 +4,9 @@ counted forwards and re-explanations, class-agnostic methods re-explained once, 
 not depend on the batch, the refusal on texts, and the evaluation module's ``explain`` entry point."""
 from __future__ import annotations
 
+import json
+import multiprocessing
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,9 +14,11 @@ import pytest
 import torch
 from torch import nn
 
+from callbacks.faithfulness_correlation import FaithfulnessCorrelationTest
 from callbacks.robustness import RobustnessTest
 from evaluation.classifier import Classifier
 from evaluation.robustness import infidelity, max_sensitivity, sample_noise
+from lightning_modules.evaluation import AttributionEvaluationModule
 
 SIZE, GRID, CLASSES = 8, 4, 3
 
@@ -149,9 +154,6 @@ def test_measures_by_hand_and_refusals():
 
 
 def test_evaluation_module_explain_entry_point():
-    pytest.importorskip("timm")
-    from lightning_modules.evaluation import AttributionEvaluationModule
-
     module = AttributionEvaluationModule(classifier="timm:vit_tiny_patch16_224", pretrained=False,
                                          model_kwargs={"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2,
                                                        "num_heads": 2, "num_classes": 4},
@@ -164,3 +166,41 @@ def test_evaluation_module_explain_entry_point():
     torch.testing.assert_close(maps, direct.detach())
     with pytest.raises(KeyError, match="no method 'lrp'"):
         module.explain("lrp", inputs, None)
+
+
+def _catalogue_results(batches):
+    results = _drive(RobustnessTest(class_settings=["predicted", "target"], infidelity_runs=3, sensitivity_runs=2),
+                     batches).compute()
+    results.update(_drive(FaithfulnessCorrelationTest(runs=4, class_settings=["predicted", "target"]), batches)
+                   .compute())
+    return results
+
+
+def _gloo_worker(rank: int, world: int, port: int, path: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        _, _, batches, _ = _setup(n_batches=3)
+        results = _catalogue_results(batches[rank::world])
+        if rank == 0:
+            with open(path, "w") as f:
+                json.dump(results, f)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_give_identical_robustness_and_faithfulness_correlation(tmp_path):
+    _, _, batches, _ = _setup(n_batches=3)
+    one = _catalogue_results(batches)
+    port = 29800 + os.getpid() % 1000
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_gloo_worker, args=(r, 2, port, str(tmp_path / "two.json"))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert all(p.exitcode == 0 for p in procs)
+    two = json.loads((tmp_path / "two.json").read_text())
+    assert two.keys() == one.keys() and len(one) > 10
+    assert all(np.array_equal(two[k], one[k], equal_nan=True) for k in one), {
+        k: (one[k], two[k]) for k in one if not np.array_equal(two[k], one[k], equal_nan=True)}
