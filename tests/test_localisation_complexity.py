@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from callbacks.completeness import CONSERVING, CompletenessTest
 from callbacks.complexity import ComplexityTest
 from callbacks.localisation import LocalisationTest
 from evaluation.complexity import complexity, effective_complexity, sparseness
@@ -334,3 +335,18 @@ def test_oracle_map_scores_best():
     with pytest.raises(ValueError, match="already has a method named 'oracle'"):
         outputs, batch = batches[0]
         LocalisationTest(oracle=True).update({**outputs, "relevance": {"oracle": {}}}, batch)
+
+
+def test_completeness_against_the_logit():
+    rel = torch.tensor([[1.0, 2.0, 1.0], [0.5, 0.5, -1.0]])
+    logits = torch.tensor([[4.0, 0.0], [0.0, 2.0]])
+    outputs = {"relevance": {"cp_lrp": {"predicted": rel}}, "logits": logits,
+               "targets": {"predicted": logits.argmax(1)}}
+    cb = _drive(CompletenessTest(methods=["cp_lrp"]), [(outputs, {"index": torch.tensor([3, 4])})])
+    res = cb.compute()
+    assert res["completeness/cp_lrp/predicted/ratio"] == pytest.approx((1.0 + 0.0) / 2)
+    assert res["completeness/cp_lrp/predicted/relative_error"] == pytest.approx((0.0 + 1.0) / 2)
+    assert cb.higher_is_better()["completeness/cp_lrp/predicted/relative_error"] is False
+    assert set(CONSERVING) == {"attnlrp", "cp_lrp"}
+    with pytest.raises(ValueError, match="not defined on methods whose relevance is not conserved"):
+        CompletenessTest(methods=None)
