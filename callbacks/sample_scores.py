@@ -88,6 +88,12 @@ class SampleScoreTest(EvaluationCallback):
         """The result of metric ``name`` from its per-sample ``values`` ``[N]`` (default: mean of the non-NaN)."""
         return nan_mean(values[:, None])[0]
 
+    def conventions(self) -> Dict[str, Any]:
+        """The test's conventions as plain values (unit, tolerance, subsets, removal, score, seed, ...): what a run's
+        metadata should record beside the W&B tags. Nothing in this branch writes them to ``metrics.meta.json``
+        (that file's writer is :mod:`callbacks.reporter`); default: none."""
+        return {}
+
     # ------------------------------------------------------------------------------------------ metrics
     @classmethod
     def metric_names(cls) -> List[str]:
