@@ -13,8 +13,10 @@ token perturber, special tokens never); removal as the perturbation test's ``mas
 by every method and class setting of the sample (paired). Forwards: the perturbed inputs depend on the sample and
 its subsets only, so they run **once per batch for every method and class setting**: R forwards per sample
 (``faithfulness_correlation/forwards`` = R x samples, counted), in chunks of the classifier's batch size, the last
-chunk padded to that size (copies of its last input) so every forward has the same shape on any number of
-processes. Results: ``faithfulness_correlation/<method>/<setting>/pearson``.
+chunk padded to that size (copies of its last input) so every image forward has the same shape on any number of
+processes (a float32 matrix product rounds a row differently for other row counts: ``_call_width`` of the
+evaluation module; a text chunk is still cut to its longest sequence by the text classifier).
+Results: ``faithfulness_correlation/<method>/<setting>/pearson``.
 """
 from __future__ import annotations
 
