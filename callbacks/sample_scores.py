@@ -129,7 +129,7 @@ class SampleScoreTest(EvaluationCallback):
         results: Dict[str, Result] = {}
         self._gathered: Dict[str, Tuple[Tensor, Tensor, Tensor]] = {}
         for method, setting in self._pairs():
-            index, values, groups = self._metrics[f"{method}/{setting}"].compute()   # every rank: gathered
+            index, values, groups = self._metrics[f"{method}/{setting}"].gathered()   # every rank: gathered
             self._gathered[f"{method}/{setting}"] = (index, values, groups)
             for j, name in enumerate(self.metric_names()):
                 results[self._result(method, setting, name)] = float(self.aggregate(name, values[:, j], groups))

@@ -59,6 +59,12 @@ class SampleValues(Metric):
                              "(use datamodules.unrepeated)")
         return index, values.reshape(-1, self.width)[order], groups.reshape(-1)[order]
 
+    def gathered(self) -> Tuple[Tensor, Tensor, Tensor]:
+        """:meth:`compute` with its shapes kept: ``(index [N], values [N, width], groups [N])`` (torchmetrics squeezes
+        a one-element result to 0-d)."""
+        index, values, groups = self.compute()
+        return index.reshape(-1), values.reshape(-1, self.width), groups.reshape(-1)
+
 
 def nan_mean(values: Tensor) -> Tensor:
     """Mean of the non-NaN entries of each column of ``values`` ``[N, X]`` (float64; NaN where none)."""

@@ -350,3 +350,20 @@ def test_completeness_against_the_logit():
     assert set(CONSERVING) == {"attnlrp", "cp_lrp"}
     with pytest.raises(ValueError, match="not defined on methods whose relevance is not conserved"):
         CompletenessTest(methods=None)
+
+
+def test_patch_unit_by_hand():
+    """Patch unit: a pixel map summed per patch, a patch inside the region when the mask covers >= half of it."""
+    rel = torch.zeros(1, 4, 4)
+    rel[0, 0, 0], rel[0, 3, 3] = 2.0, 1.0               # patch 0 sums 2, patch 3 sums 1
+    mask = torch.zeros(1, 4, 4)
+    mask[0, :2, :1] = 1                                 # half of patch 0 (2 of its 4 pixels)
+    mask[0, 2, 2] = 1                                   # a quarter of patch 3: outside
+    batch = {"image": torch.rand(1, 3, 4, 4), "mask": mask, "label": torch.tensor([1]), "index": torch.tensor([0])}
+    outputs = {"relevance": {"m": {"target": rel}}, "layout": SimpleNamespace(grid=(2, 2))}
+    res = _drive(LocalisationTest(methods=["m"], unit="patch"), [(outputs, batch)]).compute()
+    assert res["localisation/m/target/relevance_mass_accuracy"] == pytest.approx(2 / 3)
+    assert res["localisation/m/target/pointing_game"] == 1.0
+    assert res["localisation/m/target/roc_auc"] == 1.0
+    strict = _drive(LocalisationTest(methods=["m"], unit="patch", patch_threshold=0.75), [(outputs, batch)]).compute()
+    assert np.isnan(strict["localisation/m/target/pointing_game"])        # no patch inside: skipped
