@@ -39,7 +39,8 @@ def sparseness(scores: Tensor, valid: Optional[Tensor] = None) -> Tensor:
     n = (torch.ones_like(magnitude, dtype=torch.bool) if valid is None else valid.bool()).sum(dim=1)
     # invalid units hold 0 and sort first: the valid ones take ranks N - n + 1 ... N, shift them to 1 ... n
     ordered = torch.sort(magnitude, dim=1).values
-    rank = torch.arange(1, magnitude.shape[1] + 1, dtype=torch.float64)[None] - (magnitude.shape[1] - n)[:, None]
+    rank = (torch.arange(1, magnitude.shape[1] + 1, dtype=torch.float64, device=magnitude.device)[None]
+            - (magnitude.shape[1] - n)[:, None])
     nf = n.to(torch.float64)
     total = ordered.sum(dim=1)
     gini = ((2 * rank - nf[:, None] - 1) * ordered).sum(dim=1) / (nf * torch.where(total > 0, total, 1.0))

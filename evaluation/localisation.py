@@ -68,8 +68,8 @@ def pointing_hits(scores: Tensor, truth: Tensor, valid: Optional[Tensor] = None,
         h, w = int(grid[0]), int(grid[1])
         if h * w != scores.shape[1]:
             raise ValueError(f"pointing game: grid {h}x{w} does not hold {scores.shape[1]} units")
-        rows = torch.arange(h, dtype=torch.float64).repeat_interleave(w)
-        cols = torch.arange(w, dtype=torch.float64).repeat(h)
+        rows = torch.arange(h, dtype=torch.float64, device=scores.device).repeat_interleave(w)
+        cols = torch.arange(w, dtype=torch.float64, device=scores.device).repeat(h)
         pr, pc = rows[point][:, None], cols[point][:, None]
         near = (rows[None] - pr) ** 2 + (cols[None] - pc) ** 2 < float(tolerance) ** 2
         hit = inside | (near & truth).any(dim=1)
@@ -103,7 +103,7 @@ def relevance_rank_accuracy(scores: Tensor, truth: Tensor, valid: Optional[Tenso
     ranked = scores.masked_fill(~valid, float("-inf"))
     order = torch.sort(ranked, dim=1, descending=True, stable=True).indices
     rank = torch.empty_like(order)
-    rank.scatter_(1, order, torch.arange(order.shape[1]).expand_as(order))
+    rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
     hits = (truth & (rank < k[:, None])).sum(dim=1).to(torch.float64)
     return _nan_where(hits / k.clamp(min=1).to(torch.float64), k == 0)
 
@@ -112,7 +112,7 @@ def localisation_auc(scores: Tensor, truth: Tensor, valid: Optional[Tensor] = No
     """ROC-AUC of the scores against the region over the valid units; ties count 1/2 (module docstring); NaN
     where the valid units are all inside or all outside the region."""
     scores, truth, valid = _check(scores, truth, valid)
-    out = torch.full((scores.shape[0],), float("nan"), dtype=torch.float64)
+    out = torch.full((scores.shape[0],), float("nan"), dtype=torch.float64, device=scores.device)
     for i in range(scores.shape[0]):
         s, t = scores[i][valid[i]], truth[i][valid[i]]
         positives, negatives = int(t.sum()), int((~t).sum())

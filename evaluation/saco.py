@@ -22,7 +22,7 @@ def saco_groups(scores: Tensor, removable: Tensor, groups: int) -> Tensor:
     scores, removable = scores.detach().to(torch.float64), removable.bool()
     order = torch.sort(scores.masked_fill(~removable, float("-inf")), dim=1, descending=True, stable=True).indices
     rank = torch.empty_like(order)
-    rank.scatter_(1, order, torch.arange(order.shape[1]).expand_as(order))
+    rank.scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
     n = removable.sum(dim=1, keepdim=True)
     removable = removable & (n >= groups)      # a sample with fewer units than groups: no group (its SaCo is NaN)
     base, extra = n // groups, n % groups
