@@ -36,7 +36,13 @@ def catalogue_classes() -> List[Type[EvaluationCallback]]:
             if (issubclass(cls, EvaluationCallback) and cls.__module__ == module.__name__
                     and tuple(getattr(cls, "metric_cards", ()) or ())):
                 found[f"{cls.__module__}.{cls.__qualname__}"] = cls
-    return sorted(found.values(), key=lambda c: (str(getattr(c, "PREFIX", "")), c.__module__, c.__qualname__))
+    return sorted(found.values(), key=lambda c: (prefix_of(c), c.__module__, c.__qualname__))
+
+
+def prefix_of(cls: Type[EvaluationCallback]) -> str:
+    """The test part of a class's result keys: its ``PREFIX`` attribute, else its module's ``PREFIX``."""
+    module = importlib.import_module(cls.__module__)
+    return str(getattr(cls, "PREFIX", None) or getattr(module, "PREFIX", None) or cls.__qualname__)
 
 
 def rows() -> List[Tuple[Type[EvaluationCallback], MetricCard]]:
@@ -53,7 +59,7 @@ def markdown() -> str:
     lines = ["| key (test/…/metric) | definition | reference | cost / sample | better | modalities | callback |",
              "|---|---|---|---|---|---|---|"]
     for cls, card in rows():
-        prefix = getattr(cls, "PREFIX", "?")
+        prefix = prefix_of(cls)
         lines.append(f"| `{prefix}/…/{card.name}` | {_cell(card.definition)} | "
                      f"{_cell(card.reference)} | {_cell(card.cost)} | {DIRECTIONS[card.higher_is_better]} | "
                      f"{', '.join(card.modalities)} | `{cls.__module__}.{cls.__qualname__}` |")

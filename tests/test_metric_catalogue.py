@@ -6,7 +6,7 @@ import json
 from callbacks.complexity import ComplexityTest
 from callbacks.faithfulness_correlation import FaithfulnessCorrelationTest
 from callbacks.localisation import LocalisationTest
-from callbacks.metric_catalogue import README, catalogue_classes, markdown, readme_table, rows
+from callbacks.metric_catalogue import README, catalogue_classes, markdown, prefix_of, readme_table, rows
 from callbacks.robustness import RobustnessTest
 from callbacks.saco import SaCoTest
 
@@ -20,7 +20,7 @@ def test_every_catalogue_callback_is_collected_once():
     classes = catalogue_classes()
     for cls in (LocalisationTest, ComplexityTest, FaithfulnessCorrelationTest):
         assert classes.count(cls) == 1
-    names = [(getattr(cls, "PREFIX", cls.__qualname__), card.name) for cls, card in rows()]
+    names = [(prefix_of(cls), card.name) for cls, card in rows()]
     assert len(names) == len(set(names))            # one card per metric of a test
     assert all(f"/…/{card.name}`" in markdown() for _, card in rows())
 
