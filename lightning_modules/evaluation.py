@@ -11,7 +11,8 @@ classifier) and the methods to evaluate; what differs between images and texts i
   methods as they are;
 
 explains them with every method and returns the dict that :mod:`callbacks.base` describes (raw relevance per
-method and class setting, the targets, the clean logits, ``class_specific``, the layout and the classifier).
+method and class setting, the targets, the clean logits, ``class_specific``, the layout and the classifier, and
+``explain``: :meth:`AttributionEvaluationModule.explain`, for the tests that re-explain perturbed inputs).
 
 Class settings (:mod:`evaluation.method_specs`): the module explains its ``class_settings`` and those the run's
 evaluation callbacks declare (:meth:`AttributionEvaluationModule.add_class_settings`; ``evaluate.py`` hands them
@@ -215,6 +216,21 @@ class AttributionEvaluationModule(pl.LightningModule):
             parts.append(method(self.model, chunk, target=targets, sample_ids=ids)[:stop - start])
         return torch.cat(parts)
 
+    def explain(self, method: str, inputs: Union[Tensor, Dict[str, Tensor]], target: Optional[Tensor],
+                sample_ids: Optional[Tensor] = None) -> Tensor:
+        """The entry point of the tests that re-explain perturbed copies of a batch (``outputs["explain"]``; e.g.
+        :class:`callbacks.robustness.RobustnessTest`): method ``method``'s maps of ``inputs`` (what
+        :meth:`model_inputs` returns: normalised images, token tensors) for the classes ``target`` ``[M]`` (ignored
+        by a class-agnostic method), at the test loop's call width (:meth:`_call_width`), with autograd on whatever
+        the caller has; detached. A method the run does not have is a ``KeyError`` naming those it has."""
+        if method not in self.methods:
+            raise KeyError(f"explain: no method {method!r} in this run; it has {sorted(self.methods)}")
+        chosen = self.methods[method]
+        with torch.enable_grad():
+            maps = self._attribute(chosen, inputs, target if chosen.class_specific else None, sample_ids,
+                                   self._call_width())
+        return maps.detach()
+
     def _loader_batch_size(self) -> Optional[int]:
         """The test loader's batch size (``None`` outside a test loop or for a loader without one)."""
         loaders = self._trainer.test_dataloaders if self._trainer is not None else None
@@ -309,7 +325,7 @@ class AttributionEvaluationModule(pl.LightningModule):
                     check_finite_relevance(name, setting, rel, sample_ids)
         return {"relevance": relevance, "targets": targets, "logits": logits,
                 "class_specific": {name: bool(method.class_specific) for name, method in self.methods.items()},
-                "layout": token_layout(self.model, inputs), "classifier": self.classifier}
+                "layout": token_layout(self.model, inputs), "classifier": self.classifier, "explain": self.explain}
 
     def configure_optimizers(self):  # evaluation only
         return None
