@@ -85,7 +85,8 @@ class SubstratePerturber(PixelPerturber):
             raise ValueError("patch units need the model's patch grid (outputs['layout'].grid)")
         h, w = (int(v) for v in grid)
         if images.shape[-2] % h or images.shape[-1] % w:
-            raise ValueError(f"patch units: the image {tuple(images.shape[-2:])} is not a multiple of the grid {(h, w)}")
+            raise ValueError(f"patch units: the image {tuple(images.shape[-2:])} is not a multiple of the grid "
+                             f"{(h, w)}")
         return h, w
 
     def unit_scores(self, relevance: Tensor, batch: Mapping[str, Any], layout: Any = None) -> Tensor:
