@@ -25,13 +25,30 @@ NEIGHBOURS = ((1, 1, 1 / 12), (0, 1, 1 / 6), (-1, 1, 1 / 12), (1, -1, 1 / 12), (
               (1, 0, 1 / 6), (-1, 0, 1 / 6))
 
 
+#: images per sparse factorisation (SuperLU's time grows faster than linearly with the block size)
+CHUNK = 8
+#: SuperLU's column ordering (the fastest measured on these 8-neighbour systems)
+ORDERING = "COLAMD"
+
+
 def impute(images: Tensor, removed: Tensor, noise: float = 0.0, seeds: Optional[Sequence[int]] = None) -> Tensor:
     """``images`` ``[K, C, H, W]`` with the pixels of ``removed`` (bool ``[K, H, W]``) imputed (module docstring);
     ``seeds``: one generator seed per image (needed when ``noise > 0``). float64 solve, result in the images'
-    dtype."""
+    dtype. The images are solved :data:`CHUNK` at a time, each chunk one block-diagonal system."""
     k, c, h, w = images.shape
     if removed.shape != (k, h, w):
         raise ValueError(f"impute: removed must be [K={k}, H={h}, W={w}], got {tuple(removed.shape)}")
+    if noise and (seeds is None or len(seeds) != k):
+        raise ValueError("impute: noise > 0 needs one seed per image")
+    if (removed.flatten(1).all(dim=1)).any():
+        raise ValueError("impute: an image with every pixel removed has nothing to impute from")
+    parts = [_impute_block(images[i:i + CHUNK], removed[i:i + CHUNK], noise,
+                           None if seeds is None else list(seeds)[i:i + CHUNK]) for i in range(0, k, CHUNK)]
+    return torch.cat(parts) if parts else images.clone()
+
+
+def _impute_block(images: Tensor, removed: Tensor, noise: float, seeds: Optional[Sequence[int]]) -> Tensor:
+    k, c, h, w = images.shape
     flat_removed = removed.reshape(-1).cpu().numpy().astype(bool)
     unknown = np.flatnonzero(flat_removed)
     out = images.detach().to(torch.float64).cpu().permute(0, 2, 3, 1).reshape(-1, c).clone()   # [K*H*W, C]
@@ -60,11 +77,9 @@ def impute(images: Tensor, removed: Tensor, noise: float = 0.0, seeds: Optional[
         vals.append(-diag)
         system = scipy.sparse.csc_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                                          shape=(unknown.size, unknown.size))
-        solution = scipy.sparse.linalg.splu(system).solve(rhs)
+        solution = scipy.sparse.linalg.splu(system, permc_spec=ORDERING).solve(rhs)
         solved = torch.from_numpy(np.ascontiguousarray(solution)).reshape(-1, c)
-        if noise:
-            if seeds is None or len(seeds) != k:
-                raise ValueError("impute: noise > 0 needs one seed per image")
+        if noise and seeds is not None:
             draws = torch.cat([torch.randn(h * w, c, generator=torch.Generator().manual_seed(int(s)),
                                            dtype=torch.float64) for s in seeds])
             solved = solved + float(noise) * draws[torch.from_numpy(unknown)]
