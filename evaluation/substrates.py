@@ -7,7 +7,7 @@ A removed unit takes the value of a *substrate* image at its pixels (all channel
 * ``mean``: the model's mean colour, i.e. 0 after normalisation (RISE's deletion substrate ``zeros_like`` of the
   normalised tensor);
 * ``black``: 0 in [0, 1] space (Chefer's perturbation fill);
-* ``blur``: the image blurred by a normalised Gaussian kernel (``klen`` 11, ``sigma`` 5: RISE's ``gkern``,
+* ``blur``: the image blurred by RISE's kernel (``klen`` 11, ``sigma`` 5: its ``gkern``, :func:`gaussian_kernel`;
   insertion's start), convolved channel-wise with zero padding **in the normalised space** (as RISE blurs the
   normalised tensor: the border pads with the mean colour);
 * ``road``: ROAD's noisy linear imputation of the removed pixels (:mod:`evaluation.road_imputation`), noise drawn
@@ -36,13 +36,19 @@ UNITS = ("pixel", "patch")
 
 
 def gaussian_kernel(klen: int, sigma: float) -> Tensor:
-    """The normalised 2-D Gaussian ``[klen, klen]`` (float64) sampled at integer offsets from the centre."""
+    """RISE's blur kernel ``[klen, klen]`` (float64; its ``gkern``: a centred delta on a ``klen`` window filtered by
+    a Gaussian of ``sigma`` truncated at ``4 sigma``, the window's border reflecting half a sample, so the mass
+    that leaves the window folds back into it): the outer product of the folded 1-D kernel, summing to 1."""
     if klen < 1 or klen % 2 == 0 or sigma <= 0:
         raise ValueError(f"blur needs an odd kernel length and sigma > 0, got klen={klen}, sigma={sigma}")
-    r = torch.arange(klen, dtype=torch.float64) - (klen - 1) / 2
-    g = torch.exp(-(r ** 2) / (2 * sigma ** 2))
-    k = g[:, None] * g[None, :]
-    return k / k.sum()
+    radius = int(4.0 * sigma + 0.5)
+    offsets = torch.arange(-radius, radius + 1, dtype=torch.float64)
+    weights = torch.exp(-0.5 * offsets ** 2 / sigma ** 2)
+    weights = weights / weights.sum()
+    position = (offsets.long() + klen // 2) % (2 * klen)                 # half-sample reflection, period 2 klen
+    position = torch.where(position >= klen, 2 * klen - 1 - position, position)
+    folded = torch.zeros(klen, dtype=torch.float64).index_add_(0, position, weights)
+    return folded[:, None] * folded[None, :]
 
 
 def blur(images: Tensor, mean: Sequence[float], klen: int = 11, sigma: float = 5.0) -> Tensor:
