@@ -379,3 +379,36 @@ def test_integration_rules_by_hand():
     assert float(integrate(y, [0.0, 0.5, 1.0], "trapezoid")) == pytest.approx(0.5)
     assert float(integrate(y, [0.0, 0.1, 1.0], "rise")) == pytest.approx((1.5 - 0.5 - 0.0) / 2)
     assert float(integrate(y, [0.0, 0.5, 1.0], "mean")) == pytest.approx(0.25)
+
+
+def test_decoder_through_the_answer_token_classifier():
+    """A decoder LM (tiny random Llama) through the answer-token classifier: deletion and MoRF/LeRF on tokens; the
+    first deletion point is the clean probability of the explained answer token."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from evaluation.classifier import AnswerTokenClassifier
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2,
+                                         max_position_embeddings=32)).eval()
+    clf = AnswerTokenClassifier(model, answer_ids=[7, 9], pad_token_id=0, batch_size=4)
+    ids = torch.randint(3, 40, (3, 10), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0   # left padding
+    ids[1, :3] = 0
+    batch = {"input_ids": ids, "attention_mask": mask, "special_tokens_mask": torch.zeros_like(ids),
+             "label": torch.tensor([0, 1, 0]), "index": torch.tensor([4, 5, 6])}
+    logits = clf.logits({"input_ids": ids, "attention_mask": mask})
+    outputs = {"relevance": {"m": {"predicted": torch.rand(3, 10)}}, "targets": {"predicted": logits.argmax(-1)},
+               "logits": logits, "classifier": clf}
+    for cb in (DeletionInsertionTest(unit="token", removal="pad", step=None, fractions=[0.5, 1.0]),
+               MoRFLeRFTest(unit="token", removal="delete", step=None, fractions=[0.5, 0.9], score="logit")):
+        cb.update(outputs, batch)
+        res = cb.compute()
+        first = next(k for k in cb.per_sample_scores() if k.endswith("_curve"))
+        _, curves = cb.per_sample_scores()[first]
+        expected = torch.softmax(logits.double(), -1) if cb.score == "probability" else logits.double()
+        assert torch.allclose(curves[:, 0], expected.gather(1, outputs["targets"]["predicted"][:, None])[:, 0],
+                              atol=1e-5)
+        assert res[f"{cb.name}/forward_passes"] == 3 * 2 * 3
