@@ -172,8 +172,10 @@ class RemovalCurveTest(EvaluationCallback):
     # -------------------------------------------------------------------------------- declarations
     @classmethod
     def wandb_tags(cls, init_args: Mapping[str, Any]) -> List[str]:
-        names = ("score", "unit", "removal", "integration", "step", "ties")
-        return [f"{cls.NAME}_{n}:{init_args.get(n)}" for n in names if init_args.get(n) is not None]
+        """``<test name>_<convention>:<value>`` for every scalar convention (:meth:`conventions`) of the test as
+        ``init_args`` build it (defaults included)."""
+        test = cls(**dict(init_args))
+        return [f"{test.name}_{k}:{v}" for k, v in test.conventions().items() if isinstance(v, (str, int, float))]
 
     def conventions(self) -> Dict[str, Any]:
         """The conventions every key of the test was computed with (``metrics.meta.json``)."""

@@ -412,3 +412,11 @@ def test_decoder_through_the_answer_token_classifier():
         assert torch.allclose(curves[:, 0], expected.gather(1, outputs["targets"]["predicted"][:, None])[:, 0],
                               atol=1e-5)
         assert res[f"{cb.name}/forward_passes"] == 3 * 2 * 3
+
+
+def test_wandb_tags_name_every_convention_defaults_included():
+    tags = ROADTest.wandb_tags({"score": "probability"})
+    assert {"road_score:probability", "road_removal:road", "road_unit:pixel", "road_integration:mean",
+            "road_seed:0", "road_noise:0.01"} <= set(tags)
+    assert "rise_pixel_unit:pixel" in DeletionInsertionTest.wandb_tags({"name": "rise_pixel", "unit": "pixel",
+                                                                         "step": 64})
