@@ -6,7 +6,8 @@ few lines (its curves, summaries and conventions) plus a config block:
   probability of the explained class while the most relevant units are deleted onto the substrate (default the
   mean colour, 0 after normalisation) or inserted into a blurred image (Gaussian ``klen`` 11, ``sigma`` 5); a step
   of ``step`` pixels or patches, ``n = ceil(N / step)`` steps, areas by RISE's normalised trapezoid; tokens: the
-  same with token removal (``delete``, ``[MASK]``, ``pad``), insertion starting from the all-removed text;
+  same with token removal (``delete``, ``[MASK]``, ``pad``, zeroed embedding), insertion starting from the
+  all-removed text;
 * :class:`MoRFLeRFTest`: the curves most- and least-relevant first (score ``probability``, ``logit`` or
   ``accuracy``) and the area between them, ``srg = AUC(LeRF) - AUC(MoRF)`` (Blücher et al., TMLR 2024;
   AttnLRP's Delta A_F, Achtibat et al. 2024, recipe in LXT#40);
@@ -46,6 +47,7 @@ from evaluation.curves import (
     integrate,
     log_odds,
 )
+from evaluation.embedding_removal import ZeroEmbeddingPerturber, zeroed_embeddings
 from evaluation.metric_cards import MetricCard
 from evaluation.metrics import SumsMetric
 from evaluation.perturbers import Perturber, TokenPerturber
@@ -56,7 +58,7 @@ from evaluation.substrates import SUBSTRATES, UNITS, SubstratePerturber
 from .base import EvaluationCallback, OncePerMap, Result, relevance_for, tie_scores
 
 SCORES = ("probability", "logit", "accuracy")
-TOKEN_REMOVALS = TokenPerturber.REMOVALS
+TOKEN_REMOVALS = TokenPerturber.REMOVALS + ("zero_embedding",)
 IMAGE_MODALITIES = ("image", "clip_image")
 
 
@@ -96,8 +98,9 @@ class RemovalCurveTest(EvaluationCallback):
         class_settings: which explained classes (``predicted``: RISE's clean argmax; ``target``).
         score: ``probability`` (softmax of the explained class), ``logit`` or ``accuracy`` (argmax vs label).
         unit: ``pixel``, ``patch`` (images) or ``token`` (texts).
-        removal: images: the substrate ``mean``, ``black``, ``blur`` or ``road``; texts: ``delete``, ``mask``
-            or ``pad``.
+        removal: images: the substrate ``mean``, ``black``, ``blur`` or ``road``; texts: ``delete``, ``mask``,
+            ``pad`` or ``zero_embedding`` (the input embedding set to 0: AttnLRP's recipe,
+            :mod:`evaluation.embedding_removal`).
         step: units per step (images; ``None``: use ``fractions``).
         fractions: fractions of the units removed after the first point (p = 0).
         integration: ``rise``, ``trapezoid`` or ``mean`` (:func:`evaluation.curves.integrate`).
@@ -138,7 +141,9 @@ class RemovalCurveTest(EvaluationCallback):
                 raise ValueError(f"token units: removal must be one of {TOKEN_REMOVALS}, got {removal!r}")
             if step is not None:
                 raise ValueError("token units: texts have different lengths, give fractions (step=null)")
-            self.perturber: Perturber = TokenPerturber(removal, **{"clamp": False, **dict(masking_options or {})})
+            options = {"clamp": False, **dict(masking_options or {})}
+            self.perturber: Perturber = ZeroEmbeddingPerturber(**options) if removal == "zero_embedding" else \
+                TokenPerturber(removal, **options)
         elif unit in UNITS:
             if not any(m in self.MODALITIES for m in IMAGE_MODALITIES):
                 raise ValueError(f"{type(self).__name__} is defined on texts only; unit {unit!r} is refused")
@@ -281,7 +286,11 @@ class RemovalCurveTest(EvaluationCallback):
                 inputs = perturber.perturb(batch, removed, classifier, stream=stream)
             else:
                 inputs = perturber.perturb(batch, removed, classifier)
-            logits = classifier.logits(inputs, batch_size=self.forward_batch_size)
+            if isinstance(perturber, ZeroEmbeddingPerturber):
+                with zeroed_embeddings(classifier.model):
+                    logits = classifier.logits(inputs, batch_size=self.forward_batch_size)
+            else:
+                logits = classifier.logits(inputs, batch_size=self.forward_batch_size)
             steps, b = removed.shape[:2]
             self._forwards.update(steps * b)
             out[curve.name] = self._scores(logits.reshape(steps, b, -1), classes, batch["label"])

@@ -403,7 +403,8 @@ def test_decoder_through_the_answer_token_classifier():
     outputs = {"relevance": {"m": {"predicted": torch.rand(3, 10)}}, "targets": {"predicted": logits.argmax(-1)},
                "logits": logits, "classifier": clf}
     for cb in (DeletionInsertionTest(unit="token", removal="pad", step=None, fractions=[0.5, 1.0]),
-               MoRFLeRFTest(unit="token", removal="delete", step=None, fractions=[0.5, 0.9], score="logit")):
+               MoRFLeRFTest(unit="token", removal="delete", step=None, fractions=[0.5, 0.9], score="logit"),
+               MoRFLeRFTest(unit="token", removal="zero_embedding", step=None, fractions=[0.5, 0.9], score="logit")):
         cb.update(outputs, batch)
         res = cb.compute()
         first = next(k for k in cb.per_sample_scores() if k.endswith("_curve"))
@@ -420,3 +421,25 @@ def test_wandb_tags_name_every_convention_defaults_included():
             "road_seed:0", "road_noise:0.01"} <= set(tags)
     assert "rise_pixel_unit:pixel" in DeletionInsertionTest.wandb_tags({"name": "rise_pixel", "unit": "pixel",
                                                                          "step": 64})
+
+
+def test_zeroed_embeddings_are_attnlrps_recipe_on_bert_and_llama():
+    """``removal='zero_embedding'``: the curve of a removal is the model run on ``inputs_embeds`` with the removed
+    tokens' word embeddings set to 0 (LXT#40), on an encoder and through the answer-token classifier."""
+    clf, batch, rel, outputs, lengths = tiny_text_case()
+    cb = MoRFLeRFTest(unit="token", removal="zero_embedding", step=None, fractions=[0.5, 1.0], score="logit",
+                      ties="index")
+    cb.update(outputs, batch)
+    _, morf = per_sample(cb, "morf_lerf/m/predicted/morf_curve")
+    for i, length in enumerate(lengths):
+        c = int(outputs["targets"]["predicted"][i])
+        positions = torch.arange(1, length - 1)
+        order = positions[torch.argsort(-rel[i, 1:length - 1].double(), stable=True)]
+        for j, p in enumerate([0.0, 0.5, 1.0]):
+            embeds = clf.model.get_input_embeddings()(batch["input_ids"][i:i + 1]).detach().clone()
+            embeds[0, order[:int(p * (length - 2))]] = 0.0
+            with torch.no_grad():
+                expected = clf.model(inputs_embeds=embeds, attention_mask=batch["attention_mask"][i:i + 1]).logits
+            assert abs(float(morf[i, j]) - float(expected[0, c])) < 1e-5
+    with pytest.raises(ValueError, match="token units: removal must be one of"):
+        MoRFLeRFTest(unit="token", removal="blur", step=None, fractions=[0.5])
