@@ -434,7 +434,13 @@ class AOPCTest(RemovalCurveTest):
 class ROADTest(RemovalCurveTest):
     """ROAD (module docstring): MoRF (lower is better), LeRF (higher is better) and ``combined = (LeRF - MoRF) /
     2`` (higher is better) with noisy linear imputation; defaults: pixel units, fractions 0.1 ... 0.9, accuracy
-    against the label (the ROAD paper's score), areas as the mean over the fractions. Images only."""
+    against the label (the ROAD paper's score), areas as the mean over the fractions. Images only.
+
+    Fraction ``p`` is the share of pixels **removed** in both orders, exactly ``int(p * N)`` of them, ties in the
+    order of the random map. Divergences of the references: road_evaluation's LeRF removes ``order[int(n p):]`` (its
+    ``p`` is the share kept); grad-cam's ``RemoveMostRelevantFirst(p)`` removes every pixel at or above the ``p``-th
+    percentile (ties included: a map that is 0 on most pixels loses every pixel; test_removal_curves.py shows it)
+    and draws unseeded noise; here the noise is drawn per sample index, step and curve from ``seed``."""
 
     NAME = "road"
     CURVES = (Curve("morf", "morf", "delete", (("auc", False),)),
