@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 from callbacks.removal_curves import ATTCAT_LEVELS, AOPCTest, DeletionInsertionTest, MoRFLeRFTest, ROADTest
-from evaluation.classifier import Classifier, TextClassifier
+from evaluation.classifier import AnswerTokenClassifier, Classifier, TextClassifier
 from evaluation.curves import integrate
+from evaluation.pixel_maps import pixel_maps
 from evaluation.road_imputation import impute
 from evaluation.substrates import blur, gaussian_kernel
 
@@ -111,8 +112,6 @@ def test_deletion_and_insertion_are_rises_causal_metric(unit, step):
             order = torch.from_numpy(np.lexsort((np.arange(256), patch_id.numpy(), -cell.numpy())))
             pixel_step = step * 16
         else:
-            from evaluation.pixel_maps import pixel_maps
-
             saliency = pixel_maps(rel[b:b + 1], (16, 16), (4, 4)).flatten().double()
             order = torch.from_numpy(np.argsort(-saliency.numpy(), kind="stable"))
             pixel_step = step
@@ -385,8 +384,6 @@ def test_decoder_through_the_answer_token_classifier():
     """A decoder LM (tiny random Llama) through the answer-token classifier: deletion and MoRF/LeRF on tokens; the
     first deletion point is the clean probability of the explained answer token."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from evaluation.classifier import AnswerTokenClassifier
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
