@@ -42,7 +42,7 @@ def image_case(b=3, size=16, grid=4, seed=0):
     gen = torch.Generator().manual_seed(seed)
     clf = tiny_image_classifier(seed)
     images = torch.rand(b, 3, size, size, generator=gen, dtype=torch.float64)
-    logits = clf.logits(clf.normalize(images))
+    logits = clf.logits(images)
     rel = torch.rand(b, grid * grid, generator=gen)          # continuous: no ties
     batch = {"image": images, "label": torch.randint(0, 3, (b,), generator=gen), "index": torch.arange(b) * 3 + 1}
     outputs = {"relevance": {"m": {"predicted": rel}}, "targets": {"predicted": logits.argmax(-1)},
@@ -234,7 +234,7 @@ def test_grad_cams_percentile_removes_every_pixel_of_a_mostly_zero_map_ours_remo
     clf = tiny_image_classifier()
     images = torch.rand(1, 3, 10, 10, dtype=torch.float64)
     outputs = {"relevance": {"m": {"predicted": cam[None]}}, "targets": {"predicted": torch.tensor([0])},
-               "logits": clf.logits(clf.normalize(images)), "classifier": clf, "layout": SimpleNamespace(grid=(2, 2))}
+               "logits": clf.logits(images), "classifier": clf, "layout": SimpleNamespace(grid=(2, 2))}
     cb = ROADTest(fractions=[0.2, 0.8], noise=0.0)
     removed = {}
     original = cb.perturber.perturb
@@ -440,3 +440,33 @@ def test_zeroed_embeddings_are_attnlrps_recipe_on_bert_and_llama():
             assert abs(float(morf[i, j]) - float(expected[0, c])) < 1e-5
     with pytest.raises(ValueError, match="token units: removal must be one of"):
         MoRFLeRFTest(unit="token", removal="blur", step=None, fractions=[0.5])
+
+
+def test_clip_image_tower_through_the_zero_shot_classifier():
+    """CLIP's image tower (a tiny random CLIP as a zero-shot classifier): RISE and ROAD run on its images; the first
+    deletion point is the zero-shot probability of the clean image."""
+    from transformers import CLIPConfig, CLIPModel
+
+    from models.clip import ZeroShotClassifier
+
+    torch.manual_seed(0)
+    clip = CLIPModel(CLIPConfig(text_config=dict(vocab_size=30, hidden_size=16, intermediate_size=32,
+                                                 num_hidden_layers=1, num_attention_heads=2,
+                                                 max_position_embeddings=8),
+                                vision_config=dict(image_size=16, patch_size=4, hidden_size=16, intermediate_size=32,
+                                                   num_hidden_layers=1, num_attention_heads=2),
+                                projection_dim=8)).eval()
+    clf = Classifier(ZeroShotClassifier(clip, torch.randn(3, 8)).eval(), MEAN, STD, batch_size=16)
+    images = torch.rand(2, 3, 16, 16)
+    logits = clf.logits(images)
+    outputs = {"relevance": {"m": {"predicted": torch.rand(2, 16)}}, "targets": {"predicted": logits.argmax(-1)},
+               "logits": logits, "classifier": clf, "layout": SimpleNamespace(grid=(4, 4))}
+    batch = {"image": images, "label": torch.tensor([0, 2]), "index": torch.tensor([0, 1])}
+    rise = DeletionInsertionTest(unit="patch", step=4)
+    rise.update(outputs, batch)
+    _, deletion = per_sample(rise, "rise/m/predicted/deletion_curve")
+    clean = torch.softmax(logits.double(), -1).gather(1, outputs["targets"]["predicted"][:, None])[:, 0]
+    assert torch.allclose(deletion[:, 0], clean, atol=1e-6)
+    road = ROADTest(fractions=[0.5], score="probability")
+    road.update(outputs, batch)
+    assert road.compute()["road/forward_passes"] == 2 * 2 * 2
