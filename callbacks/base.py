@@ -266,6 +266,11 @@ class EvaluationCallback(pl.Callback):
         (the writer sorts them by index): what the run's per-sample sidecar holds (default: nothing)."""
         return {}
 
+    def conventions(self) -> Dict[str, Any]:
+        """The conventions every result of the callback was computed with (score, fill, unit, grid, ...), written
+        per key to ``metrics.meta.json`` (default: none)."""
+        return {}
+
     def _place_metrics(self, device: Optional[torch.device]) -> None:
         """Move every metric of :meth:`metrics` to ``device`` (``None``: leave them where they are)."""
         if device is not None:
@@ -322,4 +327,5 @@ class EvaluationCallback(pl.Callback):
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         results = self.compute()  # every rank: torchmetrics reduces the states across processes
-        ResultsReporter.of(trainer).report(results, self.higher_is_better(), self.curve_x(), pl_module)
+        ResultsReporter.of(trainer).report(results, self.higher_is_better(), self.curve_x(), pl_module,
+                                           conventions=self.conventions(), per_sample=self.per_sample_scores())

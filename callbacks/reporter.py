@@ -11,7 +11,8 @@ metric declares (``higher_is_better``) and the x values of its curves. The repor
   value ``metrics_meta``) and the resolved config ``config.yaml`` that LightningCLI saved (its
   ``SaveConfigCallback``; the one in the log dir is overwritten by the next run), logs the curves as one table
   (``curves``) and one table per test with a row per method (``<test>_by_method``, :func:`method_tables`) through
-  the trainer's logger and saves the logger, prints the results table
+  the trainer's logger and saves the logger, writes the callbacks' per-sample scores as ``per_sample.npz`` beside
+  ``metrics.json`` (rows sorted by dataset index; only when a callback has some), prints the results table
   (:func:`evaluation.reporting.results_table`) and ``metrics written to <path>``.
 
 Every key must be a :class:`evaluation.result_keys.ResultKey` string (a malformed one is an error naming it).
@@ -31,11 +32,13 @@ from pytorch_lightning.loggers import WandbLogger
 from evaluation.reporting import (
     META_FILE,
     META_SUMMARY_KEY,
+    PER_SAMPLE_FILE,
     log_curves,
     metrics_meta,
     results_table,
     write_json,
     write_metrics_json,
+    write_per_sample,
 )
 from evaluation.result_keys import ResultKey
 
@@ -58,6 +61,8 @@ class ResultsReporter(pl.Callback):
         self.results: Dict[str, Any] = {}
         self.higher_is_better: Dict[str, Optional[bool]] = {}
         self.curve_x: Dict[str, List[float]] = {}
+        self.conventions: Dict[str, Dict[str, Any]] = {}
+        self.per_sample: Dict[str, tuple] = {}
 
     @property
     def metrics_path(self) -> Optional[Path]:
@@ -75,11 +80,16 @@ class ResultsReporter(pl.Callback):
     # -------------------------------------------------------------------------------- collecting
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.results, self.higher_is_better, self.curve_x = {}, {}, {}
+        self.conventions, self.per_sample = {}, {}
 
     def report(self, results: Mapping[str, Any], higher_is_better: Optional[Mapping[str, Optional[bool]]] = None,
                curve_x: Optional[Mapping[str, Sequence[float]]] = None,
-               pl_module: Optional[pl.LightningModule] = None) -> None:
-        """Take one callback's results (keys must be new); log the scalars through ``pl_module`` when given."""
+               pl_module: Optional[pl.LightningModule] = None,
+               conventions: Optional[Mapping[str, Any]] = None,
+               per_sample: Optional[Mapping[str, tuple]] = None) -> None:
+        """Take one callback's results (keys must be new); log the scalars through ``pl_module`` when given.
+        ``conventions``: what every one of these keys was computed with (``metrics.meta.json``); ``per_sample``:
+        ``{key: (indices, values)}`` for the per-sample sidecar."""
         for key in results:
             ResultKey.parse(key)   # a key that fits no layout: an error naming it
         overlap = set(self.results) & set(results)
@@ -89,6 +99,13 @@ class ResultsReporter(pl.Callback):
         declared = dict(higher_is_better or {})
         self.higher_is_better.update({key: declared.get(key) for key in results})
         self.curve_x.update({key: list(x) for key, x in (curve_x or {}).items() if key in results})
+        if conventions:
+            self.conventions.update({key: dict(conventions) for key in results})
+        for key, rows in (per_sample or {}).items():
+            ResultKey.parse(key)
+            if key in self.per_sample:
+                raise ValueError(f"two evaluation callbacks report per-sample scores for {key}")
+            self.per_sample[key] = rows
         if pl_module is not None:
             for key, value in results.items():
                 if isinstance(value, (int, float)):
@@ -100,9 +117,11 @@ class ResultsReporter(pl.Callback):
         if not trainer.is_global_zero:
             return
         path = None if self.metrics_path is None else write_metrics_json(self.results, self.metrics_path)
-        meta = metrics_meta(self.higher_is_better, self.curve_x)
+        meta = metrics_meta(self.higher_is_better, self.curve_x, self.conventions)
         if path is not None:
             write_json(meta, path.parent / META_FILE)
+            if self.per_sample:
+                write_per_sample(self.per_sample, path.parent / PER_SAMPLE_FILE)
             write_resolved_config(trainer, path.parent / self.CONFIG_FILE)
         for wandb in (lg for lg in trainer.loggers if isinstance(lg, WandbLogger)):
             wandb.experiment.summary[META_SUMMARY_KEY] = json.dumps(meta, separators=(",", ":"))   # one value

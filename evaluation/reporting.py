@@ -11,6 +11,8 @@ the curves).
 * :func:`metrics_meta` / :func:`read_metrics_meta`: the two declarations as the sidecar ``metrics.meta.json``
   beside it (``{"schema_version": 1, "metrics": {key: {"higher_is_better": ..., "x": [...] (curves only)}}}``),
   so that a run's results describe themselves (``compare.py`` reads them);
+* :func:`write_per_sample` / :func:`read_per_sample`: the per-sample sidecar ``per_sample.npz`` (the callbacks'
+  ``per_sample_scores``, rows sorted by dataset index), written only when a callback has per-sample scores;
 * the curves as one logger table (:func:`log_curves`) and the printed results table (:func:`results_table`).
 """
 from __future__ import annotations
@@ -21,6 +23,8 @@ import os
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
 
 from evaluation.result_keys import ResultKey
 
@@ -73,13 +77,46 @@ def write_json(data: Any, path: os.PathLike) -> Path:
 
 
 def metrics_meta(higher_is_better: Mapping[str, Optional[bool]],
-                 curve_x: Optional[Mapping[str, Sequence[float]]] = None) -> Dict[str, Any]:
-    """The sidecar of ``metrics.json`` (module docstring): every key's declared direction, the curves' x values."""
-    curve_x = curve_x or {}
+                 curve_x: Optional[Mapping[str, Sequence[float]]] = None,
+                 conventions: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Dict[str, Any]:
+    """The sidecar of ``metrics.json`` (module docstring): every key's declared direction, the curves' x values
+    and, for the keys of a test that names them, its conventions (``"conventions": {...}``)."""
+    curve_x, conventions = curve_x or {}, conventions or {}
     return {"schema_version": META_SCHEMA_VERSION,
             "metrics": {key: {"higher_is_better": higher_is_better.get(key),
-                              **({"x": [float(x) for x in curve_x[key]]} if key in curve_x else {})}
+                              **({"x": [float(x) for x in curve_x[key]]} if key in curve_x else {}),
+                              **({"conventions": dict(conventions[key])} if key in conventions else {})}
                         for key in sorted(set(higher_is_better) | set(curve_x))}}
+
+
+#: the per-sample sidecar of ``metrics.json``
+PER_SAMPLE_FILE = "per_sample.npz"
+
+
+def write_per_sample(scores: Mapping[str, Tuple[Any, Any]], path: os.PathLike) -> Path:
+    """Every key's per-sample values as ``.npz`` at ``path`` (written atomically): ``index/<key>`` (int64 dataset
+    indices, sorted) and ``values/<key>`` (float64 ``[N]`` or ``[N, X]``, rows in the same order)."""
+    arrays: Dict[str, Any] = {}
+    for key, (index, values) in sorted(scores.items()):
+        index = np.asarray(index.cpu() if hasattr(index, "cpu") else index, dtype=np.int64).reshape(-1)
+        values = np.asarray(values.cpu() if hasattr(values, "cpu") else values, dtype=np.float64)
+        if values.shape[0] != index.shape[0]:
+            raise ValueError(f"per-sample scores of {key}: {index.shape[0]} indices, {values.shape[0]} rows")
+        order = np.argsort(index, kind="stable")
+        arrays[f"index/{key}"], arrays[f"values/{key}"] = index[order], values[order]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+    return path
+
+
+def read_per_sample(path: os.PathLike) -> Dict[str, Tuple[Any, Any]]:
+    """``{key: (indices, values)}`` of a sidecar written by :func:`write_per_sample`."""
+    with np.load(path) as data:
+        keys = sorted(name[len("values/"):] for name in data.files if name.startswith("values/"))
+        return {key: (data[f"index/{key}"], data[f"values/{key}"]) for key in keys}
 
 
 def read_metrics_meta(meta: Any) -> Tuple[Dict[str, Optional[bool]], Dict[str, List[float]]]:
