@@ -40,9 +40,14 @@ def catalogue_classes() -> List[Type[EvaluationCallback]]:
 
 
 def prefix_of(cls: Type[EvaluationCallback]) -> str:
-    """The test part of a class's result keys: its ``PREFIX`` attribute, else its module's ``PREFIX``."""
+    """The test part of a class's result keys: its ``PREFIX`` (or default ``NAME``) attribute, else its module's
+    ``PREFIX``; a class that declares none is refused (its keys could not be named in the table)."""
     module = importlib.import_module(cls.__module__)
-    return str(getattr(cls, "PREFIX", None) or getattr(module, "PREFIX", None) or cls.__qualname__)
+    prefix = getattr(cls, "PREFIX", None) or getattr(cls, "NAME", None) or getattr(module, "PREFIX", None)
+    if not prefix:
+        raise TypeError(f"{cls.__module__}.{cls.__qualname__} declares metric cards but no PREFIX or NAME: the "
+                        "catalogue cannot name its result keys")
+    return str(prefix)
 
 
 def rows() -> List[Tuple[Type[EvaluationCallback], MetricCard]]:
