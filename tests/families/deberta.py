@@ -4,11 +4,14 @@ positions, no token types) and a DeBERTa-v2-like one (separate ``pos_key_proj`` 
 absolute positions added to the input, token types)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
 
-from .base import Family, _token_batch
+from .base import Family
+from .text import _text_family
 
 #: DeBERTa-v3's attention: c2p and p2c terms with shared keys, log buckets, LayerNorm on the relative embeddings
 V3 = dict(relative_attention=True, pos_att_type=["p2c", "c2p"], share_att_key=True, position_buckets=6,
@@ -38,21 +41,11 @@ def _tiny_deberta(variant: dict, seed: int = 0, bias_free: bool = False) -> nn.M
 
 
 def _deberta_family(name: str, variant: dict, with_types: bool) -> Family:
+    """The text rows' batches, splits and options (:func:`~tests.families.text._text_family`) on a tiny DeBERTa."""
     from methods.families.hf_deberta import HFDebertaV2Adapter
 
-    def length(inputs, i):
-        return int(inputs["attention_mask"][i].sum())
-
-    return Family(
-        name=name, adapter=HFDebertaV2Adapter, build=lambda: _tiny_deberta(variant),
-        inputs=lambda b: _token_batch(b, with_types),
-        single=lambda x, i: {k: v[i:i + 1, :length(x, i)] for k, v in x.items()},
-        positions=lambda x, i: slice(0, length(x, i)),
-        padding=lambda x: x["attention_mask"] == 0,
-        shape=lambda x, pixels: tuple(x["input_ids"].shape),
-        options={"beyond_intuition_head": {"steps": 4}, "beyond_intuition_token": {"steps": 4}},
-        logits=lambda model, x: model(**{k: v for k, v in x.items() if k != "special_tokens_mask"}).logits,
-    )
+    return replace(_text_family(name, "bert", with_types), adapter=HFDebertaV2Adapter,
+                   build=lambda: _tiny_deberta(variant))
 
 
 FAMILIES = [

@@ -92,14 +92,12 @@ class HFDebertaV2Adapter(HFTextAdapter):
         padding rather than cut out: every block masks it as a key, and each kept token keeps its relative
         distances to every other kept token as in the full input (cutting would shift them by one across the
         removed token; measured in ``NOTES.md``)."""
-        batch, n = hidden.shape[:2]
-        r = len(removed)
-        keep = torch.ones(batch, r, n, dtype=torch.long, device=hidden.device)
-        keep[:, torch.arange(r, device=hidden.device), removed.to(hidden.device)] = 0
-        if context.attention_mask is not None:
-            keep = keep * context.attention_mask.to(hidden.device).long()[:, None, :]
-        repeated = hidden[:, None].expand(batch, r, *hidden.shape[1:]).flatten(0, 1)
-        return repeated, SequenceContext(attention_mask=keep.flatten(0, 1))
+        batch, r = hidden.shape[0], len(removed)
+        mask = context.attention_mask
+        mask = torch.ones(hidden.shape[:2], dtype=torch.long) if mask is None else mask.long()
+        mask = mask.to(hidden.device).repeat_interleave(r, dim=0)     # sample-major, as the hidden states
+        mask[torch.arange(batch * r, device=hidden.device), removed.to(hidden.device).repeat(batch)] = 0
+        return hidden.repeat_interleave(r, dim=0), SequenceContext(attention_mask=mask)
 
     # ------------------------------------------------------------------ where methods hook
     def attention_linears(self, layer: int) -> AttentionLinears:

@@ -3,9 +3,9 @@ post-norm blocks, the mask's Add) with DeBERTa's attention scores ``(q k^T + c2p
 
 The c2p / p2c position terms enter the Add rule beside the padding mask, like BEiT's relative position bias:
 their share of the scores' relevance is dropped and the content scores ``q k^T`` get the rest (``NOTES.md``).
-``q`` and ``k`` are recomputed from the block input (with ``share_att_key`` the model also runs ``query_proj`` /
-``key_proj`` on the relative embeddings, so their outputs cannot be recorded by a hook); the position terms are
-the attention module's own ``disentangled_attention_bias``.
+The blocks are recorded as BERT's; ``q`` and ``k`` are recomputed from the block input (with ``share_att_key`` the
+model also runs ``query_proj`` / ``key_proj`` on the relative embeddings, which overwrites what their hooks
+recorded); the position terms are the attention module's own ``disentangled_attention_bias``.
 """
 from __future__ import annotations
 
@@ -30,23 +30,6 @@ def score_factor(attention) -> int:
 @register_topology(HFDebertaV2Adapter)
 class HFDebertaTopology(HFTextTopology):
     """Relevance pass over a DeBERTa-v2/v3 classifier through its :class:`HFDebertaV2Adapter`."""
-
-    def record_block(self, rec: ActivationRecorder, layer: int, layer_outputs: bool) -> None:
-        """The block input (the q/k/v projections' input, post-norm), ``v``, the output projection, the MLP and
-        the attention LayerNorm's output; ``q`` and ``k`` are recomputed in :meth:`block_relprop`."""
-        adapter = self.adapter
-        linears = adapter.attention_linears(layer)
-        fc1, fc2 = adapter.mlp_linears(layer)
-        adapter.record_block_input(rec, layer, ("x", layer))
-        rec.output(linears.v, ("v", layer))
-        rec.input(linears.out, ("proj_in", layer))
-        rec.output(linears.out, ("attn_out", layer))
-        rec.input(fc1, ("fc1_in", layer))
-        if layer_outputs:
-            rec.output(fc1, ("fc1_out", layer))
-        rec.input(fc2, ("fc2_in", layer))
-        rec.output(fc2, ("mlp_out", layer))
-        rec.output(adapter.attention_norm(layer), ("mlp_in", layer))
 
     def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
         """The head's Linear inputs, and the last hidden states (a ``DebertaV2Layer`` returns a tuple)."""
