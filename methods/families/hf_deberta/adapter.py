@@ -9,7 +9,7 @@ design decisions are in ``NOTES.md``.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -18,7 +18,6 @@ from transformers.activations import ACT2FN
 from ...adapters.base import AttentionLinears, ModelInputs, SequenceContext, register_adapter
 from ...adapters.gradient_rules import apply_identity_rule
 from ..hf_text.adapter import HFTextAdapter
-from .rules import DebertaRules
 
 
 @register_adapter
@@ -26,21 +25,22 @@ class HFDebertaV2Adapter(HFTextAdapter):
     """``DebertaV2ForSequenceClassification``: ``DebertaV2Layer`` blocks (post-norm, ``query_proj`` /
     ``key_proj`` / ``value_proj``, disentangled relative attention); head: ``ContextPooler`` (dropout,
     ``dense`` on ``h[:, 0]``, ``pooler_hidden_act``), dropout, ``classifier``. Inputs and layout as
-    :class:`~methods.families.hf_text.adapter.HFTextAdapter`; token-type ids only where ``type_vocab_size > 0``."""
+    :class:`~methods.families.hf_text.adapter.HFTextAdapter`; token-type ids only where ``type_vocab_size > 0``;
+    AttnLRP / CP-LRP's rule map is BERT's (``TextRules``: the word embeddings as the input embedding)."""
 
     family = "transformers DebertaV2ForSequenceClassification"
     model_class = "DebertaV2ForSequenceClassification"
     base_attr = "deberta"
-    rule_map_class = DebertaRules
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
         reason = super().supports(model)
         if reason is not None:
             return reason
-        if model.deberta.encoder.conv is not None:
+        base: Any = model.deberta
+        if base.encoder.conv is not None:
             return "DebertaV2ForSequenceClassification with a ConvLayer after block 0 (conv_kernel_size > 0)"
-        if model.deberta.z_steps > 1:
+        if base.z_steps > 1:
             return "DebertaV2ForSequenceClassification with z_steps > 1 (the enhanced mask decoder's re-runs)"
         return None
 
