@@ -125,10 +125,10 @@ def _position_free(model):
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_ours_lrp_conserves_through_every_block_without_position_terms(variant):
-    """Chefer's "ours" rules through the DeBERTa graph: with the relative embeddings zero (c2p = p2c = 0; in the
-    v2 row their LayerNorm-free table, in v3 the LayerNorm of a zero table is its zero bias only where bias-free)
-    the relevance entering every block sums to the one-hot target; with them, the position terms' share of the
-    scores is dropped, so some relevance is lost in the attention (measured here, described in NOTES.md)."""
+    """Chefer's "ours" rules through the DeBERTa graph of a bias-free model: with the relative embeddings zero
+    (c2p = p2c = 0; v3's LayerNorm of the zero table is its bias, zero here) the relevance entering every block
+    sums to the one-hot target; with them kept, the position terms' share of the scores is dropped, so some
+    relevance is lost in the attention (measured in NOTES.md)."""
     inputs = _batch(variant, 2)
     sums = {}
     for name, model in (("zero", _position_free(_tiny_deberta(VARIANTS[variant], bias_free=True).eval())),
