@@ -146,7 +146,26 @@ def test_ours_lrp_conserves_through_every_block_without_position_terms(variant):
     assert (sums["kept"][-1] - 1).abs().max() > 1e-3
 
 
+def test_lrp_to_the_word_embeddings():
+    """``text_input="word_embeddings"``: on DeBERTa-v3 (no absolute positions, no token types, no ``embed_proj``)
+    the encoder input is the word embeddings up to the LayerNorm (identity), so both input points give the same
+    map; with absolute positions and token types (v2 row) their shares are dropped, and with ``embed_proj``
+    (``embedding_size`` < width) its Linear rule comes first: other maps."""
+    target = torch.tensor([1, 4, 0])
+    for variant, same in ((V3, True), (V2, False), (dict(V3, embedding_size=8), False)):
+        model = _tiny_deberta(variant).eval()
+        inputs = _token_batch(3, with_types=variant["type_vocab_size"] > 0)
+        words = build_method("lrp", text_input="word_embeddings")(model, inputs, target=target)
+        encoder = build_method("lrp")(model, inputs, target=target)
+        assert words.shape == (3, 9) and torch.isfinite(words).all()
+        assert torch.equal(words, encoder) == same
+
+
 def test_unsupported_models_are_refused_with_reasons():
     model = _tiny_deberta(dict(V2, conv_kernel_size=3))
     with pytest.raises(TypeError, match="ConvLayer"):
+        adapter_for(model)
+    model = _tiny_deberta(V3)
+    model.deberta.z_steps = 2
+    with pytest.raises(TypeError, match="z_steps"):
         adapter_for(model)
