@@ -5,7 +5,8 @@ The adapter's logits are the model's bit for bit; token ablation's removed token
 what the model computes on the cut sequence with every kept token's relative distances of the full input, and
 differs from a plain cut; CP-LRP conserves exactly on bias-free models (the relative embeddings kept); Chefer's
 "ours" LRP conserves through every block when the position terms are zero and drops their share otherwise;
-AttnLRP / CP-LRP leave the model and transformers' classes as they were; refusals name their reason.
+AttnLRP / CP-LRP leave the model and transformers' classes as they were; LRP reaches the word embeddings;
+refusals name their reason; an ``hf:`` folder loads as this family.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch import nn
 from methods import build_method
 from methods.adapters import ModelAdapter, adapter_for
 from methods.families.hf_deberta import HFDebertaV2Adapter
+from models.sources import load_model
 from tests.families import _token_batch
 from tests.families.deberta import V2, V3, _tiny_deberta
 from tests.lrp_passes import head_relevance
@@ -169,3 +171,14 @@ def test_unsupported_models_are_refused_with_reasons():
     model.deberta.z_steps = 2
     with pytest.raises(TypeError, match="z_steps"):
         adapter_for(model)
+
+
+def test_an_hf_folder_loads_as_this_family(tmp_path):
+    """``hf:<folder>`` (``save_pretrained``) loads a DeBERTa classifier that this family adapts, logits included."""
+    _tiny_deberta(V3).save_pretrained(tmp_path)
+    model = load_model(f"hf:{tmp_path}")
+    adapter = adapter_for(model)
+    assert isinstance(adapter, HFDebertaV2Adapter)
+    inputs = _batch("v3")
+    with torch.no_grad():
+        assert torch.equal(adapter.forward(adapter.prepare_inputs(inputs)), model(**_stock(inputs)).logits)
