@@ -6,6 +6,7 @@ Importing a family registers its adapters (:func:`methods.adapters.register_adap
 """
 from . import (  # noqa: F401
     hf_clip,
+    hf_deberta,
     hf_decoder,
     hf_siglip,
     hf_text,
