@@ -7,6 +7,7 @@ Importing a family registers its adapters (:func:`methods.adapters.register_adap
 from . import (  # noqa: F401
     hf_clip,
     hf_decoder,
+    hf_modernbert,
     hf_siglip,
     hf_text,
     hf_vit,
