@@ -126,8 +126,12 @@ def test_inputs_the_model_cannot_read_are_named():
     adapter = adapter_for(_tiny_modernbert("cls"))
     inputs = _token_batch(3, with_types=False)
     left = {k: torch.flip(v, dims=[1]) for k, v in inputs.items()}
-    with pytest.raises(ValueError, match="padded on the right only"):
+    with pytest.raises(ValueError, match="left padding is not supported"):
         adapter.prepare_inputs(left)
+    holed = dict(inputs, attention_mask=inputs["attention_mask"].clone())
+    holed["attention_mask"][0, 4] = 0
+    with pytest.raises(ValueError, match="padded on the right only"):
+        adapter.prepare_inputs(holed)
     with pytest.raises(ValueError, match="no token-type embeddings"):
         adapter.prepare_inputs(dict(inputs, token_type_ids=torch.ones_like(inputs["input_ids"])))
     assert adapter.readout == "class_token" and adapter_for(_tiny_modernbert("mean")).readout == "weighted"

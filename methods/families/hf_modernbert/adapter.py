@@ -7,11 +7,13 @@ norm; pooling ``classifier_pooling`` (``"cls"``: position 0; ``"mean"``: the mea
 
 The adapter calls the model's own submodules in ``ModernBertModel.forward``'s order, so its logits are the model's;
 the masks and rotary embeddings are built from the position ids it carries in the :class:`SequenceContext`, so a
-position dropped by token ablation leaves the others their rotary angles and their windows. Notes: ``NOTES.md``.
+position dropped by token ablation leaves the others their rotary angles and their windows. What it shares with
+the BERT-like encoders (token inputs, layout, embedding scale) it takes from :class:`HFTextAdapter`. Notes:
+``NOTES.md``.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Hashable, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -22,21 +24,15 @@ from ...adapters.base import (
     RawInputs,
     SampleIds,
     SequenceContext,
-    TokenSequence,
-    check_sample_ids,
     register_adapter,
-    scaled_copies,
 )
 from ...adapters.recorder import ActivationRecorder
-from ...adapters.tokens import check_ids_like, check_token_inputs, special_positions
-from ..hf_blocks import HFEncoderBlocks
 from ..hf_decoder.adapter import unmask_padding_queries
+from ..hf_text.adapter import HFTextAdapter
 from .rules import ModernBertRules
 
-#: extra per-sample tensors set by the adapter: the position ids, and from :meth:`interpolate` the factor on the
-#: embedding output
+#: the position ids a batch carries (``arange(N)``, as the model counts them)
 POSITION_IDS = "position_ids"
-EMBEDDING_SCALE = "embedding_scale"
 FULL, SLIDING = "full_attention", "sliding_attention"
 POOLINGS = {"cls": "class_token", "mean": "weighted"}
 
@@ -51,53 +47,68 @@ def window_function(position_ids: Tensor, half_window: int) -> Callable[..., Ten
 
 
 @register_adapter
-class HFModernBertAdapter(HFEncoderBlocks):
+class HFModernBertAdapter(HFTextAdapter):
     """Stock ``transformers`` ``ModernBertForSequenceClassification`` (see the module docstring).
 
-    Inputs: a mapping as a tokenizer returns it (``input_ids`` ``[B, N]``, ``attention_mask``, optional
-    ``special_tokens_mask``; ``token_type_ids`` only all-zero), or an ``input_ids`` tensor; right padding only
-    (the model's positions are ``arange(N)``). Layout: a :class:`TokenSequence` (special tokens from
-    ``special_tokens_mask``, else position 0 and each sample's last real token). Read-out: ``"class_token"``
-    with ``"cls"`` pooling; ``"weighted"`` with ``"mean"`` pooling (each real token ``1 / length``).
+    Inputs and layout as :class:`HFTextAdapter`'s (no token types), right padding only (the model's positions are
+    ``arange(N)``). Read-out: ``"class_token"`` with ``"cls"`` pooling; ``"weighted"`` with ``"mean"`` pooling (each
+    real token ``1 / length``, special tokens included).
     """
 
     family = "transformers ModernBertForSequenceClassification"
+    model_class = "ModernBertForSequenceClassification"
+    base_attr = "model"
+    uses_token_types = False
     rule_map_class = ModernBertRules
-    modality = "text"
     pre_norm = True
-    layout_class = TokenSequence
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.config: Any = model.config
-        self.base: Any = model.model
-        self.blocks = list(self.base.layers)
+        self.config: Any = self.base.config
         self.readout = POOLINGS[self.config.classifier_pooling]
+
+    @staticmethod
+    def block_list(base: Any) -> Any:
+        return base.layers
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
         import transformers
 
-        model_class = getattr(transformers, "ModernBertForSequenceClassification", None)
-        if model_class is None:
-            return "this transformers has no ModernBertForSequenceClassification"
-        if not isinstance(model, model_class):
-            return f"{type(model).__name__} is not a transformers ModernBertForSequenceClassification"
-        if model.config.classifier_pooling not in POOLINGS:
-            return f"classifier_pooling {model.config.classifier_pooling!r} (need one of {sorted(POOLINGS)})"
-        return None
+        if not hasattr(transformers, cls.model_class):
+            return f"this transformers has no {cls.model_class}"
+        reason = super().supports(model)
+        pooling = getattr(getattr(model, "config", None), "classifier_pooling", None)
+        if reason is None and pooling not in POOLINGS:
+            return f"classifier_pooling {pooling!r} (need one of {sorted(POOLINGS)})"
+        return reason
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:
-        return (len(model.model.layers), int(model.config.num_attention_heads), model.config.classifier_pooling)
+        return super().signature_of(model) + (model.config.classifier_pooling,)
 
     # ------------------------------------------------------------------ structure
+    @property
+    def width(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def has_class_token(self) -> bool:
+        return self.readout == "class_token"
+
     def final_norm(self) -> nn.Module:
         return self.base.final_norm
 
+    def head_linears(self) -> Tuple[nn.Linear, nn.Linear]:
+        """The Linear layers after the pooling: the prediction head's ``dense`` and the ``classifier``."""
+        return self.model.head.dense, self.model.classifier
+
     def self_attention(self, layer: int) -> nn.Module:
-        """The module returning ``(attn_output, attn_weights)``."""
         return self.blocks[layer].attn
+
+    def attention_norm(self, layer: int) -> nn.Module:
+        """``mlp_norm``: the norm whose output the MLP reads."""
+        return self.blocks[layer].mlp_norm
 
     def layer_type(self, layer: int) -> str:
         return str(self.config.layer_types[layer])
@@ -109,44 +120,24 @@ class HFModernBertAdapter(HFEncoderBlocks):
         mask = inputs["attention_mask"].to(inputs.score_dtype)
         return mask / mask.sum(dim=-1, keepdim=True)
 
-    # ------------------------------------------------------------------ inputs, layout
+    # ------------------------------------------------------------------ inputs
     def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        inputs, ids, mask = check_token_inputs(inputs, self.family, int(self.config.vocab_size),
-                                                int(self.config.max_position_embeddings),
-                                                missing_note="; inputs_embeds are not supported")
-        shape = ids.shape
-        runs = (mask[:, 1:] > mask[:, :-1]).long().sum(dim=1)
-        if not bool(mask[:, 0].all()) or bool(runs.any()):
-            raise ValueError("attention_mask: every sample must start with a real token and be padded on the right "
-                             "only (ModernBERT's positions are arange(N))")
-        tensors: Dict[str, Tensor] = {"input_ids": ids.long(), "attention_mask": mask}
-        special = inputs.get("special_tokens_mask")
-        if special is not None:
-            tensors["special_tokens_mask"] = check_ids_like("special_tokens_mask", special, shape).long()
-        types = inputs.get("token_type_ids")
-        if types is not None and bool(check_ids_like("token_type_ids", types, shape).any()):
-            raise ValueError(f"{self.family} has no token-type embeddings: token_type_ids must be 0 or absent")
-        tensors[POSITION_IDS] = torch.arange(shape[1], device=ids.device).expand(shape[0], -1)
-        dtype = self.base.embeddings.tok_embeddings.weight.dtype
-        return ModelInputs(tensors, int(shape[0]), dtype, ids.device, check_sample_ids(sample_ids, int(shape[0])))
-
-    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
-        if not isinstance(inputs, ModelInputs):
-            inputs = self.prepare_inputs(inputs)
-        mask = inputs["attention_mask"]
-        special = inputs.tensors.get("special_tokens_mask")
-        special = special.bool() if special is not None else special_positions(mask)
-        return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special)
+        """As :meth:`HFTextAdapter.prepare_inputs`, right padding only, plus the position ids ``arange(N)``."""
+        prepared = super().prepare_inputs(inputs, sample_ids)
+        mask = prepared["attention_mask"]
+        if bool((mask[:, 1:] > mask[:, :-1]).any()):
+            raise ValueError("attention_mask: every sample must be padded on the right only (ModernBERT's positions "
+                             "are arange(N))")
+        shape = mask.shape
+        return prepared.with_tensors(**{POSITION_IDS: torch.arange(shape[1], device=mask.device).expand(shape)})
 
     def context(self, inputs: ModelInputs) -> SequenceContext:
         return SequenceContext(attention_mask=inputs["attention_mask"], position_ids=inputs[POSITION_IDS])
 
     # ------------------------------------------------------------------ forward pieces (the model's own order)
-    def embed(self, inputs: ModelInputs) -> Tensor:
-        """``drop(norm(tok_embeddings(ids)))``, times the per-sample ``embedding_scale`` of :meth:`interpolate`."""
-        hidden = self.base.embeddings(input_ids=inputs["input_ids"])
-        scale = inputs.tensors.get(EMBEDDING_SCALE)
-        return hidden if scale is None else scale.to(hidden.dtype)[:, None, None] * hidden
+    def embeddings(self, inputs: ModelInputs) -> Tensor:
+        """``drop(norm(tok_embeddings(ids)))`` (no positions: they are rotary)."""
+        return self.base.embeddings(input_ids=inputs["input_ids"])
 
     def position_ids(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         ids = context.position_ids
@@ -199,17 +190,7 @@ class HFModernBertAdapter(HFEncoderBlocks):
         pooled = self.model.drop(self.model.head(self.pool(hidden, context)))
         return pooled if pre_logits else self.model.classifier(pooled)
 
-    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
-        """``S * B`` samples, step-major, whose embedding output (after its LayerNorm) is multiplied by ``alpha``
-        (as the BERT-like families: Beyond Intuition's ``alpha * embedding_output``)."""
-        return scaled_copies(inputs, alphas, EMBEDDING_SCALE)
-
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The probabilities returned by ``ModernBertAttention`` in eager mode (after dropout, identity in eval)."""
-        rec.output(self.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
-
     def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """The value third of ``Wqkv``'s output ``[B, N, D]``."""
         width = self.width

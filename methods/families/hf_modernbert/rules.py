@@ -10,8 +10,8 @@ from typing import Any, Iterator, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ...adapters.base import RuleMap
 from ...adapters.gradient_rules import scale_gradient
+from ..hf_text.rules import TextRules
 
 
 def _scale_output(factor: Any):
@@ -26,13 +26,11 @@ def _scale_input(factor: float):
     return hook
 
 
-class ModernBertRules(RuleMap):
-    """The rule placement of :class:`~methods.families.hf_modernbert.adapter.HFModernBertAdapter`."""
+class ModernBertRules(TextRules):
+    """The rule placement of :class:`~methods.families.hf_modernbert.adapter.HFModernBertAdapter`; the input
+    embedding is BERT's (``get_input_embeddings()``: ``tok_embeddings``)."""
 
     adapter: Any
-
-    def input_embedding(self) -> nn.Module:
-        return self.adapter.base.embeddings.tok_embeddings
 
     def product_rules(self, attention: Tuple[float, float, float], gate: str,
                       gamma: Optional[float] = None) -> Optional[contextlib.AbstractContextManager[None]]:

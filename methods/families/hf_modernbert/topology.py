@@ -50,8 +50,8 @@ class HFModernBertTopology(Topology):
     def record_head(self, rec: ActivationRecorder, layer_outputs: bool) -> None:
         """The final norm's output and the inputs of the head's ``dense`` and of ``classifier``."""
         rec.output(self.adapter.final_norm(), "normed")
-        rec.input(self.adapter.model.head.dense, ("head_in", 0))
-        rec.input(self.adapter.model.classifier, ("head_in", 1))
+        for i, linear in enumerate(self.adapter.head_linears()):
+            rec.input(linear, ("head_in", i))
 
     def record_input(self, rec: ActivationRecorder) -> None:
         """Nothing: both input points read the relevance at the encoder input."""
@@ -61,9 +61,9 @@ class HFModernBertTopology(Topology):
         """Relevance at the last block's output ``[B, N, D]``: ``classifier`` and ``dense`` by the Linear rule (the
         head's activation and norm, the dropout and the final norm identity), then the read-out: the selection of
         position 0, or the masked mean (:func:`masked_mean_relprop`)."""
-        model = self.adapter.model
-        r = rules["linear"](acts[("head_in", 1)], model.classifier.weight, relevance_logits)
-        r = rules["linear"](acts[("head_in", 0)], model.head.dense.weight, r)
+        r = relevance_logits
+        for i, linear in reversed(list(enumerate(self.adapter.head_linears()))):
+            r = rules["linear"](acts[("head_in", i)], linear.weight, r)
         normed = acts["normed"]
         if self.adapter.readout == "class_token":
             return readout_relprop(rules, normed, r, "class_token")
