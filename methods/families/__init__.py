@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     hf_clip,
     hf_deberta,
     hf_decoder,
+    hf_modernbert,
     hf_siglip,
     hf_text,
     hf_vit,
