@@ -6,7 +6,9 @@ randomiser: :mod:`evaluation.randomisation`).
   head down to the embedding; the last step randomises every parameter), ``bottom_up``, ``independent`` (one
   group at a time); the groups are the embedding, each block and the head. The similarity of the original and the
   randomised map (``measures``: ``spearman`` of ``|a|``, ``ssim`` of the pixel maps ``|a| / max |a|``, ``topk``
-  intersection of the ``top_k`` share of units) gives a curve per step: x = step number, steps in
+  intersection of the ``top_k`` share of units; a constant ``|a|`` on the randomised model, e.g. a Grad-CAM map
+  that the ReLU zeroes, has similarity 0 instead of undefined; a sample whose original map is constant is
+  skipped) gives a curve per step: x = step number, steps in
   :meth:`RandomisationTest.conventions`. A cascade **passes** when the mean ``pass_measure`` of its last step is
   below ``mprt_threshold``; ``independent`` when the mean over its steps is;
 * **sMPRT** (Hedström et al. 2023, "Sanity checks revisited", TMLR, sec. 4.1): ``noisy_samples`` > 0 also compares
@@ -140,7 +142,8 @@ class RandomisationTest(EvaluationCallback):
 
     def conventions(self) -> Dict[str, Any]:
         return {"orders": list(self.orders), "steps": dict(self._steps), "measures": self._measures(),
-                "pass_measure": self.pass_measure, "magnitude": "abs", "unit": self.unit, "ssim": "pixel maps",
+                "pass_measure": self.pass_measure, "magnitude": "abs", "unit": self.unit,
+                "constant_maps": "randomised: similarity 0; original: sample skipped", "ssim": "pixel maps",
                 "top_k": self.top_k, "thresholds": {"mprt": self.mprt_threshold, "emprt": self.emprt_threshold,
                                                     "random_logit": self.random_logit_threshold},
                 "randomisation": "N(mean, max(std, 0.02)^2) per tensor, norms max(std, 0.5)", "seed": self.seed}
@@ -198,7 +201,18 @@ class RandomisationTest(EvaluationCallback):
                 out[measure] = spearman_abs(ua, ub, valid)
             elif measure == "topk":
                 out[measure] = topk_intersection(ua, ub, self.top_k, valid)
-        return out
+        flat_a, flat_b = self._constant(ua, valid), self._constant(ub, valid)
+        nan = torch.tensor(float("nan"), dtype=torch.float64)
+        return {m: torch.where(flat_a, nan, torch.where(flat_b, 0.0, v.to(torch.float64))) for m, v in out.items()}
+
+    @staticmethod
+    def _constant(units: Tensor, valid: Optional[Tensor]) -> Tensor:
+        """``[B]`` whether a map's ``|a|`` is the same on every (valid) unit (an all-zero map included)."""
+        magnitude = units.detach().abs().flatten(1).to(torch.float64).cpu()
+        keep = torch.ones_like(magnitude, dtype=torch.bool) if valid is None else valid.flatten(1).bool().cpu()
+        high = torch.where(keep, magnitude, torch.full_like(magnitude, -float("inf"))).amax(dim=1)
+        low = torch.where(keep, magnitude, torch.full_like(magnitude, float("inf"))).amin(dim=1)
+        return high == low
 
     def _valid(self, batch: Dict[str, Any]) -> Optional[Tensor]:
         if isinstance(batch.get("input_ids"), Tensor):
