@@ -73,6 +73,11 @@ def other_classes(targets: Tensor, sample_ids: Tensor, num_classes: int, seed: i
     return torch.tensor(out, dtype=torch.long, device=targets.device)
 
 
+def _verdict(passed: bool, value: Any) -> float:
+    """1.0 / 0.0, NaN when the judged value is NaN."""
+    return float("nan") if value != value else float(passed)
+
+
 class RandomisationTest(EvaluationCallback):
     """MPRT, sMPRT, eMPRT and random-logit checks of every method (module docstring).
 
@@ -366,20 +371,21 @@ class RandomisationTest(EvaluationCallback):
         return results
 
     def _verdicts(self, method: str, setting: str, results: Dict[str, Result]) -> Dict[str, Result]:
+        """``1.0`` pass, ``0.0`` fail, NaN where no sample could be judged (every original map constant)."""
         out: Dict[str, Result] = {}
         for prefix in ["mprt"] + (["smprt"] if self.noisy_samples else []):
             for order in self.orders:
                 curve = results[self._result(method, setting, f"{prefix}_{order}_{self.pass_measure}")]
                 curve = curve if isinstance(curve, list) else [curve]
                 value = curve[-1] if order != "independent" else sum(curve) / len(curve)
-                out[self._result(method, setting, f"{prefix}_{order}_pass")] = float(value < self.mprt_threshold)
+                out[self._result(method, setting, f"{prefix}_{order}_pass")] = _verdict(value < self.mprt_threshold, value)
         if self.emprt:
-            out[self._result(method, setting, "emprt_pass")] = float(
-                results[self._result(method, setting, "emprt")] > self.emprt_threshold)
+            value = results[self._result(method, setting, "emprt")]
+            out[self._result(method, setting, "emprt_pass")] = _verdict(value > self.emprt_threshold, value)
         if self.random_logit:
-            out[self._result(method, setting, "random_logit_pass")] = float(
-                results[self._result(method, setting, f"random_logit_{self.pass_measure}")]
-                < self.random_logit_threshold)
+            value = results[self._result(method, setting, f"random_logit_{self.pass_measure}")]
+            out[self._result(method, setting, "random_logit_pass")] = _verdict(value < self.random_logit_threshold,
+                                                                                value)
         return out
 
     def per_sample_scores(self) -> Dict[str, tuple]:
