@@ -378,7 +378,8 @@ class RandomisationTest(EvaluationCallback):
                 curve = results[self._result(method, setting, f"{prefix}_{order}_{self.pass_measure}")]
                 curve = curve if isinstance(curve, list) else [curve]
                 value = curve[-1] if order != "independent" else sum(curve) / len(curve)
-                out[self._result(method, setting, f"{prefix}_{order}_pass")] = _verdict(value < self.mprt_threshold, value)
+                key = self._result(method, setting, f"{prefix}_{order}_pass")
+                out[key] = _verdict(value < self.mprt_threshold, value)
         if self.emprt:
             value = results[self._result(method, setting, "emprt")]
             out[self._result(method, setting, "emprt_pass")] = _verdict(value > self.emprt_threshold, value)
