@@ -108,8 +108,14 @@ class RandomisationTest(EvaluationCallback):
                    "(TMLR), sec. 4.1", "S N E per order", False, ("image", "clip_image")),
         MetricCard("emprt", "(H(fully randomised map) - H(map)) / H(map), H the 100-bin histogram entropy",
                    "Hedström et al. 2023 (TMLR), eq. 7", "1 E", True),
+        MetricCard("smprt_<order>_pass", "1 when the sMPRT similarity is below mprt_threshold (as MPRT's)",
+                   "Hedström et al. 2023 (TMLR), sec. 4.1", "0", True, ("image", "clip_image")),
+        MetricCard("emprt_pass", "1 when eMPRT is above emprt_threshold", "Hedström et al. 2023 (TMLR), eq. 7", "0",
+                   True),
         MetricCard("random_logit_<measure>", "similarity of the map and the map of a random other class",
                    "Sixt et al. 2020 (ICML), sec. 5.2", "1 E", False),
+        MetricCard("random_logit_pass", "1 when the random-logit similarity (pass_measure) is below "
+                   "random_logit_threshold", "Sixt et al. 2020 (ICML), sec. 5.2", "0", True),
     )
 
     def __init__(self, methods: Optional[Sequence[str]] = None, class_settings: Sequence[str] = ("predicted",),

@@ -165,3 +165,32 @@ def test_refusals_name_the_problem(synthetic):
     text = {"input_ids": torch.ones(2, 5, dtype=torch.long), "index": torch.arange(2)}
     with pytest.raises(ValueError, match="sMPRT"):
         RandomisationTest(noisy_samples=2).update(outputs[0], text)
+
+
+def test_planted_words_input_only_fails_and_gradient_methods_pass(tmp_path):
+    """The shipped planted-words config, trimmed: the token-id map fails MPRT, CDAM and Generic Attribution pass
+    (the small BERT of configs/train/planted_words_bert.yaml, cached on first use)."""
+    import yaml
+
+    import evaluate
+
+    root = Path(__file__).resolve().parent.parent
+    config = yaml.safe_load((root / "configs" / "evaluate" / "planted_words_sanity.yaml").read_text())
+    config["base"] = str(root / "configs" / "base" / "evaluate.yaml")
+    config["trainer"]["logger"] = False
+    config["trainer"]["callbacks"][0]["init_args"]["orders"] = ["top_down"]
+    config["model"]["methods"] = ["cdam", "generic_attribution", "random"]
+    config["data"]["init_args"]["eval_subset"] = 8
+    config["data"]["init_args"]["batch_size"] = 4
+    path = tmp_path / "planted.yaml"
+    path.write_text(json.dumps(config))
+    results = evaluate.main(["--config", str(path), "--output_dir", str(tmp_path / "run"),
+                             "--trainer.default_root_dir", str(tmp_path)])
+    key = "sanity/{}/predicted/{}".format
+    assert min(results[key(INPUT_ONLY, "mprt_top_down_spearman")]) > 0.9
+    assert results[key(INPUT_ONLY, "mprt_top_down_pass")] == 0.0
+    assert results[key("random", "mprt_top_down_pass")] == 0.0
+    for method in ("cdam", "generic_attribution"):
+        assert results[key(method, "mprt_top_down_spearman")][-1] < 0.5, method
+        assert results[key(method, "mprt_top_down_pass")] == 1.0
+    assert not any("ssim" in k for k in results)                   # no SSIM on texts
