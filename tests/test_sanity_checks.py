@@ -92,7 +92,9 @@ def test_smprt_noise_is_the_same_on_every_model(synthetic):
     assert results["sanity/gradcam/predicted/smprt_top_down_pass"] == 1.0
 
 
-def test_halves_merged_and_resumed_equal_one_run(synthetic):
+def test_halves_merged_and_resumed_equal_one_run(synthetic, tmp_path):
+    from callbacks.progress import write_atomic
+
     _, batches, outputs = synthetic
     pairs = list(zip(outputs, batches))
     whole = _drive(RandomisationTest(**_options()), pairs).compute()
@@ -104,7 +106,10 @@ def test_halves_merged_and_resumed_equal_one_run(synthetic):
     assert merged.keys() == whole.keys() and all(np.array_equal(merged[k], whole[k], equal_nan=True) for k in whole)
     first = _drive(RandomisationTest(**_options()), pairs[:1])
     resumed = RandomisationTest(**_options())
-    resumed.build_from_progress(first.progress_state())
+    path = write_atomic({"callbacks": [first.progress_state()]}, tmp_path / "state.pt")
+    saved = torch.load(path, weights_only=True)["callbacks"][0]      # a progress file: plain values and tensors
+    assert saved["build"]["steps"]["top_down"][0] == "head"
+    resumed.build_from_progress(saved, torch.device("cpu"))
     again = _drive(resumed, pairs[1:]).compute()
     assert all(np.array_equal(again[k], whole[k], equal_nan=True) for k in whole)
 
