@@ -199,3 +199,49 @@ def test_planted_words_input_only_fails_and_gradient_methods_pass(tmp_path):
         assert results[key(method, "mprt_top_down_spearman")][-1] < 0.5, method
         assert results[key(method, "mprt_top_down_pass")] == 1.0
     assert not any("ssim" in k for k in results)                   # no SSIM on texts
+
+
+@pytest.mark.parametrize("name", ["open_clip_vision", "timm_beit_relpos", "hf_bert", "hf_gpt2_left",
+                                  "open_clip_text"])
+def test_every_kind_of_family_runs_and_leaves_the_model_alone(name):
+    """The checks on tiny models of the conformance matrix (CLIP towers: another prompt is another class; a
+    decoder: another vocabulary token): Grad-CAM re-explained on the randomised copies, the user's model untouched,
+    the edge / token-id map fails."""
+    from types import SimpleNamespace
+
+    from lightning_modules.evaluation import token_layout
+    from methods import build_method
+    from tests.families import FAMILIES
+
+    family = next(f for f in FAMILIES if f.name == name)
+    model = family.build()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    inputs = family.inputs(3)
+    method = build_method("gradcam", **(family.options or {}).get("gradcam", {}))
+    with torch.no_grad():
+        logits = family.logits(model, inputs)
+    logits = logits if logits.dim() == 2 else logits[:, -1]
+    predicted = logits.argmax(-1)
+
+    def explain(name, x, target, sample_ids, model=None):
+        with torch.enable_grad():       # the module's explain: model None is the user's model
+            return method(user if model is None else model, x, target=target, sample_ids=sample_ids).detach()
+
+    user = model
+
+    index = torch.tensor([5, 6, 7])
+    batch = (dict(inputs, index=index) if isinstance(inputs, dict) else
+             {"input_ids": inputs, "index": index} if not inputs.is_floating_point() else
+             {"image": inputs, "index": index})
+    outputs = {"relevance": {"gradcam": {"predicted": explain("gradcam", inputs, predicted, index)}},
+               "targets": {"predicted": predicted}, "logits": logits, "class_specific": {"gradcam": True},
+               "layout": token_layout(model, inputs), "explain": explain, "model": model,
+               "classifier": SimpleNamespace(model_inputs=lambda b: inputs)}
+    cb = RandomisationTest(orders=["top_down"], input_only=True)
+    cb.update(outputs, batch)
+    results = cb.compute()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert cb.conventions()["steps"]["top_down"] == ["head", "block_2", "block_1", "block_0", "embedding"]
+    assert results[f"sanity/{INPUT_ONLY}/predicted/mprt_top_down_pass"] == 0.0
+    curve = results["sanity/gradcam/predicted/mprt_top_down_spearman"]
+    assert len(curve) == 5 and all(v == v for v in curve[-1:])
