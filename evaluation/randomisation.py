@@ -86,11 +86,11 @@ def randomised_copy(model: nn.Module, groups: Sequence[str], seed: int = 0, min_
         raise ValueError(f"randomisation: unknown groups {unknown}; the model has {list(known)}")
     chosen = {name for g in groups for name in known[g]}
     clone = copy.deepcopy(model)
-    originals = {id(p) for p in model.parameters()} | {p.data_ptr() for p in model.parameters()}
+    originals = {id(p) for p in model.parameters()} | {p.data_ptr() for p in model.parameters() if p.numel()}
     norms = _norm_parameters(clone)
     with torch.no_grad():
         for name, parameter in clone.named_parameters():
-            if id(parameter) in originals or parameter.data_ptr() in originals:
+            if id(parameter) in originals or (parameter.numel() and parameter.data_ptr() in originals):
                 raise RuntimeError(f"randomisation: the copy shares parameter {name!r} with the user's model")
             if name in chosen:
                 parameter.copy_(_draw(name, parameter, seed, norm_std if name in norms else min_std))

@@ -26,18 +26,10 @@ from torch import Tensor
 
 def _ranks(values: Tensor) -> Tensor:
     """Average ranks (1-based) of a 1-D tensor, ties sharing their mean rank."""
-    order = torch.argsort(values, stable=True)
-    sorted_values = values[order]
-    ranks = torch.empty_like(values, dtype=torch.float64)
-    n = values.numel()
-    start = 0
-    while start < n:
-        stop = start + 1
-        while stop < n and sorted_values[stop] == sorted_values[start]:
-            stop += 1
-        ranks[order[start:stop]] = (start + stop + 1) / 2.0
-        start = stop
-    return ranks
+    unique, inverse, counts = torch.unique(values, sorted=True, return_inverse=True, return_counts=True)
+    below = torch.cumsum(counts, 0) - counts                  # entries smaller than each distinct value
+    mean_rank = below.to(torch.float64) + (counts.to(torch.float64) + 1) / 2
+    return mean_rank[inverse]
 
 
 def _pearson(x: Tensor, y: Tensor) -> float:
