@@ -1,0 +1,107 @@
+"""Meta-evaluation of metrics from method scores (a first part of the meta-evaluation; no run loading, no dashboard).
+
+* :func:`method_ranks`: the rank of every method under one metric (1 = best), read in the metric's declared
+  direction (``higher_is_better``; a metric without a direction is refused), ties sharing their mean rank;
+* :func:`kendalls_w`: Kendall's coefficient of concordance of ``m`` rankings of ``n`` methods (e.g. one per seed),
+  with the tie correction (Kendall & Babington Smith 1939; Legendre 2005, J. Agric. Biol. Environ. Stat. 10(2),
+  eq. 1-2): ``W = 12 S / (m^2 (n^3 - n) - m T)``, ``S`` the sum of squared deviations of the methods' rank sums
+  from their mean, ``T = sum (t^3 - t)`` over the groups of tied ranks; 1: identical rankings, 0: no agreement
+  (a ranking and its reverse);
+* :func:`kendall_tau_b` and :func:`metric_agreement`: Kendall's tau-b (Kendall 1945, Biometrika 33(3)) between every
+  pair of metrics' method scores, each metric turned to higher-is-better first; a pair with tau < 0 ranks the
+  methods in contradictory orders and is flagged;
+* :func:`bootstrap_rank_intervals`: each method's rank under one metric over ``resamples`` bootstrap resamples of
+  the samples (rows of the per-sample scores, drawn from ``seed``; rows with a NaN left out): its mean rank and the
+  percentile interval.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``values`` in increasing order, ties sharing their mean rank."""
+    unique, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    below = np.cumsum(counts) - counts
+    return (below + (counts + 1) / 2.0)[inverse]
+
+
+def _oriented(scores: Sequence[float], higher_is_better: Optional[bool], name: str = "metric") -> np.ndarray:
+    if higher_is_better is None:
+        raise ValueError(f"{name}: a metric without a declared direction (higher_is_better None) ranks nothing")
+    values = np.asarray(scores, dtype=np.float64)
+    if values.ndim != 1 or not np.all(np.isfinite(values)):
+        raise ValueError(f"{name}: needs one finite score per method, got {values.tolist()}")
+    return values if higher_is_better else -values
+
+
+def method_ranks(scores: Sequence[float], higher_is_better: Optional[bool], name: str = "metric") -> np.ndarray:
+    """``[n]`` rank of each method (1 = best) under one metric (module docstring)."""
+    return _average_ranks(-_oriented(scores, higher_is_better, name))
+
+
+def kendalls_w(rankings: np.ndarray) -> float:
+    """Kendall's W of ``rankings`` ``[m raters, n methods]`` (ranks or scores; each row is re-ranked, ties
+    averaged), tie-corrected (module docstring). Fewer than 2 raters or methods is a ``ValueError``."""
+    table = np.asarray(rankings, dtype=np.float64)
+    if table.ndim != 2 or table.shape[0] < 2 or table.shape[1] < 2:
+        raise ValueError(f"kendalls_w: needs [raters >= 2, methods >= 2] rankings, got shape {table.shape}")
+    m, n = table.shape
+    ranks = np.stack([_average_ranks(row) for row in table])
+    sums = ranks.sum(axis=0)
+    s = float(((sums - sums.mean()) ** 2).sum())
+    ties = sum(float((c ** 3 - c).sum()) for c in (np.unique(row, return_counts=True)[1] for row in ranks))
+    denominator = m * m * (n ** 3 - n) - m * ties
+    return 12.0 * s / denominator if denominator > 0 else float("nan")
+
+
+def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's tau-b of two score vectors: ``(C - D) / sqrt((P - X) (P - Y))``, ``C`` / ``D`` the concordant /
+    discordant pairs, ``P`` all pairs, ``X`` / ``Y`` the pairs tied in x / in y (NaN when one vector is constant)."""
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"kendall_tau_b: two vectors of one length, got {a.shape} and {b.shape}")
+    i, j = np.triu_indices(a.size, k=1)
+    sa, sb = np.sign(a[i] - a[j]), np.sign(b[i] - b[j])
+    numerator = float((sa * sb).sum())
+    denominator = float(np.sqrt(np.count_nonzero(sa) * np.count_nonzero(sb)))
+    return numerator / denominator if denominator > 0 else float("nan")
+
+
+def metric_agreement(scores: Mapping[str, Sequence[float]], higher_is_better: Mapping[str, Optional[bool]]
+                     ) -> Tuple[List[str], np.ndarray, List[Tuple[str, str]]]:
+    """``(metric names, [k, k] tau-b matrix, contradictory pairs)`` of the metrics' method scores (each a vector over
+    the same methods in one order), oriented to higher-is-better; a pair with tau < 0 is contradictory."""
+    names = list(scores)
+    oriented = {name: _oriented(scores[name], higher_is_better.get(name), name) for name in names}
+    sizes = {v.size for v in oriented.values()}
+    if len(sizes) > 1:
+        raise ValueError(f"metric_agreement: every metric needs a score for the same methods, got sizes {sizes}")
+    table = np.array([[kendall_tau_b(oriented[a], oriented[b]) for b in names] for a in names])
+    contradictory = [(a, b) for k, a in enumerate(names) for b in names[k + 1:]
+                     if table[k, names.index(b)] < 0]
+    return names, table, contradictory
+
+
+def bootstrap_rank_intervals(per_sample: np.ndarray, higher_is_better: Optional[bool], resamples: int = 1000,
+                             seed: int = 0, level: float = 0.95) -> Dict[str, np.ndarray]:
+    """Bootstrap of each method's rank under one metric from its per-sample scores ``[N samples, M methods]``
+    (module docstring): ``{"mean_rank": [M], "low": [M], "high": [M]}`` (the ``level`` percentile interval)."""
+    table = np.asarray(per_sample, dtype=np.float64)
+    if table.ndim != 2 or table.shape[1] < 2:
+        raise ValueError(f"bootstrap_rank_intervals: needs [samples, methods >= 2] scores, got shape {table.shape}")
+    if resamples < 1 or not 0 < level < 1:
+        raise ValueError(f"bootstrap_rank_intervals: resamples >= 1 and level in (0, 1), got {resamples}, {level}")
+    table = table[np.all(np.isfinite(table), axis=1)]
+    if table.shape[0] == 0:
+        raise ValueError("bootstrap_rank_intervals: no sample has a finite score for every method")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 35]))
+    ranks = np.empty((resamples, table.shape[1]))
+    for r in range(resamples):
+        rows = rng.integers(0, table.shape[0], table.shape[0])
+        ranks[r] = method_ranks(table[rows].mean(axis=0), higher_is_better)
+    tail = (1 - level) / 2 * 100
+    return {"mean_rank": ranks.mean(axis=0), "low": np.percentile(ranks, tail, axis=0),
+            "high": np.percentile(ranks, 100 - tail, axis=0)}

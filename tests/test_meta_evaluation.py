@@ -1,0 +1,63 @@
+"""Meta-evaluation measures (evaluation/meta_evaluation.py): hand-worked cases, scipy as the judge of tau-b."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evaluation.meta_evaluation import (
+    bootstrap_rank_intervals,
+    kendall_tau_b,
+    kendalls_w,
+    method_ranks,
+    metric_agreement,
+)
+
+
+def test_kendalls_w_by_hand():
+    ranking = [1, 2, 3, 4]
+    assert kendalls_w(np.array([ranking, ranking, ranking])) == pytest.approx(1.0)
+    assert kendalls_w(np.array([ranking, ranking[::-1]])) == pytest.approx(0.0)
+    # m = 2, n = 3: rank sums (2, 5, 5), mean 4, S = 4 + 1 + 1 = 6; W = 12 * 6 / (4 * 24) = 0.75
+    assert kendalls_w(np.array([[1, 2, 3], [1, 3, 2]])) == pytest.approx(0.75)
+    # ties: rows (1, 2.5, 2.5) and (1, 2, 3): rank sums (2, 4.5, 5.5), S = 4 + 0.25 + 2.25 = 6.5;
+    # T = 2^3 - 2 = 6; W = 12 * 6.5 / (4 * 24 - 2 * 6) = 78 / 84
+    assert kendalls_w(np.array([[10, 20, 20], [5, 6, 7]])) == pytest.approx(78 / 84)
+    with pytest.raises(ValueError, match="raters"):
+        kendalls_w(np.array([ranking]))
+
+
+def test_ranks_read_the_direction():
+    assert method_ranks([0.9, 0.1, 0.5], True).tolist() == [1, 3, 2]
+    assert method_ranks([0.9, 0.1, 0.5], False).tolist() == [3, 1, 2]
+    assert method_ranks([0.2, 0.2, 0.1], True).tolist() == [1.5, 1.5, 3]
+    with pytest.raises(ValueError, match="direction"):
+        method_ranks([1.0, 2.0], None)
+
+
+def test_tau_b_matches_scipy_and_agreement_flags_contradictions():
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        x, y = rng.integers(0, 4, 9).astype(float), rng.integers(0, 4, 9).astype(float)   # with ties
+        assert kendall_tau_b(x, y) == pytest.approx(stats.kendalltau(x, y).statistic, abs=1e-12)
+    scores = {"auc_pos": [10.0, 20.0, 30.0], "auc_neg": [30.0, 20.0, 10.0], "gini": [0.1, 0.3, 0.2]}
+    directions = {"auc_pos": False, "auc_neg": True, "gini": True}
+    names, table, contradictory = metric_agreement(scores, directions)
+    assert names == list(scores)
+    assert table[0, 1] == pytest.approx(1.0)          # opposite directions, the same ranking of the methods
+    assert table[0, 2] == pytest.approx(-1 / 3) and ("auc_pos", "gini") in contradictory
+    assert ("auc_pos", "auc_neg") not in contradictory
+
+
+def test_bootstrap_intervals_are_seeded_and_certain_for_a_dominating_method():
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=(40, 1))
+    scores = np.hstack([base + 5, base + rng.normal(0, 1, (40, 1)), base + rng.normal(0, 1, (40, 1))])
+    scores[3, 1] = np.nan                              # left out
+    a = bootstrap_rank_intervals(scores, True, resamples=200, seed=4)
+    b = bootstrap_rank_intervals(scores, True, resamples=200, seed=4)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert a["low"][0] == a["high"][0] == a["mean_rank"][0] == 1.0
+    assert a["low"][1] == 2 and a["high"][1] == 3      # the two noisy methods trade places
+    flipped = bootstrap_rank_intervals(scores, False, resamples=200, seed=4)
+    assert flipped["mean_rank"][0] == 3.0
