@@ -61,3 +61,25 @@ def test_bootstrap_intervals_are_seeded_and_certain_for_a_dominating_method():
     assert a["low"][1] == 2 and a["high"][1] == 3      # the two noisy methods trade places
     flipped = bootstrap_rank_intervals(scores, False, resamples=200, seed=4)
     assert flipped["mean_rank"][0] == 3.0
+
+
+def test_wilcoxon_and_holm_match_scipy_and_by_hand():
+    stats = pytest.importorskip("scipy.stats")
+    from evaluation.meta_evaluation import holm, random_separation, wilcoxon_p
+
+    rng = np.random.default_rng(2)
+    for shift in (0.0, 0.3, 1.0):
+        x = rng.normal(size=30).round(1)                                    # ties in |d|
+        y = (x + rng.normal(shift, 1, size=30)).round(1)
+        y[:3] = x[:3]                                                       # zero differences
+        theirs = stats.wilcoxon(x, y, zero_method="wilcox", correction=False, method="approx").pvalue
+        assert wilcoxon_p(x, y) == pytest.approx(theirs, rel=1e-10)
+    # Holm by hand: p = (0.01, 0.04, 0.03) -> sorted 0.01 * 3, 0.03 * 2, max(0.06, 0.04 * 1)
+    assert holm([0.01, 0.04, 0.03]).tolist() == pytest.approx([0.03, 0.06, 0.06])
+    assert np.isnan(holm([np.nan, 0.2])[0]) and holm([np.nan, 0.2])[1] == pytest.approx(0.2)
+    scores = {"random": rng.normal(size=40), "good": rng.normal(2, 1, size=40)}
+    scores["same"] = scores["random"] + rng.normal(0, 1e-3, size=40)
+    result = random_separation(scores)
+    assert result["good"]["differs"] == 1.0 and result["same"]["differs"] == 0.0
+    with pytest.raises(KeyError, match="random map"):
+        random_separation({"good": [1.0]})
