@@ -13,6 +13,12 @@
 * :func:`bootstrap_rank_intervals`: each method's rank under one metric over ``resamples`` bootstrap resamples of
   the samples (rows of the per-sample scores, drawn from ``seed``; rows with a NaN left out): its mean rank and the
   percentile interval;
+* :func:`krippendorff_alpha_interval`: Krippendorff's alpha with the interval metric (Krippendorff 2011,
+  "Computing Krippendorff's alpha-reliability", sec. C and F), ``1 - D_o / D_e``, of values ``[coders, units]``
+  without missing values: e.g. the samples as coders of the methods' per-sample ranks (1: every sample ranks the
+  methods alike);
+* :func:`cronbach_alpha`: ``k / (k - 1) (1 - sum var(item) / var(sum of items))`` (Cronbach 1951, Psychometrika
+  16(3), eq. 2; sample variances) of scores ``[observations, k variants]``, e.g. a metric under several fill values;
 * :func:`random_separation`: per method, whether its per-sample scores differ from the random map's under one
   metric: Wilcoxon's signed-rank test (Wilcoxon 1945; zero differences dropped, the normal approximation with the
   tie correction of the variance, two-sided, no continuity correction), Holm's step-down correction over the
@@ -157,3 +163,35 @@ def random_separation(per_sample: Mapping[str, Sequence[float]], random: str = "
     adjusted = holm(raw)
     return {m: {"p": raw[k], "p_holm": float(adjusted[k]), "differs": float(adjusted[k] < alpha)}
             for k, m in enumerate(methods)}
+
+
+def krippendorff_alpha_interval(values: np.ndarray) -> float:
+    """Krippendorff's interval alpha of ``values`` ``[coders >= 2, units]`` (complete data; module docstring): the
+    observed disagreement within units over the expected disagreement between all values (NaN when every value is
+    the same)."""
+    table = np.asarray(values, dtype=np.float64)
+    if table.ndim != 2 or table.shape[0] < 2 or table.shape[1] < 1 or not np.all(np.isfinite(table)):
+        raise ValueError(f"krippendorff_alpha_interval: needs finite [coders >= 2, units >= 1] values, got shape "
+                         f"{table.shape}")
+    m, _ = table.shape
+    n = table.size
+    within = sum(float(((u[:, None] - u[None, :]) ** 2).sum()) for u in table.T) / (m - 1)
+    flat = table.ravel()
+    between = float(((flat[:, None] - flat[None, :]) ** 2).sum())
+    if between == 0:
+        return float("nan")
+    return 1.0 - (within / n) / (between / (n * (n - 1)))
+
+
+def cronbach_alpha(scores: np.ndarray) -> float:
+    """Cronbach's alpha of ``scores`` ``[observations >= 2, variants >= 2]`` (module docstring; NaN when the sum of
+    the variants does not vary)."""
+    table = np.asarray(scores, dtype=np.float64)
+    if table.ndim != 2 or table.shape[0] < 2 or table.shape[1] < 2 or not np.all(np.isfinite(table)):
+        raise ValueError(f"cronbach_alpha: needs finite [observations >= 2, variants >= 2] scores, got shape "
+                         f"{table.shape}")
+    k = table.shape[1]
+    total = float(table.sum(axis=1).var(ddof=1))
+    if total == 0:
+        return float("nan")
+    return k / (k - 1) * (1.0 - float(table.var(axis=0, ddof=1).sum()) / total)

@@ -83,3 +83,19 @@ def test_wilcoxon_and_holm_match_scipy_and_by_hand():
     assert result["good"]["differs"] == 1.0 and result["same"]["differs"] == 0.0
     with pytest.raises(KeyError, match="random map"):
         random_separation({"good": [1.0]})
+
+
+def test_krippendorff_and_cronbach_by_hand():
+    from evaluation.meta_evaluation import cronbach_alpha, krippendorff_alpha_interval
+
+    ranks = np.array([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
+    assert krippendorff_alpha_interval(ranks) == pytest.approx(1.0)
+    # coders x units [[1, 2], [1, 3]]: D_o = (0 + 2 * (2 - 3)^2) / 1 / 4 = 0.5; the 4 values 1, 1, 2, 3 give
+    # ordered-pair squared differences 22 over 4 * 3 pairs: D_e = 22 / 12; alpha = 1 - 0.5 / (22 / 12) = 8 / 11
+    assert krippendorff_alpha_interval(np.array([[1, 2], [1, 3]])) == pytest.approx(8 / 11)
+    assert np.isnan(krippendorff_alpha_interval(np.ones((2, 3))))
+    # columns (1, 2, 3) and (1, 3, 2): variances 1 and 1, sums (2, 5, 5) variance 3: alpha = 2 (1 - 2 / 3)
+    assert cronbach_alpha(np.array([[1, 1], [2, 3], [3, 2]])) == pytest.approx(2 / 3)
+    assert cronbach_alpha(np.array([[1, 1], [2, 2], [3, 3]])) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="variants"):
+        cronbach_alpha(np.array([[1.0], [2.0]]))
