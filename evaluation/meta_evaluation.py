@@ -19,6 +19,15 @@
   methods alike);
 * :func:`cronbach_alpha`: ``k / (k - 1) (1 - sum var(item) / var(sum of items))`` (Cronbach 1951, Psychometrika
   16(3), eq. 2; sample variances) of scores ``[observations, k variants]``, e.g. a metric under several fill values;
+* MetaQuantus' scores (Hedström et al. 2023, "The meta-evaluation problem in explainable AI", TMLR, sec. 4, eq. 6-9)
+  from a metric's scores ``q`` ``[methods, samples]`` before and ``q_hat`` after a perturbation (of the model or the
+  input; resilience: a minor one, adversary: a disruptive one; the caller keeps the samples whose prediction is
+  unchanged, resp. changed): :func:`iac` (intra-consistency: the Wilcoxon p-value of ``q`` against ``q_hat``, zero
+  differences split, for resilience; ``1 - p`` for adversary), :func:`iec_resilience` (inter-consistency: the share
+  of (sample, rank position) where the same method holds the position) and :func:`iec_adversary` (the share of
+  (method, sample) where ``q_hat`` is worse than ``q`` **in the metric's declared direction**, ``higher_is_better``
+  a bool: a string or ``None`` is refused, since upstream's truthiness test of its ``lower_is_better`` is what
+  inverts this score for higher-is-better metrics, MetaQuantus PR #10), and :func:`meta_consistency`, their mean;
 * :func:`random_separation`: per method, whether its per-sample scores differ from the random map's under one
   metric: Wilcoxon's signed-rank test (Wilcoxon 1945; zero differences dropped, the normal approximation with the
   tie correction of the variance, two-sided, no continuity correction), Holm's step-down correction over the
@@ -118,17 +127,19 @@ def bootstrap_rank_intervals(per_sample: np.ndarray, higher_is_better: Optional[
             "high": np.percentile(ranks, 100 - tail, axis=0)}
 
 
-def wilcoxon_p(x: Sequence[float], y: Sequence[float]) -> float:
+def wilcoxon_p(x: Sequence[float], y: Sequence[float], zero_split: bool = False) -> float:
     """Two-sided p-value of Wilcoxon's signed-rank test of paired ``x`` and ``y`` (module docstring); NaN pairs are
-    left out, and NaN is returned when no difference is left."""
+    left out, and NaN is returned when no difference is left. ``zero_split``: zero differences are kept and half of
+    their ranks counted as positive (Pratt's ranks split; scipy's ``zsplit``) instead of dropped."""
     a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     d = (a - b)[np.isfinite(a) & np.isfinite(b)]
-    d = d[d != 0]
+    if not zero_split:
+        d = d[d != 0]
     n = d.size
-    if n == 0:
+    if n == 0 or not np.any(d):
         return float("nan")
     ranks = _average_ranks(np.abs(d))
-    w_plus = float(ranks[d > 0].sum())
+    w_plus = float(ranks[d > 0].sum()) + 0.5 * float(ranks[d == 0].sum())
     ties = float(sum(c ** 3 - c for c in np.unique(ranks, return_counts=True)[1]))
     variance = n * (n + 1) * (2 * n + 1) / 24.0 - ties / 48.0
     if variance <= 0:
@@ -195,3 +206,47 @@ def cronbach_alpha(scores: np.ndarray) -> float:
     if total == 0:
         return float("nan")
     return k / (k - 1) * (1.0 - float(table.var(axis=0, ddof=1).sum()) / total)
+
+
+KINDS = ("resilience", "adversary")
+
+
+def _scores_pair(q: np.ndarray, q_hat: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    a, b = np.asarray(q, dtype=np.float64), np.asarray(q_hat, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 2 or a.shape[1] == 0:
+        raise ValueError(f"meta-evaluation: q and q_hat must be [methods, samples >= 1] of one shape, got {a.shape} "
+                         f"and {b.shape}")
+    return a, b
+
+
+def iac(q: Sequence[float], q_hat: Sequence[float], kind: str) -> float:
+    """Intra-consistency of one method's scores ``q`` / ``q_hat`` ``[samples]`` under a ``resilience`` (the Wilcoxon
+    p-value, zero differences split) or an ``adversary`` (``1 - p``) perturbation; a perturbation that changes no
+    score counts as p = 1."""
+    if kind not in KINDS:
+        raise ValueError(f"iac: kind must be one of {KINDS}, got {kind!r}")
+    p = wilcoxon_p(q, q_hat, zero_split=True)
+    p = 1.0 if p != p else p
+    return p if kind == "resilience" else 1.0 - p
+
+
+def iec_resilience(q: np.ndarray, q_hat: np.ndarray) -> float:
+    """Share of (sample, rank position) whose method is the same before and after (ties in method order)."""
+    a, b = _scores_pair(q, q_hat)
+    before, after = np.argsort(a, axis=0, kind="stable"), np.argsort(b, axis=0, kind="stable")
+    return float((before == after).mean())
+
+
+def iec_adversary(q: np.ndarray, q_hat: np.ndarray, higher_is_better: bool) -> float:
+    """Share of (method, sample) whose perturbed score is worse in the declared direction (module docstring)."""
+    if not isinstance(higher_is_better, (bool, np.bool_)):
+        raise TypeError(f"iec_adversary: higher_is_better must be a bool, got {higher_is_better!r}: a string or None "
+                        f"would be read by its truthiness (MetaQuantus PR #10)")
+    a, b = _scores_pair(q, q_hat)
+    worse = b < a if higher_is_better else b > a
+    return float(worse.mean())
+
+
+def meta_consistency(iac_nr: float, iac_ar: float, iec_nr: float, iec_ar: float) -> float:
+    """MetaQuantus' MC: the mean of the four scores, each in [0, 1] (1: resilient to noise, reactive to adversaries)."""
+    return (iac_nr + iac_ar + iec_nr + iec_ar) / 4.0

@@ -99,3 +99,32 @@ def test_krippendorff_and_cronbach_by_hand():
     assert cronbach_alpha(np.array([[1, 1], [2, 2], [3, 3]])) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="variants"):
         cronbach_alpha(np.array([[1.0], [2.0]]))
+
+
+def test_metaquantus_scores_re_derived_on_a_toy():
+    """Three methods x 6 samples of a higher-is-better metric: a resilience perturbation that leaves the ranking
+    and nearly the scores, an adversary that lowers every score. Worked by hand; the direction read from the
+    metric's declaration (upstream's truthiness of a string ``lower_is_better`` would invert IEC_AR)."""
+    stats = pytest.importorskip("scipy.stats")
+    from evaluation.meta_evaluation import iac, iec_adversary, iec_resilience, meta_consistency, wilcoxon_p
+
+    q = np.array([[0.9, 0.8, 0.85, 0.95, 0.7, 0.75],     # method 0 best on every sample
+                  [0.5, 0.4, 0.45, 0.55, 0.3, 0.35],
+                  [0.1, 0.2, 0.15, 0.05, 0.25, 0.0]])
+    resilient = q + np.array([0.01, -0.01, 0.0, 0.01, -0.01, 0.0])      # same ranking, symmetric noise, zeros
+    adversary = q - 0.3
+    assert iec_resilience(q, resilient) == 1.0
+    assert iec_adversary(q, adversary, True) == 1.0                     # every score fell: the metric reacts
+    assert iec_adversary(q, adversary, False) == 0.0                    # the inverted reading
+    swapped = q[[1, 0, 2]]                                              # methods 0 and 1 trade places everywhere
+    assert iec_resilience(q, swapped) == pytest.approx(1 / 3)           # only the worst method keeps its position
+    with pytest.raises(TypeError, match="PR #10"):
+        iec_adversary(q, adversary, "False")
+    # IAC: zsplit Wilcoxon judged against scipy; the adversary's p is tiny, 1 - p near 1
+    for row in range(3):
+        theirs = stats.wilcoxon(q[row], resilient[row], zero_method="zsplit", method="approx").pvalue
+        assert wilcoxon_p(q[row], resilient[row], zero_split=True) == pytest.approx(theirs, rel=1e-10)
+    assert iac(q[0], resilient[0], "resilience") > 0.5
+    assert iac(q[0], adversary[0], "adversary") > 0.95
+    assert iac(q[0], q[0], "resilience") == 1.0
+    assert meta_consistency(1.0, 1.0, 1.0, 0.0) == 0.75
