@@ -204,9 +204,7 @@ class RandomisationTest(EvaluationCallback):
                     pb = image_units(b, hw, layout, "pixel").view(-1, *hw)
                     out[measure] = ssim(pa, pb, self.ssim_window)
         else:
-            ua, ub = a.detach().to(torch.float64), b.detach().to(torch.float64)
-            word_ids = batch.get("word_ids")
-            valid = word_ids >= 0 if isinstance(word_ids, Tensor) else batch.get("attention_mask")
+            ua, ub, valid = a.detach().to(torch.float64), b.detach().to(torch.float64), self._valid(batch)
         for measure in self._measures():
             if measure == "spearman":
                 out[measure] = spearman_abs(ua, ub, valid)
@@ -226,6 +224,7 @@ class RandomisationTest(EvaluationCallback):
         return high == low
 
     def _valid(self, batch: Dict[str, Any]) -> Optional[Tensor]:
+        """The units a text map is compared on (content tokens: ``word_ids >= 0``, else the attention mask)."""
         if isinstance(batch.get("input_ids"), Tensor):
             word_ids = batch.get("word_ids")
             return word_ids >= 0 if isinstance(word_ids, Tensor) else batch.get("attention_mask")
@@ -294,7 +293,7 @@ class RandomisationTest(EvaluationCallback):
                     cache[key] = run(method, inputs, target, used)
             return cache[key]
 
-        rows: Dict[str, List[Tensor]] = {}
+        rows: Dict[str, Tensor] = {}
         for order in self.orders:                          # randomised copies outermost: one alive at a time
             for step in self._steps[order]:
                 chosen = tuple(groups[order][step])
