@@ -8,7 +8,8 @@ The evaluation LightningModule's ``test_step`` returns, for every batch, a dict
      "class_specific": {method_name: bool},                       # False: the same tensor for every setting
      "layout":         the model's layout of the token scores (``.grid`` = (h, w) for images),
      "classifier":     evaluation.classifier.Classifier,          # the one way to classify (perturbed) inputs
-     "explain":        AttributionEvaluationModule.explain}       # re-explain (perturbed) inputs: robustness tests
+     "explain":        AttributionEvaluationModule.explain,       # re-explain (perturbed) inputs: robustness tests
+     "model":          the explained model (read only: the sanity checks explain randomised deep copies of it)}
 
 and the batch (a dict with at least ``image`` in [0, 1] and ``label``; ``index``: each sample's dataset index).
 A callback reads only these two: it never calls the module (a test that re-explains perturbed inputs does it

@@ -198,10 +198,12 @@ class AttributionEvaluationModule(pl.LightningModule):
         return self.classifier.model_inputs(batch)
 
     def _attribute(self, method, inputs: Union[Tensor, Dict[str, Tensor]], target: Optional[Tensor],
-                   sample_ids: Optional[Tensor], width: Optional[int] = None) -> Tensor:
-        """The method's maps of ``inputs``, ``method_batch_size`` samples per call (default: all). With ``width``
-        (:meth:`_call_width`) every call runs at exactly ``width`` samples: a shorter chunk is padded with copies
-        of its last sample, whose maps are dropped."""
+                   sample_ids: Optional[Tensor], width: Optional[int] = None,
+                   model: Optional[torch.nn.Module] = None) -> Tensor:
+        """The method's maps of ``inputs``, ``method_batch_size`` samples per call (default: all), on ``model``
+        (default: the module's). With ``width`` (:meth:`_call_width`) every call runs at exactly ``width``
+        samples: a shorter chunk is padded with copies of its last sample, whose maps are dropped."""
+        model = self.model if model is None else model
         size = self.classifier.num_samples(inputs)
         step = width or self.hparams.method_batch_size or size
         parts = []
@@ -213,22 +215,24 @@ class AttributionEvaluationModule(pl.LightningModule):
             chunk = self.classifier.take(inputs, index)
             targets = None if target is None else self.classifier.method_targets(target[index])
             ids = None if sample_ids is None else sample_ids[index]
-            parts.append(method(self.model, chunk, target=targets, sample_ids=ids)[:stop - start])
+            parts.append(method(model, chunk, target=targets, sample_ids=ids)[:stop - start])
         return torch.cat(parts)
 
     def explain(self, method: str, inputs: Union[Tensor, Dict[str, Tensor]], target: Optional[Tensor],
-                sample_ids: Optional[Tensor] = None) -> Tensor:
+                sample_ids: Optional[Tensor] = None, model: Optional[torch.nn.Module] = None) -> Tensor:
         """The entry point of the tests that re-explain perturbed copies of a batch (``outputs["explain"]``; e.g.
         :class:`callbacks.robustness.RobustnessTest`): method ``method``'s maps of ``inputs`` (what
         :meth:`model_inputs` returns: normalised images, token tensors) for the classes ``target`` ``[M]`` (ignored
         by a class-agnostic method), at the test loop's call width (:meth:`_call_width`), with autograd on whatever
-        the caller has; detached. A method the run does not have is a ``KeyError`` naming those it has."""
+        the caller has; detached. ``model``: explain with another model of the same architecture instead of the
+        module's (the randomised copies of :class:`callbacks.sanity.RandomisationTest`; default: the module's).
+        A method the run does not have is a ``KeyError`` naming those it has."""
         if method not in self.methods:
             raise KeyError(f"explain: no method {method!r} in this run; it has {sorted(self.methods)}")
         chosen = self.methods[method]
         with torch.enable_grad():
             maps = self._attribute(chosen, inputs, target if chosen.class_specific else None, sample_ids,
-                                   self._call_width())
+                                   self._call_width(), model)
         return maps.detach()
 
     def _loader_batch_size(self) -> Optional[int]:
@@ -325,7 +329,8 @@ class AttributionEvaluationModule(pl.LightningModule):
                     check_finite_relevance(name, setting, rel, sample_ids)
         return {"relevance": relevance, "targets": targets, "logits": logits,
                 "class_specific": {name: bool(method.class_specific) for name, method in self.methods.items()},
-                "layout": token_layout(self.model, inputs), "classifier": self.classifier, "explain": self.explain}
+                "layout": token_layout(self.model, inputs), "classifier": self.classifier, "explain": self.explain,
+                "model": self.model}
 
     def configure_optimizers(self):  # evaluation only
         return None
