@@ -5,7 +5,7 @@ One module per library family (``vision``: timm ViTs; ``text``: BERT-family enco
 here and one more line below; ``tests/test_method_contract.py`` runs every registered method on every row, and
 ``matrix.py`` writes the README's table from the rows.
 """
-from . import clip, deberta, decoders, hf_vision, open_clip, siglip, text, timm_eva_beit, timm_variants, vision
+from . import clip, deberta, decoders, hf_vision, open_clip, siglip, swin, text, timm_eva_beit, timm_variants, vision
 from .base import PIXEL_MAPS, TEXT_LENGTHS, Family, _token_batch, set_fused_attention  # noqa: F401
 from .clip import _clip_classifier, _clip_images, _clip_scorer, _clip_token_batch, _tiny_clip  # noqa: F401
 from .decoders import DECODER_KINDS, DECODERS, _decoder_batch, _decoder_logits, _tiny_decoder  # noqa: F401
@@ -23,4 +23,5 @@ FAMILIES = [
     *hf_vision.FAMILIES,
     *timm_eva_beit.FAMILIES,
     *siglip.FAMILIES,
+    *swin.FAMILIES,
 ]
