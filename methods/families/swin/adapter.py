@@ -212,14 +212,16 @@ class TimmSwinAdapter(SwinAdapter):
             return "timm is not installed"
         if not isinstance(model, SwinTransformer):
             return f"{type(model).__name__} is not a timm SwinTransformer"
-        head: Any = model.head
+        swin: Any = model
+        head = swin.head
         if getattr(head, "global_pool", None) is None or getattr(head.global_pool, "pool_type", "") != "avg":
             return "timm SwinTransformer without average pooling is not supported (supported read-out: 'avg')"
-        patch = model.patch_embed.patch_size
-        if patch[0] != patch[1] or not model.patch_embed.strict_img_size or model.patch_embed.dynamic_img_pad:
+        embed = swin.patch_embed
+        patch = embed.patch_size
+        if patch[0] != patch[1] or not embed.strict_img_size or embed.dynamic_img_pad:
             return "timm SwinTransformer with non-square patches or dynamic image sizes is not supported"
-        size, side = model.patch_embed.img_size, int(patch[0])
-        windows = [[int(block.window_size[0]) for block in layer.blocks] for layer in model.layers]
+        size, side = embed.img_size, int(patch[0])
+        windows = [[int(block.window_size[0]) for block in layer.blocks] for layer in swin.layers]
         return cls.grid_problem(int(size[0]) // side, int(size[1]) // side, windows)
 
     @classmethod
