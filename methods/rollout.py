@@ -79,8 +79,9 @@ def carry_to_readout_space(adapter: ModelAdapter, row: Tensor, first: int) -> Te
     for layer in range(first + 1, adapter.depth):
         transition = adapter.transition(layer, row)
         if transition is not None:
+            transition = transition.coalesce()
             support = torch.sparse_coo_tensor(transition.indices(), torch.ones_like(transition.values()),
-                                              transition.shape)
+                                              transition.shape, check_invariants=True)
             row = torch.sparse.mm(support.to(row.dtype), row.t()).t()
     return row
 
