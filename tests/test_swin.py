@@ -159,7 +159,39 @@ def test_padded_grids_wrong_sizes_and_earlier_stages_are_refused():
     model = tiny_timm_swin()
     with pytest.raises(ValueError, match="reads images of 32x32 pixels"):
         build_method("raw_attention")(model, torch.randn(1, 3, 64, 64, dtype=torch.float64))
-    with pytest.raises(MethodUndefinedError, match=r"block 1 \(stage 1 of 2\)"):
-        build_method("raw_attention", layer=1)(model, swin_images(1))
-    rollout = build_method("rollout", start_layer=2)(model, swin_images(2))   # the last stage only: defined
-    assert rollout.shape == (2, 64) and torch.isfinite(rollout).all()
+    for name, options in (("raw_attention", {"layer": 1}), ("gradcam", {"layer": 0}),
+                          ("beyond_intuition_head", {"start_layer": 0})):
+        with pytest.raises(MethodUndefinedError, match=r"in another token space than the read-out's \(the tokens "
+                                                       r"change entering block\(s\) \[2\]\)"):
+            build_method(name, **options)(model, swin_images(1))
+
+
+@pytest.mark.parametrize("build", [tiny_timm_swin, tiny_hf_swin], ids=["timm", "transformers"])
+def test_rollout_composes_through_the_patch_merge(build):
+    """Rollout from block 0 equals the dense product computed here: the mean read-out row of ``M'_3``, times
+    ``M'_2``, the merge ``T`` (``[64, 256]``, 1/4 at each of a merged token's four sources, built by loops), ``M'_1``,
+    ``M'_0`` (``M' = mean_h A + I``, row-normalised), then each last-stage token the sum of its four sources."""
+    model = build()
+    x = swin_images(2)
+    adapter = adapter_for(model)
+    with ActivationRecorder() as rec, torch.no_grad(), adapter.eager_attention():
+        for layer in range(adapter.depth):
+            adapter.record_attention(rec, layer, layer, transform=lambda a: a.mean(dim=1))
+        adapter.forward(adapter.prepare_inputs(x), grad_from_block=adapter.depth)
+    merge = torch.zeros(64, 256, dtype=torch.float64)
+    for i in range(8):
+        for j in range(8):
+            for di in (0, 1):
+                for dj in (0, 1):
+                    merge[i * 8 + j, (2 * i + di) * 16 + 2 * j + dj] = 0.25
+    factors = []
+    for layer in range(adapter.depth):
+        m = rec[layer] + torch.eye(rec[layer].shape[-1], dtype=torch.float64)
+        factors.append(m / m.sum(dim=-1, keepdim=True))
+    row = factors[3].mean(dim=1)                                       # the mean over the 64 content rows
+    row = torch.einsum("bi,bij->bj", row, factors[2]) @ merge
+    row = torch.einsum("bi,bij->bj", torch.einsum("bi,bij->bj", row, factors[1]), factors[0])
+    expected = row @ (merge > 0).double().t()
+    ours = build_method("rollout")(model, x)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ours.sum(dim=1), torch.ones(2, dtype=torch.float64), rtol=0, atol=1e-12)

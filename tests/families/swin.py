@@ -10,12 +10,8 @@ from torch import Tensor, nn
 
 from .base import Family
 
-#: the methods that compose maps across the stages (from block 0), LRP without a topology, token ablation
-_ACROSS = ("is in another token space than the read-out's (the last stage's grid, after the patch merges); maps "
-           "composed across patch merges are not defined for this family yet")
+#: the methods without an LRP topology for Swin, and token ablation
 UNDEFINED = {
-    "rollout": _ACROSS,
-    "generic_attribution": _ACROSS,
     "lrp": "no LRP topology for model class",
     "partial_lrp": "no LRP topology for model class",
     "lrp_rollout": "no LRP topology for model class",
@@ -23,7 +19,8 @@ UNDEFINED = {
     "token_ablation": ("its window partition, shift masks and 2x2 patch merges need every position of the grid, "
                        "so a removed patch has no place to be left out of"),
 }
-#: Beyond Intuition read from the last stage's first block (block 2): every map it composes is in that stage
+#: Beyond Intuition read from the last stage's first block (block 2): it composes full matrices, defined in the
+#: read-out's token space only
 OPTIONS = {"beyond_intuition_head": {"start_layer": 2, "steps": 4},
            "beyond_intuition_token": {"start_layer": 2, "steps": 4}}
 

@@ -7,10 +7,11 @@ blocks and merges in the model's own order (logits bit-identical) and describe:
 
 * **layout**: the last stage's token grid (what the average-pooling read-out reads), as a ``PatchGrid`` without
   prefix tokens; a score covers ``patch * 2^(stages - 1)`` pixels a side (:attr:`patch_size`);
+* **token flow**: each stage's token space (:meth:`SwinAdapter.token_space`) and the 2x2 patch merge entering a
+  stage as a sparse 4:1 transition (:meth:`SwinAdapter.transition`), through which rollout and Generic Attribution
+  compose; a method that reads one block's map at the read-out row reads the last stage only;
 * **attention maps**: a block's windowed (and shifted-window) probabilities ``[B * nW, H, a, a]`` expanded to its
-  stage's ``[B, H, N, N]`` map (:class:`~.windows.WindowGeometry`), recorded only in the last stage, whose tokens
-  are the layout's; a block of an earlier stage lives in another token space, so a method that reads it (the
-  map-composing methods) is refused with :class:`~methods.adapters.MethodUndefinedError`;
+  stage's ``[B, H, N, N]`` map (:class:`~.windows.WindowGeometry`);
 * **hidden states** between the adapter's pieces: ``[B, N, C]``, the stage's grid row-major (the image size is
   fixed, so each stage's grid is too: :meth:`SwinAdapter.stage_grid`).
 """
@@ -25,9 +26,11 @@ from torch import Tensor, nn
 from ...adapters.base import (
     AttentionLinears,
     ImageAdapter,
+    Layout,
     MethodUndefinedError,
     ModelInputs,
     SequenceContext,
+    TokenSpace,
     register_adapter,
 )
 from ...adapters.recorder import ActivationRecorder
@@ -93,6 +96,28 @@ class SwinAdapter(ImageAdapter):
     def stages_of(cls, model: Any) -> List[Tuple[List[nn.Module], Optional[nn.Module]]]:
         raise NotImplementedError
 
+    def token_space(self, layer: int, layout: Layout) -> TokenSpace:
+        """Block ``layer``'s stage: its grid, width and heads."""
+        rows, cols = self.grids[layer]
+        return TokenSpace(rows * cols, (rows, cols), self.width_of(layer), self.heads_of(layer))
+
+    def transition(self, layer: int, like: Tensor) -> Optional[Tensor]:
+        """The patch merge entering block ``layer``'s stage, ``[N_layer, N_layer-1]`` sparse: merged token
+        ``(i, j)`` takes 1/4 of each of its sources ``(2i + di, 2j + dj)``; ``None`` inside a stage."""
+        if layer not in self.merge_before:
+            return None
+        (rows, cols), (_, before) = self.grids[layer], self.grids[layer - 1]
+        merged = torch.arange(rows * cols, device=like.device)
+        i, j = merged // cols, merged % cols
+        sources = torch.stack([(2 * i + di) * before + 2 * j + dj for di in (0, 1) for dj in (0, 1)], dim=1)
+        indices = torch.stack([merged[:, None].expand_as(sources).flatten(), sources.flatten()])
+        values = torch.full((indices.shape[1],), 0.25, dtype=like.dtype, device=like.device)
+        shape = (rows * cols, self.grids[layer - 1][0] * before)
+        return torch.sparse_coo_tensor(indices, values, shape, check_invariants=True).coalesce()
+
+    def width_of(self, layer: int) -> int:
+        raise NotImplementedError
+
     @property
     def last_stage(self) -> int:
         return len(self.stages) - 1
@@ -115,14 +140,6 @@ class SwinAdapter(ImageAdapter):
     def geometry(self, layer: int) -> WindowGeometry:
         """The windows of block ``layer`` in the last forward (its grid, window side and shift)."""
         raise NotImplementedError
-
-    def check_readable(self, layer: int, what: str) -> None:
-        """:class:`MethodUndefinedError` unless block ``layer`` is in the last stage (the layout's tokens)."""
-        if self.stage_of[layer] != self.last_stage:
-            raise MethodUndefinedError(
-                f"{self.family}: {what} of block {layer} (stage {self.stage_of[layer] + 1} of {len(self.stages)}) is "
-                "in another token space than the read-out's (the last stage's grid, after the patch merges); maps "
-                "composed across patch merges are not defined for this family yet")
 
     def _expanded(self, layer: int, windows: Tensor, require_grad: bool) -> Tuple[Tensor, Tensor]:
         """The full map ``[B, H, N, N]`` of block ``layer``'s windowed probabilities and the windowed tensor the
@@ -240,6 +257,9 @@ class TimmSwinAdapter(SwinAdapter):
     def heads_of(self, layer: int) -> int:
         return int(self.blocks[layer].attn.num_heads)
 
+    def width_of(self, layer: int) -> int:
+        return int(self.blocks[layer].attn.qkv.in_features)
+
     def geometry(self, layer: int) -> WindowGeometry:
         block = self.blocks[layer]
         return WindowGeometry(self.grids[layer], int(block.window_size[0]), int(block.shift_size[0]))
@@ -269,9 +289,8 @@ class TimmSwinAdapter(SwinAdapter):
 
     def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                          transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The full map ``[B, H, N, N]`` of a last-stage block (module docstring); ``require_grad``: the model
+        """The full map ``[B, H, N, N]`` of block ``layer``'s stage (module docstring); ``require_grad``: the model
         goes on with the windows gathered back from it (the same values)."""
-        self.check_readable(layer, "the attention")
 
         def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> Optional[Tensor]:
             full, windows = self._expanded(layer, out, require_grad)
@@ -282,7 +301,6 @@ class TimmSwinAdapter(SwinAdapter):
 
     def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """The value projection ``[B, N, C]`` at the grid positions (heads merged, bias included)."""
-        self.check_readable(layer, "the values")
         dim = int(self.blocks[layer].attn.qkv.in_features)
 
         def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
@@ -358,6 +376,9 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
     def heads_of(self, layer: int) -> int:
         return int(self.blocks[layer].attention.num_attention_heads)
 
+    def width_of(self, layer: int) -> int:
+        return int(self.blocks[layer].attention.q_proj.in_features)
+
     def geometry(self, layer: int) -> WindowGeometry:
         block = self.blocks[layer]
         return WindowGeometry(self.grids[layer], int(block.window_size), int(block.shift_size))
@@ -391,10 +412,9 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
 
     def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                          transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The full map ``[B, H, N, N]`` of a last-stage block. ``require_grad`` (autograd recorded from this
+        """The full map ``[B, H, N, N]`` of block ``layer``'s stage. ``require_grad`` (autograd recorded from this
         block on): the module's output plus ``o_proj((gather(full) - A) v)``, exactly 0, so that the logits are
         unchanged and ``d logit / d full`` is the gradient at each window entry."""
-        self.check_readable(layer, "the attention")
         attention = self.blocks[layer].attention
         values: Dict[str, Tensor] = {}
 
@@ -420,7 +440,6 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
 
     def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """The value projection ``[B, N, C]`` at the grid positions (heads merged, bias included)."""
-        self.check_readable(layer, "the values")
 
         def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
             rec.outputs[key] = self.geometry(layer).tokens(out)
