@@ -195,3 +195,33 @@ def test_rollout_composes_through_the_patch_merge(build):
     ours = build_method("rollout")(model, x)
     torch.testing.assert_close(ours, expected, rtol=0, atol=1e-12)
     torch.testing.assert_close(ours.sum(dim=1), torch.ones(2, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+def test_token_spaces_and_transitions():
+    """Swin: each stage's grid, width and heads, the merge into block 2 as a 4:1 map whose rows sum to 1; every
+    other family of the matrix: one token space (the layout's) and the identity between all blocks."""
+    from tests.families import FAMILIES
+
+    model = tiny_timm_swin()
+    adapter = adapter_for(model)
+    layout = adapter.layout(swin_images(1))
+    spaces = [adapter.token_space(layer, layout) for layer in range(adapter.depth)]
+    expected = [(256, (16, 16), 16, 2)] * 2 + [(64, (8, 8), 32, 4)] * 2
+    assert [(s.count, s.grid, s.width, s.heads) for s in spaces] == expected
+    like = torch.empty(0, dtype=torch.float64)
+    assert [adapter.transition(layer, like) is None for layer in range(adapter.depth)] == [True, True, False, True]
+    merge = adapter.transition(2, like).to_dense()
+    assert merge.shape == (64, 256) and torch.equal(merge.sum(dim=1), torch.ones(64, dtype=torch.float64))
+    assert torch.equal((merge > 0).sum(dim=0), torch.ones(256, dtype=torch.long))   # each source in one merge
+    assert merge[8 + 1, 2 * 16 + 2] == 0.25 and merge[8 + 1, 3 * 16 + 3] == 0.25     # token (1, 1): rows 2-3, cols 2-3
+    for family in FAMILIES:
+        if family.adapter in (type(adapter), type(adapter_for(tiny_hf_swin()))):
+            continue
+        other = adapter_for(family.build())
+        inputs = other.prepare_inputs(family.inputs(2))
+        other_layout = other.layout(inputs)
+        for layer in range(other.depth):
+            assert other.transition(layer, like) is None, family.name
+            space = other.token_space(layer, other_layout)
+            assert (space.count, space.width, space.heads) == (other_layout.num_positions, other.width,
+                                                               other.num_heads), family.name
