@@ -1,7 +1,7 @@
 """Adapters for Swin Transformer V1 classifiers: timm ``SwinTransformer`` and transformers
 ``SwinForImageClassification`` (Liu et al. 2021; NOTES.md beside this file).
 
-A Swin model is four stages of windowed-attention blocks, each stage but the first entered through a 2x2 patch
+A Swin model is stages (four in Swin-T/S/B/L) of windowed-attention blocks, each stage but the first entered through a 2x2 patch
 merge (half the grid, twice the width); the head averages the last stage's tokens. The adapters run the stock
 blocks and merges in the model's own order (logits bit-identical) and describe:
 
@@ -331,7 +331,7 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
     positions), ``swin.encoder.layers[s]`` = ``blocks`` then ``downsample`` (a ``SwinPatchMerging``, ending every
     stage but the last: the adapter runs it as the next stage's entry), ``swin.layernorm``, average pooling,
     ``classifier``. Attention probabilities: the second output of each ``SwinAttention`` under eager attention;
-    with ``require_grad`` the module's output is joined to the full map (module docstring of ``NOTES.md``)."""
+    with ``require_grad`` the module's output is joined to the full map (NOTES.md)."""
 
     family = "transformers SwinForImageClassification"
     hidden_requires_grad = True
