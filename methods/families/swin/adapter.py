@@ -1,9 +1,9 @@
 """Adapters for Swin Transformer V1 classifiers: timm ``SwinTransformer`` and transformers
 ``SwinForImageClassification`` (Liu et al. 2021; NOTES.md beside this file).
 
-A Swin model is stages (four in Swin-T/S/B/L) of windowed-attention blocks, each stage but the first entered through a 2x2 patch
-merge (half the grid, twice the width); the head averages the last stage's tokens. The adapters run the stock
-blocks and merges in the model's own order (logits bit-identical) and describe:
+A Swin model is stages (four in Swin-T/S/B/L) of windowed-attention blocks, each stage but the first entered
+through a 2x2 patch merge (half the grid, twice the width); the head averages the last stage's tokens. The
+adapters run the stock blocks and merges in the model's own order (logits bit-identical) and describe:
 
 * **layout**: the last stage's token grid (what the average-pooling read-out reads), as a ``PatchGrid`` without
   prefix tokens; a score covers ``patch * 2^(stages - 1)`` pixels a side (:attr:`patch_size`);
