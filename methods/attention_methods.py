@@ -12,9 +12,9 @@ from torch import Tensor
 
 from .adapters import ActivationRecorder
 from .base import AttributionMethod, check_start_layer
-from .readout import check_class_token_score, check_readout, read_out, set_class_token_score
+from .readout import check_class_token_score, check_readout, check_readout_space, read_out, set_class_token_score
 from .registry import register_method
-from .rollout import ReadoutRollout, rollout
+from .rollout import ReadoutRollout, carry_to_readout_space, rollout
 
 
 @register_method("raw_attention")
@@ -44,6 +44,7 @@ class RawAttention(AttributionMethod):
 
     def attribute(self, adapter, inputs, target):
         layer = check_start_layer(self.layer, adapter, self.name, "layer")
+        check_readout_space(adapter, layer, torch.empty(0, dtype=inputs.score_dtype, device=inputs.device), self.name)
         with ActivationRecorder() as rec, torch.no_grad():
             adapter.record_attention(rec, layer, "attn")
             adapter.forward(inputs, grad_from_block=adapter.depth)
@@ -100,8 +101,14 @@ class Rollout(AttributionMethod):
     def attribute(self, adapter, inputs, target):
         layout = adapter.layout(inputs)
         means = self.head_means(adapter, inputs)
+        start = adapter.depth - len(means)
         composed = ReadoutRollout(self.row_normalize, lambda m: read_out(m, adapter, inputs, self.readout, layout))
         while means:
-            composed.add(means.pop(), overwrite=True)   # each block's matrix dropped once folded in
-        row = composed.row()
+            layer = start + len(means) - 1
+            matrix = means.pop()
+            composed.add(matrix, overwrite=True)   # each block's matrix dropped once folded in
+            if layer > start:
+                composed.through(adapter.transition(layer, matrix))
+            del matrix
+        row = carry_to_readout_space(adapter, composed.row(), start)
         return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))

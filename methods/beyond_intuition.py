@@ -13,7 +13,7 @@ from torch import Tensor
 from .adapters import ActivationRecorder, ModelInputs, linear_weight
 from .attention_gradients import attention_and_gradients, check_gradient_of, target_score
 from .base import AttributionMethod, check_start_layer
-from .readout import check_class_token_score, check_readout, read_out, set_class_token_score
+from .readout import check_class_token_score, check_readout, check_readout_space, read_out, set_class_token_score
 from .registry import register_method
 from .rollout import accumulate_residual
 from .targets import resolve_target
@@ -178,6 +178,7 @@ class _BeyondIntuition(AttributionMethod):
     def attribute(self, adapter, inputs, target):
         layout = adapter.layout(inputs)
         start = self.resolved_start_layer(adapter)
+        check_readout_space(adapter, start, torch.empty(0, dtype=inputs.score_dtype, device=inputs.device), self.name)
         updates, last_grad, target = self.perception_pass(adapter, inputs, target, start)
         perception = accumulate_residual(updates)
         if not self.reasoning_feedback:

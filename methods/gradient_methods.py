@@ -13,9 +13,16 @@ from torch import Tensor
 from .adapters import ActivationRecorder
 from .attention_gradients import attention_and_gradients, stream_attention_gradients
 from .base import AttributionMethod, check_start_layer
-from .readout import check_class_token_score, check_readout, read_out, read_out_identity, set_class_token_score
+from .readout import (
+    check_class_token_score,
+    check_readout,
+    check_readout_space,
+    read_out,
+    read_out_identity,
+    set_class_token_score,
+)
 from .registry import register_method
-from .rollout import ReadoutResidual
+from .rollout import ReadoutResidual, carry_to_readout_space
 from .targets import class_score, resolve_target
 
 
@@ -66,6 +73,7 @@ class AttentionGradCAM(AttributionMethod):
 
     def attribute(self, adapter, inputs, target):
         layer = check_start_layer(self.layer, adapter, self.name, "layer")
+        check_readout_space(adapter, layer, torch.empty(0, dtype=inputs.score_dtype, device=inputs.device), self.name)
         (attn,), (grad,), _, _ = attention_and_gradients(adapter, inputs, target, [layer])
         layout = adapter.layout(inputs)
         mode = self.AUTO_GRADIENT_MEAN[layout.reference] if self.gradient_mean == "auto" else self.gradient_mean
@@ -154,15 +162,17 @@ class GenericAttribution(AttributionMethod):
         layout = adapter.layout(inputs)
         composed: List[ReadoutResidual] = []
 
-        def fold(_layer: int, attn: Tensor, grad: Tensor) -> None:
+        def fold(layer: int, attn: Tensor, grad: Tensor) -> None:
             update = generic_update(attn, grad, self.head_reduction)
             if not composed:
                 composed.append(ReadoutResidual(read_out_identity(adapter, inputs, self.readout, layout, update)))
             composed[0].add(update)
+            if layer > start:
+                composed[0].through(adapter.transition(layer, update))
 
         stream_attention_gradients(adapter, inputs, target, range(start, adapter.depth), fold,
                                    recompute=self.recompute_attention)
-        row = composed[0].row()
+        row = carry_to_readout_space(adapter, composed[0].row(), start)
         return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
 
 

@@ -15,7 +15,7 @@ from typing import Optional, TypeGuard
 import torch
 from torch import Tensor
 
-from .adapters import WEIGHTED_READOUTS, Layout, ModelAdapter, ModelInputs, TokenSequence
+from .adapters import WEIGHTED_READOUTS, Layout, MethodUndefinedError, ModelAdapter, ModelInputs, TokenSequence
 
 READOUTS = ("auto", "class_token", "mean_content", "position", "weighted", "attention_pool")
 #: earlier option values, still accepted
@@ -45,6 +45,19 @@ def resolve_readout(adapter: ModelAdapter, readout: str) -> str:
         raise ValueError(f"readout={readout!r} needs a model read out {kind} ({adapter.family} reads out with "
                          f"{adapter.readout!r})")
     return readout
+
+
+def check_readout_space(adapter: ModelAdapter, layer: int, like: Tensor, name: str) -> None:
+    """:class:`~methods.adapters.MethodUndefinedError` unless block ``layer``'s tokens are the read-out's (no
+    transition other than the identity between it and the last block, :meth:`ModelAdapter.transition`): a method
+    that reads one block's map at the read-out row (raw attention, Grad-CAM) or composes full matrices (Beyond
+    Intuition) reads it in the read-out's token space only."""
+    changes = [l for l in range(layer + 1, adapter.depth) if adapter.transition(l, like) is not None]
+    if changes:
+        raise MethodUndefinedError(
+            f"{name}: block {layer} of {type(adapter.model).__name__} ({adapter.family}) is in another token space "
+            f"than the read-out's (the tokens change entering block(s) {changes}); this method reads a block's map "
+            "at the read-out row in the read-out's token space only")
 
 
 def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout: str = "auto",

@@ -6,6 +6,13 @@
   each block in forward order, ``R = R + M_l R``.
 
 They agree in exact arithmetic without row normalisation; each keeps the reference's own float order.
+
+Token flow (a hierarchical model, Swin): where the tokens entering block ``l`` are formed from those leaving block
+``l - 1`` by a transition ``T_l`` (``[N_l, N_{l-1}]``, :meth:`~methods.adapters.ModelAdapter.transition`; ``None``
+is the identity, every isotropic family), the streaming composers pull their row through it (``through``:
+``r <- r T_l``, rows of ``T_l`` summing to 1, so a row-stochastic product stays one), and the finished row, in the
+first composed block's token space, is carried up to the read-out's by summing each token's sources
+(:func:`carry_to_readout_space`: the total is kept). With every transition the identity nothing changes.
 :func:`rollout_readout` is :func:`rollout` followed by a read-out of its rows, as vector-matrix products.
 
 Streaming (the methods that report only the read-out row): :class:`ReadoutRollout` and :class:`ReadoutResidual`
@@ -23,6 +30,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from .adapters import ModelAdapter
 from .readout import identity_like
 
 
@@ -59,6 +67,25 @@ def row_times(row: Tensor, m: Tensor) -> Tensor:
     return torch.stack([r @ mat.to(torch.float64) for r, mat in zip(row.to(torch.float64), m)])
 
 
+def pull_through(row: Tensor, transition: Tensor) -> Tensor:
+    """``row[b] @ T`` for each sample (``[B, N_l]`` x sparse ``[N_l, N_{l-1}]`` -> ``[B, N_{l-1}]``), in float64."""
+    return torch.sparse.mm(transition.to(torch.float64).t(), row.to(torch.float64).t()).t()
+
+
+def carry_to_readout_space(adapter: ModelAdapter, row: Tensor, first: int) -> Tensor:
+    """A row ``[B, N_first]`` over the tokens entering block ``first``, carried through the transitions of the
+    blocks above to the last block's tokens: each token gets the sum of its sources' entries (the support of
+    ``T_l``). Unchanged where every transition is the identity."""
+    for layer in range(first + 1, adapter.depth):
+        transition = adapter.transition(layer, row)
+        if transition is not None:
+            transition = transition.coalesce()
+            support = torch.sparse_coo_tensor(transition.indices(), torch.ones_like(transition.values()),
+                                              transition.shape, check_invariants=True)
+            row = torch.sparse.mm(support.to(row.dtype), row.t()).t()
+    return row
+
+
 class ReadoutRollout:
     """The read-out row of :func:`rollout` composed from the last block down: ``add`` each block's matrix
     ``M_l`` ``[B, N, N]`` in the order ``l = last, last - 1, ..., first``; ``row()`` is
@@ -84,6 +111,11 @@ class ReadoutRollout:
         else:
             self._row = row_times(self._row, m)
 
+    def through(self, transition: Optional[Tensor]) -> None:
+        """Pull the row through the transition into the block below (``None``: the identity, nothing to do)."""
+        if transition is not None and self._row is not None:
+            self._row = pull_through(self._row, transition)
+
     def row(self) -> Tensor:
         if self._row is None:
             raise ValueError("rollout needs at least one block")
@@ -104,6 +136,11 @@ class ReadoutResidual:
     def add(self, m: Tensor) -> None:
         self._row = self._row + row_times(self._row, m)
         self.blocks += 1
+
+    def through(self, transition: Optional[Tensor]) -> None:
+        """Pull the row through the transition into the block below (``None``: the identity, nothing to do)."""
+        if transition is not None:
+            self._row = pull_through(self._row, transition)
 
     def row(self) -> Tensor:
         if not self.blocks:

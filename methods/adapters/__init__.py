@@ -24,6 +24,7 @@ from .base import (  # noqa: F401
     SampleIds,
     SequenceContext,
     TokenSequence,
+    TokenSpace,
     adapter_for,
     check_sample_ids,
     linear_weight,

@@ -260,6 +260,19 @@ Layout = Union[PatchGrid, TokenSequence]
 
 
 @dataclass(frozen=True)
+class TokenSpace:
+    """The tokens one block sees: ``count`` positions (``N``), their ``grid`` (rows, cols) where they form one
+    (``None`` for sequences), the hidden ``width`` and the attention ``heads``. Every block of an isotropic model
+    shares one (the layout's); a hierarchical model (Swin) has one per stage, joined by transitions
+    (:meth:`ModelAdapter.transition`)."""
+
+    count: int
+    grid: Optional[Tuple[int, int]]
+    width: int
+    heads: int
+
+
+@dataclass(frozen=True)
 class SequenceContext:
     """What blocks and head need besides the hidden states: the attention mask (``[B, N]``, 1 real / 0 padding;
     ``None`` when all positions are real), the read-out positions (``[B]``; ``None`` unless the read-out is
@@ -465,6 +478,20 @@ class ModelAdapter(abc.ABC):
         (:func:`methods.readout.read_out`). ``"weighted"``: fixed weights (a DeiT's [CLS] and distillation tokens,
         1/2 each); ``"attention_pool"``: the pooling head's attention, mean over its heads."""
         raise NotImplementedError(f"{self.family} reads out with {self.readout!r}, not a weighted mean of positions")
+
+    # -------------------------------------------------------------- token flow
+    def token_space(self, layer: int, layout: Layout) -> TokenSpace:
+        """The token space of block ``layer`` for inputs of ``layout``: the layout's positions, width and heads
+        (every block alike) unless the family says otherwise."""
+        grid = layout.grid if isinstance(layout, PatchGrid) else None
+        return TokenSpace(layout.num_positions, grid, self.width, self.num_heads)
+
+    def transition(self, layer: int, like: Tensor) -> Optional[Tensor]:
+        """How the tokens entering block ``layer`` are formed from those leaving block ``layer - 1``: a sparse
+        ``[N_layer, N_layer-1]`` map whose row ``t`` holds the share of each earlier token in token ``t`` (rows sum
+        to 1; a 2x2 patch merge: 1/4 at each of its four sources), in ``like``'s dtype and device. ``None``: the
+        identity (the same tokens; every family but Swin)."""
+        return None
 
     # -------------------------------------------------------------- inputs, layout
     @abc.abstractmethod

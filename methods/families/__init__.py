@@ -13,6 +13,7 @@ from . import (  # noqa: F401
     hf_text,
     hf_vit,
     open_clip,
+    swin,
     timm_deit,
     timm_eva_beit,
     timm_vit,

@@ -13,6 +13,7 @@ from . import (
     modernbert,
     open_clip,
     siglip,
+    swin,
     text,
     timm_eva_beit,
     timm_variants,
@@ -36,4 +37,5 @@ FAMILIES = [
     *timm_eva_beit.FAMILIES,
     *siglip.FAMILIES,
     *modernbert.FAMILIES,
+    *swin.FAMILIES,
 ]
