@@ -11,7 +11,9 @@ from . import (
     attention_methods,  # noqa: F401,E402
     attnlrp,  # noqa: F401,E402
     beyond_intuition,  # noqa: F401,E402
+    gradient_baselines,  # noqa: F401,E402
     gradient_methods,  # noqa: F401,E402
+    integrated_gradients,  # noqa: F401,E402
     random_baseline,  # noqa: F401,E402
     relevance_methods,  # noqa: F401,E402
 )
