@@ -3,7 +3,9 @@ KernelSHAP and LIME.
 
 Sequences (``baseline=``):
 
-* ``"zero"``: the zero vector at the input embedding (Captum's default ``baselines=0`` on an embedding input);
+* ``"zero"``: the zero vector at the input embedding of every real position (Captum's default ``baselines=0`` on
+  an embedding input); padding keeps its embedding (a padded position a read-out reads, as SigLIP's last one,
+  would otherwise carry attribution that the padding's exact 0 hides);
 * ``"pad"``, ``"mask"``, ``"unk"`` or a token id (``int``): every content token (not a special token, not
   padding) replaced by that id, special tokens and padding kept (Captum's BERT tutorial ``[CLS] [PAD] ... [SEP]``,
   Inseq's ``UNK`` ids keeping EOS, ALTI's ``[MASK]``); a named id is read from the model's config
@@ -69,6 +71,13 @@ def baseline_ids(adapter: ModelAdapter, inputs: ModelInputs, token_id: int) -> T
     return torch.where(content, torch.full_like(ids, token_id), ids)
 
 
+def real_positions_at(adapter: ModelAdapter, inputs: ModelInputs, x: Tensor) -> Tensor:
+    """A bool mask broadcastable to ``x`` (values at the input embedding ``[B, N, D]``) of the real positions."""
+    layout = adapter.layout(inputs)
+    real = layout.real_positions(inputs["input_ids"]).to(x.device).bool()
+    return real.reshape(real.shape + (1,) * (x.dim() - real.dim()))
+
+
 def gaussian_blur(images: Tensor, sigma: float) -> Tensor:
     """``images`` ``[B, C, H, W]`` blurred by a separable Gaussian of standard deviation ``sigma`` pixels
     (kernel radius ``ceil(3 sigma)``, reflect padding)."""
@@ -121,5 +130,6 @@ def baseline_values(adapter: ModelAdapter, inputs: ModelInputs, point: str, base
                     x: Tensor, **image_options: Any) -> Tensor:
     """The baseline at ``point`` for every sample of ``inputs`` (``x``: their values there)."""
     if adapter.modality != "image" and baseline == "zero":
-        return torch.zeros_like(x)
+        real = real_positions_at(adapter, inputs, x)
+        return torch.where(real, torch.zeros_like(x), x)
     return point_values(adapter, baseline_inputs(adapter, inputs, baseline, name, **image_options), point)
