@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 
 from .adapters import ModelAdapter, ModelInputs
-from .base import AttributionMethod
-from .explanation_targets import CONTRASTIVE, check_explain, explained_score, resolve_foil
+from .explained_output import ExplainedOutput
+from .explanation_targets import explained_score
 from .input_points import check_choice, logits_at, point_values, reduce_scores, resolve_point
 from .registry import register_method
 from .targets import TargetType, resolve_target
@@ -30,7 +30,7 @@ from .targets import TargetType, resolve_target
 SALIENCY_REDUCTIONS = {"abs": "sum", "signed": "sum", "l2": "l2"}
 
 
-class PointAttribution(AttributionMethod):
+class PointAttribution(ExplainedOutput):
     """A method whose scores are an element-wise map at an input point, reduced per token / patch.
 
     Subclasses implement :meth:`elementwise`; :attr:`score_reduction` names the reduction
@@ -41,24 +41,12 @@ class PointAttribution(AttributionMethod):
     score_reduction = "sum"
 
     def __init__(self, point: str = "auto", explain: str = "logit", foil: Optional[int] = None):
+        super().__init__(explain, foil)
         self.point = point
-        self.explain = check_explain(explain)
-        if foil is not None and explain not in CONTRASTIVE:
-            raise ValueError(f"foil={foil!r} is read only by the contrastive explanation targets {CONTRASTIVE}")
-        self.foil = foil
-
-    @property
-    def reads_foil(self) -> bool:
-        return self.explain in CONTRASTIVE
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
         resolve_point(adapter, self.point, self.name)
-
-    def resolve(self, logits: Tensor, target: TargetType) -> Tuple[Tensor, Optional[Tensor]]:
-        """The resolved targets and foils of the rows of ``logits`` (the call's foil, else the method's)."""
-        foil = self.call_foil if self.call_foil is not None else self.foil
-        return resolve_target(logits, target), resolve_foil(logits, foil, self.explain)
 
     def gradient(self, adapter: ModelAdapter, inputs: ModelInputs, point: str, values: Tensor,
                  target: TargetType, foil: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
