@@ -4,9 +4,10 @@ random coalitions of features (content tokens or patches) replaced by a baseline
 * ``kernel_shap`` (Lundberg & Lee 2017, "A Unified Approach to Interpreting Model Predictions", Theorem 2;
   Captum 0.9.0 ``KernelShap``): the all-present and the all-absent coalitions, then ``samples - 2`` coalitions
   drawn as Captum draws them (a size ``k`` in ``1 .. M-1`` with probability ``(M-1) / (k (M-k))``, then the ``k``
-  features with the largest of ``M`` standard normals), so that the Shapley kernel is in the sampling; weights 1,
-  and 1e6 on the two end coalitions (Captum's stand-in for the infinite weight that makes the scores sum to
-  ``y(x) - y(baseline)``); weighted least squares with an intercept.
+  features with the largest of ``M`` standard normals), so that the Shapley kernel is in the sampling; weights 1;
+  the two end coalitions' infinite weight as exact constraints (``end_weight=None``, default: intercept
+  ``y(baseline)``, scores summing to ``y(x) - y(baseline)`` to rounding) or as Captum's finite stand-in
+  (``end_weight=1e6``: efficiency then holds to ~1e-5 only); weighted least squares with an intercept.
 * ``lime`` (Ribeiro et al. 2016, "Why Should I Trust You?", Eq. 1-3; Captum ``Lime``): coalitions with each
   feature present with probability 1/2; weights ``exp(-d^2 / (2 kernel_width^2))`` with ``d`` the cosine distance
   between the sample's input at the point and the perturbed one (real positions only); ``regression="lasso"``
@@ -33,11 +34,15 @@ from .input_baselines import IMAGENET_MEAN, IMAGENET_STD, baseline_values, check
 from .input_points import check_choice, logits_at, point_values, real_rows, resolve_point
 from .registry import register_method
 from .seeded_draws import sample_generators
-from .surrogate_regression import weighted_lasso, weighted_linear_regression
+from .surrogate_regression import (
+    efficient_linear_regression,
+    weighted_lasso,
+    weighted_linear_regression,
+)
 from .targets import TargetType
 
-#: KernelSHAP's weight of the all-present and all-absent coalitions (Captum's ``inf_weight``)
-END_WEIGHT = 1e6
+#: Captum's finite weight of the all-present and all-absent coalitions (its ``inf_weight``)
+CAPTUM_END_WEIGHT = 1e6
 
 
 def kernel_shap_coalitions(generator: torch.Generator, features: int, samples: int) -> Tensor:
@@ -123,7 +128,14 @@ class _Surrogate(ExplainedOutput):
 @register_method("kernel_shap")
 class KernelShap(_Surrogate):
     """KernelSHAP (Lundberg & Lee 2017, Theorem 2; Captum ``KernelShap``) over content positions; options
-    ``samples`` (25), ``baseline``, ``seed``, ``batch_size``, ``explain``; see :mod:`methods.surrogate_baselines`."""
+    ``samples`` (25), ``end_weight`` (``None``: exact efficiency; 1e6: Captum's), ``baseline``, ``seed``,
+    ``batch_size``, ``explain``; see :mod:`methods.surrogate_baselines`."""
+
+    def __init__(self, samples: int = 25, end_weight: Optional[float] = None, **options: Any):
+        super().__init__(samples, **options)
+        if end_weight is not None and not end_weight > 0:
+            raise ValueError(f"kernel_shap: end_weight must be > 0 or None, got {end_weight!r}")
+        self.end_weight = end_weight
 
     def coalitions(self, generator, features):
         return kernel_shap_coalitions(generator, features, self.samples)
@@ -131,7 +143,17 @@ class KernelShap(_Surrogate):
     def weights(self, adapter, inputs, sample, present, x, start):
         counts = present.sum(dim=1)
         ends = (counts == 0) | (counts == present.shape[1])
-        return torch.where(ends, torch.tensor(END_WEIGHT, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
+        end = CAPTUM_END_WEIGHT if self.end_weight is None else self.end_weight
+        return torch.where(ends, torch.tensor(end, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
+
+    def fit(self, present, scores, weights):
+        if self.end_weight is not None:
+            return super().fit(present, scores, weights)
+        counts = present.sum(dim=1)
+        full, empty = counts == present.shape[1], counts == 0
+        inner = ~(full | empty)
+        return efficient_linear_regression(present[inner].double(), scores[inner], weights[inner],
+                                           float(scores[full][0]), float(scores[empty][0]))
 
 
 @register_method("lime")

@@ -4,6 +4,7 @@ centring ``X`` and ``y`` on their weighted means, then
 
 * ``linear``: least squares on the centred data scaled by ``sqrt(w)``, the minimum-norm solution when it is
   rank-deficient (LAPACK ``gelsd``, as ``scipy.linalg.lstsq``);
+* ``efficient``: KernelSHAP's least squares with its end constraints exact (:func:`efficient_linear_regression`);
 * ``lasso``: ``min (1 / (2 sum w)) sum_i w_i (y_i - x_i b)^2 + alpha ||b||_1`` by cyclic coordinate descent
   (Friedman et al. 2010, Eq. 5) until no coefficient moves by more than ``tol`` times the largest one.
 """
@@ -26,6 +27,20 @@ def weighted_linear_regression(X: Tensor, y: Tensor, w: Tensor) -> Tensor:
     """Coefficients ``[M]`` (float64, CPU) of the weighted least squares with an intercept (module docstring)."""
     Xs, ys, _ = _centred(X, y, w)
     return torch.linalg.lstsq(Xs, ys[:, None], driver="gelsd").solution[:, 0]
+
+
+def efficient_linear_regression(X: Tensor, y: Tensor, w: Tensor, full: float, empty: float) -> Tensor:
+    """KernelSHAP's regression with its two constraints exact (Lundberg & Lee 2017, the infinite weight of the
+    all-present and all-absent coalitions): intercept ``empty`` and coefficients summing to ``full - empty``; the
+    last coefficient is eliminated and the rest solved by weighted least squares (minimum norm)."""
+    X, y, w = X.double().cpu(), y.double().cpu(), w.double().cpu()
+    change = full - empty
+    root = w.sqrt()
+    last = X[:, -1:]
+    A = (X[:, :-1] - last) * root[:, None]
+    b = (y - empty - last[:, 0] * change) * root
+    head = torch.linalg.lstsq(A, b[:, None], driver="gelsd").solution[:, 0]
+    return torch.cat([head, (change - head.sum())[None]])
 
 
 def weighted_lasso(X: Tensor, y: Tensor, w: Tensor, alpha: float, tol: float = 1e-12,

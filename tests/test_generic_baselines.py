@@ -13,7 +13,7 @@ import torch
 from methods import build_method
 from methods.adapters import adapter_for
 from methods.captum_bridge import captum_forward
-from methods.input_points import logits_at, point_values, resolve_point
+from methods.input_points import logits_at, point_values, resolve_point, select_rows
 from methods.integrated_gradients import QUADRATURES, quadrature
 from tests.families import FAMILIES
 from tests.generic_baselines_support import (
@@ -109,32 +109,25 @@ def test_explanation_targets_equal_captum_on_the_transformed_output(name):
     fam, model, inputs = _golden_inputs(name)
     forward, x, extra = captum_forward(model, inputs)
     foil = torch.tensor([2, 2, 3])
-    rows = torch.arange(3)
-    transforms = {
-        "probability": lambda z: z.softmax(-1),
-        "log_probability": lambda z: z.log_softmax(-1),
-        "logit_difference": lambda z: (z - z[:, 2:3] if False else z)[:, None, :].squeeze(1),
-    }
-    for explain, transform in list(transforms.items())[:2]:
-        with torch.enable_grad():
-            theirs = captum_attr.InputXGradient(lambda v, *a: transform(forward(v, *a))).attribute(
-                x, target=TARGETS, additional_forward_args=extra)
-        _close(build_method("input_x_gradient", explain=explain)(model, inputs, target=TARGETS),
-               reduced(model, inputs, theirs))
 
-    def contrast(values, *args, probabilities):
-        z = forward(values, *args)
-        z = z.softmax(-1) if probabilities else z
-        n = z.shape[0] // 3
-        f = foil.repeat(n)
-        return (z - z[torch.arange(z.shape[0]), f][:, None])
-    for explain, probabilities in (("logit_difference", False), ("probability_difference", True)):
+    def transformed(explain):
+        def output(values, *args):
+            z = forward(values, *args)
+            if explain in ("probability", "probability_difference"):
+                z = z.softmax(-1)
+            elif explain == "log_probability":
+                z = z.log_softmax(-1)
+            if explain.endswith("difference"):
+                z = z - z[torch.arange(z.shape[0]), foil.repeat(z.shape[0] // 3)][:, None]
+            return z
+        return output
+    for explain in ("probability", "log_probability", "logit_difference", "probability_difference"):
         with torch.enable_grad():
-            theirs = captum_attr.InputXGradient(lambda v, *a: contrast(v, *a, probabilities=probabilities)).attribute(
+            theirs = captum_attr.InputXGradient(transformed(explain)).attribute(
                 x, target=TARGETS, additional_forward_args=extra)
-        method = build_method("input_x_gradient", explain=explain)
-        _close(method(model, inputs, target=TARGETS, foil=foil), reduced(model, inputs, theirs))
-        assert rows.numel() == 3
+        call = {"foil": foil} if explain.endswith("difference") else {}
+        _close(build_method("input_x_gradient", explain=explain)(model, inputs, target=TARGETS, **call),
+               reduced(model, inputs, theirs))
     ig = build_method("integrated_gradients", steps=8, explain="logit_difference", foil=2)
     by_call = ig(model, inputs, target=TARGETS, foil=2)
     torch.testing.assert_close(ig(model, inputs, target=TARGETS), by_call, rtol=0, atol=0)
@@ -257,3 +250,212 @@ def test_image_baselines():
     assert blurred.std() < images.std()
     with pytest.raises(ValueError, match="shape"):
         baseline_images(images, torch.zeros(3, 8, 8), "t")
+
+
+# ------------------------------------------------------------------------------------------ sampling methods
+def _sample_seed(model, sample, seed, purpose):
+    from methods.seeded_draws import generator_for, sample_keys
+    adapter = adapter_for(model)
+    return generator_for(sample_keys(adapter, adapter.prepare_inputs(sample, sample_ids=[7]), seed, purpose)[0]
+                         ).initial_seed()
+
+
+@pytest.mark.parametrize("name", ["timm_vit_cls", "hf_bert_types_special", "hf_qwen3_right"])
+@pytest.mark.parametrize("nt_type,inner,noise", [("smoothgrad", "saliency", "absolute"),
+                                                 ("smoothgrad_sq", "input_x_gradient", "relative"),
+                                                 ("vargrad", "integrated_gradients", "absolute")])
+def test_noise_tunnel_equals_captum_fed_the_same_noise(name, nt_type, inner, noise):
+    fam = family(name)
+    model = fam.build().eval()
+    sample = fam.single(fam.inputs(3), 0)
+    options = {"steps": 4} if inner == "integrated_gradients" else {}
+    ours = build_method({"smoothgrad_sq": "smoothgrad_squared"}.get(nt_type, nt_type), method=inner, samples=4,
+                        stdevs=0.3, noise=noise, seed=5, options=options)
+    got = ours(model, sample, target=1, sample_ids=[7])
+    forward, x, extra = captum_forward(model, sample)
+    sigma = 0.3 * float(x.max() - x.min()) if noise == "relative" else 0.3
+    kwargs = {"n_steps": 4, "baselines": ours._inner.baseline_at(
+        adapter_for(model), adapter_for(model).prepare_inputs(sample), resolve_point(adapter_for(model), "auto", "t"),
+        x)} if inner == "integrated_gradients" else {}
+    captum_inner = {"saliency": captum_attr.Saliency, "input_x_gradient": captum_attr.InputXGradient,
+                    "integrated_gradients": captum_attr.IntegratedGradients}[inner](forward)
+    torch.manual_seed(_sample_seed(model, sample, 5, "noise"))
+    with torch.enable_grad():
+        theirs = captum_attr.NoiseTunnel(captum_inner).attribute(
+            x, nt_type=nt_type, nt_samples=4, stdevs=sigma, target=1, additional_forward_args=extra, **kwargs)
+    _close(got, reduced(model, sample, theirs))
+
+
+def _feature_mask(model, sample):
+    """Captum's feature mask of ``sample`` (batch 1): content position / patch ``k`` -> ``k``; the special tokens
+    join feature 0 (their baseline is their own value, so they change nothing)."""
+    adapter, batch, point, layout = captum_view_of(model, sample)
+    x = point_values(adapter, batch, point)
+    if point == "pixels":
+        rows, cols = layout.grid
+        ids = torch.arange(rows * cols).reshape(rows, cols)
+        ids = ids.repeat_interleave(x.shape[-2] // rows, 0).repeat_interleave(x.shape[-1] // cols, 1)
+        return ids[None, None].expand_as(x).contiguous(), x
+    content = layout.content_positions(batch["input_ids"])[0]
+    ids = torch.zeros(content.shape[0], dtype=torch.long)
+    ids[content] = torch.arange(int(content.sum()))
+    return ids[None, :, None].expand_as(x).contiguous(), x
+
+
+def captum_view_of(model, sample):
+    from tests.generic_baselines_support import captum_view
+    return captum_view(model, sample)
+
+
+@pytest.mark.parametrize("name", ["timm_vit_cls", "hf_bert_types_special", "hf_gpt2_left", "hf_clip_text"])
+@pytest.mark.parametrize("kind", ["kernel_shap", "lime"])
+def test_kernel_shap_and_lime_equal_captum_fed_the_same_coalitions(name, kind):
+    from captum._utils.models.linear_model import SkLearnLasso
+    fam = family(name)
+    model = fam.build().eval()
+    sample = fam.single(fam.inputs(3), 0)
+    baseline = "pad" if name in ("hf_bert_types_special", "hf_gpt2_left") else "zero"
+    options = {"end_weight": 1e6} if kind == "kernel_shap" else {}
+    got = build_method(kind, samples=30, seed=3, baseline=baseline, **options)(model, sample, target=1,
+                                                                               sample_ids=[7])
+    forward, x, extra = captum_forward(model, sample)
+    mask, _ = _feature_mask(model, sample)
+    adapter = adapter_for(model)
+    batch = adapter.prepare_inputs(sample)
+    from methods.input_baselines import baseline_values
+    point = resolve_point(adapter, "auto", "t")
+    start = baseline_values(adapter, batch, point, baseline, "t", x)
+    if point == "embedding":   # only features are replaced: the special tokens keep their values
+        content = adapter.layout(batch).content_positions(batch["input_ids"])[0]
+        start = torch.where(content[None, :, None], start, x)
+    explainer = captum_attr.KernelShap(forward) if kind == "kernel_shap" else captum_attr.Lime(
+        forward, interpretable_model=SkLearnLasso(alpha=0.01, tol=1e-14, max_iter=1000000))
+    torch.manual_seed(_sample_seed(model, sample, 3, kind))
+    theirs = explainer.attribute(x, baselines=start, target=1, additional_forward_args=extra, feature_mask=mask,
+                                 n_samples=30, return_input_shape=False)
+    layout = adapter.layout(batch)
+    ours = got[0] if point == "pixels" else got[0][layout.content_positions(batch["input_ids"])[0]]
+    _close(ours, theirs[0].double())
+
+
+@pytest.mark.parametrize("name", ["timm_vit_cls", "hf_bert_types_special", "hf_gpt2_left", "hf_clip_vision"])
+def test_occlusion_equals_captum(name):
+    fam, model, inputs = _golden_inputs(name)
+    forward, x, extra = captum_forward(model, inputs)
+    adapter = adapter_for(model)
+    batch = adapter.prepare_inputs(inputs)
+    point = resolve_point(adapter, "auto", "t")
+    layout = adapter.layout(batch)
+    if point == "pixels":
+        rows, cols = layout.grid
+        patch = x.shape[-2] // rows
+        ours = build_method("occlusion", window=patch, stride=patch // 2, baseline="black")(model, inputs,
+                                                                                         target=TARGETS)
+        from methods.input_baselines import baseline_images
+        with torch.no_grad():
+            theirs = captum_attr.Occlusion(forward).attribute(
+                x, sliding_window_shapes=(3, patch, patch), strides=(3, patch // 2, patch // 2),
+                baselines=baseline_images(x, "black", "t"), target=TARGETS, additional_forward_args=extra)
+        theirs = theirs.mean(dim=1).reshape(3, rows, patch, cols, patch).mean(dim=(2, 4)).flatten(1)
+    else:
+        ours = build_method("occlusion", baseline="pad")(model, inputs, target=TARGETS)
+        from methods.input_baselines import baseline_values
+        start = baseline_values(adapter, batch, point, "pad", "t", x)
+        mask = torch.arange(x.shape[1])[None, :, None].expand_as(x).contiguous()
+        with torch.no_grad():
+            theirs = captum_attr.FeatureAblation(forward).attribute(
+                x, baselines=start, target=TARGETS, additional_forward_args=extra, feature_mask=mask)
+        theirs = layout.output(theirs[..., 0])
+    _close(ours, theirs)
+
+
+SAMPLING = {"smoothgrad": {"samples": 3}, "vargrad": {"samples": 2, "method": "integrated_gradients",
+                                                        "options": {"steps": 3}, "noise": "relative"},
+            "smoothgrad_squared": {"samples": 2, "method": "input_x_gradient"},
+            "occlusion": {}, "kernel_shap": {"samples": 12}, "lime": {"samples": 12}}
+
+
+@pytest.mark.parametrize("name", ["timm_vit_cls", "hf_bert_types_special", "hf_gpt2_left", "hf_qwen3_right"])
+def test_sampling_methods_batched_equal_alone_at_1_3_16(name):
+    fam = family(name)
+    model = fam.build().eval()
+    pool = samples(fam)
+    for method_name, options in SAMPLING.items():
+        method = build_method(method_name, **options)
+        alone = [method(model, s, target=i % 5, sample_ids=[40 + i]) for i, s in enumerate(pool)]
+        for size in (1, 3, 16):
+            rows = [i % len(pool) for i in range(size)]
+            batch = batch_of(fam, [pool[r] for r in rows])
+            out = method(model, batch, target=torch.tensor([r % 5 for r in rows]),
+                         sample_ids=[40 + r for r in rows])
+            for i, r in enumerate(rows):
+                row = unpadded_row(fam, batch, out, i, length_of(pool[r]))
+                torch.testing.assert_close(row, alone[r], rtol=0,
+                                           atol=1e-6 * max(1.0, float(alone[r].abs().max())),
+                                           msg=f"{method_name}: row {i} (sample {r}) at batch {size}")
+            padding = fam.padding(batch) if not isinstance(batch, torch.Tensor) else None
+            if padding is not None and padding.any():
+                assert (out[padding] == 0).all(), method_name
+        other_seed = build_method(method_name, **options)(model, pool[0], target=0, sample_ids=[41])
+        if method_name != "occlusion":
+            assert not torch.equal(other_seed, alone[0]), f"{method_name}: the sample id changes no draw"
+
+
+# ------------------------------------------------------------------------------------------ axioms
+@pytest.mark.parametrize("name", ["timm_vit_cls", "hf_bert_types_special", "hf_llama_gqa_left", "hf_clip_text"])
+def test_kernel_shap_efficiency(name):
+    fam, model, inputs = _golden_inputs(name)
+    method = build_method("kernel_shap", samples=40, baseline="zero")
+    scores = method(model, inputs, target=TARGETS, sample_ids=[1, 2, 3])
+    adapter = adapter_for(model)
+    batch = adapter.prepare_inputs(inputs)
+    point = resolve_point(adapter, "auto", "t")
+    x = point_values(adapter, batch, point)
+    from methods.feature_replacement import feature_positions, replaced_values
+    from methods.input_baselines import baseline_values
+    start = baseline_values(adapter, batch, point, "zero", "t", x)
+    rows = []
+    for b, p in enumerate(feature_positions(adapter, batch)):
+        rows.append(replaced_values(adapter, batch, b, torch.zeros(1, len(p), dtype=torch.bool), x, start))
+    with torch.no_grad():
+        full = logits_at(adapter, batch, point, x)[torch.arange(3), TARGETS]
+        empty = logits_at(adapter, batch, point, torch.cat(rows))[torch.arange(3), TARGETS]
+    gap = (scores.sum(dim=1) - (full - empty)).abs()
+    assert (gap <= 1e-6 * (full - empty).abs().clamp(min=1)).all(), gap
+
+
+@pytest.mark.parametrize("name", ["timm_vit_cls", "hf_bert_types_special", "hf_gpt2_left"])
+def test_one_feature_occlusion_is_the_drop_when_it_is_replaced(name):
+    fam, model, inputs = _golden_inputs(name)
+    scores = build_method("occlusion", baseline="zero")(model, inputs, target=TARGETS)
+    adapter = adapter_for(model)
+    batch = adapter.prepare_inputs(inputs)
+    point = resolve_point(adapter, "auto", "t")
+    x = point_values(adapter, batch, point)
+    from methods.feature_replacement import feature_positions, replaced_values
+    from methods.input_baselines import baseline_values
+    start = baseline_values(adapter, batch, point, "zero", "t", x)
+    with torch.no_grad():
+        full = logits_at(adapter, batch, point, x)[torch.arange(3), TARGETS]
+    for b, positions in enumerate(feature_positions(adapter, batch)):
+        j = len(positions) // 2
+        present = torch.ones(1, len(positions), dtype=torch.bool)
+        present[0, j] = False
+        values = replaced_values(adapter, batch, b, present, x, start)
+        with torch.no_grad():
+            dropped = logits_at(adapter, select_rows(batch, torch.tensor([b])), point, values)[0, TARGETS[b]]
+        assert torch.equal(scores[b, positions[j]], full[b] - dropped) or \
+            abs(float(scores[b, positions[j]] - (full[b] - dropped))) <= 1e-12
+
+
+@pytest.mark.parametrize("name", ["timm_vit_cls", "hf_bert_types_special", "hf_llama_gqa_left", "hf_clip_vision"])
+def test_attnlrp_without_rules_is_input_x_gradient(name):
+    fam, model, inputs = _golden_inputs(name)
+    lrp = build_method("attnlrp", rules=False)(model, inputs, target=TARGETS)
+    torch.testing.assert_close(lrp, build_method("input_x_gradient", point="embedding")(model, inputs,
+                                                                                       target=TARGETS),
+                               rtol=0, atol=1e-13 * float(lrp.abs().max()))
+    if fam.name.startswith("timm"):
+        pixels = build_method("attnlrp", rules=False, level="patches")(model, inputs, target=TARGETS)
+        torch.testing.assert_close(pixels, build_method("input_x_gradient")(model, inputs, target=TARGETS),
+                                   rtol=0, atol=1e-13 * float(pixels.abs().max()))
