@@ -39,6 +39,9 @@ class AttributionMethod:
 
     name: str = "?"
     class_specific: bool = True
+    #: labels to select methods by (``methods.available_methods(tag=...)``; ``"opt_in"``: left out of
+    #: ``methods: null``)
+    tags: Tuple[str, ...] = ()
     #: options holding a 0-based block index (negative values count from the end), checked against the depth
     layer_options: Tuple[str, ...] = ()
     #: whether the method reads the attention probabilities (then the call runs with eager attention; a method

@@ -83,6 +83,8 @@ class Saliency(PointAttribution):
     ``point``, reduced by ``reduction`` (``"abs"`` default, ``"signed"``, ``"l2"``); see
     :mod:`methods.gradient_baselines` for every convention."""
 
+    tags = ("generic_baseline", "gradient", "opt_in")
+
     def __init__(self, reduction: str = "abs", point: str = "auto", explain: str = "logit",
                  foil: Optional[int] = None):
         super().__init__(point, explain, foil)
@@ -98,6 +100,8 @@ class Saliency(PointAttribution):
 class InputXGradient(PointAttribution):
     """Input x Gradient (Shrikumar et al. 2016; Captum ``InputXGradient``): ``x * dy/dx`` at ``point``, summed
     over the width; see :mod:`methods.gradient_baselines` for every convention."""
+
+    tags = ("generic_baseline", "gradient", "opt_in")
 
     def elementwise(self, adapter, inputs, point, x, target, foil=None):
         return x * self.gradient(adapter, inputs, point, x, target, foil)[0]

@@ -43,6 +43,8 @@ NOISE = ("absolute", "relative")
 class _NoiseTunnel(AttributionMethod):
     """Shared by :class:`SmoothGrad`, :class:`SmoothGradSquared` and :class:`VarGrad` (module docstring)."""
 
+    tags = ("generic_baseline", "gradient", "sampling", "opt_in")
+
     reads_attention = False
     aggregate = "?"
 

@@ -59,6 +59,8 @@ class Occlusion(ExplainedOutput):
     """Occlusion by replacement (Zeiler & Fergus 2014; Captum ``Occlusion`` / ``FeatureAblation``); options
     ``window``, ``stride`` (images), ``baseline``, ``batch_size``, ``explain``; see :mod:`methods.occlusion`."""
 
+    tags = ("generic_baseline", "perturbation", "opt_in")
+
     reads_attention = False
 
     def __init__(self, window: Size = None, stride: Size = None, baseline: Any = "zero", batch_size: int = 64,

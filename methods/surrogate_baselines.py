@@ -69,6 +69,8 @@ def lime_coalitions(generator: torch.Generator, features: int, samples: int) -> 
 class _Surrogate(ExplainedOutput):
     """Shared by :class:`KernelShap` and :class:`Lime` (module docstring)."""
 
+    tags = ("generic_baseline", "perturbation", "sampling", "opt_in")
+
     reads_attention = False
 
     def __init__(self, samples: int = 25, baseline: Any = "zero", seed: int = 0, batch_size: int = 64,

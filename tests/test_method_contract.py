@@ -17,7 +17,7 @@ from torch import nn
 
 from methods import MethodUndefinedError, available_methods, build_method, method_class
 from methods.adapters import ADAPTERS, adapter_for
-from tests.families import FAMILIES, PIXEL_MAPS, _images, _tiny_vit, set_fused_attention
+from tests.families import FAMILIES, PIXEL_MAPS, _images, _tiny_vit, method_options, set_fused_attention
 from tests.families.matrix import README, markdown, readme_table
 
 
@@ -73,7 +73,7 @@ def test_adapter_logits_equal_the_models_own_forward(family):
 def test_method_contract(family, name):
     model = _prepare(family.build())
     before = _snapshot(model)
-    options = dict((family.options or {}).get(name, {}))
+    options = method_options(family, name)
     method = build_method(name, **options)
     inputs = family.inputs(3)
     targets = torch.tensor([1, 4, 0])
@@ -120,7 +120,7 @@ def test_fused_and_eager_attention_give_the_same_maps(family, name):
     attention switch to eager themselves and must still agree exactly."""
     if name in family.undefined:
         return
-    method = build_method(name, **dict((family.options or {}).get(name, {})))
+    method = build_method(name, **method_options(family, name))
     inputs = family.inputs(2)
     maps, logits = {}, {}
     for fused in (True, False):
@@ -143,7 +143,7 @@ def test_fused_and_eager_attention_give_the_same_maps(family, name):
 @pytest.mark.parametrize("name", available_methods())
 def test_default_target_is_the_prediction(family, name):
     model = family.build().eval()
-    options = dict((family.options or {}).get(name, {}))
+    options = method_options(family, name)
     method = build_method(name, **options)
     inputs = family.inputs(2)
     if not method_class(name).class_specific or name in family.undefined:
