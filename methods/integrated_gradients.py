@@ -46,8 +46,8 @@ def quadrature(method: str, steps: int) -> Tuple[Tensor, Tensor]:
     if steps < 2:
         raise ValueError(f"integrated_gradients: steps must be >= 2 (Captum's quadratures), got {steps}")
     if method == "gausslegendre":
-        nodes, weights = np.polynomial.legendre.leggauss(steps)
-        return torch.from_numpy(0.5 * (1 + nodes)), torch.from_numpy(0.5 * weights)
+        nodes, node_weights = np.polynomial.legendre.leggauss(steps)
+        return torch.from_numpy(0.5 * (1 + nodes)), torch.from_numpy(0.5 * node_weights)
     n = steps
     weights = torch.full((n,), 1.0 / n, dtype=torch.float64)
     if method == "riemann_trapezoid":

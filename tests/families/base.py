@@ -48,7 +48,7 @@ MATRIX_OPTIONS = {
     "integrated_gradients": {"steps": 4},
     "smoothgrad": {"samples": 2},
     "smoothgrad_squared": {"samples": 2, "method": "input_x_gradient"},
-    "vargrad": {"samples": 2, "method": "integrated_gradients", "options": {"steps": 2}},
+    "vargrad": {"samples": 2, "method": "saliency"},
     "kernel_shap": {"samples": 8},
     "lime": {"samples": 8},
 }
