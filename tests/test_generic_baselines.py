@@ -375,7 +375,7 @@ SAMPLING = {"smoothgrad": {"samples": 3}, "vargrad": {"samples": 2, "method": "i
             "occlusion": {}, "kernel_shap": {"samples": 12}, "lime": {"samples": 12}}
 
 
-@pytest.mark.parametrize("name", ["timm_vit_cls", "hf_bert_types_special",
+@pytest.mark.parametrize("name", [pytest.param("timm_vit_cls", marks=pytest.mark.slow), "hf_bert_types_special",
                                   pytest.param("hf_gpt2_left", marks=pytest.mark.slow),
                                   pytest.param("hf_qwen3_right", marks=pytest.mark.slow)])
 def test_sampling_methods_batched_equal_alone_at_1_3_16(name):
