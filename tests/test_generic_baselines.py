@@ -461,3 +461,15 @@ def test_attnlrp_without_rules_is_input_x_gradient(name):
         pixels = build_method("attnlrp", rules=False, level="patches")(model, inputs, target=TARGETS)
         torch.testing.assert_close(pixels, build_method("input_x_gradient")(model, inputs, target=TARGETS),
                                    rtol=0, atol=1e-13 * float(pixels.abs().max()))
+
+
+def test_methods_null_leaves_the_opt_in_baselines_out():
+    from evaluation.method_specs import parse_methods
+    from methods import available_methods
+    generic = set(available_methods(tag="generic_baseline"))
+    assert generic == {"saliency", "input_x_gradient", "integrated_gradients", "smoothgrad", "smoothgrad_squared",
+                       "vargrad", "occlusion", "kernel_shap", "lime"}
+    assert not generic & set(parse_methods(None)) and generic <= set(parse_methods("all"))
+    assert set(parse_methods(["rollout", "tag:generic_baseline"])) == generic | {"rollout"}
+    with pytest.raises(ValueError, match="no registered method carries the tag 'nope'"):
+        parse_methods(["tag:nope"])
