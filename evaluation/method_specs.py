@@ -28,18 +28,33 @@ def check_class_settings(settings: Sequence[str], what: str = "class settings") 
     return tuple(settings)
 
 
+def _expand_tag(item: str) -> List[str]:
+    """``"tag:<tag>"`` as the methods carrying the tag (``ValueError`` when none does); a name as itself."""
+    if not (isinstance(item, str) and item.startswith("tag:")):
+        return [item]
+    names = available_methods(tag=item[len("tag:"):])
+    if not names:
+        raise ValueError(f"no registered method carries the tag {item[len('tag:'):]!r}")
+    return names
+
+
 def parse_methods(methods: MethodsSpec) -> Dict[str, Dict[str, Any]]:
     """``{display name: {"method": registered name, **options}}`` from a method specification.
 
-    ``None`` or ``"all"``: every registered method; a list of names; or a mapping ``{display name: options}``
-    where options may carry ``method: <registered name>`` to evaluate one method under several option sets (e.g.
-    ``{rollout_l4: {method: rollout, start_layer: 4}}``).
+    ``None``: every registered method but those tagged ``opt_in`` (the generic baselines, whose cost is a multiple
+    of a forward and backward: ``methods.available_methods(opt_in=False)``); ``"all"``: every registered method;
+    ``"tag:<tag>"`` (alone or in a list): the methods carrying that tag (``tag:generic_baseline``); a list of
+    names; or a mapping ``{display name: options}`` where options may carry ``method: <registered name>`` to
+    evaluate one method under several option sets (e.g. ``{rollout_l4: {method: rollout, start_layer: 4}}``).
     """
-    if methods is None or methods == "all":
+    if methods is None:
+        return {name: {"method": name} for name in available_methods(opt_in=False)}
+    if methods == "all":
         return {name: {"method": name} for name in available_methods()}
     if isinstance(methods, str):
         methods = [methods]
     if isinstance(methods, (list, tuple)):
+        methods = [name for item in methods for name in _expand_tag(item)]
         if len(set(methods)) != len(methods):
             raise ValueError(f"methods are listed twice: {list(methods)}")
         return {name: {"method": name} for name in methods}

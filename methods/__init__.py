@@ -12,9 +12,14 @@ from . import (
     attnlrp,  # noqa: F401,E402
     beyond_intuition,  # noqa: F401,E402
     families,  # noqa: F401,E402
+    gradient_baselines,  # noqa: F401,E402
     gradient_methods,  # noqa: F401,E402
+    integrated_gradients,  # noqa: F401,E402
+    noise_tunnel,  # noqa: F401,E402
+    occlusion,  # noqa: F401,E402
     random_baseline,  # noqa: F401,E402
     relevance_methods,  # noqa: F401,E402
+    surrogate_baselines,  # noqa: F401,E402
 )
 from .adapters import MethodUndefinedError  # noqa: F401
 from .base import AttributionMethod  # noqa: F401

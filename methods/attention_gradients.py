@@ -18,21 +18,27 @@ import torch
 from torch import Tensor
 
 from .adapters import ActivationRecorder, ModelAdapter, ModelInputs
+from .explanation_targets import CONTRASTIVE, EXPLAINED
 from .targets import TargetType, class_score, resolve_target
 
-GRADIENT_OF = ("logit", "probability")
+#: the explanation targets (:mod:`methods.explanation_targets`) a ``gradient_of`` option takes: those without a foil
+GRADIENT_OF = tuple(e for e in EXPLAINED if e not in CONTRASTIVE)
 
 
 def check_gradient_of(gradient_of: str) -> str:
     if gradient_of not in GRADIENT_OF:
-        raise ValueError(f"gradient_of must be 'logit' or 'probability', got {gradient_of!r}")
+        raise ValueError(f"gradient_of must be one of {GRADIENT_OF}, got {gradient_of!r}")
     return gradient_of
 
 
 def target_score(logits: Tensor, target: Tensor, gradient_of: str = "logit") -> Tensor:
-    """Sum over the batch of each sample's target logit (or softmax probability)."""
-    scores = logits.softmax(dim=-1) if check_gradient_of(gradient_of) == "probability" else logits
-    return class_score(scores, target)
+    """Sum over the batch of each sample's explained output (:mod:`methods.explanation_targets`): its target logit
+    (default), softmax probability or log-probability."""
+    if check_gradient_of(gradient_of) == "probability":
+        logits = logits.softmax(dim=-1)
+    elif gradient_of == "log_probability":
+        logits = logits.log_softmax(dim=-1)
+    return class_score(logits, target)
 
 
 def attention_and_gradients(adapter: ModelAdapter, inputs: ModelInputs, target: TargetType, layers: Sequence[int],

@@ -60,7 +60,9 @@ logit itself) summed over the embedding width, at ``level``:
 Scores are raw (not normalised, sign kept), so conservation can be read off them; :meth:`relevance_by_layer`
 reports the relevance entering every block for that check (LXT#27, #32). The attention stays as the model was
 built (fused / sdpa or eager): these methods never read the attention probabilities. ``epsilon``: the identity
-rule's stabiliser. Padding needs nothing of its own: a padded key's probability is exactly 0, so no gradient
+rule's stabiliser. ``rules=False`` switches every rule off (plain gradients): the
+scores are then Input x Gradient at ``level`` (equal to ``input_x_gradient``, asserted by the tests). Padding needs
+nothing of its own: a padded key's probability is exactly 0, so no gradient
 reaches it. ``gamma`` / ``conv_gamma`` (default ``None``: off, LXT's efficient default) put the gamma rule
 on every ``nn.Linear`` (and GPT-2's ``Conv1D``) / ``nn.Conv2d`` of the model (weights and biases ``p + gamma *
 p.clamp(min=0)``, zennit's ``Gamma`` with stabiliser 1e-6, divided by the input stabilised by 1e-10, as LXT's
@@ -307,7 +309,7 @@ class _GradientLRP(AttributionMethod):
     reads_attention = False
 
     def __init__(self, level: str = "tokens", epsilon: float = IDENTITY_EPSILON, gamma: Optional[float] = None,
-                 conv_gamma: Optional[float] = None):
+                 conv_gamma: Optional[float] = None, rules: bool = True):
         if level not in LEVELS:
             raise ValueError(f"{self.name}: level must be one of {LEVELS}, got {level!r}")
         for option, value in (("epsilon", epsilon), ("gamma", gamma), ("conv_gamma", conv_gamma)):
@@ -317,13 +319,14 @@ class _GradientLRP(AttributionMethod):
         self.epsilon = float(epsilon)
         self.gamma = gamma
         self.conv_gamma = conv_gamma
+        self.rules = bool(rules)
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
         if self.level in IMAGE_LEVELS and adapter.modality != "image":
             raise ValueError(f"{self.name}: level={self.level!r} needs an image model; {type(adapter.model).__name__} "
                              f"({adapter.family}) reads {adapter.modality}")
-        problems = adapter.rule_map.problems() + rule_scope_problems(adapter)
+        problems = adapter.rule_map.problems() + rule_scope_problems(adapter) if self.rules else []
         if problems:
             raise MethodUndefinedError(f"{self.name}: no relevance rule for parts of this "
                                        f"{type(adapter.model).__name__} ({adapter.family}): {'; '.join(problems[:6])}")
@@ -337,7 +340,8 @@ class _GradientLRP(AttributionMethod):
         pixels = self.level in IMAGE_LEVELS
         if pixels:
             inputs = inputs.with_tensors(pixel_values=inputs["pixel_values"].detach().requires_grad_(True))
-        rules = relevance_rules(adapter, self.variant, self.epsilon, self.gamma, self.conv_gamma)
+        rules = (relevance_rules(adapter, self.variant, self.epsilon, self.gamma, self.conv_gamma) if self.rules
+                 else contextlib.nullcontext())
         with ActivationRecorder() as rec, rules, torch.enable_grad():
             if not pixels:
                 rec.output(adapter.rule_map.input_embedding(), "x", require_grad=True)

@@ -16,7 +16,10 @@ class AttributionMethod:
 
     * ``class_specific``: whether the result depends on ``target``.
 
-    ``__call__(model, inputs, target=None, sample_ids=None)``:
+    * ``reads_foil``: whether the call reads a ``foil`` (a contrastive explanation target,
+      :mod:`methods.explanation_targets`).
+
+    ``__call__(model, inputs, target=None, sample_ids=None, foil=None)``:
 
     * ``inputs``: a tensor (normalised images ``[B, 3, H, W]``) or a mapping of tensors as a tokenizer or
       processor returns it (``{"pixel_values"}``, ``{"input_ids", "attention_mask", ...}``);
@@ -36,20 +39,37 @@ class AttributionMethod:
 
     name: str = "?"
     class_specific: bool = True
+    #: labels to select methods by (``methods.available_methods(tag=...)``; ``"opt_in"``: left out of
+    #: ``methods: null``)
+    tags: Tuple[str, ...] = ()
     #: options holding a 0-based block index (negative values count from the end), checked against the depth
     layer_options: Tuple[str, ...] = ()
     #: whether the method reads the attention probabilities (then the call runs with eager attention; a method
     #: that never does keeps the model's fused / sdpa attention)
     reads_attention: bool = True
+    #: the ``foil`` of the call in progress (``None`` outside a call)
+    call_foil: TargetType = None
+
+    @property
+    def reads_foil(self) -> bool:
+        """Whether the call reads a ``foil`` (a method built with a contrastive ``explain`` says so)."""
+        return False
 
     def __call__(self, model: nn.Module, inputs: RawInputs, target: TargetType = None,
-                 sample_ids: SampleIds = None) -> Tensor:
+                 sample_ids: SampleIds = None, foil: TargetType = None) -> Tensor:
+        if foil is not None and not self.reads_foil:
+            raise ValueError(f"{self.name}: foil= is read only by a method built with a contrastive explanation "
+                             "target (explain='logit_difference' or 'probability_difference')")
         adapter = adapter_for(model)
         self.check_adapter(adapter)
         batch = adapter.prepare_inputs(inputs, sample_ids=sample_ids)
         attention = adapter.eager_attention() if self.reads_attention else contextlib.nullcontext()
-        with preserved_model_state(model), attention:
-            scores = self.attribute(adapter, batch, target)
+        self.call_foil = foil
+        try:
+            with preserved_model_state(model), attention:
+                scores = self.attribute(adapter, batch, target)
+        finally:
+            self.call_foil = None
         layout = adapter.layout(batch)
         if layout.has_padding and scores.dim() == 2:
             scores = layout.output(scores)  # padding exactly 0, whatever the method computed there

@@ -82,8 +82,8 @@ class _BeyondIntuition(AttributionMethod):
     * read-out of ``F ⊙ P`` (``readout``, :func:`methods.readout.read_out`): the [CLS] row for [CLS] models, the
       mean over the content rows (the code's ``mae`` read-out) for global average pooling (``auto``).
     * ``reasoning_feedback=False`` returns ``|P|`` read out the same way (their ``ssl=True`` branch).
-    * ``gradient_of='probability'`` differentiates the softmax probability (InterpretDL's CV default) instead of
-      the logit (the authors' code).
+    * ``gradient_of='probability'`` (or ``'log_probability'``, :mod:`methods.explanation_targets`) differentiates
+      the softmax probability (InterpretDL's CV default) instead of the logit (the authors' code).
 
     Sequences (the authors' BERT code, ``BERT/ExplanationGenerator.py``): ``α`` scales the embedding output
     (after the embedding LayerNorm, ``BERT.py``: ``embedding_output = alpha * embedding_output``); the default

@@ -1,12 +1,15 @@
 """timm-style registry of attribution methods: ``build_method(name, **options)``."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Type, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Type, TypeVar
 
 from .base import AttributionMethod
 
 M = TypeVar("M", bound=Type[AttributionMethod])
 _REGISTRY: Dict[str, Type[AttributionMethod]] = {}
+#: the tag of the methods an evaluation runs only when asked for (by name, by tag or with ``methods: all``): the
+#: generic baselines whose cost is a multiple of a forward and backward (``methods: null`` leaves them out)
+OPT_IN = "opt_in"
 
 
 def register_method(name: str) -> Callable[[M], M]:
@@ -22,9 +25,12 @@ def register_method(name: str) -> Callable[[M], M]:
     return decorator
 
 
-def available_methods() -> List[str]:
-    """Sorted names of the registered methods."""
-    return sorted(_REGISTRY)
+def available_methods(tag: Optional[str] = None, opt_in: bool = True) -> List[str]:
+    """Sorted names of the registered methods (as timm's ``list_models``): ``tag``, only those whose class lists
+    it in its ``tags`` (e.g. ``"generic_baseline"``, ``"sampling"``); ``opt_in=False``, without the methods tagged
+    :data:`OPT_IN` (the set ``methods: null`` evaluates)."""
+    return sorted(name for name, cls in _REGISTRY.items()
+                  if (tag is None or tag in cls.tags) and (opt_in or OPT_IN not in cls.tags))
 
 
 def method_class(name: str) -> Type[AttributionMethod]:

@@ -258,7 +258,8 @@ def _method(name, **extra):
     return build_method(name, **{**FAST_OPTIONS.get(name, {}), **extra})
 
 
-ALL = available_methods()
+#: the generic baselines (tagged opt_in) run on this ViT in the conformance matrix and tests/test_generic_baselines.py
+ALL = available_methods(opt_in=False)
 
 
 @pytest.mark.parametrize("pool", ["token", "avg"])

@@ -131,7 +131,7 @@ def test_converted_model_gives_the_same_logits(kind):
         torch.testing.assert_close(rebuilt(x).logits, theirs, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", available_methods())
+@pytest.mark.parametrize("name", available_methods(opt_in=False))   # the opt-in generic baselines: the matrix
 @pytest.mark.parametrize("kind", list(PAIRS))
 def test_converted_model_gives_the_same_maps(kind, name):
     """Every registered method: the same map from the timm model and its transformers twin (1e-5 of the largest

@@ -17,7 +17,8 @@ from torch import nn
 
 from methods import MethodUndefinedError, available_methods, build_method, method_class
 from methods.adapters import ADAPTERS, adapter_for
-from tests.families import FAMILIES, PIXEL_MAPS, _images, _tiny_vit, set_fused_attention
+from methods.registry import OPT_IN
+from tests.families import FAMILIES, PIXEL_MAPS, _images, _tiny_vit, method_options, set_fused_attention
 from tests.families.matrix import README, markdown, readme_table
 
 
@@ -49,6 +50,12 @@ def _prepare(model: nn.Module) -> nn.Module:
     return model
 
 
+#: every registered method; the opt-in generic baselines (about 1000 more cases: their sampling and steps) run in the
+#: slow tier (``-m slow``); ``tests/test_generic_baselines.py`` checks them on five families in the default one
+MATRIX_METHODS = [pytest.param(name, marks=pytest.mark.slow) if OPT_IN in method_class(name).tags else name
+                  for name in available_methods()]
+
+
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda f: f.name)
 def family(request):
     return request.param
@@ -69,11 +76,11 @@ def test_adapter_logits_equal_the_models_own_forward(family):
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6 * float(theirs.abs().max()))
 
 
-@pytest.mark.parametrize("name", available_methods())
+@pytest.mark.parametrize("name", MATRIX_METHODS)
 def test_method_contract(family, name):
     model = _prepare(family.build())
     before = _snapshot(model)
-    options = dict((family.options or {}).get(name, {}))
+    options = method_options(family, name)
     method = build_method(name, **options)
     inputs = family.inputs(3)
     targets = torch.tensor([1, 4, 0])
@@ -109,7 +116,7 @@ def test_method_contract(family, name):
     assert adapter_for(model) is adapter_for(model)
 
 
-@pytest.mark.parametrize("name", available_methods())
+@pytest.mark.parametrize("name", MATRIX_METHODS)
 def test_fused_and_eager_attention_give_the_same_maps(family, name):
     """The user's attention setting (fused / sdpa or eager) changes no map and is left as it was.
 
@@ -120,7 +127,7 @@ def test_fused_and_eager_attention_give_the_same_maps(family, name):
     attention switch to eager themselves and must still agree exactly."""
     if name in family.undefined:
         return
-    method = build_method(name, **dict((family.options or {}).get(name, {})))
+    method = build_method(name, **method_options(family, name))
     inputs = family.inputs(2)
     maps, logits = {}, {}
     for fused in (True, False):
@@ -140,10 +147,10 @@ def test_fused_and_eager_attention_give_the_same_maps(family, name):
                                atol=(1e-12 if exact else 1e-4) * scale)
 
 
-@pytest.mark.parametrize("name", available_methods())
+@pytest.mark.parametrize("name", MATRIX_METHODS)
 def test_default_target_is_the_prediction(family, name):
     model = family.build().eval()
-    options = dict((family.options or {}).get(name, {}))
+    options = method_options(family, name)
     method = build_method(name, **options)
     inputs = family.inputs(2)
     if not method_class(name).class_specific or name in family.undefined:

@@ -403,7 +403,7 @@ def test_minilm_tokenized_batch_is_padded_with_unknown_tokens(minilm):
     assert torch.equal(layout.content, ~special)                               # [UNK] is content, not special
 
 
-@pytest.mark.parametrize("name", sorted(__import__("methods").available_methods()))
+@pytest.mark.parametrize("name", sorted(__import__("methods").available_methods(opt_in=False)))
 def test_minilm_runs_every_method_batched_with_padding(minilm, minilm64, name):
     """float32 (the model as loaded): finite, padding exactly 0. The batched call equals the shortest sentence
     alone, checked in float64 (LRP's stabilised divisions make float32 results differ at ~1e-3 relative between

@@ -19,7 +19,14 @@ from . import (
     timm_variants,
     vision,
 )
-from .base import PIXEL_MAPS, TEXT_LENGTHS, Family, _token_batch, set_fused_attention  # noqa: F401
+from .base import (  # noqa: F401
+    PIXEL_MAPS,
+    TEXT_LENGTHS,
+    Family,
+    _token_batch,
+    method_options,
+    set_fused_attention,
+)
 from .clip import _clip_classifier, _clip_images, _clip_scorer, _clip_token_batch, _tiny_clip  # noqa: F401
 from .decoders import DECODER_KINDS, DECODERS, _decoder_batch, _decoder_logits, _tiny_decoder  # noqa: F401
 from .text import _text_family, _tiny_bert, _tiny_text  # noqa: F401

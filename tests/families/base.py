@@ -42,6 +42,23 @@ class Family:
     eager_softmax_float32: bool = False
 
 
+#: cheap settings of the costly generic baselines on every family of the conformance matrix (a family's own
+#: ``options`` win)
+MATRIX_OPTIONS = {
+    "integrated_gradients": {"steps": 4},
+    "smoothgrad": {"samples": 2},
+    "smoothgrad_squared": {"samples": 2, "method": "input_x_gradient"},
+    "vargrad": {"samples": 2, "method": "saliency"},
+    "kernel_shap": {"samples": 8},
+    "lime": {"samples": 8},
+}
+
+
+def method_options(family: "Family", name: str) -> dict:
+    """The options of method ``name`` on ``family`` in the conformance matrix."""
+    return {**MATRIX_OPTIONS.get(name, {}), **(family.options or {}).get(name, {})}
+
+
 #: real lengths of the samples of a text batch (the last one is padded)
 TEXT_LENGTHS = (9, 9, 6)
 

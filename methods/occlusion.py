@@ -1,0 +1,133 @@
+"""Occlusion by replacement: how much the explained output drops when a window of the input is replaced by a
+baseline.
+
+Zeiler & Fergus 2014, "Visualizing and Understanding Convolutional Networks" (Sec. 4.2); Captum 0.9.0
+``Occlusion`` (images) and ``FeatureAblation`` (one token at a time). Score of an element: the mean over the
+windows that cover it of ``y(x) - y(x with the window replaced)``, ``y`` the explained output (``explain``,
+:mod:`methods.explanation_targets`).
+
+* Images: windows of ``window`` pixels (default: the patch size) moved by ``stride`` (default: the window) over
+  the normalised image, all channels at once, replaced by the baseline image's pixels (``baseline``: ``"zero"``
+  default, ``"black"``, ``"blur"`` or a tensor, :mod:`methods.input_baselines`); Captum's pixel map reduced to
+  ``[B, P]`` by its **mean** over each patch (with the default window and stride each patch's score is exactly
+  the drop when that patch is replaced); pixels no window covers score 0.
+* Sequences: each content token (not special, not padding) replaced by the ``baseline`` (``"zero"``: the zero
+  word embedding; ``"pad"`` / ``"mask"`` / ``"unk"`` or an id) with the attention mask kept, unlike
+  ``token_ablation``, which removes it; special tokens and padding score 0.
+
+``batch_size``: perturbed rows per forward. One clean forward plus one per window (token).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .adapters import ModelAdapter, ModelInputs, PatchGrid
+from .explained_output import ExplainedOutput
+from .explanation_targets import explained_scores
+from .feature_replacement import coalition_scores, feature_positions
+from .input_baselines import IMAGENET_MEAN, IMAGENET_STD, baseline_values, check_baseline
+from .input_points import logits_at, point_values, resolve_point, select_rows
+from .registry import register_method
+from .targets import TargetType
+
+Size = Optional[Union[int, Sequence[int]]]
+
+
+def _pair(value: Size, default: Tuple[int, int], option: str) -> Tuple[int, int]:
+    if value is None:
+        return default
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and v >= 1 for v in pair):
+        raise ValueError(f"occlusion: {option} must be a positive int or (height, width), got {value!r}")
+    return (int(pair[0]), int(pair[1]))
+
+
+def window_corners(size: Tuple[int, int], window: Tuple[int, int], stride: Tuple[int, int]) -> Tensor:
+    """``[W, 2]`` top-left corners of the windows (Captum's: ``floor((size - window) / stride) + 1`` per axis)."""
+    if window[0] > size[0] or window[1] > size[1]:
+        raise ValueError(f"occlusion: window {window} is larger than the image {size}")
+    tops = torch.arange(0, size[0] - window[0] + 1, stride[0])
+    lefts = torch.arange(0, size[1] - window[1] + 1, stride[1])
+    return torch.cartesian_prod(tops, lefts).reshape(-1, 2)
+
+
+@register_method("occlusion")
+class Occlusion(ExplainedOutput):
+    """Occlusion by replacement (Zeiler & Fergus 2014; Captum ``Occlusion`` / ``FeatureAblation``); options
+    ``window``, ``stride`` (images), ``baseline``, ``batch_size``, ``explain``; see :mod:`methods.occlusion`."""
+
+    tags = ("generic_baseline", "perturbation", "opt_in")
+
+    reads_attention = False
+
+    def __init__(self, window: Size = None, stride: Size = None, baseline: Any = "zero", batch_size: int = 64,
+                 explain: str = "logit", foil: Optional[int] = None, image_mean: Sequence[float] = IMAGENET_MEAN,
+                 image_std: Sequence[float] = IMAGENET_STD, blur_sigma: float = 5.0):
+        super().__init__(explain, foil)
+        self.window, self.stride = window, stride
+        _pair(window, (1, 1), "window"), _pair(stride, (1, 1), "stride")
+        self.baseline = check_baseline(baseline, self.name)
+        if not (isinstance(batch_size, int) and batch_size >= 1):
+            raise ValueError(f"occlusion: batch_size must be a positive int, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.image_mean, self.image_std, self.blur_sigma = tuple(image_mean), tuple(image_std), float(blur_sigma)
+
+    def check_adapter(self, adapter: ModelAdapter) -> None:
+        super().check_adapter(adapter)
+        resolve_point(adapter, "auto", self.name)
+        if adapter.modality != "image" and (self.window is not None or self.stride is not None):
+            raise ValueError("occlusion: window and stride are for images; sequences are occluded a token at a time")
+
+    def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
+        point = resolve_point(adapter, "auto", self.name)
+        x = point_values(adapter, inputs, point)
+        start = baseline_values(adapter, inputs, point, self.baseline, self.name, x, image_mean=self.image_mean,
+                                image_std=self.image_std, blur_sigma=self.blur_sigma)
+        with torch.no_grad():
+            logits = logits_at(adapter, inputs, point, x)
+        target, foil = self.resolve(logits, target)
+        clean = explained_scores(logits, target, self.explain, foil)
+        layout = adapter.layout(inputs)
+        if not isinstance(layout, PatchGrid):
+            positions = feature_positions(adapter, inputs)
+            coalitions = [~torch.eye(len(p), dtype=torch.bool) for p in positions]
+            dropped = coalition_scores(adapter, inputs, point, x, start, coalitions, target, foil, self.explain,
+                                       self.batch_size)
+            scores = torch.zeros(inputs.batch_size, layout.num_scores, dtype=x.dtype, device=x.device)
+            for b, (p, d) in enumerate(zip(positions, dropped)):
+                scores[b, p.to(x.device)] = clean[b] - d
+            return scores
+        return self._image_scores(adapter, inputs, layout, x, start, target, foil, clean)
+
+    def _image_scores(self, adapter: ModelAdapter, inputs: ModelInputs, layout: PatchGrid, x: Tensor, start: Tensor,
+                      target: Tensor, foil: Optional[Tensor], clean: Tensor) -> Tensor:
+        height, width = x.shape[-2:]
+        patch = (height // layout.rows, width // layout.cols)
+        window = _pair(self.window, patch, "window")
+        stride = _pair(self.stride, window, "stride")
+        corners = window_corners((height, width), window, stride)
+        masks = torch.zeros(len(corners), height, width, dtype=torch.bool)
+        for w, (top, left) in enumerate(corners.tolist()):
+            masks[w, top:top + window[0], left:left + window[1]] = True
+        masks = masks.to(x.device)
+        batch, count = inputs.batch_size, len(corners)
+        drops = torch.empty(batch, count, dtype=x.dtype, device=x.device)
+        jobs = [(b, w) for b in range(batch) for w in range(count)]
+        for i in range(0, len(jobs), self.batch_size):
+            chunk = jobs[i:i + self.batch_size]
+            rows = torch.tensor([b for b, _ in chunk], device=x.device)
+            windows = torch.tensor([w for _, w in chunk], device=x.device)
+            hidden = masks[windows][:, None]
+            values = torch.where(hidden, start[rows], x[rows])
+            with torch.no_grad():
+                logits = logits_at(adapter, select_rows(inputs, rows), "pixels", values)
+            out = explained_scores(logits, target[rows], self.explain, None if foil is None else foil[rows])
+            drops[rows, windows] = clean[rows] - out
+        covered = masks.to(x.dtype)
+        counts = covered.sum(dim=0)
+        pixel_map = torch.einsum("bw,whv->bhv", drops, covered) / counts.clamp(min=1)
+        rows_, cols_ = layout.grid
+        return pixel_map.reshape(batch, rows_, patch[0], cols_, patch[1]).mean(dim=(2, 4)).flatten(1)

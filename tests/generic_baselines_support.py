@@ -1,0 +1,74 @@
+"""What the generic-baseline tests share: families by name, padded batches of any size, Captum's view of a model."""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import torch
+from torch import Tensor
+
+from methods.adapters import adapter_for
+from methods.input_points import reduce_scores, resolve_point
+from tests.families import FAMILIES, Family
+
+#: the four models of the Captum goldens: a timm ViT, a BERT, decoders (left / right padding), a CLIP tower
+GOLDEN_FAMILIES = ("timm_vit_cls", "hf_bert_types_special", "hf_gpt2_left", "hf_qwen3_right", "hf_clip_text",
+                   "hf_clip_vision")
+#: padding values of a token batch's tensors
+PAD_VALUES = {"input_ids": 0, "attention_mask": 0, "token_type_ids": 0, "special_tokens_mask": 1}
+
+
+def family(name: str) -> Family:
+    return next(f for f in FAMILIES if f.name == name)
+
+
+def samples(fam: Family) -> List[object]:
+    """Six distinct unpadded samples of ``fam`` (lengths 9 and 6 for text)."""
+    out = []
+    for batch in (1, 2, 3):
+        inputs = fam.inputs(batch)
+        out += [fam.single(inputs, i) for i in range(batch)]
+    return out
+
+
+def left_padded(fam: Family) -> bool:
+    padding = fam.padding(fam.inputs(3))
+    return padding is not None and bool(padding[2, 0])
+
+
+def batch_of(fam: Family, rows: List[object]) -> object:
+    """``rows`` (unpadded samples) as one batch, padded on the family's side to the longest."""
+    if isinstance(rows[0], Tensor):
+        return torch.cat(rows)
+    n = max(r["input_ids"].shape[1] for r in rows)
+    left = left_padded(fam)
+    out: Dict[str, List[Tensor]] = {k: [] for k in rows[0]}
+    for r in rows:
+        for k, v in r.items():
+            pad = torch.full((1, n - v.shape[1]), PAD_VALUES[k], dtype=v.dtype)
+            out[k].append(torch.cat([pad, v] if left else [v, pad], dim=1))
+    return {k: torch.cat(v) for k, v in out.items()}
+
+
+def unpadded_row(fam: Family, batch: object, out: Tensor, i: int, length: int) -> Tensor:
+    """Row ``i`` of a batched output at the real positions of a sample of ``length`` tokens."""
+    if isinstance(batch, Tensor) or out.shape[1] == length:
+        return out[i:i + 1]
+    return out[i:i + 1, -length:] if left_padded(fam) else out[i:i + 1, :length]
+
+
+def length_of(sample: object) -> int:
+    return int(sample.shape[-1]) if isinstance(sample, Tensor) else int(sample["input_ids"].shape[1])
+
+
+def captum_view(model, inputs, point: str = "auto"):
+    """``(adapter, batch, point, layout)`` of ``inputs``, for reducing Captum's element-wise maps as ours."""
+    adapter = adapter_for(model)
+    batch = adapter.prepare_inputs(inputs)
+    return adapter, batch, resolve_point(adapter, point, "test"), adapter.layout(batch)
+
+
+def reduced(model, inputs, values: Tensor, reduction: str = "sum", point: str = "auto") -> Tensor:
+    """Captum's element-wise ``values`` reduced per token / patch as the methods reduce theirs, padding 0."""
+    adapter, batch, point, layout = captum_view(model, inputs, point)
+    scores = reduce_scores(adapter, batch, point, values, reduction)
+    return layout.output(scores) if layout.has_padding else scores
