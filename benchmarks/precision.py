@@ -44,11 +44,10 @@ from models.sources import load_model, load_tokenizer  # noqa: E402
 #: short real prompts of different lengths (left-padded in the batch)
 PROMPTS = ("Review: a gorgeous, witty, seductive movie.\nSentiment:",
            "Review: the plot is nothing but boilerplate clichés from start to finish.\nSentiment:",
-           "The capital of France is",
-           "Review: it's a charming and often affecting journey.\nSentiment:")
+           "The capital of France is")
 #: options that keep the run short on a CPU (integration steps)
 COLUMNS = (("bf16_rel", 11), ("bf16_rho", 10), ("f64_rel", 11), ("f64_rho", 10), ("batch_rel", 11))
-FAST_OPTIONS = {"beyond_intuition_head": {"steps": 8}, "beyond_intuition_token": {"steps": 8}}
+FAST_OPTIONS = {"beyond_intuition_head": {"steps": 4}, "beyond_intuition_token": {"steps": 4}}
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -88,7 +87,7 @@ def encode(tokenizer, prompts) -> List[Dict[str, torch.Tensor]]:
     if tokenizer is None:   # the tiny model: fixed random ids
         generator = torch.Generator().manual_seed(0)
         return [{"input_ids": torch.randint(3, 64, (1, n), generator=generator),
-                 "attention_mask": torch.ones(1, n, dtype=torch.long)} for n in (7, 12, 5, 9)]
+                 "attention_mask": torch.ones(1, n, dtype=torch.long)} for n in (7, 12, 5)]
     return [{k: v for k, v in tokenizer(p, return_tensors="pt").items() if k in ("input_ids", "attention_mask")}
             for p in prompts]
 

@@ -50,7 +50,9 @@ def build_method(name: str, **options: Any) -> AttributionMethod:
     except TypeError as err:
         raise TypeError(f"bad options for attribution method {name!r}: {err}") from None
     try:
-        method.accumulate_dtype = parse_accumulate_dtype(accumulate)
+        parsed = parse_accumulate_dtype(accumulate)
     except ValueError as err:
         raise ValueError(f"attribution method {name!r}: {err}") from None
+    if parsed != cls.accumulate_dtype:   # the class default stays a class attribute (the method's repr unchanged)
+        method.accumulate_dtype = parsed
     return method
