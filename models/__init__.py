@@ -3,5 +3,4 @@ writes, CLIP's wrappers (:mod:`models.clip`, whose ``clip:`` source is registere
 files (:mod:`models.gguf_source`, the ``gguf:`` source, registered likewise).
 Nothing here imports above :mod:`methods`; training (and the classifiers trained on first use) is :mod:`training`.
 """
-from models import clip  # noqa: F401  (registers the clip: model source)
-from models import gguf_source  # noqa: F401  (registers the gguf: model source)
+from models import clip, gguf_source  # noqa: F401  (register the clip: and gguf: model sources)
