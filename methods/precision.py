@@ -4,16 +4,16 @@ accumulate_dtype=...)``), and the dtype of the maps it returns.
 Why: a method run in a bf16 / fp16 model's dtype accumulates its products, compositions and sums (relevance passes,
 CDAM's products, rollout's compositions, integrated-gradient sums) in 8 or 11 bits of mantissa; maps then move
 (full LRP's token ranking against float32's: rank correlation 0.1 on SmolLM2 in bf16). And float32 itself loses
-digits where a pass goes through every block down to the input: full LRP on SmolLM2 (30 blocks) differs between a
-batched row and the row alone by 1.4e-3 of the largest score in float32 and 4e-13 in float64, because the epsilon
-rule's divisions amplify the forward's rounding.
+digits where a pass goes through every block down to the input: issue 36 measured full LRP on SmolLM2 (30 blocks)
+between a batched row and the row alone at 1.4e-3 of the largest score in float32 and 4e-13 in float64 (the
+epsilon rule's divisions amplify the forward's rounding); ``benchmarks/README.md`` has this codebase's numbers.
 
 ``accumulate_dtype``:
 
 * ``None`` (``"auto"``; every method's default but ``lrp``): at least float32, i.e. float32 for bf16 / fp16 models,
   the model's own dtype for float32 and float64 models (those run exactly as before);
 * ``"float32"`` / ``"float64"``: at least that (a float64 model is never narrowed);
-* ``lrp``'s default is ``"float64"`` (measured above; ``benchmarks/precision.py``).
+* ``lrp``'s default is ``"float64"`` (above; ``benchmarks/precision.py`` measures it).
 
 How: for the call the model's floating parameters and buffers are replaced by copies in the compute dtype, and the
 floating input tensors cast likewise (:func:`computed_in`): the method's forward, backward and relevance passes all
