@@ -21,7 +21,10 @@ config as hyperparameters) and to ``metrics.json`` in the run folder ``--output_
 ``<trainer.default_root_dir>/evaluate/<date-time>``), whose path is printed with a results table at the end;
 beside it ``metrics.meta.json`` holds each result's declared direction and each curve's x values.
 W&B is the default logger and runs offline unless ``WANDB_MODE=online`` (or the logger's init args) say
-otherwise. The progress bar is shown in a terminal and hidden in CI (``CI`` set or stdout not a TTY).
+otherwise. The progress bar is shown in a terminal and hidden in CI (``CI`` set or stdout not a TTY); when stdout is
+not a terminal a progress line (samples done, the current step, the time left) is printed every
+``--progress_interval`` seconds (default 180; :mod:`callbacks.run_clock`), and the run's model passes and their
+share of the wall time are printed and written under ``run`` in ``metrics.meta.json``.
 
 Resumable runs (:mod:`callbacks.progress`, which describes the files and the checks): every process checkpoints
 its progress to ``<run folder>/progress/`` every ``--progress_every`` batches (default 10; 0: off);
@@ -47,6 +50,7 @@ from callbacks.accuracy import CleanAccuracyTest
 from callbacks.base import EvaluationCallback
 from callbacks.progress import ProgressCheckpoint, ProgressError, RunProgress, check_fresh_run_dir
 from callbacks.reporter import ResultsReporter
+from callbacks.run_clock import DEFAULT_INTERVAL_S, RunClock
 from cli import EvaluateCLI, check_data_paths
 from datamodules.unrepeated import UnrepeatedTestData
 from methods.cpu_memory import retain_freed_memory
@@ -88,6 +92,8 @@ def main(args: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
     if not any(isinstance(callback, CleanAccuracyTest) for callback in trainer.callbacks):
         trainer.callbacks.append(CleanAccuracyTest())
     output_dir = _output_dir(cli, trainer)
+    # progress lines when stdout is no terminal; the run's model passes, handed to the reporter
+    trainer.callbacks.append(RunClock(float(cli.config.get("progress_interval") or DEFAULT_INTERVAL_S)))
     reporter = ResultsReporter(output_dir)  # every result leaves through it (rank 0 writes)
     trainer.callbacks.append(reporter)
     progress = _progress(cli, trainer, output_dir)

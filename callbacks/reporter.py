@@ -7,7 +7,8 @@ metric declares (``higher_is_better``) and the x values of its curves. The repor
 * logs every scalar through Lightning (``pl_module.log``, no second reduction across processes);
 * at the end of the run, on global rank 0 only: writes ``metrics.json`` (sorted keys, NaN as ``null``, warned;
   :func:`evaluation.reporting.write_metrics_json`) when it has an ``output_dir``, and beside it the declarations
-  ``metrics.meta.json`` (:func:`evaluation.reporting.metrics_meta`; a W&B run gets the same JSON as the summary
+  ``metrics.meta.json`` (:func:`evaluation.reporting.metrics_meta`, with the run's ``run_facts`` under ``run``
+  when a callback handed them, :mod:`callbacks.run_clock`; a W&B run gets the same JSON as the summary
   value ``metrics_meta``) and the resolved config ``config.yaml`` that LightningCLI saved (its
   ``SaveConfigCallback``; the one in the log dir is overwritten by the next run), logs the curves as one table
   (``curves``) and one table per test with a row per method (``<test>_by_method``, :func:`method_tables`) through
@@ -63,6 +64,9 @@ class ResultsReporter(pl.Callback):
         self.curve_x: Dict[str, List[float]] = {}
         self.conventions: Dict[str, Dict[str, Any]] = {}
         self.per_sample: Dict[str, tuple] = {}
+        #: facts about the run itself (``callbacks.run_clock.RunClock``: model passes, wall time), written under
+        #: ``run`` in ``metrics.meta.json`` when given
+        self.run_facts: Dict[str, Any] = {}
 
     @property
     def metrics_path(self) -> Optional[Path]:
@@ -118,6 +122,8 @@ class ResultsReporter(pl.Callback):
             return
         path = None if self.metrics_path is None else write_metrics_json(self.results, self.metrics_path)
         meta = metrics_meta(self.higher_is_better, self.curve_x, self.conventions)
+        if self.run_facts:
+            meta["run"] = dict(self.run_facts)
         if path is not None:
             write_json(meta, path.parent / META_FILE)
             if self.per_sample:

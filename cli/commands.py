@@ -253,6 +253,9 @@ class EvaluateCLI(ProjectCLI):
         parser.add_argument("--progress_every", type=int, default=DEFAULT_EVERY,
                             help="write each process's progress to <output_dir>/progress every N batches, so that "
                                  "--resume can continue a killed run (0: no checkpoints)")
+        parser.add_argument("--progress_interval", type=float, default=180.0,
+                            help="seconds between progress lines (printed when stdout is not a terminal: samples "
+                                 "done, the current step, the time left)")
         parser.add_argument("--resume", type=Optional[str], default=None,
                             help="continue the killed run in this folder (its config, its finished samples)")
         parser.add_argument("--trust_run_config", action="store_true",
@@ -369,7 +372,7 @@ def _yaml_value(text: Optional[str]) -> Any:
 
 #: dotted config keys (and the keys below them) that ``--resume`` lets the command line change: where the run's
 #: results and logs go and how progress is shown and saved, never what is evaluated
-RESUME_MAY_CHANGE = ("output_dir", "resume", "trust_run_config", "overwrite", "progress_every",
+RESUME_MAY_CHANGE = ("output_dir", "resume", "trust_run_config", "overwrite", "progress_every", "progress_interval",
                      "trainer.enable_progress_bar", "trainer.logger")
 
 

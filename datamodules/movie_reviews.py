@@ -142,7 +142,8 @@ class MovieReviewsDataModule(TextDataModule):
 
     ``eval_split`` (default ``test``) is what ``test_dataloader``/``predict_dataloader`` serve; ``+`` joins splits
     (``test+train+val``). ``cache_dir`` overrides ``$TOKEN_ATTRIBUTIONS_CACHE`` for the extracted archive.
-    ``prompt`` (a template with one ``{text}`` slot) and ``padding_side``: prompted classification with a decoder
+    ``prompt`` (a template with one ``{text}`` slot), ``padding_side`` and ``chat_template``: prompted
+    classification with a decoder
     language model (``datamodules.text_common.TextDataModule``, :mod:`datamodules.prompts`)."""
 
     classes = ("NEG", "POS")
@@ -150,10 +151,10 @@ class MovieReviewsDataModule(TextDataModule):
     def __init__(self, path: str, tokenizer: Optional[str] = None, eval_split: str = "test", max_length: int = 512,
                  stride: Optional[int] = None, batch_size: int = 16, num_workers: int = 0,
                  cache_dir: Optional[str] = None, eval_subset: Optional[int] = None, prompt: Optional[str] = None,
-                 padding_side: str = "right") -> None:
+                 padding_side: str = "right", chat_template: bool = False) -> None:
         super().__init__(tokenizer, max_length=max_length, stride=stride, batch_size=batch_size,
                          num_workers=num_workers, eval_split=eval_split, eval_subset=eval_subset, prompt=prompt,
-                         padding_side=padding_side)
+                         padding_side=padding_side, chat_template=chat_template)
         self.save_hyperparameters()
         for part in eval_split.split("+"):
             if part not in SPLIT_FILES:

@@ -33,6 +33,14 @@ ranked, scored as rationale words or removed: the perturbation and ERASER tests 
 only, and word scores (rationales, heatmaps) are over the text's words only. A method's raw token scores at
 template positions are kept as it computes them (special tokens are not content positions of the adapters).
 
+Chat template
+-------------
+``chat_prompt(tokenizer, template)`` (the datamodules' ``chat_template: true``) puts the template before the answer
+cue's end into the tokenizer's chat template: the template is the user's message, rendered with the template's
+system prompt (if it has one) and the generation prompt (``add_generation_prompt=True``), so the LM is read out
+where its reply begins (the verbalizer's words are then written without a leading space: ``positive``). The
+rendered string is the template: its role markers are the tokenizer's special tokens, the rest template tokens.
+
 Truncation
 ----------
 ``max_length`` bounds the whole prompt. The text is cut, never the template: the prompt holds the longest head of
@@ -56,9 +64,11 @@ TEMPLATE, SPECIAL = -1, -2
 
 @dataclass(frozen=True)
 class PromptTemplate:
-    """A prompt template with one ``{text}`` slot (module docstring): ``prefix + text + cue``."""
+    """A prompt template with one ``{text}`` slot (module docstring): ``prefix + text + cue``; ``require_cue=False``
+    for a template that a chat template completes (:func:`chat_prompt`)."""
 
     template: str
+    require_cue: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.template, str):
@@ -67,7 +77,7 @@ class PromptTemplate:
         if count != 1:
             raise ValueError(f"the prompt template must hold the slot {SLOT} exactly once (where the document's words "
                              f"go), found it {count} times in {self.template!r}")
-        if not self.cue.strip():
+        if self.require_cue and not self.cue.strip():
             raise ValueError(f"the prompt template {self.template!r} has no answer cue after {SLOT}: a language model "
                              "is read out at the prompt's last token, which must be the template's (e.g. "
                              "'Review: {text}\\nSentiment:')")
@@ -164,6 +174,21 @@ def template_token_count(tokenizer: Any, template: PromptTemplate) -> int:
     return len(_encode(tokenizer, template, [])["input_ids"])
 
 
-def as_template(prompt: Optional[str]) -> Optional[PromptTemplate]:
+def chat_prompt(tokenizer: Any, template: PromptTemplate) -> PromptTemplate:
+    """``template`` as the user's message in the tokenizer's chat template, with the generation prompt (module
+    docstring); an error when the tokenizer has no chat template or its rendering drops the ``{text}`` slot."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"chat_template: true needs a tokenizer with a chat template; "
+                         f"{getattr(tokenizer, 'name_or_path', type(tokenizer).__name__)!r} has none (an instruct "
+                         "model's tokenizer, e.g. gguf:smollm2, has one)")
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": template.template}], tokenize=False,
+                                             add_generation_prompt=True)
+    if not isinstance(rendered, str) or rendered.count(SLOT) != 1:
+        raise ValueError(f"the tokenizer's chat template did not keep the slot {SLOT} of {template.template!r} "
+                         f"exactly once: {rendered!r}")
+    return PromptTemplate(rendered)
+
+
+def as_template(prompt: Optional[str], require_cue: bool = True) -> Optional[PromptTemplate]:
     """The :class:`PromptTemplate` of a config value (``None``: no prompt)."""
-    return None if prompt is None else PromptTemplate(prompt)
+    return None if prompt is None else PromptTemplate(prompt, require_cue)

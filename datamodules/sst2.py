@@ -85,7 +85,8 @@ def read_sst2(path: Path) -> List[Tuple[str, int, int]]:
 
 class SST2DataModule(TextDataModule):
     """SST-2 split files (module docstring) tokenized for a Hugging Face tokenizer (``datamodules.text_common``);
-    ``prompt`` (a template with one ``{text}`` slot) and ``padding_side``: prompted classification with a decoder
+    ``prompt`` (a template with one ``{text}`` slot), ``padding_side`` and ``chat_template``: prompted
+    classification with a decoder
     language model (:mod:`datamodules.prompts`)."""
 
     classes = ("negative", "positive")
@@ -93,10 +94,10 @@ class SST2DataModule(TextDataModule):
     def __init__(self, path: str, tokenizer: Optional[str] = None, train_path: Optional[str] = None,
                  val_path: Optional[str] = None, max_length: int = 512, stride: Optional[int] = None,
                  batch_size: int = 32, num_workers: int = 0, eval_subset: Optional[int] = None,
-                 prompt: Optional[str] = None, padding_side: str = "right") -> None:
+                 prompt: Optional[str] = None, padding_side: str = "right", chat_template: bool = False) -> None:
         super().__init__(tokenizer, max_length=max_length, stride=stride, batch_size=batch_size,
                          num_workers=num_workers, eval_split="test", eval_subset=eval_subset, prompt=prompt,
-                         padding_side=padding_side)
+                         padding_side=padding_side, chat_template=chat_template)
         self.save_hyperparameters()
         self.paths = {"train": train_path, "val": val_path, "test": path}
 

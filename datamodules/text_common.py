@@ -68,7 +68,7 @@ from torch.utils.data import Dataset
 
 from models.sources import load_tokenizer, resolve_cache_dir
 
-from .prompts import TEMPLATE_MASK, PromptTemplate, as_template, encode_prompt, template_token_count
+from .prompts import TEMPLATE_MASK, PromptTemplate, as_template, chat_prompt, encode_prompt, template_token_count
 from .split_loaders import SplitDataLoaders
 
 PathLike = Union[str, os.PathLike]
@@ -414,7 +414,8 @@ class TextDataModule(SplitDataLoaders, pl.LightningDataModule):
     document, for prompted classification with a decoder language model (:mod:`datamodules.prompts`: the
     template's tokens are read, never ranked, scored or removed; the text is truncated, never the template).
     ``padding_side``: ``right`` (default) or ``left`` (decoders; a decoder's scores and logits are the same
-    either way)."""
+    either way). ``chat_template``: the prompt is the user's message in the tokenizer's chat template, read out
+    where the assistant's reply begins (:func:`datamodules.prompts.chat_prompt`; instruct models)."""
 
     classes: Tuple[str, ...] = ()
     splits: Tuple[str, ...] = ("train", "val", "test")
@@ -422,10 +423,15 @@ class TextDataModule(SplitDataLoaders, pl.LightningDataModule):
     def __init__(self, tokenizer: Optional[str] = None, max_length: int = 512, stride: Optional[int] = None,
                  batch_size: int = 16, num_workers: int = 0, eval_split: str = "test",
                  eval_subset: Optional[int] = None, pad_to_max_length: bool = False, prompt: Optional[str] = None,
-                 padding_side: str = "right") -> None:
+                 padding_side: str = "right", chat_template: bool = False) -> None:
         super().__init__()
         self.pad_to_max_length = bool(pad_to_max_length)
-        self.prompt = as_template(prompt)   # a malformed template: ValueError when the config is read
+        # a malformed template: ValueError when the config is read (a chat template adds the answer cue)
+        self.prompt = as_template(prompt, require_cue=not chat_template)
+        if chat_template and self.prompt is None:
+            raise ValueError("chat_template: true puts the prompt template into the tokenizer's chat template: give a "
+                             "prompt (a template with one {text} slot)")
+        self.chat_template = bool(chat_template)
         if padding_side not in PADDING_SIDES:
             raise ValueError(f"padding_side must be one of {PADDING_SIDES}, got {padding_side!r}")
         self.padding_side = padding_side
@@ -477,8 +483,9 @@ class TextDataModule(SplitDataLoaders, pl.LightningDataModule):
 
     def dataset(self, split: str) -> TokenizedTextDataset:
         if split not in self.datasets:
+            prompt = chat_prompt(self.tokenizer, self.prompt) if self.chat_template and self.prompt else self.prompt
             self.datasets[split] = TokenizedTextDataset(self.documents(split), self.tokenizer, self.max_length,
-                                                        self.stride, prompt=self.prompt)
+                                                        self.stride, prompt=prompt)
         return self.datasets[split]
 
     def split_for(self, stage: str) -> str:

@@ -320,6 +320,7 @@ class AttributionEvaluationModule(pl.LightningModule):
         relevance: Dict[str, Dict[str, Tensor]] = {}
         with torch.enable_grad():
             for name, method in self.methods.items():
+                self.explaining = name   # what callbacks.run_clock.RunClock's progress lines name
                 if not method.class_specific:
                     shared = self._attribute(method, inputs, None, sample_ids, width)
                     relevance[name] = {s: shared for s in settings}
@@ -327,6 +328,7 @@ class AttributionEvaluationModule(pl.LightningModule):
                     relevance[name] = self._attribute_settings(method, inputs, targets, sample_ids, width)
                 for setting, rel in relevance[name].items():
                     check_finite_relevance(name, setting, rel, sample_ids)
+        self.explaining = None
         return {"relevance": relevance, "targets": targets, "logits": logits,
                 "class_specific": {name: bool(method.class_specific) for name, method in self.methods.items()},
                 "layout": token_layout(self.model, inputs), "classifier": self.classifier, "explain": self.explain,

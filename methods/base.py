@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Tuple
+from dataclasses import replace
+from typing import Optional, Tuple
 
+import torch
 from torch import Tensor, nn
 
 from .adapters import ModelAdapter, ModelInputs, RawInputs, SampleIds, adapter_for
 from .model_state import preserved_model_state
+from .precision import compute_dtype, computed_in, result_dtype
 from .targets import TargetType
 
 
@@ -33,8 +36,9 @@ class AttributionMethod:
     :attr:`reads_attention`) inside :func:`preserved_model_state` (the model comes back exactly as
     it was), and returns raw scores in the layout of the inputs (``adapter.layout``): ``[B, P]`` patch scores
     in row-major grid order for images (full ``lrp``: ``[B, H, W]`` pixel maps), ``[B, N]`` per input position
-    for sequences with padding exactly 0; in the images' dtype (the model's for token ids) and on the inputs'
-    device.
+    for sequences with padding exactly 0; in float32 (float64 for float64 images, or token ids into a float64
+    model) and on the inputs' device. ``accumulate_dtype`` (every method's option, :mod:`methods.precision`):
+    the precision the call computes in, at least float32 by default (full ``lrp``: float64).
     """
 
     name: str = "?"
@@ -54,6 +58,9 @@ class AttributionMethod:
     def reads_foil(self) -> bool:
         """Whether the call reads a ``foil`` (a method built with a contrastive ``explain`` says so)."""
         return False
+    #: the precision the call computes in (:mod:`methods.precision`; ``None``: at least float32); set by
+    #: ``build_method(name, accumulate_dtype=...)``
+    accumulate_dtype: Optional[torch.dtype] = None
 
     def __call__(self, model: nn.Module, inputs: RawInputs, target: TargetType = None,
                  sample_ids: SampleIds = None, foil: TargetType = None) -> Tensor:
@@ -63,17 +70,22 @@ class AttributionMethod:
         adapter = adapter_for(model)
         self.check_adapter(adapter)
         batch = adapter.prepare_inputs(inputs, sample_ids=sample_ids)
+        returned = result_dtype(batch.score_dtype)
+        compute = compute_dtype(model, self.accumulate_dtype)
         attention = adapter.eager_attention() if self.reads_attention else contextlib.nullcontext()
         self.call_foil = foil
         try:
-            with preserved_model_state(model), attention:
+            with preserved_model_state(model), computed_in(model, compute), attention:
+                if compute is not None:   # the floating inputs (pixels) and the scores follow the compute dtype
+                    batch = replace(batch, score_dtype=compute, tensors={
+                        k: v.to(compute) if v.is_floating_point() else v for k, v in batch.tensors.items()})
                 scores = self.attribute(adapter, batch, target)
         finally:
             self.call_foil = None
         layout = adapter.layout(batch)
         if layout.has_padding and scores.dim() == 2:
             scores = layout.output(scores)  # padding exactly 0, whatever the method computed there
-        return scores.detach().to(dtype=batch.score_dtype, device=batch.device)
+        return scores.detach().to(dtype=returned, device=batch.device)
 
     def check(self, model: nn.Module) -> None:
         """Whether this method's options fit ``model``, before any batch (the evaluation module calls it right

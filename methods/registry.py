@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Type, TypeVar
 
 from .base import AttributionMethod
+from .precision import parse_accumulate_dtype
 
 M = TypeVar("M", bound=Type[AttributionMethod])
 _REGISTRY: Dict[str, Type[AttributionMethod]] = {}
@@ -46,10 +47,18 @@ def build_method(name: str, **options: Any) -> AttributionMethod:
     """Instantiate the method registered as ``name`` with keyword ``options``.
 
     Unknown names raise ``KeyError`` listing every registered method; unknown options raise ``TypeError``
-    naming the option and the method.
+    naming the option and the method. ``accumulate_dtype`` is every method's option (:mod:`methods.precision`).
     """
     cls = method_class(name)
+    accumulate = options.pop("accumulate_dtype", cls.accumulate_dtype)
     try:
-        return cls(**options)
+        method = cls(**options)
     except TypeError as err:
         raise TypeError(f"bad options for attribution method {name!r}: {err}") from None
+    try:
+        parsed = parse_accumulate_dtype(accumulate)
+    except ValueError as err:
+        raise ValueError(f"attribution method {name!r}: {err}") from None
+    if parsed != cls.accumulate_dtype:   # the class default stays a class attribute (the method's repr unchanged)
+        method.accumulate_dtype = parsed
+    return method
