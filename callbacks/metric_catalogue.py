@@ -8,15 +8,14 @@ there with a non-empty ``metric_cards`` contributes one row per card, ordered by
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import inspect
 import pkgutil
-import re
 from pathlib import Path
 from typing import List, Tuple, Type
 
 from evaluation.metric_cards import MetricCard
+from evaluation.readme_blocks import block_cli, block_text
 
 from .base import EvaluationCallback
 
@@ -71,29 +70,13 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
-def _block(text: str) -> re.Match:
-    found = re.search(re.escape(START) + r"\n(.*?)\n?" + re.escape(END), text, flags=re.S)
-    if found is None:
-        raise ValueError(f"README.md has no {START} ... {END} block")
-    return found
-
-
 def readme_table(text: str) -> str:
     """The table between the markers of ``text`` (an error when the markers are missing)."""
-    return _block(text).group(1)
+    return block_text(text, START, END)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="replace the table in README.md")
-    args = parser.parse_args()
-    table = markdown()
-    if not args.write:
-        print(table)
-        return
-    text = README.read_text()
-    block = _block(text)
-    README.write_text(text[:block.start()] + START + "\n" + table + "\n" + END + text[block.end():])
+    block_cli(__doc__.splitlines()[0], markdown, README, START, END)
 
 
 if __name__ == "__main__":

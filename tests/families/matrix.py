@@ -6,11 +6,10 @@ and that every cell is true: a mark runs the whole contract, a footnote is the r
 """
 from __future__ import annotations
 
-import argparse
-import re
 from pathlib import Path
 from typing import Dict, List
 
+from evaluation.readme_blocks import block_cli, block_text
 from methods import available_methods
 
 from . import FAMILIES
@@ -40,29 +39,13 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
-def _block(text: str) -> re.Match:
-    found = re.search(re.escape(START) + r"\n(.*?)\n?" + re.escape(END), text, flags=re.S)
-    if found is None:
-        raise ValueError(f"README.md has no {START} ... {END} block")
-    return found
-
-
 def readme_table(text: str) -> str:
     """The table between the markers of ``text`` (an error when the markers are missing)."""
-    return _block(text).group(1)
+    return block_text(text, START, END)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="replace the table in README.md")
-    args = parser.parse_args()
-    table = markdown()
-    if not args.write:
-        print(table)
-        return
-    text = README.read_text()
-    block = _block(text)
-    README.write_text(text[:block.start()] + START + "\n" + table + "\n" + END + text[block.end():])
+    block_cli(__doc__.splitlines()[0], markdown, README, START, END)
 
 
 if __name__ == "__main__":
