@@ -29,10 +29,8 @@ from evaluation.faithfulness_correlation import draw_subsets, pearson_rows
 from evaluation.map_units import image_units
 from evaluation.metric_cards import MetricCard
 from evaluation.perturbers import PixelPerturber, TokenPerturber, build_perturber
-from evaluation.result_keys import ResultKey
-from evaluation.sample_values import Count, SampleValues
 
-from .base import Result, relevance_for
+from .base import relevance_for
 from .sample_scores import SampleScoreTest
 
 SCORES = ("probability", "logit")
@@ -67,6 +65,7 @@ class FaithfulnessCorrelationTest(SampleScoreTest):
         oracle: add the ground-truth map as method ``oracle`` (:func:`callbacks.sample_scores.oracle_map`).
     """
 
+    counters = (FORWARDS,)
     PREFIX = "faithfulness_correlation"
     metric_cards = (
         MetricCard("pearson", "Pearson over R random unit subsets between the map's sum on the subset and the "
@@ -100,11 +99,6 @@ class FaithfulnessCorrelationTest(SampleScoreTest):
         return {"runs": self.runs, "subset_fraction": self.subset_fraction, "unit": self.unit or "patch / token",
                 "masking": self.masking or "chefer / pad", "score": self.score, "seed": self.seed,
                 "subsets": "numpy PCG64 from SeedSequence([seed, index]), shared by every method and setting"}
-
-    def build(self, methods: Sequence[str], device=None) -> None:
-        super().build(methods)
-        self._metrics[FORWARDS] = Count()
-        self._place_metrics(device)
 
     # ------------------------------------------------------------------------------------------ update
     def _setup(self, batch: Dict[str, Any]):
@@ -178,14 +172,3 @@ class FaithfulnessCorrelationTest(SampleScoreTest):
                                      f"the batch's tokens {tuple(removable.shape)}")
             sums = (weights * scores[None]).sum(dim=-1)
             self._metrics[f"{method}/{setting}"].update(batch["index"], pearson_rows(sums, drops[setting])[:, None])
-
-    def compute(self) -> Dict[str, Result]:
-        results = super().compute()
-        results[ResultKey(self.PREFIX, metric=FORWARDS).format()] = float(self._metrics[FORWARDS].compute())
-        return results
-
-    def higher_is_better(self) -> Dict[str, Optional[bool]]:
-        return {**super().higher_is_better(), ResultKey(self.PREFIX, metric=FORWARDS).format(): None}
-
-    def metrics(self) -> List[Any]:
-        return [m for m in self._metrics.values() if isinstance(m, (SampleValues, Count))]

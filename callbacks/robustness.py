@@ -28,11 +28,9 @@ from torch import Tensor
 
 from evaluation.map_units import image_units
 from evaluation.metric_cards import MetricCard
-from evaluation.result_keys import ResultKey
 from evaluation.robustness import infidelity, max_sensitivity, sample_noise
-from evaluation.sample_values import Count, SampleValues
 
-from .base import Result, relevance_for
+from .base import relevance_for
 from .faithfulness_correlation import fixed_width_logits
 from .sample_scores import SampleScoreTest
 
@@ -58,6 +56,7 @@ class RobustnessTest(SampleScoreTest):
         seed: the perturbations' seed (with each sample's dataset index).
     """
 
+    counters = COUNTS
     PREFIX = "robustness"
     metric_cards = (
         MetricCard("infidelity", "mean over Gaussian pixel perturbations I of "
@@ -95,15 +94,6 @@ class RobustnessTest(SampleScoreTest):
                 "noise": f"N(0, {self.noise_std}^2)", "normalize": self.normalize, "score": self.score,
                 "sensitivity_runs": self.sensitivity_runs, "radius": self.radius, "norm": "Frobenius",
                 "seed": self.seed}
-
-    def build(self, methods: Sequence[str], device=None) -> None:
-        super().build(methods)
-        for name in COUNTS:
-            self._metrics[name] = Count()
-        self._place_metrics(device)
-
-    def metrics(self) -> List[Any]:
-        return [m for m in self._metrics.values() if isinstance(m, (SampleValues, Count))]
 
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
         if isinstance(batch.get("input_ids"), Tensor) or not isinstance(batch.get("image"), Tensor):
@@ -153,12 +143,3 @@ class RobustnessTest(SampleScoreTest):
                                                                                   *maps.shape[1:])
             sens = max_sensitivity(reexplained[key], rel.detach().cpu())
             self._metrics[f"{method}/{setting}"].update(batch["index"], self._as_rows(infid, sens))
-
-    def compute(self) -> Dict[str, Result]:
-        results = super().compute()
-        for name in COUNTS:
-            results[ResultKey(self.PREFIX, metric=name).format()] = float(self._metrics[name].compute())
-        return results
-
-    def higher_is_better(self) -> Dict[str, Optional[bool]]:
-        return {**super().higher_is_better(), **{ResultKey(self.PREFIX, metric=n).format(): None for n in COUNTS}}

@@ -19,11 +19,9 @@ from torch import Tensor
 from evaluation.map_units import image_units
 from evaluation.metric_cards import MetricCard
 from evaluation.perturbers import PixelPerturber, TokenPerturber, build_perturber
-from evaluation.result_keys import ResultKey
 from evaluation.saco import saco, saco_groups
-from evaluation.sample_values import Count, SampleValues
 
-from .base import OncePerMap, Result, relevance_for
+from .base import OncePerMap, relevance_for
 from .faithfulness_correlation import fixed_width_logits
 from .sample_scores import SampleScoreTest
 
@@ -42,6 +40,7 @@ class SaCoTest(SampleScoreTest):
         oracle: add the ground-truth map as method ``oracle`` (:func:`callbacks.sample_scores.oracle_map`).
     """
 
+    counters = (FORWARDS,)
     PREFIX = "saco"
     metric_cards = (
         MetricCard("coefficient", "agreement in [-1, 1] between the salience order of K unit groups and the "
@@ -67,14 +66,6 @@ class SaCoTest(SampleScoreTest):
     def conventions(self) -> Dict[str, Any]:
         return {"groups": self.groups, "unit": self.unit or "patch / token", "masking": self.masking or "chefer / pad",
                 "score": "probability", "ties": "unit index"}
-
-    def build(self, methods: Sequence[str], device=None) -> None:
-        super().build(methods)
-        self._metrics[FORWARDS] = Count()
-        self._place_metrics(device)
-
-    def metrics(self) -> List[Any]:
-        return [m for m in self._metrics.values() if isinstance(m, (SampleValues, Count))]
 
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
         if not isinstance(batch.get("index"), Tensor):
@@ -129,11 +120,3 @@ class SaCoTest(SampleScoreTest):
                 2, target[None, :, None].expand(self.groups, -1, 1))[..., 0]
             sums = (members.to(torch.float64) * scores[None]).sum(dim=-1)
             self._metrics[f"{method}/{setting}"].update(batch["index"], saco(sums, drops)[:, None])
-
-    def compute(self) -> Dict[str, Result]:
-        results = super().compute()
-        results[ResultKey(self.PREFIX, metric=FORWARDS).format()] = float(self._metrics[FORWARDS].compute())
-        return results
-
-    def higher_is_better(self) -> Dict[str, Optional[bool]]:
-        return {**super().higher_is_better(), ResultKey(self.PREFIX, metric=FORWARDS).format(): None}

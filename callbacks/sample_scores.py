@@ -24,7 +24,7 @@ from torch import Tensor
 
 from evaluation.metric_cards import MetricCard
 from evaluation.result_keys import ResultKey
-from evaluation.sample_values import SampleValues, nan_mean
+from evaluation.sample_values import Count, SampleValues, nan_mean
 
 from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for
 
@@ -50,6 +50,9 @@ class SampleScoreTest(EvaluationCallback):
 
     PREFIX = "?"
     metric_cards: Tuple[MetricCard, ...] = ()
+    #: what the test counts besides its values (e.g. ``forwards``: model passes), each reported as
+    #: ``<PREFIX>/<counter>`` with no direction; a subclass updates ``self._metrics[<counter>]``
+    counters: Tuple[str, ...] = ()
 
     def __init__(self, methods: Optional[Sequence[str]] = None, class_settings: Sequence[str] = ("predicted",),
                  oracle: bool = False) -> None:
@@ -89,9 +92,8 @@ class SampleScoreTest(EvaluationCallback):
         return nan_mean(values[:, None])[0]
 
     def conventions(self) -> Dict[str, Any]:
-        """The test's conventions as plain values (unit, tolerance, subsets, removal, score, seed, ...): what a run's
-        metadata should record beside the W&B tags. Nothing in this branch writes them to ``metrics.meta.json``
-        (that file's writer is :mod:`callbacks.reporter`); default: none."""
+        """The test's conventions as plain values (unit, tolerance, subsets, removal, score, seed, ...), written per
+        key to ``metrics.meta.json`` beside the W&B tags; default: none."""
         return {}
 
     # ------------------------------------------------------------------------------------------ metrics
@@ -103,9 +105,10 @@ class SampleScoreTest(EvaluationCallback):
         return [(m, s) for m in self._built_methods for s in self.class_settings]
 
     def build(self, methods: Sequence[str], device=None) -> None:
-        """One :class:`SampleValues` per method and class setting."""
+        """One :class:`SampleValues` per method and class setting, then one :class:`Count` per counter."""
         self._built_methods = list(methods)
         self._metrics = {f"{m}/{s}": SampleValues(len(self.metric_cards)) for m, s in self._pairs()}
+        self._metrics.update({name: Count() for name in self.counters})
         self._place_metrics(device)
 
     def _result(self, method: str, setting: str, name: str) -> str:
@@ -133,6 +136,8 @@ class SampleScoreTest(EvaluationCallback):
             self._gathered[f"{method}/{setting}"] = (index, values, groups)
             for j, name in enumerate(self.metric_names()):
                 results[self._result(method, setting, name)] = float(self.aggregate(name, values[:, j], groups))
+        for name in self.counters:
+            results[ResultKey(self.PREFIX, metric=name).format()] = float(self._metrics[name].compute())
         return results
 
     def per_sample_scores(self) -> Dict[str, tuple]:
@@ -145,8 +150,9 @@ class SampleScoreTest(EvaluationCallback):
         return out
 
     def higher_is_better(self) -> Dict[str, Optional[bool]]:
-        return {self._result(m, s, card.name): card.higher_is_better
-                for m, s in self._pairs() for card in self.metric_cards}
+        return {**{self._result(m, s, card.name): card.higher_is_better
+                   for m, s in self._pairs() for card in self.metric_cards},
+                **{ResultKey(self.PREFIX, metric=name).format(): None for name in self.counters}}
 
     def reset(self) -> None:
         super().reset()

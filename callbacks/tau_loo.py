@@ -18,10 +18,8 @@ from torch import Tensor
 
 from evaluation.metric_cards import MetricCard
 from evaluation.perturbers import TokenPerturber, build_perturber
-from evaluation.result_keys import ResultKey
-from evaluation.sample_values import Count, SampleValues
 
-from .base import Result, relevance_for
+from .base import relevance_for
 from .faithfulness_correlation import fixed_width_logits
 from .sample_scores import SampleScoreTest
 
@@ -49,6 +47,7 @@ class TauLOOTest(SampleScoreTest):
         oracle: add the ground-truth map as method ``oracle`` (:func:`callbacks.sample_scores.oracle_map`).
     """
 
+    counters = (FORWARDS,)
     PREFIX = "tau_loo"
     metric_cards = (
         MetricCard("kendall_tau", "Kendall tau-b between the map's token scores and each token's leave-one-out drop "
@@ -69,14 +68,6 @@ class TauLOOTest(SampleScoreTest):
 
     def conventions(self) -> Dict[str, Any]:
         return {"masking": self.masking, "score": "probability", "correlation": "Kendall tau-b"}
-
-    def build(self, methods: Sequence[str], device=None) -> None:
-        super().build(methods)
-        self._metrics[FORWARDS] = Count()
-        self._place_metrics(device)
-
-    def metrics(self) -> List[Any]:
-        return [m for m in self._metrics.values() if isinstance(m, (SampleValues, Count))]
 
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
         if not isinstance(batch.get("input_ids"), Tensor):
@@ -116,11 +107,3 @@ class TauLOOTest(SampleScoreTest):
                 if int(mine.sum()) >= 2:
                     values[i] = kendall_tau_b(rel[i, positions[i, s_idx[mine]]], drops[mine])
             self._metrics[f"{method}/{setting}"].update(batch["index"], values[:, None])
-
-    def compute(self) -> Dict[str, Result]:
-        results = super().compute()
-        results[ResultKey(self.PREFIX, metric=FORWARDS).format()] = float(self._metrics[FORWARDS].compute())
-        return results
-
-    def higher_is_better(self) -> Dict[str, Optional[bool]]:
-        return {**super().higher_is_better(), ResultKey(self.PREFIX, metric=FORWARDS).format(): None}
