@@ -10,10 +10,11 @@ epsilon rule's divisions amplify the forward's rounding); ``benchmarks/README.md
 
 ``accumulate_dtype``:
 
-* ``None`` (``"auto"``; every method's default but ``lrp``): at least float32, i.e. float32 for bf16 / fp16 models,
+* ``None`` (``"auto"``; every method's default): at least float32, i.e. float32 for bf16 / fp16 models,
   the model's own dtype for float32 and float64 models (those run exactly as before);
 * ``"float32"`` / ``"float64"``: at least that (a float64 model is never narrowed);
-* ``lrp``'s default is ``"float64"`` (above; ``benchmarks/precision.py`` measures it).
+* ``"float64"`` is what deep models want for full ``lrp`` (above; ``benchmarks/precision.py`` measures it); it is
+  not its default because it moves the results of float32 models (the default run's ``lrp`` AUCs by 0.7 points).
 
 How: for the call the model's floating parameters and buffers are replaced by copies in the compute dtype, and the
 floating input tensors cast likewise (:func:`computed_in`): the method's forward, backward and relevance passes all

@@ -107,8 +107,10 @@ class FullLRP(_LRPMethod):
     default_rules = "orig"
     #: full LRP goes through every block down to the input, where float32 can lose about three digits on a
     #: 30-block LM (issue 36: batched vs alone 1.4e-3 of the largest score on SmolLM2 in float32, 4e-13 in
-    #: float64): float64 by default (``accumulate_dtype``, :mod:`methods.precision`)
-    accumulate_dtype = torch.float64
+    #: float64; 3.9e-6 on the prompts of ``benchmarks/precision.py``). The default stays the model's precision (at
+    #: least float32), so a float32 model's maps and every existing result are unchanged; ask for
+    #: ``accumulate_dtype="float64"`` on deep models (``benchmarks/README.md``, precision section)
+    accumulate_dtype = None
 
     def __init__(self, rules: Optional[str] = None, class_token_score: str = "auto", text_input: str = "encoder_input",
                  recompute_attention: bool = True):

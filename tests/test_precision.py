@@ -65,8 +65,9 @@ def test_a_named_higher_precision_is_the_method_on_the_widened_model(name):
     assert narrow(model64, inputs).dtype == torch.float64   # a float64 model is never narrowed
 
 
-def test_lrp_accumulates_in_float64_by_default_and_bad_values_are_named():
-    assert build_method("lrp").accumulate_dtype == torch.float64
+def test_every_method_keeps_the_models_precision_by_default_and_bad_values_are_named():
+    assert build_method("lrp").accumulate_dtype is None   # float64 moved the default run's lrp AUCs: an option
+    assert build_method("lrp", accumulate_dtype="float64").accumulate_dtype == torch.float64
     assert build_method("attnlrp").accumulate_dtype is None
     assert build_method("lrp", accumulate_dtype="auto").accumulate_dtype is None
     assert parse_accumulate_dtype("float32") == torch.float32
