@@ -49,7 +49,7 @@ def resolve_point(adapter: ModelAdapter, point: str, name: str) -> str:
                          f"({adapter.family}) reads {adapter.modality}")
     if point == "embedding":
         try:
-            adapter.input_embedding()
+            adapter.rule_map.input_embedding()
         except NotImplementedError as err:
             raise MethodUndefinedError(f"{name}: {err}") from None
     return point
@@ -83,7 +83,7 @@ def point_values(adapter: ModelAdapter, inputs: ModelInputs, point: str) -> Tens
 
     def hook(_module: nn.Module, _inputs: Tuple[Any, ...], output: Tensor) -> None:
         captured["x"] = output.detach()
-    handle = adapter.input_embedding().register_forward_hook(hook)
+    handle = adapter.rule_map.input_embedding().register_forward_hook(hook)
     try:
         with torch.no_grad():
             adapter.embed(inputs)
@@ -97,7 +97,7 @@ def logits_at(adapter: ModelAdapter, inputs: ModelInputs, point: str, values: Te
     ``inputs``); differentiable w.r.t. ``values`` when it requires grad."""
     if point == "pixels":
         return _run(adapter, inputs.with_tensors(pixel_values=values))
-    with replaced_output(adapter.input_embedding(), values):
+    with replaced_output(adapter.rule_map.input_embedding(), values):
         return _run(adapter, inputs)
 
 
@@ -119,7 +119,7 @@ def reduce_scores(adapter: ModelAdapter, inputs: ModelInputs, point: str, values
     """An element-wise map ``values`` at ``point`` reduced to one score per token / patch (module docstring)."""
     transformed = values.abs() if reduction == "abs" else values * values if reduction == "l2" else values
     if point == "embedding":
-        scores = adapter.embedding_scores(transformed)
+        scores = adapter.rule_map.embedding_scores(transformed)
     else:
         pixels = transformed.sum(dim=1)
         layout = adapter.layout(inputs)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from .base import AttributionMethod, check_start_layer
