@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from comparison.configs import differences_markdown
 from comparison.figures import Figure, build_figures
 from comparison.html import dashboard
+from comparison.meta import MetaReport, meta_evaluate, sanity_table
 from comparison.runs import Run, RunLoadError, load_runs, load_wandb_project
 from comparison.tables import Table, build_tables, md_text, tables_csv, tables_markdown
 from comparison.wandb_report import build_report, save_report
@@ -44,6 +45,8 @@ class Comparison:
     out: Path
     files: Dict[str, Path] = field(default_factory=dict)
     report: Any = None
+    meta: Optional[MetaReport] = None
+    sanity: Dict[Any, Any] = field(default_factory=dict)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -103,8 +106,8 @@ def main(args: Optional[Sequence[str]] = None) -> Comparison:
 
     tables = build_tables(runs, reference)
     figures = build_figures(runs, tables, png_dir)
-    result = Comparison(runs, reference, tables, figures, out)
-    texts = {"dashboard.html": dashboard(runs, tables, figures, reference, ns.title),
+    result = Comparison(runs, reference, tables, figures, out, meta=meta_evaluate(runs), sanity=sanity_table(runs))
+    texts = {"dashboard.html": dashboard(runs, tables, figures, reference, ns.title, result.meta, result.sanity),
              "tables.md": f"# {md_text(ns.title)}\n\n" + tables_markdown(tables),
              "tables.csv": tables_csv(tables),
              "config_differences.md": differences_markdown(runs)}
