@@ -273,3 +273,27 @@ def sanity_table(runs: Sequence[Run]) -> Dict[Tuple[str, str], Dict[str, Optiona
             check = info.metric[: -len("_pass")] + (f" ({info.setting})" if info.setting else "")
             out.setdefault((info.row, check), {})[run.name] = (float("nan") if value is None else float(value))
     return {k: {r.name: v.get(r.name) for r in runs} for k, v in sorted(out.items())}
+
+
+# ------------------------------------------------------------------------------------------ Markdown
+def _md(text: object) -> str:
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+            .replace("\n", " "))
+
+
+def _joined(values: Mapping[str, float], fmt: str = ".3f") -> str:
+    return "; ".join(f"{_md(k)} {format(v, fmt) if math.isfinite(v) else 'NaN'}" for k, v in values.items())
+
+
+def meta_markdown(report: MetaReport) -> str:
+    """The stability / reliability table and the contradictory pairs as Markdown (run data escaped)."""
+    lines = ["| metric | better | Kendall's W (seed group) | Krippendorff's alpha (run) | methods separated from "
+             "random (run) | oracle rank (run) | fails |", "|---|---|---|---|---|---|---|"]
+    for m in report.metrics:
+        separated = "; ".join(f"{_md(run)} {sum(s.values())}/{len(s)}" for run, s in m.separated.items())
+        rules = ", ".join(dict.fromkeys(f.rule for f in m.failures)) or "-"
+        lines.append(f"| {_md(m.name)} | {'higher' if m.higher_is_better else 'lower'} | {_joined(m.stability)} | "
+                     f"{_joined(m.reliability)} | {separated} | {_joined(m.oracle_rank, 'g')} | {rules} |")
+    pairs = [f"- {_md(a)} vs {_md(b)}" for a, b in report.contradictory]
+    return ("\n".join(lines) + "\n\nContradictory metric pairs (mean Kendall's tau-b < 0): "
+            + ("\n\n" + "\n".join(pairs) if pairs else "none") + "\n")

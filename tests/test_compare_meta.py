@@ -1,6 +1,7 @@
 """comparison.meta on hand-built tiny run folders: rankings, Kendall's W across seeds, agreement, reliability of
 per-sample rankings, separation from the random map, the oracle rule and the sanity table."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,3 +118,14 @@ def test_sanity_table_reads_pass_keys(tmp_path):
     assert table == {("edges", "mprt_cascading (predicted)"): {"s": 0.0},
                      ("gradcam", "mprt_cascading (predicted)"): {"s": 1.0}}
     assert meta_evaluate(load_runs([run])).metrics == []   # sanity and accuracy are no metric of methods
+
+
+def test_sweep_config_sets_the_seeds_and_keeps_the_data(tmp_path):
+    from comparison.sweep import seeded_config
+
+    config = seeded_config("configs/evaluate/synthetic_catalogue.yaml", 7)
+    assert config["seed_everything"] == 7 and config["data"]["init_args"]["seed"] == 0   # the same samples
+    assert all(Path(b).is_absolute() and Path(b).is_file() for b in config["base"])
+    road = next(c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("ROADTest"))
+    assert road["init_args"]["seed"] == 7 and road["init_args"]["tie_seed"] == 7
+    assert all(c["init_args"]["tie_seed"] == 7 for c in config["trainer"]["callbacks"])
