@@ -5,8 +5,11 @@ its data inline, the styles are inline; nothing is loaded from elsewhere (no ``s
 Sections: the runs (source, kind, group, tags, reference), the settings and config differences, then per test
 its tables (best of each row in bold, the run's random map in grey, the delta to the reference coloured by whether
 it is better or worse in the metric's declared direction, missing values shaded, non-finite values flagged) and its
-figures. Run data is text, never markup: every name, key, config value and title is escaped (:func:`esc`), and every
-``id`` is a slug (:func:`comparison.figures.slug`).
+figures. With the meta-evaluation (:mod:`comparison.meta`): the sanity checks (method x check, pass / fail per run),
+the meta-evaluation table (ranking, Kendall's W, Krippendorff's alpha, rank intervals, separation, oracle rank, the
+failed rules), the metric-agreement heatmap (tau-b, contradictory pairs flagged), and a mark on every results table
+whose metric fails a rule. Run data is text, never markup: every name, key, config value and title is escaped
+(:func:`esc`), and every ``id`` is a slug (:func:`comparison.figures.slug`).
 """
 from __future__ import annotations
 
