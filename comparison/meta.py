@@ -14,7 +14,8 @@ one is left out. The measures are those of :mod:`evaluation.meta_evaluation`:
   methods' ranks; from the run's ``per_sample.npz``, the samples every method scored finitely); below
   :data:`RELIABILITY_MIN` (Krippendorff 2004's lowest value for tentative conclusions) the metric is *unreliable*;
 * **stability**: Kendall's W of the method ranking across the runs that differ only in seeds (config keys named
-  ``*seed*``; runs without a config form one group), below :data:`STABILITY_MIN` the metric is *unstable*; and the
+  ``*seed*``, the run folder keys ``output_dir`` / ``default_root_dir`` ignored; runs without a config form one
+  group), below :data:`STABILITY_MIN` the metric is *unstable*; and the
   bootstrap interval of each method's rank from the per-sample values;
 * **separation** from the random map: Wilcoxon signed-rank per method against ``random`` on the same samples, Holm
   corrected at :data:`ALPHA`; a metric under which no method differs from the random map *does not separate*;
@@ -119,17 +120,22 @@ def metric_families(runs: Sequence[Run]) -> Dict[Family, Tuple[Dict[str, str], O
     return {f: (keys, next(iter(d)) if len(d) == 1 else None) for f, (keys, d) in out.items()}
 
 
+#: config keys that name where a run was written, not how it was computed
+LOCATION_KEYS = ("output_dir", "default_root_dir")
+
+
 def _strip_seeds(config: Any) -> Any:
     if isinstance(config, Mapping):
-        return {k: _strip_seeds(v) for k, v in config.items() if "seed" not in str(k).lower()}
+        return {k: _strip_seeds(v) for k, v in config.items()
+                if "seed" not in str(k).lower() and str(k) not in LOCATION_KEYS}
     if isinstance(config, list):
         return [_strip_seeds(v) for v in config]
     return config
 
 
 def seed_groups(runs: Sequence[Run]) -> Dict[str, List[str]]:
-    """Runs grouped by their config with every ``*seed*`` key removed (``{label: [run names]}``); the label is
-    the group's first run's name."""
+    """Runs grouped by their config with every ``*seed*`` key and :data:`LOCATION_KEYS` removed
+    (``{label: [run names]}``); the label is the group's first run's name."""
     groups: Dict[str, List[str]] = {}
     for run in runs:
         signature = json.dumps(_strip_seeds(run.config), sort_keys=True, default=str) if run.config else ""

@@ -23,7 +23,8 @@ def write_run(folder, scalars, directions, per_sample=None, seed=0):
     folder.mkdir(parents=True)
     (folder / "metrics.json").write_text(json.dumps(scalars))
     (folder / "metrics.meta.json").write_text(json.dumps(metrics_meta(directions)))
-    (folder / "config.yaml").write_text(yaml.safe_dump({"seed_everything": seed, "model": {"seed": seed, "x": 1}}))
+    (folder / "config.yaml").write_text(yaml.safe_dump({"seed_everything": seed, "model": {"seed": seed, "x": 1},
+                                                        "output_dir": str(folder)}))   # where: not a setting
     if per_sample:
         write_per_sample(per_sample, folder / PER_SAMPLE_FILE)
     return folder
