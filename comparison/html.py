@@ -216,7 +216,9 @@ def stability_html(report: MetaReport) -> str:
             f"{esc(run)}: " + ", ".join(f"{esc(meth)} {mean:.2f} [{lo:g}, {hi:g}]"
                                         for meth, (mean, lo, hi) in sorted(iv.items(), key=lambda x: x[1][0]))
             for run, iv in m.intervals.items())
-        separated = "<br>".join(f"{esc(run)}: {sum(s.values())} of {len(s)} differ" for run, s in m.separated.items())
+        separated = "<br>".join(f"{esc(run)}: {sum(s.values())} of {len(s)} differ"
+                                + ("" if m.powered.get(run, True) else " (too few samples to separate: not judged)")
+                                for run, s in m.separated.items())
         ranks = "<br>".join(f"{esc(run)}: " + " &gt; ".join(esc(k) for k, _ in sorted(r.items(), key=lambda x: x[1]))
                             for run, r in m.ranks.items())
         rules = ", ".join(dict.fromkeys(f.rule for f in m.failures))

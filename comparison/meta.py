@@ -80,6 +80,8 @@ class MetricMeta:
     #: run -> method -> (mean rank, low, high) of the bootstrap
     intervals: Dict[str, Dict[str, Tuple[float, float, float]]] = field(default_factory=dict)
     separated: Dict[str, Dict[str, bool]] = field(default_factory=dict)       # run -> method -> differs from random
+    #: run -> whether its samples could separate a method at all (:func:`can_separate`)
+    powered: Dict[str, bool] = field(default_factory=dict)
     oracle_rank: Dict[str, float] = field(default_factory=dict)               # run -> the oracle's rank
     failures: List[Failure] = field(default_factory=list)
 
@@ -194,6 +196,18 @@ def _per_sample_measures(meta: MetricMeta, run: Run, per_sample: Mapping[str, Tu
     if RANDOM in methods:
         tests = random_separation({m: table[:, i] for i, m in enumerate(methods)}, RANDOM, ALPHA)
         meta.separated[run.name] = {m: bool(r["differs"]) for m, r in tests.items()}
+        meta.powered[run.name] = can_separate(table.shape[0], len(tests))
+
+
+def can_separate(samples: int, tests: int, alpha: float = ALPHA) -> bool:
+    """Whether ``samples`` paired differences can reach Holm's first threshold ``alpha / tests`` at all: the
+    smallest two-sided p of the signed-rank statistic (every difference of one sign, no ties; the normal
+    approximation :func:`evaluation.meta_evaluation.wilcoxon_p` uses) times ``tests`` below ``alpha``."""
+    n = samples
+    if n < 1 or tests < 1:
+        return False
+    z = (n * (n + 1) / 4.0) / math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+    return tests * math.erfc(z / math.sqrt(2.0)) < alpha
 
 
 def _judge(meta: MetricMeta) -> None:
@@ -206,7 +220,7 @@ def _judge(meta: MetricMeta) -> None:
             meta.failures.append(Failure("unstable", f"Kendall's W {w:.3f} < {STABILITY_MIN} across the seeds of "
                                                      f"{group}"))
     for run, separated in meta.separated.items():
-        if separated and not any(separated.values()):
+        if separated and not any(separated.values()) and meta.powered.get(run, True):
             meta.failures.append(Failure("no separation", f"no method differs from the random map (Wilcoxon, "
                                                           f"Holm, alpha {ALPHA}) in {run}"))
     for run, rank in meta.oracle_rank.items():
@@ -296,7 +310,9 @@ def meta_markdown(report: MetaReport) -> str:
     lines = ["| metric | better | Kendall's W (seed group) | Krippendorff's alpha (run) | methods separated from "
              "random (run) | oracle rank (run) | fails |", "|---|---|---|---|---|---|---|"]
     for m in report.metrics:
-        separated = "; ".join(f"{_md(run)} {sum(s.values())}/{len(s)}" for run, s in m.separated.items())
+        separated = "; ".join(f"{_md(run)} {sum(s.values())}/{len(s)}"
+                              + ("" if m.powered.get(run, True) else " (too few samples: not judged)")
+                              for run, s in m.separated.items())
         rules = ", ".join(dict.fromkeys(f.rule for f in m.failures)) or "-"
         lines.append(f"| {_md(m.name)} | {'higher' if m.higher_is_better else 'lower'} | {_joined(m.stability)} | "
                      f"{_joined(m.reliability)} | {separated} | {_joined(m.oracle_rank, 'g')} | {rules} |")

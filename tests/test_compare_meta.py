@@ -130,3 +130,14 @@ def test_sweep_config_sets_the_seeds_and_keeps_the_data(tmp_path):
     road = next(c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("ROADTest"))
     assert road["init_args"]["seed"] == 7 and road["init_args"]["tie_seed"] == 7
     assert all(c["init_args"]["tie_seed"] == 7 for c in config["trainer"]["callbacks"])
+
+
+def test_separation_is_judged_only_where_the_samples_could_separate():
+    from comparison.meta import can_separate
+    from evaluation.meta_evaluation import wilcoxon_p
+
+    # the smallest p of n differences of one sign, against Holm's first threshold
+    for n, tests in ((8, 14), (8, 1), (16, 14), (5, 1)):
+        smallest = wilcoxon_p(np.arange(1.0, n + 1), np.zeros(n))
+        assert can_separate(n, tests) == (tests * smallest < 0.05)
+    assert not can_separate(8, 14) and can_separate(16, 14)
