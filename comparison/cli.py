@@ -119,7 +119,11 @@ def main(args: Optional[Sequence[str]] = None) -> Comparison:
 
     tables = build_tables(runs, reference)
     figures = build_figures(runs, tables, png_dir)
-    result = Comparison(runs, reference, tables, figures, out, meta=meta_evaluate(runs), sanity=sanity_table(runs))
+    try:
+        meta = meta_evaluate(runs)
+    except RunLoadError as err:
+        raise SystemExit(f"error: {err}") from None
+    result = Comparison(runs, reference, tables, figures, out, meta=meta, sanity=sanity_table(runs))
     texts = {"dashboard.html": dashboard(runs, tables, figures, reference, ns.title, result.meta, result.sanity),
              "tables.md": f"# {md_text(ns.title)}\n\n" + tables_markdown(tables),
              "tables.csv": tables_csv(tables),

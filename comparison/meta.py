@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import json
 import math
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from comparison.runs import Run
+from comparison.runs import Run, RunLoadError
 from comparison.tables import RANDOM, parse_key
 from evaluation.meta_evaluation import (
     bootstrap_rank_intervals,
@@ -146,11 +147,15 @@ def seed_groups(runs: Sequence[Run]) -> Dict[str, List[str]]:
 
 
 def per_sample_of(run: Run) -> Dict[str, Tuple[np.ndarray, np.ndarray]]:
-    """The run's per-sample sidecar (``{}`` when it has none: not a run folder, or no per-sample scores)."""
+    """The run's per-sample sidecar (``{}`` when it has none: not a run folder, or no per-sample scores); a
+    corrupt one is a :class:`RunLoadError` naming the file."""
     path = Path(run.source) / PER_SAMPLE_FILE
     if run.kind != "folder" or not path.is_file():
         return {}
-    return read_per_sample(path)
+    try:
+        return read_per_sample(path)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
+        raise RunLoadError(f"{path}: corrupt per-sample sidecar ({err})") from None
 
 
 def sample_matrix(per_sample: Mapping[str, Tuple[np.ndarray, np.ndarray]], keys: Mapping[str, str]

@@ -141,3 +141,12 @@ def test_separation_is_judged_only_where_the_samples_could_separate():
         smallest = wilcoxon_p(np.arange(1.0, n + 1), np.zeros(n))
         assert can_separate(n, tests) == (tests * smallest < 0.05)
     assert not can_separate(8, 14) and can_separate(16, 14)
+
+
+def test_corrupt_sidecar_names_the_file(tmp_path):
+    import compare
+
+    runs_of(tmp_path, [("a", "b", "c", "random")])
+    (tmp_path / "seed0" / PER_SAMPLE_FILE).write_bytes(b"not a zip")
+    with pytest.raises(SystemExit, match="seed0/per_sample.npz: corrupt per-sample sidecar"):
+        compare.main([str(tmp_path / "seed0"), "--out", str(tmp_path / "out"), "--no-png"])
