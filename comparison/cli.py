@@ -11,7 +11,15 @@ Written under ``--out`` (default ``outputs/compare/<date-time>``):
 * ``dashboard.html``: the self-contained page (opens from disk; Plotly's JavaScript embedded);
 * ``figures/*.png``: the same figures (matplotlib);
 * ``tables.md`` / ``tables.csv``: every methods x runs table (Markdown; CSV one row per cell);
-* ``config_differences.md``: the settings and every differing config key.
+* ``config_differences.md``: the settings and every differing config key;
+* ``meta.md``: the meta-evaluation of the metrics (:mod:`comparison.meta`): stability, reliability, separation.
+
+The page also shows the sanity checks (method x check, pass / fail), the meta-evaluation table and the
+metric-agreement heatmap, and marks the results tables whose metric fails the meta-evaluation.
+
+    python compare.py sweep CONFIG --seeds 0 1 2 [--out DIR] [-- EVALUATE ARGS]
+
+reruns an evaluation config over seeds into sibling run folders and compares them (:mod:`comparison.sweep`).
 
 ``--wandb-report`` also builds a W&B report with the same panels and saves it to ``--wandb-project`` (online).
 """
@@ -28,7 +36,9 @@ from typing import Any, Dict, List, Optional, Sequence
 from comparison.configs import differences_markdown
 from comparison.figures import Figure, build_figures
 from comparison.html import dashboard
+from comparison.meta import MetaReport, meta_evaluate, meta_markdown, sanity_table
 from comparison.runs import Run, RunLoadError, load_runs, load_wandb_project
+from comparison.sweep import compare_args, sweep
 from comparison.tables import Table, build_tables, md_text, tables_csv, tables_markdown
 from comparison.wandb_report import build_report, save_report
 
@@ -44,6 +54,8 @@ class Comparison:
     out: Path
     files: Dict[str, Path] = field(default_factory=dict)
     report: Any = None
+    meta: Optional[MetaReport] = None
+    sanity: Dict[Any, Any] = field(default_factory=dict)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -82,7 +94,11 @@ def resolve_reference(runs: Sequence[Run], given: Optional[str], paths: Sequence
 
 
 def main(args: Optional[Sequence[str]] = None) -> Comparison:
-    ns = parser().parse_args(list(sys.argv[1:] if args is None else args))
+    args = list(sys.argv[1:] if args is None else args)
+    if args[:1] == ["sweep"]:   # python compare.py sweep CONFIG --seeds ...: evaluate over seeds, then compare
+        folders = sweep(args[1:])
+        return main(compare_args(folders, folders[0].parent, "--no-png" in args))
+    ns = parser().parse_args(args)
     if not ns.runs and not ns.wandb_project:
         raise SystemExit("error: give run folders (or an offline W&B run folder), or --wandb-project")
     if ns.wandb_report and not ns.wandb_project:
@@ -103,11 +119,16 @@ def main(args: Optional[Sequence[str]] = None) -> Comparison:
 
     tables = build_tables(runs, reference)
     figures = build_figures(runs, tables, png_dir)
-    result = Comparison(runs, reference, tables, figures, out)
-    texts = {"dashboard.html": dashboard(runs, tables, figures, reference, ns.title),
+    try:
+        meta = meta_evaluate(runs)
+    except RunLoadError as err:
+        raise SystemExit(f"error: {err}") from None
+    result = Comparison(runs, reference, tables, figures, out, meta=meta, sanity=sanity_table(runs))
+    texts = {"dashboard.html": dashboard(runs, tables, figures, reference, ns.title, result.meta, result.sanity),
              "tables.md": f"# {md_text(ns.title)}\n\n" + tables_markdown(tables),
              "tables.csv": tables_csv(tables),
-             "config_differences.md": differences_markdown(runs)}
+             "config_differences.md": differences_markdown(runs),
+             "meta.md": f"# {md_text(ns.title)}: meta-evaluation of the metrics\n\n" + meta_markdown(result.meta)}
     for name, text in texts.items():
         (out / name).write_text(text, encoding="utf-8")
         result.files[name] = out / name

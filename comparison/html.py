@@ -5,16 +5,21 @@ its data inline, the styles are inline; nothing is loaded from elsewhere (no ``s
 Sections: the runs (source, kind, group, tags, reference), the settings and config differences, then per test
 its tables (best of each row in bold, the run's random map in grey, the delta to the reference coloured by whether
 it is better or worse in the metric's declared direction, missing values shaded, non-finite values flagged) and its
-figures. Run data is text, never markup: every name, key, config value and title is escaped (:func:`esc`), and every
-``id`` is a slug (:func:`comparison.figures.slug`).
+figures. With the meta-evaluation (:mod:`comparison.meta`): the sanity checks (method x check, pass / fail per run),
+the meta-evaluation table (ranking, Kendall's W, Krippendorff's alpha, rank intervals, separation, oracle rank, the
+failed rules), the metric-agreement heatmap (tau-b, contradictory pairs flagged), and a mark on every results table
+whose metric fails a rule. Run data is text, never markup: every name, key, config value and title is escaped
+(:func:`esc`), and every ``id`` is a slug (:func:`comparison.figures.slug`).
 """
 from __future__ import annotations
 
 import html
-from typing import List, Optional, Sequence
+import math
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from comparison.configs import config_differences, config_summary
 from comparison.figures import Figure, color, slug
+from comparison.meta import ALPHA, RELIABILITY_MIN, STABILITY_MIN, Failure, MetaReport
 from comparison.runs import Run
 from comparison.tables import Table, direction_text, number_text, table_title
 
@@ -32,6 +37,8 @@ td.missing { background: repeating-linear-gradient(45deg, #fff0f0, #fff0f0 6px, 
 .note { color: #555; font-size: 13px; } .differs { background: #fff6d8; }
 pre.cfg { white-space: pre-wrap; text-align: left; margin: 0; font-size: 11px; max-width: 36em; }
 nav a { margin-right: 1em; } .figure { margin: 0.5em 0 1.5em; border: 1px solid #eee; }
+.metafail { color: #b81c1c; font-weight: bold; font-size: 12px; } td.pass { background: #eef7ee; }
+td.fail { background: #fbe0e0; color: #b81c1c; font-weight: bold; } td.tau { min-width: 3em; text-align: center; }
 .swatch { display: inline-block; width: 0.9em; height: 0.9em; margin-right: 0.3em; vertical-align: middle; }
 """
 
@@ -120,7 +127,17 @@ def changes_section(tables: Sequence[Table], reference: str, limit: int = 40) ->
     return "\n".join(out)
 
 
-def table_html(table: Table) -> str:
+def meta_mark(failures: Sequence[Failure]) -> str:
+    """The mark of a results table whose metric fails the meta-evaluation: each rule, its measurement as a title."""
+    if not failures:
+        return ""
+    rules = ", ".join(dict.fromkeys(f.rule for f in failures))
+    details = "; ".join(f.detail for f in failures)
+    return (f"<p class='metafail' data-meta-fail='{esc(rules)}' title='{esc(details)}'>fails the meta-evaluation: "
+            f"{esc(rules)} ({esc(details)})</p>")
+
+
+def table_html(table: Table, failures: Sequence[Failure] = ()) -> str:
     head = "".join(f"<th>{esc(run)}{' (reference)' if run == table.reference else ''}</th>" for run in table.runs)
     body = []
     for row in table.rows:
@@ -143,10 +160,117 @@ def table_html(table: Table) -> str:
             flag = " <b title='not a finite number'>(non-finite)</b>" if cell.non_finite else ""
             cells.append(f"<td class='{cls}' data-value='{cell.value!r}'>{''.join(parts)}{flag}</td>")
         body.append(f"<tr><td class='name'>{esc(row)}</td>{''.join(cells)}</tr>")
-    return (f"<h3>{esc(table_title(table))}</h3><p class='note'>{esc(direction_text(table.direction()))}; bold: "
+    return (f"<h3>{esc(table_title(table))}</h3>{meta_mark(failures)}"
+            f"<p class='note'>{esc(direction_text(table.direction()))}; bold: "
             f"best run of the row; grey: the same run's random map; Δ: difference to {esc(table.reference)} "
             f"(green better, red worse)</p><table class='metrics' data-title='{esc(table_title(table))}'>"
             f"<tr><th class='name'>method</th>{head}</tr>{''.join(body)}</table>")
+
+
+# ------------------------------------------------------------------------------------------ meta-evaluation
+def _tau_color(tau: float) -> str:
+    """Red (-1) through white (0) to green (+1); grey when not comparable."""
+    if not math.isfinite(tau):
+        return "#eeeeee"
+    t = max(-1.0, min(1.0, tau))
+    r, g, b = (255, int(255 * (1 + t)), int(255 * (1 + t))) if t < 0 else (int(255 * (1 - t)), 255, int(255 * (1 - t)))
+    return f"rgb({r},{min(g, 255)},{min(b, 255)})"
+
+
+def agreement_html(report: MetaReport) -> str:
+    """The metric-agreement heatmap: Kendall's tau-b of every pair of metrics' method scores (mean over runs)."""
+    names = report.agreement_names
+    if len(names) < 2:
+        return "<p class='note'>fewer than two metrics of methods: no agreement to show</p>"
+    head = "".join(f"<th class='name'>{esc(n)}</th>" for n in names)
+    rows = []
+    contradictory = set(report.contradictory) | {(b, a) for a, b in report.contradictory}
+    for i, a in enumerate(names):
+        cells = []
+        for j, b in enumerate(names):
+            tau = float(report.agreement[i, j])
+            flag = " <b title='contradictory: the two metrics rank the methods in opposite orders'>✗</b>" \
+                if (a, b) in contradictory else ""
+            text = "" if not math.isfinite(tau) else f"{tau:+.2f}"
+            cells.append(f"<td class='tau' style='background:{_tau_color(tau)}' data-tau='{text}'>{text}{flag}</td>")
+        rows.append(f"<tr><td class='name'>{esc(a)}</td>{''.join(cells)}</tr>")
+    pairs = "".join(f"<li>{esc(a)} vs {esc(b)}</li>" for a, b in report.contradictory)
+    return ("<p class='note'>Kendall's tau-b between the method rankings of every pair of metrics (each read in its "
+            "declared direction, on the methods both score, averaged over the runs); ✗: contradictory (tau &lt; 0)"
+            f"</p><table id='meta-agreement'><tr><th class='name'>metric</th>{head}</tr>{''.join(rows)}</table>"
+            + (f"<p class='note'>contradictory pairs:</p><ul class='note'>{pairs}</ul>" if pairs else ""))
+
+
+def _values(values: Mapping[str, float], fmt: str = ".3f") -> str:
+    return "<br>".join(f"{esc(k)}: {esc(format(v, fmt) if math.isfinite(v) else 'NaN')}" for k, v in values.items())
+
+
+def stability_html(report: MetaReport) -> str:
+    """Per metric: Kendall's W across seeds, Krippendorff's alpha per run, the bootstrap rank intervals, the
+    separation from the random map, the oracle's rank and the failed rules."""
+    if not report.metrics:
+        return "<p class='note'>no metric of methods with a declared direction</p>"
+    rows = []
+    for m in report.metrics:
+        intervals = "<br>".join(
+            f"{esc(run)}: " + ", ".join(f"{esc(meth)} {mean:.2f} [{lo:g}, {hi:g}]"
+                                        for meth, (mean, lo, hi) in sorted(iv.items(), key=lambda x: x[1][0]))
+            for run, iv in m.intervals.items())
+        separated = "<br>".join(f"{esc(run)}: {sum(s.values())} of {len(s)} differ"
+                                + ("" if m.powered.get(run, True) else " (too few samples to separate: not judged)")
+                                for run, s in m.separated.items())
+        ranks = "<br>".join(f"{esc(run)}: " + " &gt; ".join(esc(k) for k, _ in sorted(r.items(), key=lambda x: x[1]))
+                            for run, r in m.ranks.items())
+        rules = ", ".join(dict.fromkeys(f.rule for f in m.failures))
+        cls = "fail" if m.failures else "pass"
+        rows.append(f"<tr data-metric='{esc(m.name)}'><td class='name'>{esc(m.name)}</td>"
+                    f"<td class='name'>{'higher' if m.higher_is_better else 'lower'}</td>"
+                    f"<td class='name'>{ranks}</td><td>{_values(m.stability)}</td>"
+                    f"<td>{_values(m.reliability)}</td><td class='name'>{intervals}</td><td>{separated}</td>"
+                    f"<td>{_values(m.oracle_rank, 'g')}</td>"
+                    f"<td class='{cls}' title='{esc('; '.join(f.detail for f in m.failures))}'>"
+                    f"{esc(rules) if rules else 'pass'}</td></tr>")
+    groups = "; ".join(f"{esc(label)}: {esc(', '.join(names))}" for label, names in report.groups.items())
+    return (f"<p class='note'>stability: Kendall's W of the method ranking across the runs that differ only in seeds "
+            f"(unstable below {STABILITY_MIN}; seed groups: {groups}); reliability: Krippendorff's alpha of the "
+            f"per-sample method rankings (unreliable below {RELIABILITY_MIN}); rank intervals: 95% bootstrap over "
+            f"the samples; separation: methods whose per-sample scores differ from the random map's (Wilcoxon, "
+            f"Holm, alpha {ALPHA})</p><table id='meta-stability'><tr><th class='name'>metric</th>"
+            "<th class='name'>better</th><th class='name'>ranking per run</th><th>Kendall's W</th>"
+            "<th>Krippendorff's alpha</th><th class='name'>rank intervals</th><th>separation from random</th>"
+            "<th>oracle rank</th><th>meta-evaluation</th></tr>" + "".join(rows) + "</table>")
+
+
+def sanity_html(sanity: Mapping[Tuple[str, str], Mapping[str, Optional[float]]], runs: Sequence[str]) -> str:
+    """Method x check, pass / fail per run (the ``sanity/.../*_pass`` keys)."""
+    head = "".join(f"<th>{esc(r)}</th>" for r in runs)
+    rows = []
+    for (method, check), values in sanity.items():
+        cells = []
+        for run in runs:
+            v = values.get(run)
+            if v is None:
+                cells.append("<td class='missing'>missing</td>")
+            elif not math.isfinite(v):
+                cells.append("<td class='nonfinite' data-sanity='nan'>not judged</td>")
+            else:
+                cells.append(f"<td class='{'pass' if v else 'fail'}' data-sanity='{'pass' if v else 'fail'}'>"
+                             f"{'pass' if v else 'fail'}</td>")
+        rows.append(f"<tr><td class='name'>{esc(method)}</td><td class='name'>{esc(check)}</td>{''.join(cells)}</tr>")
+    return ("<p class='note'>randomisation sanity checks: a map that depends on the model passes</p>"
+            f"<table id='sanity-table'><tr><th class='name'>method</th><th class='name'>check</th>{head}</tr>"
+            + "".join(rows) + "</table>")
+
+
+def meta_sections(report: Optional[MetaReport], sanity: Mapping, runs: Sequence[str]) -> List[Tuple[str, str, str]]:
+    """``[(id, heading, html)]`` of the meta-evaluation sections the runs have."""
+    out = []
+    if sanity:
+        out.append(("sanity checks", "sanity checks", sanity_html(sanity, runs)))
+    if report is not None and report.metrics:
+        out.append(("meta-evaluation", "meta-evaluation of the metrics", stability_html(report)))
+        out.append(("metric agreement", "metric agreement", agreement_html(report)))
+    return out
 
 
 def figure_html(figure: Figure) -> str:
@@ -156,18 +280,22 @@ def figure_html(figure: Figure) -> str:
 
 
 def dashboard(runs: Sequence[Run], tables: Sequence[Table], figures: Sequence[Figure], reference: str,
-              title: str = "run comparison") -> str:
+              title: str = "run comparison", meta: Optional[MetaReport] = None,
+              sanity: Optional[Mapping] = None) -> str:
     """The whole page (module docstring)."""
     from plotly.offline import get_plotlyjs
 
-    sections: List[str] = []
+    failures: Dict[Tuple[str, str, str], List[Failure]] = meta.failures() if meta is not None else {}
+    extra = meta_sections(meta, sanity or {}, [r.name for r in runs])
+    sections: List[str] = [f"<h2 id='{slug(sid)}'>{esc(heading)}</h2>{body}" for sid, heading, body in extra]
     tests = list(dict.fromkeys([t.test for t in tables] + [f.section for f in figures]))
     for test in tests:
         parts = [f"<h2 id='{slug(test)}'>{esc(test)}</h2>"]
-        parts += [table_html(t) for t in tables if t.test == test]
+        parts += [table_html(t, failures.get((t.test, t.setting, t.metric), ())) for t in tables if t.test == test]
         parts += [figure_html(f) for f in figures if f.section == test]
         sections.append("\n".join(parts))
-    nav = "".join(f"<a href='#{slug(t)}'>{esc(t)}</a>" for t in ["runs", "changes", "config"] + tests)
+    nav = "".join(f"<a href='#{slug(t)}'>{esc(t)}</a>" for t in ["runs", "changes", "config"]
+                  + [sid for sid, _, _ in extra] + tests)
     return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{esc(title)}</title>"
             f"<style>{STYLE}</style>\n<script type='text/javascript'>{get_plotlyjs()}</script>\n</head><body>"
             f"<h1>{esc(title)}</h1><nav>{nav}</nav>"

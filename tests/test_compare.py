@@ -318,3 +318,61 @@ def test_cdam_analysis_panels_and_declared_directions(tmp_path):
     assert not pearson.cell("cdam vs rollout", "y").best          # no declared direction: no best
     assert {f.section for f in c.figures} == {"cdam_analysis"} and all(f.png is None for f in c.figures)
     assert "cdam_analysis / discrimination/target_share_on_target" in (tmp_path / "out" / "dashboard.html").read_text()
+
+
+def _meta_runs(tmp_path, name=PART):
+    """Three seed runs with per-sample sidecars (one metric consistent, one noise that contradicts it), sanity
+    verdicts and a method named by the payload: the meta-evaluation sections and marks."""
+    import numpy as np
+
+    from tests.test_compare_meta import N, consistent_samples, write_run
+
+    rng = np.random.default_rng(1)
+    folders = []
+    for seed in range(3):
+        order = ("oracle", name, "b", "random")
+        samples = consistent_samples(order, "miou")
+        samples.update({f"segmentation/{m}/f1": (np.arange(N), rng.normal(size=N)) for m in order})
+        scalars = {k: float(v.mean()) for k, (_, v) in samples.items()}
+        scalars.update({f"segmentation/{m}/f1": float(v) for m, v in zip(order, (0.1, 0.2, 0.3, 0.4))})
+        scalars.update({f"sanity/{name}/predicted/mprt_cascading_pass": float(seed != 1),
+                        "sanity/b/predicted/mprt_cascading_pass": 1.0})
+        folders.append(write_run(tmp_path / f"seed{seed}", scalars, {k: True for k in scalars}, samples, seed))
+    return compare.main([str(f) for f in folders] + ["--out", str(tmp_path / "out"), "--no-png"])
+
+
+def test_meta_evaluation_sections_and_marks(tmp_path):
+    c = _meta_runs(tmp_path)
+    page = (c.out / "dashboard.html").read_text()
+    for section in ("id='sanity-table'", "id='meta-stability'", "id='meta-agreement'"):
+        assert section in page
+    f1 = next(m for m in c.meta.metrics if m.family[2] == "f1")
+    assert {f.rule for f in f1.failures} >= {"unreliable", "oracle not first"}
+    miou = next(m for m in c.meta.metrics if m.family[2] == "miou")
+    assert miou.failures == [] and miou.stability == {"seed0": pytest.approx(1.0)}
+    assert c.meta.contradictory == [("segmentation / f1", "segmentation / miou")]
+    # the f1 table is marked with its rules, the miou table is not
+    f1_html = page[page.index("<h3>segmentation / f1</h3>"):page.index("<table class='metrics'", page.index(
+        "<h3>segmentation / f1</h3>"))]
+    assert "fails the meta-evaluation: unreliable" in f1_html and "oracle not first" in f1_html
+    miou_at = page.index("<h3>segmentation / miou</h3>")
+    assert "metafail" not in page[miou_at:page.index("<table class='metrics'", miou_at)]
+    assert page.count("data-sanity='fail'") == 1 and page.count("data-sanity='pass'") == 5
+    assert "<img" not in page and "&lt;img src=x onerror=" in page   # the payload method stays text
+
+
+@pytest.mark.skipif(_browser() is None, reason="no headless browser (apt-get install chromium)")
+def test_meta_sections_render_in_a_headless_browser(tmp_path):
+    c = _meta_runs(tmp_path)
+    result = subprocess.run([_browser(), "--headless", "--no-sandbox", "--disable-gpu",
+                             "--disable-background-networking", "--disable-component-update", "--no-first-run",
+                             f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=15000",
+                             "--dump-dom", (c.out / "dashboard.html").as_uri()], capture_output=True, text=True,
+                            timeout=180)
+    dom = result.stdout
+    assert "</html>" in dom, result.stderr[-2000:]
+    for section in ('id="sanity-table"', 'id="meta-stability"', 'id="meta-agreement"'):
+        assert section in dom
+    assert dom.count('data-tau="') == len(c.meta.agreement_names) ** 2
+    assert "fails the meta-evaluation" in dom and not re.search(r"<img\b|<script>document", dom)
+    assert re.search(r"<title>run comparison</title>", dom)
