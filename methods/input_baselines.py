@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .adapters import ModelAdapter, ModelInputs
+from .adapters.tokens import config_token_id
 from .input_points import point_values
 
 SEQUENCE_BASELINES = ("zero", "pad", "mask", "unk")
@@ -55,11 +56,9 @@ def named_token_id(adapter: ModelAdapter, baseline: Union[str, int], name: str) 
     if isinstance(baseline, int):
         return baseline
     key = f"{baseline}_token_id"
-    for config in (getattr(adapter.model, "config", None), getattr(getattr(adapter.model, "config", None),
-                                                                    "text_config", None)):
-        value = getattr(config, key, None)
-        if isinstance(value, int):
-            return value
+    value = config_token_id(adapter.model, key)
+    if value is not None:
+        return value
     raise ValueError(f"{name}: baseline={baseline!r} needs the model's {key}, which its config does not name; "
                      f"give the id itself (baseline=tokenizer.{baseline}_token_id)")
 

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from .adapters import ModelAdapter, ModelInputs
+from .adapters.tokens import config_token_id
 from .gradient_baselines import PointAttribution
 from .input_baselines import IMAGENET_MEAN, IMAGENET_STD, Baseline, baseline_values, check_baseline
 from .input_points import check_choice, logits_at, repeat_inputs
@@ -83,8 +84,7 @@ def default_baseline(adapter: ModelAdapter) -> Baseline:
     default is the ``"pad"`` id when its config names one, else the zero baseline (which then needs many more
     steps than 64 for completeness)."""
     if adapter.modality != "image" and uses_rms_norm(adapter):
-        config = getattr(adapter.model, "config", None)
-        if isinstance(getattr(config, "pad_token_id", None), int):
+        if config_token_id(adapter.model, "pad_token_id") is not None:
             return "pad"
     return "zero"
 

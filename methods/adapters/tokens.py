@@ -80,3 +80,14 @@ def special_positions(attention_mask: Tensor) -> Tensor:
     last = last_real_positions(attention_mask)
     special[torch.arange(attention_mask.shape[0], device=attention_mask.device)[lengths > 0], last[lengths > 0]] = True
     return special
+
+
+def config_token_id(model: Any, key: str) -> Optional[int]:
+    """``key`` (e.g. ``"pad_token_id"``) of the model's config, or of its text config for a two-tower model, when it
+    names an ``int``; ``None`` otherwise."""
+    config = getattr(model, "config", None)
+    for candidate in (config, getattr(config, "text_config", None)):
+        value = getattr(candidate, key, None)
+        if isinstance(value, int):
+            return value
+    return None
