@@ -90,8 +90,17 @@ class RunClock(pl.Callback):
         self._total = self._share(trainer)
         model = getattr(pl_module, "model", None)
         if isinstance(model, torch.nn.Module):
-            self._handles = [model.register_forward_pre_hook(self._enter, with_kwargs=True),
-                             model.register_forward_hook(self._leave, always_call=True)]
+            clock = self   # plain functions as hooks: a deep copy of the model (the sanity checks' randomised
+            # copies) copies a function by reference, where a bound method would drag the clock's lock along
+
+            def enter(module, args, kwargs) -> None:
+                clock._enter(module, args, kwargs)
+
+            def leave(module, args, output) -> None:
+                clock._leave(module, args, output)
+
+            self._handles = [model.register_forward_pre_hook(enter, with_kwargs=True),
+                             model.register_forward_hook(leave, always_call=True)]
         for callback in trainer.callbacks:
             if callback is not self and type(callback).on_test_batch_end is not pl.Callback.on_test_batch_end:
                 self._wrap(callback)

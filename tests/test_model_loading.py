@@ -99,11 +99,11 @@ def test_a_source_of_local_exports_loads_its_file_and_names_it(registry, tmp_pat
 def test_an_unregistered_prefix_is_an_error_naming_the_registered_ones(registry, tmp_path, monkeypatch):
     for prefix in ("trained:", "synthetic:"):  # as before ``import training``
         registry._SOURCES.pop(prefix, None)
-    with pytest.raises(ValueError, match=r"'nope:x': no model source .*clip:, hf:, open_clip:, timm:$"):
+    with pytest.raises(ValueError, match=r"'nope:x': no model source .*clip:, gguf:, hf:, open_clip:, timm:$"):
         load_model("nope:x")
     for spec in ("trained:configs/train/planted_words_bert.yaml", "synthetic"):
         with pytest.raises(ValueError,
-                           match="registered: clip:, hf:, open_clip:, timm:.*training package: import training"):
+                           match="registered: clip:, gguf:, hf:, open_clip:, timm:.*training package: import training"):
             load_model(spec)
     with pytest.raises(ValueError, match="no model source"):
         registry.load_tokenizer("trained:configs/train/planted_words_bert.yaml")

@@ -13,6 +13,7 @@ from evaluation.randomisation import (
     randomised_copy,
     randomised_models,
 )
+from methods.adapters import adapter_for
 from tests.families import FAMILIES
 
 
@@ -30,7 +31,7 @@ def test_full_randomisation_covers_every_family(family):
     before = _snapshot(model)
     groups = [g for g, _ in randomisation_groups(model)]
     assert groups[0] == "embedding" and groups[-1] == "head"
-    assert [g for g in groups if g.startswith("block_")] == [f"block_{i}" for i in range(3)]
+    assert [g for g in groups if g.startswith("block_")] == [f"block_{i}" for i in range(adapter_for(model).depth)]
     randomised = randomised_copy(model, groups, seed=3)
     assert _same(model, before), "the user's model was written"
     assert coverage(model, randomised) >= 0.99
