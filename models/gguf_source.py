@@ -15,16 +15,14 @@ cannot read (the error names it and the architectures it reads).
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import os
 import shutil
 from pathlib import Path
-from typing import Iterator, Optional, Tuple
+from typing import Optional, Tuple
 
-from models.sources import register_source, resolve_cache_dir
+from models.sources import cache_lock, register_source, resolve_cache_dir
 
 GGUF_PREFIX = "gguf:"
 #: GGUF models shipped inside Python packages, by alias: ``alias -> (module, file in it, pip name)``.
@@ -97,24 +95,13 @@ def supported_architectures() -> Tuple[str, ...]:
     return tuple(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ("general", "tokenizer")))
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def converted_folder(path: Path, cache_dir: Optional[os.PathLike] = None) -> Path:
     """The cache entry of the GGUF file ``path`` (module docstring), converted under a file lock on first use."""
     path = Path(path)
     root = resolve_cache_dir(cache_dir) / "gguf"
     entry = f"{path.stem}-{file_digest(path)}"
     target = root / entry
-    with _file_lock(root / f".{entry}.lock"):
+    with cache_lock(root / f".{entry}.lock"):
         if (target / COMPLETE_MARK).is_file():
             return target
         architecture, _ = gguf_architecture(path)

@@ -30,6 +30,8 @@ Cache folder (:func:`resolve_cache_dir`): ``$TOKEN_ATTRIBUTIONS_CACHE``, default
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import json
 import os
@@ -37,7 +39,7 @@ import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 from torch import nn
 
@@ -62,6 +64,18 @@ REMOTE_CODE_OPT_IN = "trust_remote_code=True (command line: --model.trust_remote
 def resolve_cache_dir(path: Optional[Union[str, os.PathLike]] = None) -> Path:
     """``path``, else ``$TOKEN_ATTRIBUTIONS_CACHE``, else ``~/.cache/token_attributions``."""
     return Path(os.path.expanduser(str(path or os.environ.get(CACHE_ENV) or DEFAULT_CACHE)))
+
+@contextlib.contextmanager
+def cache_lock(path: Path) -> Iterator[None]:
+    """An exclusive ``fcntl`` lock on the file ``path`` for the block: concurrent callers (processes or DDP ranks)
+    that fill one cache entry take turns, so the entry is made once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # ------------------------------------------------------------------------------------------ the registry

@@ -21,7 +21,6 @@ cache entry removed (or ``$TOKEN_ATTRIBUTIONS_CACHE`` changed). Concurrent calle
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import random
@@ -37,7 +36,7 @@ from lightning_utilities.core.rank_zero import rank_zero_only
 
 from cli import TrainCLI, check_data_paths, config_files
 from models.classifier_file import read_classifier_file
-from models.sources import resolve_cache_dir
+from models.sources import cache_lock, resolve_cache_dir
 from training import fit
 
 PathLike = Union[str, os.PathLike]
@@ -51,17 +50,6 @@ _DIST_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "LOCAL_WORLD_SIZE"
              "MASTER_PORT", "PL_GLOBAL_SEED", "PL_SEED_WORKERS", "PL_TRAINER_GPUS", "TORCHELASTIC_RUN_ID")
 #: appended last to the training arguments: one process on one device, whatever the config or caller says
 _SINGLE_PROCESS = ("--trainer.devices", "1", "--trainer.num_nodes", "1", "--trainer.strategy", "auto")
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def config_file(path: PathLike) -> Path:
@@ -139,7 +127,7 @@ def ensure_trained_classifier(config: PathLike, overrides: Union[None, PathLike,
     what = what or f"the classifier of {config.name}"
     root = resolve_cache_dir(cache_dir)
     target = root / f"{entry}{suffix}"
-    with _file_lock(root / f".{entry}.lock"):
+    with cache_lock(root / f".{entry}.lock"):
         if _is_complete(target):
             return target
         _remove(target)
