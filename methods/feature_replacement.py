@@ -9,14 +9,16 @@ evaluated ``batch_size`` at a time; rows never interact, so a sample's values do
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from .adapters import ModelAdapter, ModelInputs, PatchGrid
+from .explained_output import ExplainedOutput
 from .explanation_targets import explained_scores
-from .input_points import logits_at, select_rows
+from .input_baselines import IMAGENET_MEAN, IMAGENET_STD, baseline_values, check_baseline
+from .input_points import logits_at, point_values, resolve_point, select_rows
 
 
 def feature_positions(adapter: ModelAdapter, inputs: ModelInputs) -> List[Tensor]:
@@ -76,3 +78,33 @@ def coalition_scores(adapter: ModelAdapter, inputs: ModelInputs, point: str, x: 
         for (b, s), value in zip(chunk, out):
             scores[b][s] = value
     return scores
+
+
+class ReplacementAttribution(ExplainedOutput):
+    """The options and set-up shared by the methods that replace features by a baseline (occlusion, KernelSHAP,
+    LIME): ``baseline``, ``batch_size`` (rows per forward), the explained output, and the image baselines'
+    ``image_mean`` / ``image_std`` / ``blur_sigma``; the input point is the family's default (``"auto"``)."""
+
+    reads_attention = False
+
+    def __init__(self, baseline: Any = "zero", batch_size: int = 64, explain: str = "logit",
+                 foil: Optional[int] = None, image_mean: Sequence[float] = IMAGENET_MEAN,
+                 image_std: Sequence[float] = IMAGENET_STD, blur_sigma: float = 5.0):
+        super().__init__(explain, foil)
+        self.baseline = check_baseline(baseline, self.name)
+        if not (isinstance(batch_size, int) and batch_size >= 1):
+            raise ValueError(f"{self.name}: batch_size must be a positive int, got {batch_size!r}")
+        self.batch_size = batch_size
+        self.image_mean, self.image_std, self.blur_sigma = tuple(image_mean), tuple(image_std), float(blur_sigma)
+
+    def check_adapter(self, adapter: ModelAdapter) -> None:
+        super().check_adapter(adapter)
+        resolve_point(adapter, "auto", self.name)
+
+    def replacement_start(self, adapter: ModelAdapter, inputs: ModelInputs) -> Tuple[str, Tensor, Tensor]:
+        """``(point, x, start)``: the input point, the inputs' values there and the baseline's values there."""
+        point = resolve_point(adapter, "auto", self.name)
+        x = point_values(adapter, inputs, point)
+        start = baseline_values(adapter, inputs, point, self.baseline, self.name, x, image_mean=self.image_mean,
+                                image_std=self.image_std, blur_sigma=self.blur_sigma)
+        return point, x, start

@@ -25,11 +25,10 @@ import torch
 from torch import Tensor
 
 from .adapters import ModelAdapter, ModelInputs, PatchGrid
-from .explained_output import ExplainedOutput
 from .explanation_targets import explained_scores
-from .feature_replacement import coalition_scores, feature_positions
-from .input_baselines import IMAGENET_MEAN, IMAGENET_STD, baseline_values, check_baseline
-from .input_points import logits_at, point_values, resolve_point, select_rows
+from .feature_replacement import ReplacementAttribution, coalition_scores, feature_positions
+from .input_baselines import IMAGENET_MEAN, IMAGENET_STD
+from .input_points import logits_at, select_rows
 from .registry import register_method
 from .targets import TargetType
 
@@ -55,37 +54,26 @@ def window_corners(size: Tuple[int, int], window: Tuple[int, int], stride: Tuple
 
 
 @register_method("occlusion")
-class Occlusion(ExplainedOutput):
+class Occlusion(ReplacementAttribution):
     """Occlusion by replacement (Zeiler & Fergus 2014; Captum ``Occlusion`` / ``FeatureAblation``); options
     ``window``, ``stride`` (images), ``baseline``, ``batch_size``, ``explain``; see :mod:`methods.occlusion`."""
 
     tags = ("generic_baseline", "perturbation", "opt_in")
 
-    reads_attention = False
-
     def __init__(self, window: Size = None, stride: Size = None, baseline: Any = "zero", batch_size: int = 64,
                  explain: str = "logit", foil: Optional[int] = None, image_mean: Sequence[float] = IMAGENET_MEAN,
                  image_std: Sequence[float] = IMAGENET_STD, blur_sigma: float = 5.0):
-        super().__init__(explain, foil)
-        self.window, self.stride = window, stride
         _pair(window, (1, 1), "window"), _pair(stride, (1, 1), "stride")
-        self.baseline = check_baseline(baseline, self.name)
-        if not (isinstance(batch_size, int) and batch_size >= 1):
-            raise ValueError(f"occlusion: batch_size must be a positive int, got {batch_size!r}")
-        self.batch_size = batch_size
-        self.image_mean, self.image_std, self.blur_sigma = tuple(image_mean), tuple(image_std), float(blur_sigma)
+        super().__init__(baseline, batch_size, explain, foil, image_mean, image_std, blur_sigma)
+        self.window, self.stride = window, stride
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        resolve_point(adapter, "auto", self.name)
         if adapter.modality != "image" and (self.window is not None or self.stride is not None):
             raise ValueError("occlusion: window and stride are for images; sequences are occluded a token at a time")
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
-        point = resolve_point(adapter, "auto", self.name)
-        x = point_values(adapter, inputs, point)
-        start = baseline_values(adapter, inputs, point, self.baseline, self.name, x, image_mean=self.image_mean,
-                                image_std=self.image_std, blur_sigma=self.blur_sigma)
+        point, x, start = self.replacement_start(adapter, inputs)
         with torch.no_grad():
             logits = logits_at(adapter, inputs, point, x)
         target, foil = self.resolve(logits, target)

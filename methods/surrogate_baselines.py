@@ -28,10 +28,9 @@ import torch
 from torch import Tensor
 
 from .adapters import ModelAdapter, ModelInputs
-from .explained_output import ExplainedOutput
-from .feature_replacement import coalition_scores, feature_positions, present_elements
-from .input_baselines import IMAGENET_MEAN, IMAGENET_STD, baseline_values, check_baseline
-from .input_points import check_choice, logits_at, point_values, real_rows, resolve_point
+from .feature_replacement import ReplacementAttribution, coalition_scores, feature_positions, present_elements
+from .input_baselines import IMAGENET_MEAN, IMAGENET_STD
+from .input_points import check_choice, logits_at, real_rows, resolve_point
 from .registry import register_method
 from .seeded_draws import sample_generators
 from .surrogate_regression import (
@@ -66,28 +65,18 @@ def lime_coalitions(generator: torch.Generator, features: int, samples: int) -> 
                         for _ in range(samples)])
 
 
-class _Surrogate(ExplainedOutput):
+class _Surrogate(ReplacementAttribution):
     """Shared by :class:`KernelShap` and :class:`Lime` (module docstring)."""
 
     tags = ("generic_baseline", "perturbation", "sampling", "opt_in")
 
-    reads_attention = False
-
     def __init__(self, samples: int = 25, baseline: Any = "zero", seed: int = 0, batch_size: int = 64,
                  explain: str = "logit", foil: Optional[int] = None, image_mean: Sequence[float] = IMAGENET_MEAN,
                  image_std: Sequence[float] = IMAGENET_STD, blur_sigma: float = 5.0):
-        super().__init__(explain, foil)
         if not (isinstance(samples, int) and samples >= 2):
             raise ValueError(f"{self.name}: samples must be an int >= 2, got {samples!r}")
-        if not (isinstance(batch_size, int) and batch_size >= 1):
-            raise ValueError(f"{self.name}: batch_size must be a positive int, got {batch_size!r}")
-        self.samples, self.seed, self.batch_size = samples, int(seed), batch_size
-        self.baseline = check_baseline(baseline, self.name)
-        self.image_mean, self.image_std, self.blur_sigma = tuple(image_mean), tuple(image_std), float(blur_sigma)
-
-    def check_adapter(self, adapter: ModelAdapter) -> None:
-        super().check_adapter(adapter)
-        resolve_point(adapter, "auto", self.name)
+        super().__init__(baseline, batch_size, explain, foil, image_mean, image_std, blur_sigma)
+        self.samples, self.seed = samples, int(seed)
 
     def coalitions(self, generator: torch.Generator, features: int) -> Tensor:
         raise NotImplementedError
@@ -100,10 +89,7 @@ class _Surrogate(ExplainedOutput):
         return weighted_linear_regression(present.double(), scores, weights)
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
-        point = resolve_point(adapter, "auto", self.name)
-        x = point_values(adapter, inputs, point)
-        start = baseline_values(adapter, inputs, point, self.baseline, self.name, x, image_mean=self.image_mean,
-                                image_std=self.image_std, blur_sigma=self.blur_sigma)
+        point, x, start = self.replacement_start(adapter, inputs)
         with torch.no_grad():
             target, foil = self.resolve(logits_at(adapter, inputs, point, x), target)
         positions = feature_positions(adapter, inputs)
