@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -35,3 +36,21 @@ def block_cli(description: str, markdown: Callable[[], str], readme: Path, start
         write_block(readme, start, end, markdown())
     else:
         print(markdown())
+
+
+@dataclass(frozen=True)
+class GeneratedBlock:
+    """One generated table of a README: where it stands (``readme``, the markers) and what writes it (``markdown``)."""
+
+    readme: Path
+    start: str
+    end: str
+    markdown: Callable[[], str]
+
+    def readme_table(self, text: str) -> str:
+        """The table between the markers of ``text`` (an error when the markers are missing)."""
+        return block_text(text, self.start, self.end)
+
+    def main(self, description: str) -> None:
+        """The generator's command line (:func:`block_cli`)."""
+        block_cli(description, self.markdown, self.readme, self.start, self.end)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List
 
-from evaluation.readme_blocks import block_cli, block_text
+from evaluation.readme_blocks import GeneratedBlock
 from methods import available_methods
 
 from . import FAMILIES
@@ -39,14 +39,9 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
-def readme_table(text: str) -> str:
-    """The table between the markers of ``text`` (an error when the markers are missing)."""
-    return block_text(text, START, END)
-
-
-def main() -> None:
-    block_cli(__doc__.splitlines()[0], markdown, README, START, END)
+BLOCK = GeneratedBlock(README, START, END, markdown)
+readme_table = BLOCK.readme_table
 
 
 if __name__ == "__main__":
-    main()
+    BLOCK.main(__doc__.splitlines()[0])
