@@ -8,10 +8,12 @@
 # Importing the families registers their adapters and topologies; importing the method modules registers them.
 from . import (
     ablation_methods,  # noqa: F401,E402
+    attcat,  # noqa: F401,E402
     attention_methods,  # noqa: F401,E402
     attnlrp,  # noqa: F401,E402
     beyond_intuition,  # noqa: F401,E402
     families,  # noqa: F401,E402
+    grad_sam,  # noqa: F401,E402
     gradient_baselines,  # noqa: F401,E402
     gradient_methods,  # noqa: F401,E402
     integrated_gradients,  # noqa: F401,E402
@@ -20,6 +22,7 @@ from . import (
     random_baseline,  # noqa: F401,E402
     relevance_methods,  # noqa: F401,E402
     surrogate_baselines,  # noqa: F401,E402
+    transition_attention,  # noqa: F401,E402
 )
 from .adapters import MethodUndefinedError  # noqa: F401
 from .base import AttributionMethod  # noqa: F401
