@@ -20,6 +20,7 @@ from . import (
     random_baseline,  # noqa: F401,E402
     relevance_methods,  # noqa: F401,E402
     surrogate_baselines,  # noqa: F401,E402
+    value_zeroing,  # noqa: F401,E402
 )
 from .adapters import MethodUndefinedError  # noqa: F401
 from .base import AttributionMethod  # noqa: F401
