@@ -185,3 +185,68 @@ def test_refusals_and_bad_options_are_named():
         build_method("value_zeroing", rollout_residual=True)
     with pytest.raises(ValueError, match="convention must be one of"):
         build_method("value_zeroing", convention="paper")
+
+
+def _zeroed_block_output(adapter, hidden, context, layer, position):
+    def edit(at, values):
+        values = values.clone()
+        if at == layer:
+            values[:, position] = 0
+        return values
+    with adapter.value_edit(edit):
+        return adapter.run_blocks(hidden, context, layer, layer + 1)
+
+
+@pytest.mark.parametrize("name", ["timm_vit_cls", "timm_eva02_rope_glu", "timm_beit_relpos"])
+def test_value_edit_equals_a_zeroed_attention_column(name):
+    """Zeroing token ``j``'s values is zeroing column ``j`` of the probabilities (``A v`` with ``v_j = 0``): the
+    column zeroed at timm's ``attn_drop`` output, against the family's value edit (EVA / BEiT: the added product
+    change; ViT: the hooked ``qkv``)."""
+    model = FAMILY[name].build().eval()
+    adapter = adapter_for(model)
+    inputs = adapter.prepare_inputs(FAMILY[name].inputs(2))
+    context = adapter.context(inputs)
+    layer, position = 1, 3
+    with adapter.eager_attention(), torch.no_grad():
+        hidden = adapter.run_blocks(adapter.embed(inputs), context, 0, layer)
+        ours = _zeroed_block_output(adapter, hidden, context, layer, position)
+
+        def zero_column(_module, _args, out):
+            out = out.clone()
+            out[..., position] = 0
+            return out
+        handle = adapter.blocks[layer].attn.attn_drop.register_forward_hook(zero_column)
+        try:
+            theirs = adapter.run_blocks(hidden, context, layer, layer + 1)
+        finally:
+            handle.remove()
+        clean = adapter.run_blocks(hidden, context, layer, layer + 1)
+    assert not torch.allclose(theirs, clean)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12 * float(theirs.abs().max()))
+
+
+def test_open_clip_value_edit_equals_a_value_input_with_zero_values():
+    """open_clip: the value input of token ``j`` replaced by the solution of ``W_v x + b_v = 0`` (the packed
+    ``in_proj``'s last third is square), so the module itself computes ``v_j = 0``."""
+    model = FAMILY["open_clip_vision"].build().eval()
+    adapter = adapter_for(model)
+    inputs = adapter.prepare_inputs(FAMILY["open_clip_vision"].inputs(2))
+    context = adapter.context(inputs)
+    layer, position = 1, 3
+    attn = adapter.blocks[layer].attn
+    dim = attn.embed_dim
+    null_input = torch.linalg.solve(attn.in_proj_weight[2 * dim:], -attn.in_proj_bias[2 * dim:])
+    with adapter.eager_attention(), torch.no_grad():
+        hidden = adapter.run_blocks(adapter.embed(inputs), context, 0, layer)
+        ours = _zeroed_block_output(adapter, hidden, context, layer, position)
+
+        def replace_value_input(_module, args):
+            value = args[2].clone()
+            value[:, position] = null_input
+            return args[:2] + (value,) + args[3:]
+        handle = attn.register_forward_pre_hook(replace_value_input)
+        try:
+            theirs = adapter.run_blocks(hidden, context, layer, layer + 1)
+        finally:
+            handle.remove()
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-10 * float(theirs.abs().max()))

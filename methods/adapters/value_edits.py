@@ -58,3 +58,21 @@ def projection_value_edit(adapter: ModelAdapter, edit: ValueEdit) -> Iterator[No
     finally:
         for handle in handles:
             handle.remove()
+
+
+def edited_values_change(layer: int, edit: ValueEdit, values: Tensor, heads: int) -> Tensor:
+    """``edit(layer, v) - v`` ``[B, N, H, Dh]`` for the merged values ``values`` ``[B, N, H * Dh]``."""
+    split = values.unflatten(-1, (heads, values.shape[-1] // heads))
+    edited = edit(layer, split)
+    if edited.shape != split.shape:
+        raise ValueError(f"block {layer}: the value edit returned shape {tuple(edited.shape)} for values of shape "
+                         f"{tuple(split.shape)}")
+    return edited.to(split.dtype) - split
+
+
+def product_change(probabilities: Tensor, change: Tensor) -> Tensor:
+    """``A (v' - v)`` with heads merged, ``[B, N, H * Dh]``: what an edit of the values adds to the attention product
+    ``A v`` (``probabilities`` ``[B, H, N, N]``, ``change`` ``[B, N, H, Dh]``). For a family whose values are
+    computed where no hook reaches them, the product with the edited values is the recorded product plus this
+    (``A v`` is linear in ``v``); an unedited block gets exactly its own product (the change is 0)."""
+    return (probabilities @ change.transpose(1, 2).to(probabilities.dtype)).transpose(1, 2).flatten(2)

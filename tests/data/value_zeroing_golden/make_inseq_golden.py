@@ -10,14 +10,14 @@ scores, the last ``generated`` ones; Inseq's NaN above the diagonal stored as 0)
 """
 import json
 
+import inseq
 import numpy as np
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-import inseq
-
-SEQUENCES = [("w5 w9 w3", "w5 w9 w3 w17 w2 w8"), ("w7 w1", "w7 w1 w30 w4"), ("w12 w6 w9 w21", "w12 w6 w9 w21 w3 w3 w11")]
+SEQUENCES = [("w5 w9 w3", "w5 w9 w3 w17 w2 w8"), ("w7 w1", "w7 w1 w30 w4"),
+             ("w12 w6 w9 w21", "w12 w6 w9 w21 w3 w3 w11")]
 
 torch.manual_seed(0)
 vocab = {f"w{i}": i for i in range(40)}
