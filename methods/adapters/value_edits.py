@@ -4,7 +4,9 @@ A family whose attention computes its values with a projection module that a for
 ``v`` projection, or a fused ``[q | k | v]`` projection whose last third is the values) gives the capability
 with :func:`projection_value_edit`: a forward hook on each block's projection replaces the value part of its
 output by ``edit(layer, values)``, heads split (``[B, N, H, Dh]``); queries and keys are untouched. The hooks are
-removed on exit, so the model is left as it was.
+removed on exit, so the model is left as it was. A family whose values are computed where no hook reaches them
+(a functional linear layer: timm's EVA and BEiT; the packed ``in_proj`` of ``nn.MultiheadAttention``: open_clip)
+adds :func:`product_change`, ``A (edit(v) - v)``, to its attention product instead (``A v`` is linear in ``v``).
 """
 from __future__ import annotations
 

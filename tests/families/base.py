@@ -54,8 +54,7 @@ MATRIX_OPTIONS = {
 }
 
 
-#: value_zeroing (issue 37) where the family gives no edit of its value vectors (open_clip's packed
-#: ``nn.MultiheadAttention``, timm's EVA / BEiT functional ``qkv``, Swin's windows)
+#: value_zeroing (issue 37) where the family gives no edit of its value vectors (Swin: windowed attention)
 NO_VALUE_EDIT = {"value_zeroing": ("gives no edit of its value vectors (ModelAdapter.edits_values): its attention "
                                    "computes the values where no hook reaches them, or in windows")}
 
