@@ -14,7 +14,8 @@ conventions (``convention``), read from the two reference implementations:
 * ``inseq`` (Inseq ``attr/feat/ops/value_zeroing.py``, decoders): causal (an entry above the diagonal, a token
   that cannot reach the output, is 0), entries below ``1e-5`` set to 0 before the rows are divided by their sums
   (a zero row divided by 1), and the last block's states read after the model's final norm (Inseq compares the
-  model's last hidden state, which Hugging Face decoders return normed);
+  model's last hidden state, which Hugging Face decoders return normed; read through the decoder head's
+  pre-logits, so decoders only);
 * ``auto`` (default): ``inseq`` on the families with :attr:`~methods.adapters.ModelAdapter.causal_attention`,
   ``authors`` elsewhere.
 
@@ -52,14 +53,20 @@ def token_distance(moved: Tensor, clean: Tensor, distance: str) -> Tensor:
     return (0.5 * (unit - clean_unit).square().sum(dim=-1)).clamp(0, 2)
 
 
-def final_norm_of(adapter: ModelAdapter, name: str) -> Callable[[Tensor], Tensor]:
-    """The norm after the last block, as the family names it (``final_norm()``; the decoders, timm's ViTs), read
-    by the ``inseq`` convention; ``ValueError`` where the family names none."""
-    norm = getattr(adapter, "final_norm", None)
-    if not callable(norm):
-        raise ValueError(f"{name}: convention='inseq' reads the last block after the final norm, and "
-                         f"{adapter.family} names none")
-    return norm()
+def final_normed(adapter: ModelAdapter, name: str) -> Callable[[Tensor], Tensor]:
+    """``h -> final_norm(h)`` at every position ``[S, N, D]`` of a decoder (the ``inseq`` convention's last
+    block), through the decoder head's pre-logits (its final norm, then the read-out position): each position read
+    as a sequence of its own, which a per-position norm leaves equal. ``ValueError`` on the other families (their
+    pre-logits may pool or norm again)."""
+    if not adapter.causal_attention:
+        raise ValueError(f"{name}: convention='inseq' reads the last block after a decoder's final norm; "
+                         f"{type(adapter.model).__name__} ({adapter.family}) is not a decoder")
+
+    def normed(hidden: Tensor) -> Tensor:
+        flat = hidden.reshape(-1, 1, hidden.shape[-1])
+        first = SequenceContext(readout_positions=torch.zeros(flat.shape[0], dtype=torch.long, device=flat.device))
+        return adapter.head(flat, first, pre_logits=True).reshape(hidden.shape)
+    return normed
 
 
 def _zeroing_edit(layer: int, zeroed: Tensor) -> Callable[[int, Tensor], Tensor]:
@@ -139,7 +146,7 @@ class ValueZeroing(AttributionMethod):
                 "(ModelAdapter.edits_values): its attention computes the values where no hook reaches them, or "
                 "in windows")
         if self._convention(adapter) == "inseq":
-            final_norm_of(adapter, self.name)
+            final_normed(adapter, self.name)
 
     def _convention(self, adapter: ModelAdapter) -> str:
         if self.convention == "auto":
@@ -165,7 +172,7 @@ class ValueZeroing(AttributionMethod):
             found = []
             for layer in range(first, last + 1):
                 clean = adapter.run_blocks(hidden, context, layer, layer + 1)
-                after = final_norm_of(adapter, self.name) if inseq and layer == adapter.depth - 1 else None
+                after = final_normed(adapter, self.name) if inseq and layer == adapter.depth - 1 else None
                 m = zeroing_distances(adapter, hidden, clean, context, layer, columns, self.distance, self.chunk,
                                       after) * keep
                 if inseq:
