@@ -43,7 +43,12 @@ attnlrp, cp_lrp                                   1 forward+backward            
 partial_lrp, lrp, lrp_rollout                     1 forward+backward                     (report)
 random                                            1 forward                              (report)
 token_ablation                                    (number of patches) forwards           (report)
+value_zeroing                                     (N + 1) forwards, N positions          <= 1.2
 ================================================  =====================================  ======
+
+Value Zeroing's count: one forward for the clean states of every block, then per block ``N`` runs of that block
+alone on its own clean input (one per zeroed position, batched): ``N`` more forwards' worth of blocks, with no
+embedding or head.
 
 AttnLRP and CP-LRP also have a memory target: their peak extra memory at most 1.5x the forward+backward
 anchor's at the same batch size ("peak / fwd+bwd"; a row over it is ``FAIL (memory)``).
@@ -143,6 +148,7 @@ COSTS = {
     "token_ablation": ("patches", None),
     "attnlrp": ("forward+backward", 1.3),
     "cp_lrp": ("forward+backward", 1.3),
+    "value_zeroing": ("positions+1", 1.2),
 }
 #: method -> target of its peak extra memory over the forward+backward anchor's (same batch size)
 MEMORY_TARGETS = {"attnlrp": 1.5, "cp_lrp": 1.5}
@@ -214,7 +220,7 @@ def anchors_needed(name: str) -> List[str]:
     if name in ANCHORS:
         return []
     kind = COSTS.get(name, DEFAULT_COST)[0]
-    if kind in ("forward", "patches"):
+    if kind in ("forward", "patches", "positions+1"):
         return [FORWARD]
     if kind == "forward+backward":
         return [FORWARD_BACKWARD]
@@ -356,6 +362,8 @@ def run_worker(spec: dict) -> dict:
         info["method_repr"] = repr(method)
         if getattr(method, "steps", None) is not None:
             info["steps"] = int(method.steps)
+        if COSTS.get(name, DEFAULT_COST)[0] == "positions+1":
+            info["num_positions"] = adapter_for(model).layout(images).num_positions
 
         def fn():
             return method(model, images, target=targets)
@@ -406,6 +414,8 @@ def _anchor_seconds(kind: str, result: dict) -> Optional[float]:
         return med[FORWARD_BACKWARD] + result.get("steps", 0) * med[FORWARD]
     if kind == "patches":
         return result["num_patches"] * med[FORWARD]
+    if kind == "positions+1":
+        return (result["num_positions"] + 1) * med[FORWARD]
     raise ValueError(kind)
 
 
@@ -414,6 +424,8 @@ def _anchor_label(kind: str, result: dict) -> str:
         return f"fwd+bwd + {result.get('steps', 0)} fwd"
     if kind == "patches":
         return f"{result['num_patches']} fwd"
+    if kind == "positions+1":
+        return f"{result['num_positions'] + 1} fwd"
     return {"forward": "1 fwd", "forward+backward": "1 fwd+bwd"}[kind]
 
 

@@ -23,6 +23,7 @@ from . import (
     relevance_methods,  # noqa: F401,E402
     surrogate_baselines,  # noqa: F401,E402
     transition_attention,  # noqa: F401,E402
+    value_zeroing,  # noqa: F401,E402
 )
 from .adapters import MethodUndefinedError  # noqa: F401
 from .base import AttributionMethod  # noqa: F401

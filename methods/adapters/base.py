@@ -618,6 +618,21 @@ class ModelAdapter(abc.ABC):
         still does below ``lowest`` and without autograd). The model is restored on exit."""
         raise NotImplementedError(f"{self.family} does not recompute its attention in the backward pass")
 
+    # ---- edits_values (issue 37)
+    #: capability: :meth:`value_edit` (Value Zeroing's intervention on the value vectors)
+    edits_values: bool = False
+    #: a position attends only to itself and the positions before it (the decoder families): an edit of token
+    #: ``j``'s values cannot reach an output before ``j``
+    causal_attention: bool = False
+
+    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """Only where :attr:`edits_values`: a context in which every block's value vectors pass through
+        ``edit(layer, values) -> values`` before the attention product: ``values`` ``[B, N, H, Dh]`` (heads split;
+        grouped-query attention: the key-value heads), bias included, the tensor the block then multiplies by
+        its attention probabilities; the edit returns a tensor of the same shape. Nothing else of the block
+        changes (queries and keys keep the unedited projection). The model is restored on exit."""
+        raise NotImplementedError(f"{self.family} does not edit its value vectors")
+
 
 class ImageAdapter(ModelAdapter):
     """What the image families share. Inputs: normalised images ``[B, num_channels, H, W]`` (a tensor, or

@@ -54,6 +54,11 @@ MATRIX_OPTIONS = {
 }
 
 
+#: value_zeroing (issue 37) where the family gives no edit of its value vectors (Swin: windowed attention)
+NO_VALUE_EDIT = {"value_zeroing": ("gives no edit of its value vectors (ModelAdapter.edits_values): its attention "
+                                   "computes the values where no hook reaches them, or in windows")}
+
+
 def method_options(family: "Family", name: str) -> dict:
     """The options of method ``name`` on ``family`` in the conformance matrix."""
     return {**MATRIX_OPTIONS.get(name, {}), **(family.options or {}).get(name, {})}

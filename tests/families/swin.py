@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from .base import Family
+from .base import NO_VALUE_EDIT, Family
 
 #: the methods without an LRP topology for Swin, and token ablation
 UNDEFINED = {
@@ -64,7 +64,7 @@ def _swin_family(name: str, library: str) -> Family:
         name=name, adapter=HFSwinAdapter if hf else TimmSwinAdapter, build=tiny_hf_swin if hf else tiny_timm_swin,
         inputs=swin_images, single=lambda x, i: x[i:i + 1],
         shape=lambda x, pixels: (x.shape[0], 32, 32) if pixels else (x.shape[0], 64),
-        options=OPTIONS, undefined=dict(UNDEFINED), eager_softmax_float32=hf,
+        options=OPTIONS, undefined={**UNDEFINED, **NO_VALUE_EDIT}, eager_softmax_float32=hf,
         logits=(lambda model, x: model(x).logits) if hf else (lambda model, x: model(x)),
     )
 

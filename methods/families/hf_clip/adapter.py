@@ -14,6 +14,7 @@ Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Tuple, Type, Union
 
 import torch
@@ -36,6 +37,7 @@ from ...adapters.base import (
 from ...adapters.gradient_rules import normalized_rule
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs
+from ...adapters.value_edits import projection_value_edit
 from ..hf_blocks import HFEncoderBlocks
 from .rules import CLIPTextRules, CLIPVisionRules
 
@@ -225,6 +227,14 @@ class _HFCLIPTower(_ScorerHead, HFEncoderBlocks):
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
+
+    # ---- edits_values (issue 37)
+    edits_values = True
+
+    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """Values edited at ``v_proj``:
+        :func:`~methods.adapters.value_edits.projection_value_edit`."""
+        return projection_value_edit(self, edit)
 
 
 class _HFPatchVision:

@@ -31,6 +31,7 @@ from ...adapters.base import (
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, last_real_positions, positions_from_mask
+from ...adapters.value_edits import projection_value_edit
 from ..hf_blocks import HFEncoderBlocks
 from .recompute import recomputed_attention
 from .rules import DecoderRules, Gemma3Rules, RopeDecoderRules
@@ -344,6 +345,15 @@ class _HFDecoder(HFEncoderBlocks):
         """``up_proj`` and ``down_proj`` (the gate: ``rules.RopeDecoderRules.gated_mlps``)."""
         mlp = self.blocks[layer].mlp
         return mlp.up_proj, mlp.down_proj
+
+    # ---- edits_values (issue 37)
+    edits_values = True
+    causal_attention = True
+
+    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """Values edited at ``v_proj`` (its key-value heads; GPT-2: the fused ``c_attn``'s last third):
+        :func:`~methods.adapters.value_edits.projection_value_edit`."""
+        return projection_value_edit(self, edit)
 
 
 class _HFRopeDecoder(_HFDecoder):

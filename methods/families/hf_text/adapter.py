@@ -7,6 +7,7 @@ each block, the head), so its logits are the model's.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Hashable, Optional, Tuple, Union
 
 import torch
@@ -27,6 +28,7 @@ from ...adapters.base import (
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, special_positions
+from ...adapters.value_edits import projection_value_edit
 from ..hf_blocks import HFEncoderBlocks
 from .rules import TextRules
 
@@ -216,6 +218,14 @@ class HFTextAdapter(HFEncoderBlocks):
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         block = self.blocks[layer]
         return block.intermediate.dense, block.output.dense
+
+    # ---- edits_values (issue 37)
+    edits_values = True
+
+    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """Values edited at the value projection (ModernBERT: the fused ``Wqkv``'s last third):
+        :func:`~methods.adapters.value_edits.projection_value_edit`."""
+        return projection_value_edit(self, edit)
 
 
 @register_adapter

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
 from ...adapters.recorder import ActivationRecorder
+from ...adapters.value_edits import projection_value_edit
 from ..hf_blocks import HFEncoderBlocks
 from .rules import Dinov2Rules, ViTLikeRules
 
@@ -183,6 +184,14 @@ class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
             yield
         finally:
             config._attn_implementation = before
+
+    # ---- edits_values (issue 37)
+    edits_values = True
+
+    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """Values edited at the value projection:
+        :func:`~methods.adapters.value_edits.projection_value_edit`."""
+        return projection_value_edit(self, edit)
 
 
 @register_adapter

@@ -32,6 +32,7 @@ from ...adapters.base import (
 )
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_token_inputs
+from ...adapters.value_edits import edited_values_change, product_change
 from ..hf_clip.adapter import (
     READOUT_POSITIONS,
     TOKEN_EMBEDDING_SCALE,
@@ -263,6 +264,33 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
         return mlp.c_fc, mlp.c_proj
 
     # ------------------------------------------------------------------ relevance rules
+
+    # ---- edits_values (issue 37)
+    edits_values = True
+
+    @contextlib.contextmanager
+    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """``nn.MultiheadAttention`` computes its values functionally from its packed ``in_proj``, so no hook
+        reaches them: within :meth:`eager_attention` (the module returns its probabilities ``A``), each block's
+        attention output gets ``out_proj.weight (A (edit(v) - v))`` added
+        (:func:`~methods.adapters.value_edits.product_change`, ``v`` the last third of ``in_proj`` applied to the
+        module's value input): the output with the edited values."""
+        def correct(layer: int) -> Callable[..., Any]:
+            def hook(module: nn.MultiheadAttention, args: Tuple[Any, ...], kwargs: dict, output: Any) -> Any:
+                out, weights = output
+                value_input = args[2] if len(args) > 2 else kwargs["value"]
+                change = edited_values_change(layer, edit, _value_projection(module, value_input), module.num_heads)
+                return out + F.linear(product_change(weights, change).to(out.dtype), module.out_proj.weight), weights
+            return hook
+
+        with self.eager_attention():
+            handles = [block.attn.register_forward_hook(correct(layer), with_kwargs=True)
+                       for layer, block in enumerate(self.blocks)]
+            try:
+                yield
+            finally:
+                for handle in handles:
+                    handle.remove()
 
 @register_adapter
 class OpenCLIPVisionAdapter(ImageAdapter, _OpenCLIPTower):

@@ -11,7 +11,8 @@ Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations
 
-from typing import Any, Hashable, Optional, Tuple
+import contextlib
+from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 
 from ...adapters.base import SequenceContext
 from ...adapters.recorder import ActivationRecorder
+from ...adapters.value_edits import edited_values_change, product_change
 from ..timm_vit.adapter import TimmBlocksAdapter
 from .rules import TimmEvaBeitRules
 
@@ -142,3 +144,46 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
         return (mlp.fc1_x if hasattr(mlp, "fc1_x") else mlp.fc1), mlp.fc2
 
     # ------------------------------------------------------------------ relevance rules
+
+    # ---- edits_values (issue 37)
+    edits_values = True
+
+    @contextlib.contextmanager
+    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """The attention computes ``q``, ``k``, ``v`` with a functional linear layer, so no hook reaches the
+        values: within eager attention (timm's fused attention off), each block's product ``A v`` entering the
+        attention's ``norm`` (EVA's sub-LN or identity) or, in BEiT, its ``proj`` gets ``A (edit(v) - v)`` added
+        (:func:`~methods.adapters.value_edits.product_change`: ``A`` from ``attn_drop``, ``v`` recomputed from
+        the attention input by :meth:`value_projection`): the product with the edited values."""
+        handles: List[Any] = []
+        seen: Dict[int, Tensor] = {}
+
+        def keep_input(layer: int) -> Callable[..., None]:
+            def hook(_module: nn.Module, args: Tuple[Any, ...]) -> None:
+                seen[layer] = args[0]
+            return hook
+
+        def keep_probabilities(layer: int) -> Callable[..., None]:
+            def hook(_module: nn.Module, _args: Any, out: Tensor) -> None:
+                change = edited_values_change(layer, edit, self.value_projection(layer, seen.pop(layer)),
+                                              self.num_heads)
+                seen[-1 - layer] = product_change(out, change)
+            return hook
+
+        def correct(layer: int) -> Callable[..., Tuple[Any, ...]]:
+            def hook(_module: nn.Module, args: Tuple[Any, ...]) -> Tuple[Any, ...]:
+                return (args[0] + seen.pop(-1 - layer).to(args[0].dtype),) + tuple(args[1:])
+            return hook
+
+        with self.eager_attention():
+            try:
+                for layer, block in enumerate(self.blocks):
+                    attn = block.attn
+                    handles.append(attn.register_forward_pre_hook(keep_input(layer)))
+                    handles.append(attn.attn_drop.register_forward_hook(keep_probabilities(layer)))
+                    merged = attn.norm if hasattr(attn, "norm") else attn.proj
+                    handles.append(merged.register_forward_pre_hook(correct(layer)))
+                yield
+            finally:
+                for handle in handles:
+                    handle.remove()

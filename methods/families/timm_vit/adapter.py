@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
 from ...adapters.recorder import ActivationRecorder
+from ...adapters.value_edits import projection_value_edit
 from .rules import TimmBlocksRules, TimmViTRules
 
 SUPPORTED_POOLS = ("token", "avg", "map")
@@ -244,3 +245,11 @@ class TimmViTAdapter(TimmBlocksAdapter):
         return mlp.fc1, mlp.fc2
 
     # ------------------------------------------------------------------ relevance rules
+
+    # ---- edits_values (issue 37)
+    edits_values = True
+
+    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """Values edited at the fused ``qkv`` projection's last third:
+        :func:`~methods.adapters.value_edits.projection_value_edit`."""
+        return projection_value_edit(self, edit)
