@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
 from ...adapters.recorder import ActivationRecorder
 from .rules import TimmBlocksRules, TimmViTRules
+from .score_edit import timm_score_edit
 
 SUPPORTED_POOLS = ("token", "avg", "map")
 #: the read-out kind of each supported ``global_pool``
@@ -244,3 +245,13 @@ class TimmViTAdapter(TimmBlocksAdapter):
         return mlp.fc1, mlp.fc2
 
     # ------------------------------------------------------------------ relevance rules
+
+    # ---- edits_attention_scores (issue 37)
+    edits_attention_scores = True
+
+    @contextlib.contextmanager
+    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """Fused attention off and the scores edited through hooks on each block's ``attn``, ``q_norm`` and
+        ``k_norm`` (:mod:`methods.families.timm_vit.score_edit`), all restored on exit."""
+        with self.eager_attention(), timm_score_edit(self.blocks, edit):
+            yield
