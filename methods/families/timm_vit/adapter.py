@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
 from ...adapters.recorder import ActivationRecorder
 from .rules import TimmBlocksRules, TimmViTRules
-from .score_edit import timm_score_edit
+from .score_edit import score_edit_problem, timm_score_edit
 
 SUPPORTED_POOLS = ("token", "avg", "map")
 #: the read-out kind of each supported ``global_pool``
@@ -125,6 +125,8 @@ class TimmViTAdapter(TimmBlocksAdapter):
         super().__init__(model)
         self.readout = READOUT_OF_POOL[model.global_pool]
         self._readout_cache: Optional[Tuple[weakref.ReferenceType, Tensor]] = None
+        # ---- edits_attention_scores (issue 37): only timm's plain Attention in every block
+        self.edits_attention_scores = not score_edit_problem(self.blocks)
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
