@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import weakref
-from typing import Any, Callable, Iterator, Sequence, Tuple
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -26,8 +26,11 @@ SCORE_EDITED_ATTENTION = "token_attributions_score_edit"
 #: ``edit(layer, scores) -> scores`` on one block's ``[B, H, N, N]`` pre-softmax scores
 ScoreEdit = Callable[[int, Tensor], Tensor]
 
-#: every submodule of the edited blocks: module -> (its block index, the edit)
-_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, Tuple[int, ScoreEdit]]" = weakref.WeakKeyDictionary()
+#: an attention function as transformers calls it: ``(module, query, key, value, mask, **kwargs) -> (out, probs)``
+Eager = Callable[..., Tuple[Tensor, Any]]
+#: every submodule of the edited blocks: module -> (its block index, the edit, the eager attention to run, ``None``:
+#: the module's own)
+_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, Tuple[int, ScoreEdit, Optional[Eager]]]" = weakref.WeakKeyDictionary()
 
 
 def family_eager_attention(module: nn.Module) -> Callable[..., Tuple[Tensor, Tensor]]:
@@ -57,11 +60,11 @@ def score_edited_attention_forward(module: nn.Module, query: Tensor, key: Tensor
                                    attention_mask: Any, **kwargs: Any) -> Tuple[Tensor, Any]:
     """The attention function registered as :data:`SCORE_EDITED_ATTENTION` (module docstring); a module outside
     an active :func:`score_edited_attention` runs its own eager attention unchanged."""
-    eager = family_eager_attention(module)
     entry = _ACTIVE.get(module)
     if entry is None:
-        return eager(module, query, key, value, attention_mask, **kwargs)
-    layer, edit = entry
+        return family_eager_attention(module)(module, query, key, value, attention_mask, **kwargs)
+    layer, edit, eager = entry
+    eager = eager or family_eager_attention(module)
     scores = eager_scores(query, key, kwargs.get("scaling"), kwargs.get("softcap"))
     edited = edit(layer, scores)
     if edited.shape != scores.shape:
@@ -73,10 +76,12 @@ def score_edited_attention_forward(module: nn.Module, query: Tensor, key: Tensor
 
 
 @contextlib.contextmanager
-def score_edited_attention(config: Any, blocks: Sequence[nn.Module], edit: ScoreEdit) -> Iterator[None]:
+def score_edited_attention(config: Any, blocks: Sequence[nn.Module], edit: ScoreEdit,
+                           eager: Optional[Eager] = None) -> Iterator[None]:
     """Within it, the attention of every block of ``blocks`` (whose layers read ``config._attn_implementation``)
-    runs with its scores edited by ``edit(block index, scores)`` (module docstring); on exit the config's
-    implementation is restored and the blocks released."""
+    runs with its scores edited by ``edit(block index, scores)`` (module docstring) through ``eager`` (``None``:
+    each module's own ``eager_attention_forward``; a family whose adapter materialises the attention with its own
+    function passes that one); on exit the config's implementation is restored and the blocks released."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
@@ -87,7 +92,7 @@ def score_edited_attention(config: Any, blocks: Sequence[nn.Module], edit: Score
         raise RuntimeError("attention_score_edit: these blocks' scores are already being edited (nested call)")
     before = config._attn_implementation
     for module, layer in modules.items():
-        _ACTIVE[module] = (layer, edit)
+        _ACTIVE[module] = (layer, edit, eager)
     config._attn_implementation = SCORE_EDITED_ATTENTION
     try:
         yield

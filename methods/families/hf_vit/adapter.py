@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
 from ...adapters.recorder import ActivationRecorder
 from ..hf_blocks import HFEncoderBlocks
+from ..hf_score_edit import score_edited_attention
 from .rules import Dinov2Rules, ViTLikeRules
 
 #: the attention implementation the adapters here switch to for methods that read the probabilities
@@ -183,6 +184,12 @@ class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
             yield
         finally:
             config._attn_implementation = before
+
+    # ---- edits_attention_scores (issue 37)
+    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """As :class:`~methods.families.hf_blocks.HFEncoderBlocks`, through :func:`materialised_attention` (the
+        attention :meth:`eager_attention` runs: the softmax in the wider of float32 and the model's dtype)."""
+        return score_edited_attention(self.attention_config(), self.blocks, edit, eager=materialised_attention)
 
 
 @register_adapter

@@ -27,7 +27,7 @@ def score_edit_problem(blocks: Sequence[Any]) -> List[str]:
             if type(block.attn) is not Attention]
 
 
-def _hooks(attn: nn.Module, layer: int, edit: ScoreEdit) -> List[Any]:
+def _hooks(attn: Any, layer: int, edit: ScoreEdit) -> List[Any]:
     state: Dict[str, Tensor] = {}
 
     def give_mask(_module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Dict[str, Any]]:
