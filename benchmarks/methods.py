@@ -43,6 +43,7 @@ attnlrp, cp_lrp                                   1 forward+backward            
 partial_lrp, lrp, lrp_rollout                     1 forward+backward                     (report)
 random                                            1 forward                              (report)
 token_ablation                                    (number of patches) forwards           (report)
+atman                                             (number of patches + 1) forwards       <= 1.2
 ================================================  =====================================  ======
 
 AttnLRP and CP-LRP also have a memory target: their peak extra memory at most 1.5x the forward+backward
@@ -143,6 +144,7 @@ COSTS = {
     "token_ablation": ("patches", None),
     "attnlrp": ("forward+backward", 1.3),
     "cp_lrp": ("forward+backward", 1.3),
+    "atman": ("patches+1", 1.2),
 }
 #: method -> target of its peak extra memory over the forward+backward anchor's (same batch size)
 MEMORY_TARGETS = {"attnlrp": 1.5, "cp_lrp": 1.5}
@@ -214,7 +216,7 @@ def anchors_needed(name: str) -> List[str]:
     if name in ANCHORS:
         return []
     kind = COSTS.get(name, DEFAULT_COST)[0]
-    if kind in ("forward", "patches"):
+    if kind in ("forward", "patches", "patches+1"):
         return [FORWARD]
     if kind == "forward+backward":
         return [FORWARD_BACKWARD]
@@ -406,14 +408,16 @@ def _anchor_seconds(kind: str, result: dict) -> Optional[float]:
         return med[FORWARD_BACKWARD] + result.get("steps", 0) * med[FORWARD]
     if kind == "patches":
         return result["num_patches"] * med[FORWARD]
+    if kind == "patches+1":
+        return (result["num_patches"] + 1) * med[FORWARD]
     raise ValueError(kind)
 
 
 def _anchor_label(kind: str, result: dict) -> str:
     if kind == "forward+backward+steps":
         return f"fwd+bwd + {result.get('steps', 0)} fwd"
-    if kind == "patches":
-        return f"{result['num_patches']} fwd"
+    if kind in ("patches", "patches+1"):
+        return f"{result['num_patches'] + (kind == 'patches+1')} fwd"
     return {"forward": "1 fwd", "forward+backward": "1 fwd+bwd"}[kind]
 
 
@@ -510,6 +514,8 @@ def _notes(args, results) -> List[str]:
         "ratio); attnlrp and cp_lrp keep the model's fused attention.",
         "beyond_intuition_*: anchor = 1 fwd+bwd + `steps` forwards (steps from the method's defaults). "
         "token_ablation: anchor = (number of patches, or of content tokens) forwards of the full sequence.",
+        "atman: anchor = (number of patches, or of content tokens) + 1 forwards: one clean and one suppressed copy "
+        "per token (the copies batched `chunk` rows at a time, eager attention; the anchor's attention is fused).",
         f"token_ablation runs one forward per patch: timed only at batch sizes {args.token_ablation_batch_sizes} "
         "(--token-ablation-batch-sizes)"
         f"{'; skipped entirely (--skip-token-ablation)' if args.skip_token_ablation else ''}.",

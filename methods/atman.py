@@ -11,7 +11,7 @@ additive mask; a softmax is shift-invariant, so the untouched columns keep their
 cosine similarity ``s >= threshold`` with ``t``'s, with ``f_j = (1 - f)(1 - s) + f`` (``conceptual_scaled=False``:
 ``f_j = f``). Score of ``t``: ``y(suppressed) - y(clean)``, ``y`` the explained output (``explain``, default
 ``"log_probability"``: ``CE(clean) - CE(suppressed)``, the sign of ``get_delta_cross_entropies``; an important
-token scores negative). Conventions and departures: ``NOTES-atman.md`` beside this file.
+token scores negative). Conventions, departures and the golden cases: ``docs/atman.md``.
 """
 from __future__ import annotations
 

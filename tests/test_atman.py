@@ -20,8 +20,9 @@ from tests.families import FAMILIES
 GOLDEN = Path(__file__).parent / "data" / "atman_golden"
 #: default-tier rows (the full matrix runs in the slow tier, tests/test_method_contract.py)
 ROWS = ("timm_vit_cls", "hf_bert_types_special", "hf_clip_vision", "hf_gpt2_left", "hf_llama_gqa_left",
-        "hf_qwen3_right", "hf_gemma3_left", "hf_vit", "hf_siglip_text_masked", "hf_modernbert_mean_local_global")
-REFUSED = ("hf_deberta_v3", "open_clip_vision", "timm_eva02_rope_glu", "timm_beit_relpos", "timm_swin", "hf_swin")
+        "hf_qwen3_right", "hf_gemma3_left", "hf_vit", "hf_siglip_text_masked", "hf_modernbert_mean_local_global",
+        "open_clip_vision", "open_clip_text")
+REFUSED = ("hf_deberta_v3", "timm_eva02_rope_glu", "timm_beit_relpos", "timm_swin", "hf_swin")
 FAMILY = {f.name: f for f in FAMILIES}
 
 

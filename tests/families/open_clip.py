@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from .base import NO_SCORE_EDIT, TEXT_LENGTHS, Family
+from .base import TEXT_LENGTHS, Family
 
 #: the tiny text tower's context length, vocabulary, start and end (EOT: the largest id, as OpenAI's) tokens
 CONTEXT, VOCAB, SOT, EOT = 12, 40, 38, 39
@@ -87,7 +87,7 @@ def _vision(name: str, undefined: Optional[dict] = None, **options) -> Family:
     return Family(name=name, adapter=OpenCLIPVisionAdapter, build=lambda: _open_clip_classifier(**options),
                   inputs=_open_clip_images, single=lambda x, i: x[i:i + 1],
                   shape=lambda x, pixels: (x.shape[0], 16, 16) if pixels else (x.shape[0], 16), options=BI_VISION,
-                  undefined={**NO_SCORE_EDIT, **(undefined or {})})
+                  undefined=dict(undefined or {}))
 
 
 def _text(name: str, undefined: Optional[dict] = None, **options) -> Family:
@@ -95,8 +95,7 @@ def _text(name: str, undefined: Optional[dict] = None, **options) -> Family:
 
     return Family(name=name, adapter=OpenCLIPTextAdapter, build=lambda: _open_clip_scorer(**options),
                   inputs=_open_clip_ids, single=lambda x, i: x[i:i + 1], padding=_after_eos,
-                  shape=lambda x, pixels: tuple(x.shape), options=BI_TEXT,
-                  undefined={**NO_SCORE_EDIT, **(undefined or {})})
+                  shape=lambda x, pixels: tuple(x.shape), options=BI_TEXT, undefined=dict(undefined or {}))
 
 
 FAMILIES = [
