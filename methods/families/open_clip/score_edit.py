@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 #: ``edit(layer, scores) -> scores`` on one block's ``[B, H, N, N]`` pre-softmax scores
 ScoreEdit = Callable[[int, Tensor], Tensor]
@@ -54,7 +54,7 @@ def _hook(layer: int, edit: ScoreEdit) -> Callable[..., Tuple[Tuple[Any, ...], D
 
 
 @contextlib.contextmanager
-def open_clip_score_edit(blocks: Sequence[nn.Module], edit: ScoreEdit) -> Iterator[None]:
+def open_clip_score_edit(blocks: Sequence[Any], edit: ScoreEdit) -> Iterator[None]:
     """Within it every block of ``blocks`` attends with ``softmax(edit(block index, S) + its mask)``."""
     handles: List[Any] = []
     try:
