@@ -159,3 +159,22 @@ def test_bad_options_are_named():
         build_method("atman", conceptual_threshold=1.5)
     with pytest.raises(ValueError, match="chunk"):
         build_method("atman", chunk=0)
+
+
+@pytest.mark.parametrize("row", ["timm_vit_cls", "hf_clip_vision", "open_clip_vision", "hf_bert_types_special",
+                                 "hf_llama_gqa_left"])
+def test_conceptual_suppression_on_images_and_text(row):
+    """Conceptual suppression reads each family's input embedding (patch or word embeddings): it changes the
+    scores, and a padded row still equals the row alone."""
+    family = FAMILY[row]
+    model = family.build().eval()
+    inputs = family.inputs(3)
+    targets = torch.tensor([1, 4, 0])
+    method = build_method("atman", conceptual_threshold=0.05, chunk=7)
+    out = method(model, inputs, target=targets)
+    plain = build_method("atman")(model, inputs, target=targets)
+    assert not torch.allclose(out, plain, rtol=0, atol=1e-6 * float(plain.abs().max()))
+    for i in range(3):
+        alone = method(model, family.single(inputs, i), target=targets[i:i + 1])
+        torch.testing.assert_close(out[i:i + 1][..., family.positions(inputs, i)], alone, rtol=0,
+                                   atol=1e-6 * float(alone.abs().max()))
