@@ -7,7 +7,7 @@ Token ``t`` is suppressed in every block and head by scaling its key column of t
 shift by each query row's minimum: ``S'_ij = (S_ij - min_k S_ik) * f_j`` with ``f_t = suppression`` (0.1, the
 reference's ``suppression_factor``; the paper's ``1 - f`` with ``f = 0.9``) and ``f_j = 1`` elsewhere, so not an
 additive mask; a softmax is shift-invariant, so the untouched columns keep their scores. Conceptual suppression
-(Sec. 3.3, ``conceptual_threshold``) suppresses with ``t`` every content token ``j`` whose input embedding has
+(Sec. 3, ``conceptual_threshold``) suppresses with ``t`` every content token ``j`` whose input embedding has
 cosine similarity ``s >= threshold`` with ``t``'s, with ``f_j = (1 - f)(1 - s) + f`` (``conceptual_scaled=False``:
 ``f_j = f``). Score of ``t``: ``y(suppressed) - y(clean)``, ``y`` the explained output (``explain``, default
 ``"log_probability"``: ``CE(clean) - CE(suppressed)``, the sign of ``get_delta_cross_entropies``; an important
