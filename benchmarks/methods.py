@@ -44,6 +44,7 @@ partial_lrp, lrp, lrp_rollout                     1 forward+backward            
 random                                            1 forward                              (report)
 token_ablation                                    (number of patches) forwards           (report)
 value_zeroing                                     (N + 1) forwards, N positions          <= 1.2
+atman                                             (number of patches + 1) forwards       <= 1.2
 ================================================  =====================================  ======
 
 Value Zeroing's count: one forward for the clean states of every block, then per block ``N`` runs of that block
@@ -149,6 +150,7 @@ COSTS = {
     "attnlrp": ("forward+backward", 1.3),
     "cp_lrp": ("forward+backward", 1.3),
     "value_zeroing": ("positions+1", 1.2),
+    "atman": ("patches+1", 1.2),
 }
 #: method -> target of its peak extra memory over the forward+backward anchor's (same batch size)
 MEMORY_TARGETS = {"attnlrp": 1.5, "cp_lrp": 1.5}
@@ -220,7 +222,7 @@ def anchors_needed(name: str) -> List[str]:
     if name in ANCHORS:
         return []
     kind = COSTS.get(name, DEFAULT_COST)[0]
-    if kind in ("forward", "patches", "positions+1"):
+    if kind in ("forward", "patches", "positions+1", "patches+1"):
         return [FORWARD]
     if kind == "forward+backward":
         return [FORWARD_BACKWARD]
@@ -416,14 +418,16 @@ def _anchor_seconds(kind: str, result: dict) -> Optional[float]:
         return result["num_patches"] * med[FORWARD]
     if kind == "positions+1":
         return (result["num_positions"] + 1) * med[FORWARD]
+    if kind == "patches+1":
+        return (result["num_patches"] + 1) * med[FORWARD]
     raise ValueError(kind)
 
 
 def _anchor_label(kind: str, result: dict) -> str:
     if kind == "forward+backward+steps":
         return f"fwd+bwd + {result.get('steps', 0)} fwd"
-    if kind == "patches":
-        return f"{result['num_patches']} fwd"
+    if kind in ("patches", "patches+1"):
+        return f"{result['num_patches'] + (kind == 'patches+1')} fwd"
     if kind == "positions+1":
         return f"{result['num_positions'] + 1} fwd"
     return {"forward": "1 fwd", "forward+backward": "1 fwd+bwd"}[kind]
@@ -522,6 +526,8 @@ def _notes(args, results) -> List[str]:
         "ratio); attnlrp and cp_lrp keep the model's fused attention.",
         "beyond_intuition_*: anchor = 1 fwd+bwd + `steps` forwards (steps from the method's defaults). "
         "token_ablation: anchor = (number of patches, or of content tokens) forwards of the full sequence.",
+        "atman: anchor = (number of patches, or of content tokens) + 1 forwards: one clean and one suppressed copy "
+        "per token (the copies batched `chunk` rows at a time, eager attention; the anchor's attention is fused).",
         f"token_ablation runs one forward per patch: timed only at batch sizes {args.token_ablation_batch_sizes} "
         "(--token-ablation-batch-sizes)"
         f"{'; skipped entirely (--skip-token-ablation)' if args.skip_token_ablation else ''}.",

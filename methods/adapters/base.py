@@ -632,6 +632,18 @@ class ModelAdapter(abc.ABC):
         its attention probabilities; the edit returns a tensor of the same shape. Nothing else of the block
         changes (queries and keys keep the unedited projection). The model is restored on exit."""
         raise NotImplementedError(f"{self.family} does not edit its value vectors")
+    # ---- edits_attention_scores (issue 37)
+    #: capability: :meth:`attention_score_edit` (every block's pre-softmax attention scores pass through an edit)
+    edits_attention_scores: bool = False
+
+    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """Only where :attr:`edits_attention_scores`: a context in which every block ``l`` of :meth:`forward` (and
+        :meth:`run_blocks`) computes its attention probabilities as ``softmax(edit(l, S_l) + M)`` with eager
+        attention: ``S_l`` ``[B, H, N, N]`` the block's scaled scores ``q k^T / sqrt(d)`` (after a family's
+        soft-capping, before the additive attention mask ``M``: causal, padding, sliding window), query rows by
+        key columns; ``edit`` returns a tensor of the same shape. The edit runs in the scores' dtype; columns it
+        returns unchanged give exactly the model's own attention. The model is restored on exit."""
+        raise NotImplementedError(f"{self.family} does not edit its pre-softmax attention scores")
 
 
 class ImageAdapter(ModelAdapter):

@@ -9,11 +9,12 @@ where its config lives (:meth:`~HFEncoderBlocks.attention_config`), which mask i
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from torch import Tensor
 
 from ..adapters.base import ModelAdapter, SequenceContext
+from .hf_score_edit import score_edited_attention
 
 
 class HFEncoderBlocks(ModelAdapter):
@@ -71,3 +72,15 @@ class HFEncoderBlocks(ModelAdapter):
             yield
         finally:
             config._attn_implementation = before
+
+    # ---- edits_attention_scores (issue 37)
+    #: the layers call their attention through ``transformers.AttentionInterface`` (a family whose attention is its
+    #: own code, DeBERTa's disentangled attention, says ``False``)
+    edits_attention_scores = True
+
+    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """The blocks' scores edited through an attention function registered with ``transformers``
+        (:mod:`methods.families.hf_score_edit`) on :meth:`attention_config`."""
+        if not self.edits_attention_scores:
+            raise NotImplementedError(f"{self.family} does not edit its pre-softmax attention scores")
+        return score_edited_attention(self.attention_config(), self.blocks, edit)

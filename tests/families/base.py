@@ -64,6 +64,10 @@ def method_options(family: "Family", name: str) -> dict:
     return {**MATRIX_OPTIONS.get(name, {}), **(family.options or {}).get(name, {})}
 
 
+#: the reason AtMan (issue 37) gives on a family without the ``edits_attention_scores`` capability
+NO_SCORE_EDIT = {"atman": "has no pre-softmax attention-score edit"}
+
+
 #: real lengths of the samples of a text batch (the last one is padded)
 TEXT_LENGTHS = (9, 9, 6)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from .base import NO_VALUE_EDIT, Family
+from .base import NO_SCORE_EDIT, NO_VALUE_EDIT, Family
 
 #: the methods without an LRP topology for Swin, and token ablation
 UNDEFINED = {
@@ -18,6 +18,7 @@ UNDEFINED = {
     "transformer_attribution": "no LRP topology for model class",
     "token_ablation": ("its window partition, shift masks and 2x2 patch merges need every position of the grid, "
                        "so a removed patch has no place to be left out of"),
+    **NO_SCORE_EDIT,
 }
 #: Beyond Intuition read from the last stage's first block (block 2): it composes full matrices, defined in the
 #: read-out's token space only

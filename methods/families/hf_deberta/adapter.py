@@ -105,3 +105,7 @@ class HFDebertaV2Adapter(HFTextAdapter):
         own = attention.self
         return AttentionLinears(out=attention.output.dense, q=own.query_proj, k=own.key_proj, v=own.value_proj)
 
+    # ---- edits_attention_scores (issue 37)
+    #: the disentangled attention is DeBERTa's own code (content, content-to-position and position-to-content
+    #: scores), not an attention function registered with ``transformers``: no score edit
+    edits_attention_scores = False

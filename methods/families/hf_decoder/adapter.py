@@ -459,6 +459,8 @@ class HFGPT2Adapter(_HFDecoder):
         super().__init__(model)
         # the stock eager path of reorder_and_upcast_attn is another function (_upcast_and_reordered_attn)
         self.recomputes_attention = not bool(getattr(self.config, "reorder_and_upcast_attn", False))
+        # ---- edits_attention_scores (issue 37): likewise, that path's scores never reach an attention function
+        self.edits_attention_scores = self.recomputes_attention
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:

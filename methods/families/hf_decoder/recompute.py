@@ -14,13 +14,14 @@ Design notes: ``NOTES.md`` beside this file (recompute.py).
 from __future__ import annotations
 
 import contextlib
-import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
+
+from ..hf_score_edit import family_eager_attention
 
 #: the attention implementation a config is switched to while the probabilities are recomputed
 RECOMPUTED_ATTENTION = "token_attributions_recomputed_eager"
@@ -38,15 +39,6 @@ class _Session:
 
 #: the attention modules of the models being recomputed: module -> (its block index, the call's session)
 _ACTIVE: "weakref.WeakKeyDictionary[nn.Module, Tuple[int, _Session]]" = weakref.WeakKeyDictionary()
-
-
-def family_eager_attention(module: nn.Module) -> Callable[..., Tuple[Tensor, Tensor]]:
-    """The ``eager_attention_forward`` of the python module that defines ``module``'s class."""
-    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
-    if eager is None:
-        raise TypeError(f"{type(module).__module__} defines no eager_attention_forward to recompute "
-                        f"{type(module).__name__}'s attention with")
-    return eager
 
 
 class _RecomputedAttention(torch.autograd.Function):

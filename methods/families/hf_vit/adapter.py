@@ -18,6 +18,7 @@ from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import projection_value_edit
 from ..hf_blocks import HFEncoderBlocks
+from ..hf_score_edit import score_edited_attention
 from .rules import Dinov2Rules, ViTLikeRules
 
 #: the attention implementation the adapters here switch to for methods that read the probabilities
@@ -192,6 +193,11 @@ class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
         """Values edited at the value projection:
         :func:`~methods.adapters.value_edits.projection_value_edit`."""
         return projection_value_edit(self, edit)
+    # ---- edits_attention_scores (issue 37)
+    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """As :class:`~methods.families.hf_blocks.HFEncoderBlocks`, through :func:`materialised_attention` (the
+        attention :meth:`eager_attention` runs: the softmax in the wider of float32 and the model's dtype)."""
+        return score_edited_attention(self.attention_config(), self.blocks, edit, eager=materialised_attention)
 
 
 @register_adapter

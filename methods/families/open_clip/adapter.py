@@ -42,6 +42,7 @@ from ..hf_clip.adapter import (
     scorer_problem,
 )
 from .rules import OpenCLIPTextRules, OpenCLIPVisionRules
+from .score_edit import open_clip_score_edit
 
 #: the vision pooling types (``VisionTransformer.pool_type``) -> read-out
 VISION_POOLS = {"tok": "class_token", "avg": "mean_content"}
@@ -291,6 +292,15 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
             finally:
                 for handle in handles:
                     handle.remove()
+    # ---- edits_attention_scores (issue 37)
+    edits_attention_scores = True
+
+    @contextlib.contextmanager
+    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """The materialised attention (:meth:`eager_attention`) with each block's float ``attn_mask`` replaced by
+        ``mask + edit(layer, S) - S`` (:mod:`methods.families.open_clip.score_edit`), hooks removed on exit."""
+        with self.eager_attention(), open_clip_score_edit(self.blocks, edit):
+            yield
 
 @register_adapter
 class OpenCLIPVisionAdapter(ImageAdapter, _OpenCLIPTower):

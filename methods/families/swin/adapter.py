@@ -207,6 +207,11 @@ class SwinAdapter(ImageAdapter):
     def attention_norm(self, layer: int) -> nn.Module:
         raise NotImplementedError
 
+    # ---- edits_attention_scores (issue 37)
+    #: a block's scores are per window with the relative position bias and the shift mask added inside the
+    #: family's own attention, not a ``[B, H, N, N]`` map over the stage's tokens: no score edit
+    edits_attention_scores = False
+
 
 @register_adapter
 class TimmSwinAdapter(SwinAdapter):

@@ -12,6 +12,7 @@ from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import projection_value_edit
 from .rules import TimmBlocksRules, TimmViTRules
+from .score_edit import score_edit_problem, timm_score_edit
 
 SUPPORTED_POOLS = ("token", "avg", "map")
 #: the read-out kind of each supported ``global_pool``
@@ -125,6 +126,8 @@ class TimmViTAdapter(TimmBlocksAdapter):
         super().__init__(model)
         self.readout = READOUT_OF_POOL[model.global_pool]
         self._readout_cache: Optional[Tuple[weakref.ReferenceType, Tensor]] = None
+        # ---- edits_attention_scores (issue 37): only timm's plain Attention in every block
+        self.edits_attention_scores = not score_edit_problem(self.blocks)
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
@@ -253,3 +256,12 @@ class TimmViTAdapter(TimmBlocksAdapter):
         """Values edited at the fused ``qkv`` projection's last third:
         :func:`~methods.adapters.value_edits.projection_value_edit`."""
         return projection_value_edit(self, edit)
+    # ---- edits_attention_scores (issue 37)
+    edits_attention_scores = True
+
+    @contextlib.contextmanager
+    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """Fused attention off and the scores edited through hooks on each block's ``attn``, ``q_norm`` and
+        ``k_norm`` (:mod:`methods.families.timm_vit.score_edit`), all restored on exit."""
+        with self.eager_attention(), timm_score_edit(self.blocks, edit):
+            yield
