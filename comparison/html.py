@@ -290,7 +290,9 @@ def dashboard(runs: Sequence[Run], tables: Sequence[Table], figures: Sequence[Fi
     from plotly.offline import get_plotlyjs
 
     failures: Dict[Tuple[str, str, str], List[Failure]] = meta.failures() if meta is not None else {}
-    extra = meta_sections(meta, sanity or {}, [r.name for r in runs]) + gallery_sections(runs, dict(galleries or {}))
+    extra = meta_sections(meta, sanity or {}, [r.name for r in runs])
+    at = 1 if sanity else 0     # the gallery next to the sanity table that scores its randomised maps
+    extra[at:at] = gallery_sections(runs, dict(galleries or {}))
     sections: List[str] = [f"<h2 id='{slug(sid)}'>{esc(heading)}</h2>{body}" for sid, heading, body in extra]
     tests = list(dict.fromkeys([t.test for t in tables] + [f.section for f in figures]))
     for test in tests:
