@@ -174,3 +174,52 @@ def test_seed_dashboard_renders_in_a_headless_browser(seed_runs, tmp_path):
     assert (0xEE, 0xF7, 0xEE) in colours and (0xFB, 0xE0, 0xE0) in colours   # pass and fail cells
     saturated = (pixels.max(axis=1) - pixels.min(axis=1)) > 120
     assert saturated.mean() > 0.05, saturated.mean()                         # the maps (jet) are drawn
+
+
+def _text_batches():
+    """Two fake text batches (no model): token maps, word ids with a special token and padding, words."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    for start in (0, 2):
+        word_ids = torch.tensor([[-1, 0, 1, 1, 2, -1], [-1, 0, 1, -1, -1, -1]])
+        outputs = {"relevance": {"m": {"predicted": torch.randn(2, 6, generator=g)}},
+                   "logits": torch.randn(2, 3, generator=g)}
+        batch = {"input_ids": torch.ones(2, 6, dtype=torch.long), "word_ids": word_ids,
+                 "words": [["a", "b", "c"], [f"<w{start}>", "e"]], "word_offset": torch.zeros(2, dtype=torch.long),
+                 "label": torch.tensor([0, 1]), "index": torch.tensor([start, start + 1])}
+        yield outputs, batch
+
+
+def test_text_gallery_words_and_resume_round_trip(tmp_path):
+    """Word scores (the signed token score of largest magnitude per word), words padded, and a gallery saved
+    through a progress file after one batch and resumed equals the uninterrupted one."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from callbacks.map_gallery import MapGallery
+    from callbacks.progress import write_atomic
+
+    data = list(_text_batches())
+    whole = MapGallery(samples=3)
+    for outputs, batch in data:
+        whole.on_test_batch_end(None, None, outputs, batch, 0)
+    trainer = SimpleNamespace(callbacks=[whole])
+    arrays = whole.arrays(trainer)
+    assert arrays["ids"].tolist() == [0, 1, 2] and arrays["words"].tolist()[1] == ["<w0>", "e", ""]
+    tokens = data[0][0]["relevance"]["m"]["predicted"][0]
+    expected = [tokens[1], tokens[2] if tokens[2].abs() >= tokens[3].abs() else tokens[3], tokens[4]]
+    assert np.allclose(arrays["map/m/predicted"][0], torch.stack(expected).numpy())
+    assert np.isnan(arrays["map/m/predicted"][1, 2]) and arrays["covered"][1].tolist() == [True, True, False]
+    first = MapGallery(samples=3)
+    first.on_test_batch_end(None, None, *data[0], 0)
+    path = write_atomic({"extra": first.extra_progress_state()}, tmp_path / "state.pt")
+    resumed = MapGallery(samples=3)
+    resumed.load_extra_progress_state(torch.load(path, weights_only=True)["extra"])
+    resumed.on_test_batch_end(None, None, *data[1], 0)
+    again = resumed.arrays(SimpleNamespace(callbacks=[resumed]))
+    assert arrays.keys() == again.keys()
+    assert all(np.array_equal(arrays[k], again[k], equal_nan=arrays[k].dtype.kind == "f") for k in arrays)
+    with pytest.raises(ValueError, match="samples must be >= 0"):
+        MapGallery(samples=-1)
