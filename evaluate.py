@@ -19,7 +19,9 @@ the metrics are torchmetrics states reduced across processes, so ``metrics.json`
 Outputs: every result goes to the logger (scalars; curves as a table; heatmap overlays as images; the resolved
 config as hyperparameters) and to ``metrics.json`` in the run folder ``--output_dir`` (default
 ``<trainer.default_root_dir>/evaluate/<date-time>``), whose path is printed with a results table at the end;
-beside it ``metrics.meta.json`` holds each result's declared direction and each curve's x values.
+beside it ``metrics.meta.json`` holds each result's declared direction and each curve's x values, and
+``gallery.npz`` the maps of the samples with dataset index 0 to 3 (``callbacks.map_gallery.MapGallery``, added
+when not listed; the sanity checks add their maps on the randomised models), which ``compare.py`` shows.
 W&B is the default logger and runs offline unless ``WANDB_MODE=online`` (or the logger's init args) say
 otherwise. The progress bar is shown in a terminal and hidden in CI (``CI`` set or stdout not a TTY); when stdout is
 not a terminal a progress line (samples done, the current step, the time left) is printed every
@@ -48,6 +50,7 @@ import pytorch_lightning as pl
 import training  # noqa: F401  (registers the trained: and synthetic model sources, in DDP children too)
 from callbacks.accuracy import CleanAccuracyTest
 from callbacks.base import EvaluationCallback
+from callbacks.map_gallery import MapGallery
 from callbacks.progress import ProgressCheckpoint, ProgressError, RunProgress, check_fresh_run_dir
 from callbacks.reporter import ResultsReporter
 from callbacks.run_clock import DEFAULT_INTERVAL_S, RunClock
@@ -91,6 +94,8 @@ def main(args: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
     module.add_class_settings(EvaluationCallback.declared_class_settings(trainer.callbacks))
     if not any(isinstance(callback, CleanAccuracyTest) for callback in trainer.callbacks):
         trainer.callbacks.append(CleanAccuracyTest())
+    if not any(isinstance(callback, MapGallery) for callback in trainer.callbacks):
+        trainer.callbacks.append(MapGallery())   # the maps of the first samples, in the run folder (gallery.npz)
     output_dir = _output_dir(cli, trainer)
     # progress lines when stdout is no terminal; the run's model passes, handed to the reporter
     trainer.callbacks.append(RunClock(float(cli.config.get("progress_interval") or DEFAULT_INTERVAL_S)))

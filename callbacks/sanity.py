@@ -95,6 +95,8 @@ class RandomisationTest(EvaluationCallback):
         emprt, random_logit: run those checks.
         input_only: add the input-only map (test of the tests).
         seed: the randomisation's, the noise's and the other classes' seed.
+        gallery_samples: keep the maps of the samples with dataset index below it on every step of the cascade
+            (``top_down``, else the first order) for the run's map gallery (:mod:`callbacks.map_gallery`).
     """
 
     PREFIX = "sanity"
@@ -123,7 +125,7 @@ class RandomisationTest(EvaluationCallback):
                  pass_measure: str = "spearman", top_k: float = 0.2, unit: str = "patch", ssim_window: int = 7,
                  mprt_threshold: float = 0.5, random_logit_threshold: float = 0.5, emprt_threshold: float = 0.0,
                  noisy_samples: int = 0, noise_std: float = 0.1, emprt: bool = True, random_logit: bool = True,
-                 input_only: bool = False, seed: int = 0) -> None:
+                 input_only: bool = False, seed: int = 0, gallery_samples: int = 4) -> None:
         super().__init__()
         self._select(methods, class_settings)
         if not orders or any(o not in ORDERS for o in orders):
@@ -143,6 +145,9 @@ class RandomisationTest(EvaluationCallback):
             float(noise_std)
         self.emprt, self.random_logit, self.input_only, self.seed = bool(emprt), bool(random_logit), \
             bool(input_only), int(seed)
+        if int(gallery_samples) < 0:
+            raise ValueError(f"sanity: gallery_samples must be >= 0, got {gallery_samples}")
+        self.gallery_samples = int(gallery_samples)
         self.reset()
 
     @classmethod
@@ -190,6 +195,25 @@ class RandomisationTest(EvaluationCallback):
         self._steps: Dict[str, List[str]] = {}
         self._default_measures: List[str] = []
         self._gathered: Dict[str, Tuple[Tensor, Tensor]] = {}
+        self._gallery: Dict[str, Dict[int, Tensor]] = {}
+
+    # ------------------------------------------------------------------------------------------ gallery
+    def _gallery_order(self) -> str:
+        return "top_down" if "top_down" in self.orders else self.orders[0]
+
+    def gallery_steps(self) -> List[str]:
+        """The step names of the gallery's randomised maps (the cascade of :meth:`_gallery_order`)."""
+        return list(self._steps.get(self._gallery_order(), []))
+
+    def gallery_maps(self) -> Dict[str, Dict[int, Tensor]]:
+        """``{"<method>/<setting>": {sample index: [steps, ...] maps}}`` of the kept samples (this process's)."""
+        return {name: dict(rows) for name, rows in self._gallery.items()}
+
+    def extra_progress_state(self) -> Dict[str, Any]:
+        return {"gallery": {name: {str(i): m for i, m in rows.items()} for name, rows in self._gallery.items()}}
+
+    def load_extra_progress_state(self, state: Dict[str, Any]) -> None:
+        self._gallery = {name: {int(i): m for i, m in rows.items()} for name, rows in state.get("gallery", {}).items()}
 
     # ------------------------------------------------------------------------------------------ maps
     def _compare(self, a: Tensor, b: Tensor, batch: Dict[str, Any], layout: Any) -> Dict[str, Tensor]:
@@ -301,6 +325,7 @@ class RandomisationTest(EvaluationCallback):
                     target = self._target(outputs, method, setting, specific)
                     for smooth in [False] + ([True] if self.noisy_samples else []):
                         maps(method, target, chosen, smooth)
+        self._keep_gallery(batch, groups, maps, outputs, specific)
         for method, setting in self._pairs():
             target = self._target(outputs, method, setting, specific)
             original = (input_only_map(batch) if method == INPUT_ONLY
@@ -331,6 +356,22 @@ class RandomisationTest(EvaluationCallback):
             rows[f"{method}/{setting}"] = torch.cat([c.to(torch.float64).cpu() for c in columns], dim=1)
         for pair, values in rows.items():
             self._metrics[pair].update(batch["index"], values)
+
+    def _keep_gallery(self, batch: Dict[str, Any], groups: Dict[str, Dict[str, List[str]]], maps: Callable,
+                      outputs: Dict[str, Any], specific: Dict[str, bool]) -> None:
+        """Keep the randomised maps of the batch's gallery samples (index below ``gallery_samples``)."""
+        rows = (batch["index"] < self.gallery_samples).nonzero().flatten().tolist()
+        if not rows:
+            return
+        order = self._gallery_order()
+        for method, setting in self._pairs():
+            if method == INPUT_ONLY:
+                continue
+            target = self._target(outputs, method, setting, specific)
+            steps = torch.stack([maps(method, target, tuple(groups[order][step]), False).detach()
+                                 for step in self._steps[order]], dim=1).to(torch.float32).cpu()
+            for b in rows:
+                self._gallery.setdefault(f"{method}/{setting}", {})[int(batch["index"][b])] = steps[b].clone()
 
     def _units(self, maps: Tensor, batch: Dict[str, Any], layout: Any) -> Tensor:
         if isinstance(batch.get("image"), Tensor) and not isinstance(batch.get("input_ids"), Tensor):

@@ -15,7 +15,8 @@ Written under ``--out`` (default ``outputs/compare/<date-time>``):
 * ``meta.md``: the meta-evaluation of the metrics (:mod:`comparison.meta`): stability, reliability, separation.
 
 The page also shows the sanity checks (method x check, pass / fail), the meta-evaluation table and the
-metric-agreement heatmap, and marks the results tables whose metric fails the meta-evaluation.
+metric-agreement heatmap, marks the results tables whose metric fails the meta-evaluation, and shows the map
+gallery: the maps the runs kept of the same samples (``gallery.npz``), across runs and on the randomised models.
 
     python compare.py sweep CONFIG --seeds 0 1 2 [--out DIR] [-- EVALUATE ARGS]
 
@@ -35,6 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from comparison.configs import differences_markdown
 from comparison.figures import Figure, build_figures
+from comparison.gallery import galleries_of
 from comparison.html import dashboard
 from comparison.meta import MetaReport, meta_evaluate, meta_markdown, sanity_table
 from comparison.runs import Run, RunLoadError, load_runs, load_wandb_project
@@ -56,6 +58,7 @@ class Comparison:
     report: Any = None
     meta: Optional[MetaReport] = None
     sanity: Dict[Any, Any] = field(default_factory=dict)
+    galleries: Dict[str, Any] = field(default_factory=dict)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -121,10 +124,13 @@ def main(args: Optional[Sequence[str]] = None) -> Comparison:
     figures = build_figures(runs, tables, png_dir)
     try:
         meta = meta_evaluate(runs)
+        galleries = galleries_of(runs)
     except RunLoadError as err:
         raise SystemExit(f"error: {err}") from None
-    result = Comparison(runs, reference, tables, figures, out, meta=meta, sanity=sanity_table(runs))
-    texts = {"dashboard.html": dashboard(runs, tables, figures, reference, ns.title, result.meta, result.sanity),
+    result = Comparison(runs, reference, tables, figures, out, meta=meta, sanity=sanity_table(runs),
+                        galleries=galleries)
+    texts = {"dashboard.html": dashboard(runs, tables, figures, reference, ns.title, result.meta, result.sanity,
+                                         galleries),
              "tables.md": f"# {md_text(ns.title)}\n\n" + tables_markdown(tables),
              "tables.csv": tables_csv(tables),
              "config_differences.md": differences_markdown(runs),

@@ -8,17 +8,19 @@ it is better or worse in the metric's declared direction, missing values shaded,
 figures. With the meta-evaluation (:mod:`comparison.meta`): the sanity checks (method x check, pass / fail per run),
 the meta-evaluation table (ranking, Kendall's W, Krippendorff's alpha, rank intervals, separation, oracle rank, the
 failed rules), the metric-agreement heatmap (tau-b, contradictory pairs flagged), and a mark on every results table
-whose metric fails a rule. Run data is text, never markup: every name, key, config value and title is escaped
+whose metric fails a rule; the map gallery (:mod:`comparison.gallery`). Run data is text, never markup: every
+name, key, config value and title is escaped
 (:func:`esc`), and every ``id`` is a slug (:func:`comparison.figures.slug`).
 """
 from __future__ import annotations
 
 import html
 import math
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from comparison.configs import config_differences, config_summary
 from comparison.figures import Figure, color, slug
+from comparison.gallery import gallery_sections
 from comparison.meta import ALPHA, RELIABILITY_MIN, STABILITY_MIN, Failure, MetaReport
 from comparison.runs import Run
 from comparison.tables import Table, direction_text, number_text, table_title
@@ -39,6 +41,8 @@ pre.cfg { white-space: pre-wrap; text-align: left; margin: 0; font-size: 11px; m
 nav a { margin-right: 1em; } .figure { margin: 0.5em 0 1.5em; border: 1px solid #eee; }
 .metafail { color: #b81c1c; font-weight: bold; font-size: 12px; } td.pass { background: #eef7ee; }
 td.fail { background: #fbe0e0; color: #b81c1c; font-weight: bold; } td.tau { min-width: 3em; text-align: center; }
+.gallery td.gcell { padding: 2px; } img.gmap { width: 96px; image-rendering: pixelated; display: block; }
+.gtext { max-width: 22em; text-align: left; font-size: 12px; line-height: 1.6; } .gword { padding: 0 2px; }
 .swatch { display: inline-block; width: 0.9em; height: 0.9em; margin-right: 0.3em; vertical-align: middle; }
 """
 
@@ -281,12 +285,14 @@ def figure_html(figure: Figure) -> str:
 
 def dashboard(runs: Sequence[Run], tables: Sequence[Table], figures: Sequence[Figure], reference: str,
               title: str = "run comparison", meta: Optional[MetaReport] = None,
-              sanity: Optional[Mapping] = None) -> str:
-    """The whole page (module docstring)."""
+              sanity: Optional[Mapping] = None, galleries: Optional[Mapping[str, Any]] = None) -> str:
+    """The whole page (module docstring); ``galleries``: ``{run name: gallery}`` (:mod:`comparison.gallery`)."""
     from plotly.offline import get_plotlyjs
 
     failures: Dict[Tuple[str, str, str], List[Failure]] = meta.failures() if meta is not None else {}
     extra = meta_sections(meta, sanity or {}, [r.name for r in runs])
+    at = 1 if sanity else 0     # the gallery next to the sanity table that scores its randomised maps
+    extra[at:at] = gallery_sections(runs, dict(galleries or {}))
     sections: List[str] = [f"<h2 id='{slug(sid)}'>{esc(heading)}</h2>{body}" for sid, heading, body in extra]
     tests = list(dict.fromkeys([t.test for t in tables] + [f.section for f in figures]))
     for test in tests:

@@ -174,8 +174,11 @@ def _browser():
 
 
 @pytest.mark.skipif(_browser() is None, reason="no headless browser (apt-get install chromium)")
-def test_every_figure_renders_in_a_headless_browser(runs):
-    result = subprocess.run([_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=15000",
+def test_every_figure_renders_in_a_headless_browser(runs, tmp_path):
+    # a profile of its own: a browser sharing the default profile with another one waits for it
+    result = subprocess.run([_browser(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                             "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                             "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=15000",
                              "--dump-dom", (runs["out"] / "dashboard.html").as_uri()],
                             capture_output=True, text=True, timeout=120)
     dom = result.stdout

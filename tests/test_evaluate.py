@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -131,6 +132,13 @@ def test_two_processes_match_one_process_on_uneven_data(one_process, tmp_path):
     one, two = load(out_one / "run" / "metrics.json"), load(tmp_path / "run" / "metrics.json")
     assert sorted(one) == sorted(two)
     assert_same_metrics(one, two)
+    # the map gallery (samples 0-3, split over the two processes) gathered to the same file
+    from evaluation.gallery import GALLERY_FILE, read_gallery
+
+    a, b = read_gallery(out_one / "run" / GALLERY_FILE), read_gallery(tmp_path / "run" / GALLERY_FILE)
+    assert a.keys() == b.keys() and a["ids"].tolist() == [0, 1, 2, 3]
+    assert all(np.allclose(a[k], b[k], atol=1e-6, rtol=0) if a[k].dtype.kind == "f" else np.array_equal(a[k], b[k])
+               for k in a)
 
 
 def test_reporting_uses_the_declared_directions_and_curve_axes(tmp_path):

@@ -128,3 +128,55 @@ def test_metaquantus_scores_re_derived_on_a_toy():
     assert iac(q[0], adversary[0], "adversary") > 0.95
     assert iac(q[0], q[0], "resilience") == 1.0
     assert meta_consistency(1.0, 1.0, 1.0, 0.0) == 0.75
+
+
+def _upstream_iec_adversary(q_star, q_hat, lower_is_better):
+    """MetaQuantus' IEC of an adversary test (``compute_iec_adversary``), re-derived as the paper's eq. 9 and the
+    upstream loop read it, not imported: per (method, sample) 1 when the perturbed score is worse, "worse" decided
+    by the truthiness of ``lower_is_better`` (higher when truthy, lower otherwise)."""
+    hits = []
+    for row_star, row_hat in zip(q_star, q_hat):
+        for before, after in zip(row_star, row_hat):
+            hits.append(float(before < after) if lower_is_better else float(before > after))
+    return float(np.mean(hits))
+
+
+def _upstream_iec_resilience(q_star, q_hat):
+    """MetaQuantus' IEC of a resilience test (eq. 8), re-derived: per sample, the methods sorted by score before
+    and after; 1 per rank position held by the same method."""
+    hits = []
+    for before, after in zip(np.argsort(q_star, axis=0).T, np.argsort(q_hat, axis=0).T):
+        hits += [float(a == b) for a, b in zip(before, after)]
+    return float(np.mean(hits))
+
+
+def test_metaquantus_direction_bug_shown_and_avoided():
+    """Upstream passes each metric's configured ``score_direction`` ("higher" / "lower") where its IEC expects the
+    bool ``lower_is_better`` (MetaQuantus PR #10): a non-empty string is truthy, so every metric is read as
+    lower-is-better. On a higher-is-better toy whose adversary lowers every score (a metric that reacts fully), the
+    upstream reading gives IEC_AR 0 and MC a quarter too low; ours, reading the declared bool, gives 1, and equals
+    upstream's formula fed the correct bool. A lower-is-better metric is read right either way."""
+    from evaluation.meta_evaluation import iec_adversary, iec_resilience, meta_consistency
+
+    rng = np.random.default_rng(3)
+    q = rng.uniform(0.2, 1.0, size=(4, 10))                         # 4 methods x 10 samples, higher is better
+    adversary = q - rng.uniform(0.05, 0.2, size=q.shape)             # every score falls
+    assert _upstream_iec_adversary(q, adversary, "higher") == 0.0    # the bug: "higher" is truthy
+    assert iec_adversary(q, adversary, True) == 1.0
+    assert iec_adversary(q, adversary, True) == _upstream_iec_adversary(q, adversary, False)
+    # a lower-is-better metric (scores negated: the adversary raises them) is read right by both
+    assert _upstream_iec_adversary(-q, -adversary, "lower") == iec_adversary(-q, -adversary, False) == 1.0
+    # a partial reaction: half the scores fall, half rise; the two readings are complements
+    mixed = q + np.where(rng.random(q.shape) < 0.5, -0.1, 0.1)
+    ours = iec_adversary(q, mixed, True)
+    assert ours == pytest.approx(1.0 - _upstream_iec_adversary(q, mixed, "higher"))
+    assert ours == pytest.approx(float((mixed < q).mean()))
+    # MC with the other three scores perfect: upstream's reading loses exactly a quarter
+    assert meta_consistency(1.0, 1.0, 1.0, ours) - meta_consistency(
+        1.0, 1.0, 1.0, _upstream_iec_adversary(q, mixed, "higher")) == pytest.approx((2 * ours - 1) / 4)
+    # IEC_NR equals the re-derived upstream loop on scores without ties (with ties upstream's default quicksort
+    # orders tied methods as it happens to; ours keeps them in method order, a stable sort)
+    for _ in range(5):
+        a, b = rng.normal(size=(4, 7)), rng.normal(size=(4, 7))
+        assert iec_resilience(a, b) == pytest.approx(_upstream_iec_resilience(a, b))
+    assert iec_resilience(np.zeros((3, 2)), np.zeros((3, 2))) == 1.0   # all tied: nothing moved
