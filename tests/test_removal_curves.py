@@ -470,3 +470,29 @@ def test_clip_image_tower_through_the_zero_shot_classifier():
     road = ROADTest(fractions=[0.5], score="probability")
     road.update(outputs, batch)
     assert road.compute()["road/forward_passes"] == 2 * 2 * 2
+
+
+def test_oracle_option_adds_the_ground_truth_as_a_method():
+    """``oracle=True``: the mask as method ``oracle`` gives the curves of the same mask passed as a method, for every
+    test, counted as one more map; a run that already has a method named ``oracle`` is refused by name."""
+    clf, images, rel, batch, outputs = image_case(b=3, size=16, grid=4, seed=2)
+    mask = torch.zeros(3, 16, 16)
+    mask[0, 2:9, 3:10], mask[1, 8:16, 0:6], mask[2, 4:12, 4:12] = 1, 1, 1
+    batch = dict(batch, mask=mask)
+    for make in (lambda **kw: DeletionInsertionTest(unit="patch", step=2, **kw),
+                 lambda **kw: MoRFLeRFTest(unit="pixel", step=32, score="logit", **kw),
+                 lambda **kw: ROADTest(fractions=[0.3, 0.6], score="probability", **kw)):
+        with_oracle = make(oracle=True)
+        with_oracle.update(outputs, batch)
+        ours = with_oracle.compute()
+        by_hand = make(methods=["m", "truth"])
+        by_hand.update(dict(outputs, relevance={**outputs["relevance"], "truth": {"predicted": mask.clone()}}), batch)
+        theirs = by_hand.compute()
+        name = with_oracle.name
+        assert ours[f"{name}/forward_passes"] == theirs[f"{name}/forward_passes"]
+        oracle_keys = [k for k in ours if k.startswith(f"{name}/oracle/")]
+        assert oracle_keys and all(ours[k] == theirs[k.replace("/oracle/", "/truth/")] for k in oracle_keys)
+        assert with_oracle.conventions()["oracle"] and "oracle" not in by_hand.conventions()
+    clash = dict(outputs, relevance={**outputs["relevance"], "oracle": {"predicted": rel}})
+    with pytest.raises(ValueError, match="already has a method named 'oracle'"):
+        DeletionInsertionTest(oracle=True).update(clash, batch)
