@@ -195,7 +195,7 @@ class RemovalCurveTest(EvaluationCallback):
                 "ties": self.ties, "tie_seed": self.tie_seed,
                 **({"klen": self.klen, "sigma": self.sigma} if self.removal == "blur" else {}),
                 **({"noise": self.noise, "seed": self.seed} if self.removal == "road" else {}),
-                **({"oracle": "ground truth as method 'oracle'"} if self.oracle else {})}
+                **({"oracle": True} if self.oracle else {})}
 
     # -------------------------------------------------------------------------------- metrics
     def _counts(self, batch: Mapping[str, Any]) -> Tensor:

@@ -492,7 +492,9 @@ def test_oracle_option_adds_the_ground_truth_as_a_method():
         assert ours[f"{name}/forward_passes"] == theirs[f"{name}/forward_passes"]
         oracle_keys = [k for k in ours if k.startswith(f"{name}/oracle/")]
         assert oracle_keys and all(ours[k] == theirs[k.replace("/oracle/", "/truth/")] for k in oracle_keys)
-        assert with_oracle.conventions()["oracle"] and "oracle" not in by_hand.conventions()
+        assert with_oracle.conventions()["oracle"] is True and "oracle" not in by_hand.conventions()
+    assert "rise_oracle:True" in DeletionInsertionTest.wandb_tags({"oracle": True})
+    assert not any("oracle" in tag for tag in DeletionInsertionTest.wandb_tags({}))
     clash = dict(outputs, relevance={**outputs["relevance"], "oracle": {"predicted": rel}})
     with pytest.raises(ValueError, match="already has a method named 'oracle'"):
         DeletionInsertionTest(oracle=True).update(clash, batch)
