@@ -56,6 +56,7 @@ from evaluation.result_keys import ResultKey
 from evaluation.substrates import SUBSTRATES, UNITS, SubstratePerturber
 
 from .base import EvaluationCallback, OncePerMap, Result, relevance_for, tie_scores
+from .sample_scores import ORACLE, with_oracle
 
 SCORES = ("probability", "logit", "accuracy")
 TOKEN_REMOVALS = TokenPerturber.REMOVALS + ("zero_embedding",)
@@ -109,6 +110,8 @@ class RemovalCurveTest(EvaluationCallback):
         name: the test part of the result keys (default: the class's :attr:`NAME`).
         klen, sigma: the blur substrate; noise, seed: ROAD's imputation.
         masking_options: options of the token perturber (texts).
+        oracle: add the ground truth as method ``oracle`` (:func:`callbacks.sample_scores.oracle_map`: the object's
+            mask, the rationale's tokens; ties inside and outside it in the order of ``ties``).
     """
 
     NAME = "curves"
@@ -125,8 +128,9 @@ class RemovalCurveTest(EvaluationCallback):
                  step: Optional[int] = 1, fractions: Optional[Sequence[float]] = None, integration: str = "rise",
                  ties: str = "random", tie_seed: int = 0, forward_batch_size: Optional[int] = None,
                  name: Optional[str] = None, klen: int = 11, sigma: float = 5.0, noise: float = 0.01,
-                 seed: int = 0, masking_options: Optional[Dict[str, Any]] = None) -> None:
+                 seed: int = 0, masking_options: Optional[Dict[str, Any]] = None, oracle: bool = False) -> None:
         super().__init__()
+        self.oracle = bool(oracle)
         self._select(methods, class_settings)
         if score not in SCORES:
             raise ValueError(f"unknown score {score!r}; choose one of {SCORES}")
@@ -190,7 +194,8 @@ class RemovalCurveTest(EvaluationCallback):
                 "score_class": "label" if self.score == "accuracy" else "explained",
                 "ties": self.ties, "tie_seed": self.tie_seed,
                 **({"klen": self.klen, "sigma": self.sigma} if self.removal == "blur" else {}),
-                **({"noise": self.noise, "seed": self.seed} if self.removal == "road" else {})}
+                **({"noise": self.noise, "seed": self.seed} if self.removal == "road" else {}),
+                **({"oracle": True} if self.oracle else {})}
 
     # -------------------------------------------------------------------------------- metrics
     def _counts(self, batch: Mapping[str, Any]) -> Tensor:
@@ -298,11 +303,14 @@ class RemovalCurveTest(EvaluationCallback):
 
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
         self._check_modality(batch)
+        if self.oracle:
+            outputs = with_oracle(outputs, batch, self.class_settings, type(self).__name__)
         layout = outputs.get("layout")
         if isinstance(self.perturber, SubstratePerturber):
             self.perturber.set_layout(layout, batch)
         if not self._collection.curves:
-            methods = self.methods if self.methods is not None else list(outputs["relevance"])
+            methods = list(self.methods) + ([ORACLE] if self.oracle else []) if self.methods is not None else \
+                list(outputs["relevance"])
             self.build(methods, self._grid_x(batch), outputs["logits"].device)
         counts = self._counts(batch)
         if self.step is not None and len(counts) != len(self._x or ()):

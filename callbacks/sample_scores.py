@@ -45,6 +45,16 @@ def oracle_map(batch: Dict[str, Any]) -> Tensor:
                    f"{sorted(batch)}")
 
 
+def with_oracle(outputs: Dict[str, Any], batch: Dict[str, Any], class_settings: Sequence[str],
+                owner: str) -> Dict[str, Any]:
+    """``outputs`` with the ground truth of ``batch`` (:func:`oracle_map`) added as method ``oracle`` for every
+    class setting; a ``ValueError`` naming ``owner`` if the run already has a method of that name."""
+    if ORACLE in outputs["relevance"]:
+        raise ValueError(f"{owner}: oracle=True, but the run already has a method named {ORACLE!r}")
+    truth = oracle_map(batch)
+    return dict(outputs, relevance=dict(outputs["relevance"], **{ORACLE: {s: truth for s in class_settings}}))
+
+
 class SampleScoreTest(EvaluationCallback):
     """Means of per-sample values per method and class setting (module docstring)."""
 
@@ -63,13 +73,7 @@ class SampleScoreTest(EvaluationCallback):
 
     def _with_oracle(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> Dict[str, Any]:
         """``outputs`` with the ground-truth map as method ``oracle`` (when ``oracle`` is on), else as they are."""
-        if not self.oracle:
-            return outputs
-        if ORACLE in outputs["relevance"]:
-            raise ValueError(f"{self.PREFIX}: oracle=True, but the run already has a method named {ORACLE!r}")
-        truth = oracle_map(batch)
-        relevance = dict(outputs["relevance"], **{ORACLE: {s: truth for s in self.class_settings}})
-        return dict(outputs, relevance=relevance)
+        return with_oracle(outputs, batch, self.class_settings, self.PREFIX) if self.oracle else outputs
 
     def _build_at_first_batch(self, outputs: Dict[str, Any]) -> None:
         if not self._metrics:

@@ -364,6 +364,13 @@ class PromptScorer(nn.Module):
         """``[T, D]`` projected text embeddings -> logits ``[T, I]``."""
         return _scaled_cosine(self.clip, embeddings, self.image_embeddings)
 
+    def get_input_embeddings(self) -> nn.Module:
+        """The text tower's word-embedding layer (before positions are added): what a zeroed-embedding removal
+        hooks (``evaluation.embedding_removal``)."""
+        if openclip.is_open_clip(self.clip):
+            return self.clip.token_embedding
+        return self.clip.text_model.embeddings.token_embedding
+
     def forward(self, input_ids, attention_mask: Optional[Tensor] = None, **unused) -> Tensor:
         """``input_ids`` ``[T, N]`` (or a tokenizer's mapping) -> logits ``[T, I]``; other tokenizer outputs
         (``special_tokens_mask``, ...) are ignored."""

@@ -470,3 +470,78 @@ def test_clip_image_tower_through_the_zero_shot_classifier():
     road = ROADTest(fractions=[0.5], score="probability")
     road.update(outputs, batch)
     assert road.compute()["road/forward_passes"] == 2 * 2 * 2
+
+
+def test_oracle_option_adds_the_ground_truth_as_a_method():
+    """``oracle=True``: the mask as method ``oracle`` gives the curves of the same mask passed as a method, for every
+    test, counted as one more map; a run that already has a method named ``oracle`` is refused by name."""
+    clf, images, rel, batch, outputs = image_case(b=3, size=16, grid=4, seed=2)
+    mask = torch.zeros(3, 16, 16)
+    mask[0, 2:9, 3:10], mask[1, 8:16, 0:6], mask[2, 4:12, 4:12] = 1, 1, 1
+    batch = dict(batch, mask=mask)
+    for make in (lambda **kw: DeletionInsertionTest(unit="patch", step=2, **kw),
+                 lambda **kw: MoRFLeRFTest(unit="pixel", step=32, score="logit", **kw),
+                 lambda **kw: ROADTest(fractions=[0.3, 0.6], score="probability", **kw)):
+        with_oracle = make(oracle=True)
+        with_oracle.update(outputs, batch)
+        ours = with_oracle.compute()
+        by_hand = make(methods=["m", "truth"])
+        by_hand.update(dict(outputs, relevance={**outputs["relevance"], "truth": {"predicted": mask.clone()}}), batch)
+        theirs = by_hand.compute()
+        name = with_oracle.name
+        assert ours[f"{name}/forward_passes"] == theirs[f"{name}/forward_passes"]
+        oracle_keys = [k for k in ours if k.startswith(f"{name}/oracle/")]
+        assert oracle_keys and all(ours[k] == theirs[k.replace("/oracle/", "/truth/")] for k in oracle_keys)
+        assert with_oracle.conventions()["oracle"] is True and "oracle" not in by_hand.conventions()
+    assert "rise_oracle:True" in DeletionInsertionTest.wandb_tags({"oracle": True})
+    assert not any("oracle" in tag for tag in DeletionInsertionTest.wandb_tags({}))
+    clash = dict(outputs, relevance={**outputs["relevance"], "oracle": {"predicted": rel}})
+    with pytest.raises(ValueError, match="already has a method named 'oracle'"):
+        DeletionInsertionTest(oracle=True).update(clash, batch)
+
+
+def test_clip_text_tower_through_the_prompt_scorer():
+    """CLIP's text tower (a tiny random CLIP's ``PromptScorer``: texts -> fixed images as classes, read by the text
+    classifier): the token curves run on it; the first deletion point is the clean probability of the explained
+    image, deleting every content token leaves the start and end tokens, and zeroed input embeddings are read
+    through CLIP's own ``get_input_embeddings``."""
+    from transformers import CLIPConfig, CLIPModel
+
+    from models.clip import PromptScorer
+
+    torch.manual_seed(0)
+    clip = CLIPModel(CLIPConfig(text_config=dict(vocab_size=30, hidden_size=16, intermediate_size=32,
+                                                 num_hidden_layers=1, num_attention_heads=2,
+                                                 max_position_embeddings=10, eos_token_id=29, bos_token_id=28,
+                                                 pad_token_id=0),
+                                vision_config=dict(image_size=16, patch_size=4, hidden_size=16, intermediate_size=32,
+                                                   num_hidden_layers=1, num_attention_heads=2),
+                                projection_dim=8)).eval()
+    scorer = PromptScorer(clip, torch.randn(3, 3, 16, 16))
+    clf = TextClassifier(scorer, pad_token_id=0, batch_size=7)
+    ids = torch.tensor([[28, 5, 6, 7, 8, 29, 0, 0], [28, 9, 10, 11, 12, 13, 14, 29]])
+    mask = (ids > 0).long()
+    special = ((ids == 28) | (ids == 29) | (ids == 0)).long()
+    batch = {"input_ids": ids, "attention_mask": mask, "special_tokens_mask": special,
+             "label": torch.tensor([0, 2]), "index": torch.tensor([0, 1])}
+    logits = clf.logits({"input_ids": ids, "attention_mask": mask})
+    rel = torch.rand(2, 8, generator=torch.Generator().manual_seed(1))
+    outputs = {"relevance": {"m": {"predicted": rel}}, "targets": {"predicted": logits.argmax(-1)},
+               "logits": logits, "classifier": clf}
+    rise = DeletionInsertionTest(unit="token", removal="delete", step=None, fractions=[0.5, 1.0])
+    rise.update(outputs, batch)
+    _, deletion = per_sample(rise, "rise/m/predicted/deletion_curve")
+    probs = torch.softmax(logits.double(), -1)
+    clean = probs.gather(1, outputs["targets"]["predicted"][:, None])[:, 0]
+    assert torch.allclose(deletion[:, 0], clean, atol=1e-6)
+    empty = clf.logits({"input_ids": torch.tensor([[28, 29], [28, 29]]), "attention_mask": torch.ones(2, 2).long()})
+    expected = torch.softmax(empty.double(), -1).gather(1, outputs["targets"]["predicted"][:, None])[:, 0]
+    assert torch.allclose(deletion[:, -1], expected, atol=1e-6)
+    assert rise.compute()["rise/forward_passes"] == 2 * 2 * 3
+    zeroed = MoRFLeRFTest(unit="token", removal="zero_embedding", step=None, fractions=[1.0], score="logit",
+                          integration="trapezoid")
+    zeroed.update(outputs, batch)
+    _, morf = per_sample(zeroed, "morf_lerf/m/predicted/morf_curve")
+    assert torch.allclose(morf[:, 0], logits.double().gather(1, outputs["targets"]["predicted"][:, None])[:, 0],
+                          atol=1e-6)
+    assert not torch.allclose(morf[:, 1], morf[:, 0], atol=1e-4)

@@ -1,0 +1,117 @@
+"""Issue 34's sanity criterion on a ground-truth benchmark: does the oracle map (the ground truth as a method,
+``oracle: true`` in the catalogue configs) score better than every method, and the random map worse than every
+class-specific method, on the faithfulness and localisation keys?
+
+    python -m benchmarks.oracle_random RUN_FOLDER [RUN_FOLDER ...] [--class-agnostic rollout raw_attention]
+
+Reads each run's ``metrics.json`` and the direction each key declares in ``metrics.meta.json``
+(``higher_is_better``); a key counts when its test is one of :data:`TESTS` (localisation, faithfulness
+correlation, SaCo, tau-LOO and the removal curves; not complexity, robustness or completeness, which are no
+faithfulness or localisation measure of a ground truth) and it has a direction (curves and counts have none).
+A pair (key, method) is a hit when the random map is strictly worse than the method (class-specific methods
+only: the random map, ``--class-agnostic`` and the oracle are left out) and, for the oracle, when it is strictly
+better than the method (ties are counted apart). Prints the shares and every exception as markdown.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+#: the tests whose keys are faithfulness or localisation measures
+TESTS = ("localisation", "faithfulness_correlation", "saco", "tau_loo", "rise", "rise_pixel", "morf_lerf", "road",
+         "aopc")
+RANDOM, ORACLE = "random", "oracle"
+
+
+def read_runs(folders: Sequence[Path]) -> Tuple[Dict[str, float], Dict[str, Optional[bool]]]:
+    """The scalar results and declared directions of every run folder, merged (a key twice is an error)."""
+    values: Dict[str, float] = {}
+    directions: Dict[str, Optional[bool]] = {}
+    for folder in folders:
+        metrics = json.loads((folder / "metrics.json").read_text())
+        meta = json.loads((folder / "metrics.meta.json").read_text())["metrics"]
+        for key, value in metrics.items():
+            if not isinstance(value, (int, float)):
+                continue
+            if key in values:
+                raise ValueError(f"{key} is in more than one of the runs {[str(f) for f in folders]}")
+            values[key] = float(value)
+            directions[key] = meta.get(key, {}).get("higher_is_better")
+    return values, directions
+
+
+def keyed(values: Dict[str, float], directions: Dict[str, Optional[bool]]
+          ) -> Dict[Tuple[str, str, str], Dict[str, Tuple[float, bool]]]:
+    """``{(test, setting, metric): {method: (value, higher_is_better)}}`` of the counted keys."""
+    out: Dict[Tuple[str, str, str], Dict[str, Tuple[float, bool]]] = {}
+    for key, value in values.items():
+        parts = key.split("/")
+        hib = directions.get(key)
+        if len(parts) != 4 or parts[0] not in TESTS or hib is None or value != value:
+            continue
+        test, method, setting, metric = parts
+        out.setdefault((test, setting, metric), {})[method] = (value, bool(hib))
+    return out
+
+
+def better(a: float, b: float, hib: bool) -> bool:
+    return a > b if hib else a < b
+
+
+def tally(table, class_agnostic: Sequence[str]) -> Dict[str, object]:
+    """Hits, pairs and exceptions of the random map and of the oracle."""
+    random_pairs, random_misses, oracle_pairs, oracle_ties, oracle_misses = 0, [], 0, [], []
+    for (test, _setting, metric), methods in sorted(table.items()):
+        name = f"{test}/{metric}"
+        others = {m: v for m, v in methods.items() if m not in (RANDOM, ORACLE)}
+        if RANDOM in methods:
+            r, hib = methods[RANDOM]
+            for m, (v, _) in sorted(others.items()):
+                if m in class_agnostic:
+                    continue
+                random_pairs += 1
+                if not better(v, r, hib):
+                    random_misses.append(f"{name}: {m} {v:.3f} vs random {r:.3f}")
+        if ORACLE in methods:
+            o, hib = methods[ORACLE]
+            for m, (v, _) in sorted(dict(others, **({RANDOM: methods[RANDOM]} if RANDOM in methods else {}))
+                                    .items()):
+                oracle_pairs += 1
+                if v == o:
+                    oracle_ties.append(f"{name}: {m} {v:.3f}")
+                elif not better(o, v, hib):
+                    oracle_misses.append(f"{name}: {m} {v:.3f} vs oracle {o:.3f}")
+    return {"random_pairs": random_pairs, "random_misses": random_misses, "oracle_pairs": oracle_pairs,
+            "oracle_ties": oracle_ties, "oracle_misses": oracle_misses}
+
+
+def report(counts: Dict[str, object]) -> List[str]:
+    rp, rm = int(counts["random_pairs"]), list(counts["random_misses"])          # type: ignore[arg-type]
+    op, ot, om = int(counts["oracle_pairs"]), list(counts["oracle_ties"]), list(counts["oracle_misses"])  # type: ignore[arg-type]
+    lines = []
+    if rp:
+        lines.append(f"- random map worse than every class-specific method: {rp - len(rm)} of {rp} pairs "
+                     f"({100.0 * (rp - len(rm)) / rp:.1f} %); exceptions: " + ("; ".join(rm) or "none"))
+    if op:
+        lines.append(f"- oracle strictly better than the method: {op - len(ot) - len(om)} of {op} pairs "
+                     f"({100.0 * (op - len(ot) - len(om)) / op:.1f} %), tied {len(ot)}, not better {len(om)} "
+                     f"({100.0 * (op - len(om)) / op:.1f} % better or tied); not better: " + ("; ".join(om) or "none"))
+    return lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[str]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders (metrics.json, metrics.meta.json)")
+    parser.add_argument("--class-agnostic", nargs="*", default=["rollout", "raw_attention"],
+                        help="methods whose map ignores the explained class (left out of the random-map count)")
+    args = parser.parse_args(argv)
+    values, directions = read_runs(args.runs)
+    lines = report(tally(keyed(values, directions), args.class_agnostic))
+    print("\n".join(lines))
+    return lines
+
+
+if __name__ == "__main__":
+    main()
