@@ -72,29 +72,37 @@ def out_bias(out_proj: Any, like: Tensor) -> Tensor:
     return torch.zeros(like.shape[-1], dtype=like.dtype, device=like.device) if bias is None else bias.to(like)
 
 
-def block_contributions(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
-                        residual_sum: Tensor, real: Tensor, convention: str, distance_eps: float,
-                        name: str) -> Tensor:
-    """ALTI's normalised contributions ``C`` ``[B, N, N]`` of one block (Ferrando et al. 2022, eq. 7-10).
+def decomposed_vectors(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
+                       residual_sum: Tensor, convention: str, name: str) -> Tuple[Tensor, Tensor]:
+    """``(T, y)``: the transformed vectors ``T_i(x_j)`` ``[B, N, N, D]`` and the resultants ``y_i`` ``[B, N, D]`` of
+    one block (Ferrando et al. 2022, eq. 7-8).
 
-    ``T_i(x_j) = sum_h A^h_ij v_j^h W_O^h + [i = j] x_j`` (``[B, N, N, D]``, the one tensor of that size held),
-    through the post-norm LayerNorm's linear part ``(T - mean T) * gamma / sigma_i`` where the block has one
-    (``post_norm``; ``sigma_i`` of the residual sum ``residual_sum`` by ``convention``). ``y_i = sum_j T_i(x_j)``
-    plus the bias terms (``b_O``, through the LayerNorm, and ``beta``). ``c_ij = max(0, ||y_i||_1 -
-    ||T_i(x_j) - y_i + eps||_1)`` (``eps``: ``distance_eps``, torch's ``pairwise_distance`` shift the reference
-    calls), 0 at padded columns, divided by its row sum; padded rows are 0."""
+    ``T_i(x_j) = sum_h A^h_ij v_j^h W_O^h + [i = j] x_j`` (values with their bias), through the post-norm
+    LayerNorm's linear part ``(T - mean T) * gamma * s_i`` where the block has one (``post_norm``; ``s_i`` of the
+    residual sum ``residual_sum`` by ``convention``, :func:`norm_scale`). ``y_i = sum_j T_i(x_j)`` plus the bias
+    terms: ``b_O`` (through the LayerNorm's linear part) and the LayerNorm's ``beta``; with the exact scale it is
+    the LayerNorm's output (post-norm) or the residual sum (pre-norm)."""
     bias = out_bias(out_proj, x)
     vectors = torch.einsum("bhij,bhjd->bijd", attention, head_outputs(values, out_proj, attention.shape[1]))
     vectors.diagonal(dim1=1, dim2=2).add_(x.transpose(1, 2))
     if post_norm is None:
-        resultant = vectors.sum(2) + bias
-    else:
-        centred, weight, norm_bias, _ = norm_parts(post_norm, name)
-        scale = norm_scale(residual_sum, post_norm, convention, name)       # [B, N]
-        vectors = centre(vectors, centred).mul_(weight).mul_(scale[:, :, None, None])
-        resultant = vectors.sum(2) + scale[:, :, None] * centre(bias, centred) * weight
-        if norm_bias is not None:
-            resultant = resultant + norm_bias
+        return vectors, vectors.sum(2) + bias
+    centred, weight, norm_bias, _ = norm_parts(post_norm, name)
+    scale = norm_scale(residual_sum, post_norm, convention, name)       # [B, N]
+    vectors = centre(vectors, centred).mul_(weight).mul_(scale[:, :, None, None])
+    resultant = vectors.sum(2) + scale[:, :, None] * centre(bias, centred) * weight
+    return vectors, resultant if norm_bias is None else resultant + norm_bias
+
+
+def block_contributions(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
+                        residual_sum: Tensor, real: Tensor, convention: str, distance_eps: float,
+                        name: str) -> Tensor:
+    """ALTI's normalised contributions ``C`` ``[B, N, N]`` of one block (Ferrando et al. 2022, eq. 9-10), from
+    :func:`decomposed_vectors` (the one ``[B, N, N, D]`` tensor held, overwritten in place):
+    ``c_ij = max(0, ||y_i||_1 - ||T_i(x_j) - y_i + eps||_1)`` (``eps``: ``distance_eps``, the shift torch's
+    ``pairwise_distance`` adds, as the reference calls it), 0 at padded columns (``real`` ``[B, N]``), divided by
+    its row sum; padded rows are 0."""
+    vectors, resultant = decomposed_vectors(x, attention, values, out_proj, post_norm, residual_sum, convention, name)
     distance = vectors.sub_(resultant[:, :, None]).add_(distance_eps).abs_().sum(-1)
     del vectors
     contributions = (resultant.abs().sum(-1)[:, :, None] - distance).clamp_min(0)

@@ -9,7 +9,7 @@ design decisions are in ``NOTES.md``.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Hashable, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +17,7 @@ from transformers.activations import ACT2FN
 
 from ...adapters.base import AttentionLinears, ModelInputs, SequenceContext, register_adapter
 from ...adapters.gradient_rules import apply_identity_rule
+from ...adapters.recorder import ActivationRecorder
 from ..hf_text.adapter import HFTextAdapter
 
 
@@ -105,3 +106,8 @@ class HFDebertaV2Adapter(HFTextAdapter):
         own = attention.self
         return AttentionLinears(out=attention.output.dense, q=own.query_proj, k=own.key_proj, v=own.value_proj)
 
+    # ---- decomposes_blocks (issue 37)
+    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
+        """The hidden states of the block's ``(hidden, probabilities)`` output."""
+        rec.output(self.blocks[layer], key, transform=transform, index=0)
