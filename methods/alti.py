@@ -15,11 +15,11 @@ from torch import Tensor, nn
 
 from .adapters import ActivationRecorder, MethodUndefinedError, ModelAdapter, ModelInputs, linear_weight
 from .base import AttributionMethod
-from .explanation_targets import check_explain, resolve_foil
+from .explanation_targets import check_explain, explained_score, resolve_foil
 from .readout import read_out
 from .registry import OPT_IN, register_method
 from .rollout import row_times
-from .targets import TargetType, resolve_target
+from .targets import resolve_target
 
 #: the LayerNorm scale of a decomposed LayerNorm: ``shifted_std`` ``1 / std(x + eps)`` with the population std
 #: (the ALTI repository since its 2023-03 fix; the shift cancels, so ``eps`` drops out), ``exact`` the module's
@@ -125,8 +125,11 @@ class _BlockDecomposition:
         self.contributions: List[Tensor] = []
         self.extra: List[Tensor] = []
         self.last_output: Optional[Tensor] = None
+        self.normed: Optional[Tensor] = None
 
-    def run(self, inputs: ModelInputs) -> Tensor:
+    def run(self, inputs: ModelInputs, head_gradient: bool = False) -> Tensor:
+        """The model's logits; with ``head_gradient`` the final norm's output is recorded as a point to
+        differentiate the head to (:attr:`normed`; autograd only from there on)."""
         adapter = self.adapter
         with ActivationRecorder() as rec, torch.no_grad():
             for layer in range(adapter.depth):
@@ -135,7 +138,10 @@ class _BlockDecomposition:
                 adapter.record_values(rec, layer, ("values", layer))
                 adapter.record_post_attention_residual(rec, layer, ("residual", layer))
                 adapter.record_block_output(rec, layer, ("out", layer), transform=self.folder(rec, layer))
+            if head_gradient:
+                rec.output(adapter.final_norm(), "normed", require_grad=True)
             logits = adapter.forward(inputs, grad_from_block=adapter.depth)
+            self.normed = rec.outputs.get("normed")
         return logits
 
     def folder(self, rec: ActivationRecorder, layer: int) -> Callable[[Tensor], None]:
@@ -219,7 +225,8 @@ class AltiLogit(_AltiBase):
     tracked to the inputs by ALTI's rollout of the blocks below (pre-norm ALTI, :class:`Alti`'s ``c_ij``):
     ``sum_l dlogit^l C_{l-1} ... C_0``. Per-sample targets (token ids; ``None``: the prediction). Not attributed,
     as in the reference: the embeddings' direct path, the MLPs, the biases (``b_O``, the final norm's).
-    Pre-norm decoders with a linear head (GPT-2, Llama-like with RMSNorm: exact there too).
+    Pre-norm decoders whose head is linear after the final norm (GPT-2, Llama-like with RMSNorm: exact there too);
+    the head's row ``U_w`` is read as the gradient of the explained logit at the final norm's output.
     """
 
     def __init__(self, explain: str = "logit", layer_norm_scale: str = "exact", distance_eps: float = 1e-6):
@@ -235,13 +242,9 @@ class AltiLogit(_AltiBase):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        problem = None
         if not adapter.pre_norm or adapter.readout != "position":
-            problem = "needs a pre-norm decoder read out at a position (its final norm and linear head)"
-        elif not callable(getattr(adapter, "classifier", None)):
-            problem = "its adapter names no linear head (classifier)"
-        if problem is not None:
-            raise MethodUndefinedError(f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) {problem}")
+            raise MethodUndefinedError(f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) needs a "
+                                       "pre-norm decoder read out at a position (its final norm and linear head)")
 
     def attribute(self, adapter, inputs, target):
         layout = adapter.layout(inputs)
@@ -258,16 +261,17 @@ class AltiLogit(_AltiBase):
                 layer).out, attention.shape[1]))
 
         blocks = _BlockDecomposition(self, adapter, real, also=at_readout)
-        logits = blocks.run(inputs)
+        logits = blocks.run(inputs, head_gradient=True)
         target = resolve_target(logits, target)
         foil = resolve_foil(logits, self.call_foil, self.explain)
-        direction = linear_weight(adapter.classifier())[target]      # type: ignore[attr-defined]
-        if foil is not None:
-            direction = direction - linear_weight(adapter.classifier())[foil]   # type: ignore[attr-defined]
+        assert blocks.normed is not None and blocks.last_output is not None
+        rows = torch.arange(inputs.batch_size)
+        # the head's row of the target (minus the foil's): the gradient of the explained logit at the normed state
+        gradient, = torch.autograd.grad(explained_score(logits, target, self.explain, foil), blocks.normed)
+        direction = gradient[rows, positions.to(gradient.device)].detach()
         final = adapter.final_norm()
         centred, weight, _, _ = norm_parts(final, self.name)
-        assert blocks.last_output is not None
-        last = blocks.last_output[torch.arange(inputs.batch_size), positions.to(blocks.last_output.device)]
+        last = blocks.last_output[rows, positions.to(blocks.last_output.device)]
         scale = norm_scale(last, final, self.layer_norm_scale, self.name)                        # [B]
         direction = centre(direction.to(last) * weight, centred) * scale[:, None]               # [B, D]
         updates = [torch.einsum("bjd,bd->bj", vectors, direction) * real for vectors in blocks.extra]

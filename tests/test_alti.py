@@ -15,8 +15,8 @@ import torch
 from methods import MethodUndefinedError, build_method
 from methods.adapters import ActivationRecorder, adapter_for, linear_weight
 from methods.alti import decomposed_vectors
-from tests.families import FAMILIES
 from tests import test_method_contract as contract
+from tests.families import FAMILIES
 
 transformers = pytest.importorskip("transformers")
 GOLDEN = Path(__file__).resolve().parent / "data" / "alti_golden"

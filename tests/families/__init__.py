@@ -9,6 +9,7 @@ from . import (
     clip,
     deberta,
     decoders,
+    decompositions,
     hf_vision,
     modernbert,
     open_clip,
@@ -28,7 +29,6 @@ from .base import (  # noqa: F401
     set_fused_attention,
 )
 from .clip import _clip_classifier, _clip_images, _clip_scorer, _clip_token_batch, _tiny_clip  # noqa: F401
-from .decompositions import add_alti_cells
 from .decoders import DECODER_KINDS, DECODERS, _decoder_batch, _decoder_logits, _tiny_decoder  # noqa: F401
 from .text import _text_family, _tiny_bert, _tiny_text  # noqa: F401
 from .vision import _images, _tiny_vit  # noqa: F401
@@ -47,4 +47,4 @@ FAMILIES = [
     *modernbert.FAMILIES,
     *swin.FAMILIES,
 ]
-add_alti_cells(FAMILIES)
+decompositions.add_alti_cells(FAMILIES)

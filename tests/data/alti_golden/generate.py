@@ -14,6 +14,7 @@ Usage (a venv with the project's torch / transformers and ``pyaml_env``, ``ipywi
     python generate.py /path/to/transformer-contributions /path/to/logit-explanations
 writes ``models/`` (tiny seeded stock models, float64) and ``goldens.pt`` beside this file.
 """
+import importlib
 import json
 import os
 import sys
@@ -48,7 +49,7 @@ def tiny_gpt2():
     torch.manual_seed(1)
     model = transformers.GPT2LMHeadModel(config)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             p.add_(0.2 * torch.randn_like(p))
     return model.double().eval()
 
@@ -97,10 +98,10 @@ def run_alti_logit(repo, model, ids_list, targets, foils):
     # lm_saliency (the gradient baselines, star-imported by extract_explanations) downloads the "gpt2" config when
     # imported; nothing of it is used here, so an empty module stands in for it (offline)
     sys.modules["lm_saliency"] = types.ModuleType("lm_saliency")
-    import src.utils_contributions as utils_contributions   # first: it imports extract_explanations itself
-
-    import extract_explanations
-    from src.contributions import ModelWrapper
+    # src.utils_contributions first: it imports extract_explanations itself (a cycle that holds in this order)
+    utils_contributions = importlib.import_module("src.utils_contributions")
+    extract_explanations = importlib.import_module("extract_explanations")
+    ModelWrapper = importlib.import_module("src.contributions").ModelWrapper
     wrapped = ModelWrapper(model)
     alti_rows, target_rows, contrast_rows = [], [], []
     for ids, target, foil in zip(ids_list, targets, foils):
