@@ -83,13 +83,17 @@ def decomposed_vectors(x: Tensor, attention: Tensor, values: Tensor, out_proj: A
     terms: ``b_O`` (through the LayerNorm's linear part) and the LayerNorm's ``beta``; with the exact scale it is
     the LayerNorm's output (post-norm) or the residual sum (pre-norm)."""
     bias = out_bias(out_proj, x)
-    vectors = torch.einsum("bhij,bhjd->bijd", attention, head_outputs(values, out_proj, attention.shape[1]))
-    vectors.diagonal(dim1=1, dim2=2).add_(x.transpose(1, 2))
+    heads = head_outputs(values, out_proj, attention.shape[1])
     if post_norm is None:
+        vectors = torch.einsum("bhij,bhjd->bijd", attention, heads)
+        vectors.diagonal(dim1=1, dim2=2).add_(x.transpose(1, 2))
         return vectors, vectors.sum(2) + bias
+    # the LayerNorm's linear part moved inside the (linear) sums: centring and gamma on each head's vectors and
+    # on the residual, the row scale s_i on the attention rows, so that the [B, N, N, D] tensor is written once
     centred, weight, norm_bias, _ = norm_parts(post_norm, name)
     scale = norm_scale(residual_sum, post_norm, convention, name)       # [B, N]
-    vectors = centre(vectors, centred).mul_(weight).mul_(scale[:, :, None, None])
+    vectors = torch.einsum("bhij,bhjd->bijd", attention * scale[:, None, :, None], centre(heads, centred) * weight)
+    vectors.diagonal(dim1=1, dim2=2).add_((centre(x, centred) * weight * scale[:, :, None]).transpose(1, 2))
     resultant = vectors.sum(2) + scale[:, :, None] * centre(bias, centred) * weight
     return vectors, resultant if norm_bias is None else resultant + norm_bias
 
@@ -98,12 +102,14 @@ def block_contributions(x: Tensor, attention: Tensor, values: Tensor, out_proj: 
                         residual_sum: Tensor, real: Tensor, convention: str, distance_eps: float,
                         name: str) -> Tensor:
     """ALTI's normalised contributions ``C`` ``[B, N, N]`` of one block (Ferrando et al. 2022, eq. 9-10), from
-    :func:`decomposed_vectors` (the one ``[B, N, N, D]`` tensor held, overwritten in place):
+    :func:`decomposed_vectors` (the one ``[B, N, N, D]`` tensor held):
     ``c_ij = max(0, ||y_i||_1 - ||T_i(x_j) - y_i + eps||_1)`` (``eps``: ``distance_eps``, the shift torch's
     ``pairwise_distance`` adds, as the reference calls it), 0 at padded columns (``real`` ``[B, N]``), divided by
     its row sum; padded rows are 0."""
     vectors, resultant = decomposed_vectors(x, attention, values, out_proj, post_norm, residual_sum, convention, name)
-    distance = vectors.sub_(resultant[:, :, None]).add_(distance_eps).abs_().sum(-1)
+    # ||T - y + eps||_1 = ||T - (y - eps)||_1, in place and element-wise (a sample's numbers never depend on its
+    # batch: a row whose every c_ij is near 0 turns rounding into shares)
+    distance = vectors.sub_((resultant - distance_eps)[:, :, None]).abs_().sum(-1)
     del vectors
     contributions = (resultant.abs().sum(-1)[:, :, None] - distance).clamp_min(0)
     real_f = real.to(contributions.dtype)
