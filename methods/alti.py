@@ -72,46 +72,66 @@ def out_bias(out_proj: Any, like: Tensor) -> Tensor:
     return torch.zeros(like.shape[-1], dtype=like.dtype, device=like.device) if bias is None else bias.to(like)
 
 
-def decomposed_vectors(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
-                       residual_sum: Tensor, convention: str, name: str) -> Tuple[Tensor, Tensor]:
-    """``(T, y)``: the transformed vectors ``T_i(x_j)`` ``[B, N, N, D]`` and the resultants ``y_i`` ``[B, N, D]`` of
-    one block (Ferrando et al. 2022, eq. 7-8).
+#: the elements of one chunk of query rows of the ``[B, N, N, D]`` vectors (formed, reduced and dropped in turn)
+CHUNK_ELEMENTS = 1 << 21
 
-    ``T_i(x_j) = sum_h A^h_ij v_j^h W_O^h + [i = j] x_j`` (values with their bias), through the post-norm
-    LayerNorm's linear part ``(T - mean T) * gamma * s_i`` where the block has one (``post_norm``; ``s_i`` of the
-    residual sum ``residual_sum`` by ``convention``, :func:`norm_scale`). ``y_i = sum_j T_i(x_j)`` plus the bias
-    terms: ``b_O`` (through the LayerNorm's linear part) and the LayerNorm's ``beta``; with the exact scale it is
-    the LayerNorm's output (post-norm) or the residual sum (pre-norm)."""
+
+def decomposition_terms(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
+                        residual_sum: Tensor, convention: str, name: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(A', U', x', b')`` of one block: ``T_i(x_j) = sum_h A'^h_ij U'^h_j + [i = j] x'_i`` and
+    ``y_i = sum_j T_i(x_j) + b'_i`` (Ferrando et al. 2022, eq. 7-8). ``U^h_j = v_j^h W_O^h`` (values with their bias);
+    pre-norm: ``A' = A``, ``U' = U``, ``x' = x``, ``b' = b_O``. Post-norm (``post_norm``, a LayerNorm after the
+    residual sum ``residual_sum``): its linear part ``(z - mean z) * gamma * s_i`` (``s_i`` by ``convention``,
+    :func:`norm_scale`) moved inside the linear sums: centring and ``gamma`` on ``U`` and ``x``, ``s_i`` on the rows
+    of ``A`` and on ``x'``; ``b' = s_i (b_O - mean b_O) gamma + beta``. With the exact scale ``y_i`` is the
+    LayerNorm's output (post-norm) or the residual sum (pre-norm)."""
     bias = out_bias(out_proj, x)
     heads = head_outputs(values, out_proj, attention.shape[1])
     if post_norm is None:
-        vectors = torch.einsum("bhij,bhjd->bijd", attention, heads)
-        vectors.diagonal(dim1=1, dim2=2).add_(x.transpose(1, 2))
-        return vectors, vectors.sum(2) + bias
-    # the LayerNorm's linear part moved inside the (linear) sums: centring and gamma on each head's vectors and
-    # on the residual, the row scale s_i on the attention rows, so that the [B, N, N, D] tensor is written once
+        return attention, heads, x, bias.expand_as(x)
     centred, weight, norm_bias, _ = norm_parts(post_norm, name)
-    scale = norm_scale(residual_sum, post_norm, convention, name)       # [B, N]
-    vectors = torch.einsum("bhij,bhjd->bijd", attention * scale[:, None, :, None], centre(heads, centred) * weight)
-    vectors.diagonal(dim1=1, dim2=2).add_((centre(x, centred) * weight * scale[:, :, None]).transpose(1, 2))
-    resultant = vectors.sum(2) + scale[:, :, None] * centre(bias, centred) * weight
-    return vectors, resultant if norm_bias is None else resultant + norm_bias
+    scale = norm_scale(residual_sum, post_norm, convention, name)[:, :, None]       # [B, N, 1]
+    shift = scale * centre(bias, centred) * weight
+    return (attention * scale[:, None], centre(heads, centred) * weight, centre(x, centred) * weight * scale,
+            shift if norm_bias is None else shift + norm_bias)
+
+
+def row_vectors(terms: Tuple[Tensor, Tensor, Tensor, Tensor], start: int, stop: int) -> Tuple[Tensor, Tensor]:
+    """``(T, y)`` of the query rows ``start:stop``: ``[B, r, N, D]`` and ``[B, r, D]`` (:func:`decomposition_terms`)."""
+    attention, heads, x, shift = terms
+    vectors = torch.einsum("bhij,bhjd->bijd", attention[:, :, start:stop], heads)
+    vectors.diagonal(offset=start, dim1=1, dim2=2).add_(x[:, start:stop].transpose(1, 2))
+    return vectors, vectors.sum(2) + shift[:, start:stop]
+
+
+def decomposed_vectors(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
+                       residual_sum: Tensor, convention: str, name: str) -> Tuple[Tensor, Tensor]:
+    """``(T, y)``: the transformed vectors ``T_i(x_j)`` ``[B, N, N, D]`` and the resultants ``y_i`` ``[B, N, D]`` of
+    one block, every row at once (:func:`decomposition_terms`)."""
+    terms = decomposition_terms(x, attention, values, out_proj, post_norm, residual_sum, convention, name)
+    return row_vectors(terms, 0, x.shape[1])
 
 
 def block_contributions(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
                         residual_sum: Tensor, real: Tensor, convention: str, distance_eps: float,
                         name: str) -> Tensor:
-    """ALTI's normalised contributions ``C`` ``[B, N, N]`` of one block (Ferrando et al. 2022, eq. 9-10), from
-    :func:`decomposed_vectors` (the one ``[B, N, N, D]`` tensor held):
+    """ALTI's normalised contributions ``C`` ``[B, N, N]`` of one block (Ferrando et al. 2022, eq. 9-10):
     ``c_ij = max(0, ||y_i||_1 - ||T_i(x_j) - y_i + eps||_1)`` (``eps``: ``distance_eps``, the shift torch's
     ``pairwise_distance`` adds, as the reference calls it), 0 at padded columns (``real`` ``[B, N]``), divided by
-    its row sum; padded rows are 0."""
-    vectors, resultant = decomposed_vectors(x, attention, values, out_proj, post_norm, residual_sum, convention, name)
-    # ||T - y + eps||_1 = ||T - (y - eps)||_1, in place and element-wise (a sample's numbers never depend on its
-    # batch: a row whose every c_ij is near 0 turns rounding into shares)
-    distance = vectors.sub_((resultant - distance_eps)[:, :, None]).abs_().sum(-1)
-    del vectors
-    contributions = (resultant.abs().sum(-1)[:, :, None] - distance).clamp_min(0)
+    its row sum; padded rows are 0. The vectors are formed and reduced a chunk of query rows at a time
+    (:data:`CHUNK_ELEMENTS` per sample), so that no block's whole ``[B, N, N, D]`` tensor is held."""
+    terms = decomposition_terms(x, attention, values, out_proj, post_norm, residual_sum, convention, name)
+    n, width = x.shape[1], x.shape[2]
+    step = max(1, CHUNK_ELEMENTS // (n * width))
+    proximity = []
+    for start in range(0, n, step):
+        vectors, resultant = row_vectors(terms, start, min(n, start + step))
+        # ||T - y + eps||_1 = ||T - (y - eps)||_1, in place and element-wise (a sample's numbers never depend on
+        # its batch: a row whose every c_ij is near 0 turns rounding into shares)
+        distance = vectors.sub_((resultant - distance_eps)[:, :, None]).abs_().sum(-1)
+        proximity.append(resultant.abs().sum(-1)[:, :, None] - distance)
+        del vectors
+    contributions = torch.cat(proximity, dim=1).clamp_min(0)
     real_f = real.to(contributions.dtype)
     contributions = contributions * real_f[:, None, :]
     totals = contributions.sum(-1, keepdim=True)

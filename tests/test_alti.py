@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import methods.alti as alti_module
 from methods import MethodUndefinedError, build_method
 from methods.adapters import ActivationRecorder, adapter_for, linear_weight
 from methods.alti import decomposed_vectors
@@ -204,3 +205,10 @@ def test_matrix_cells(row, name):
 
 def test_alti_logit_default_target_is_the_prediction():
     contract.test_default_target_is_the_prediction(ROWS["hf_gpt2_left"], "alti_logit")
+
+
+@pytest.mark.parametrize("key", ["alti_bert", "alti_logit_gpt2"])
+def test_rows_formed_in_chunks_give_the_same_maps(goldens, key, monkeypatch):
+    """One query row at a time (the chunks of a long sequence) equals the authors' outputs too."""
+    monkeypatch.setattr(alti_module, "CHUNK_ELEMENTS", 1)
+    test_batched_padded_call_equals_the_authors_outputs(goldens, key, torch.float64, 1e-6)
