@@ -644,6 +644,31 @@ class ModelAdapter(abc.ABC):
         key columns; ``edit`` returns a tensor of the same shape. The edit runs in the scores' dtype; columns it
         returns unchanged give exactly the model's own attention. The model is restored on exit."""
         raise NotImplementedError(f"{self.family} does not edit its pre-softmax attention scores")
+    # ---- decomposes_blocks (issue 37)
+    #: capability: :meth:`block_norms`, :meth:`final_norm`, :meth:`record_block_output` and
+    #: :meth:`record_post_attention_residual`: the attention sub-layer's output enters the residual stream through
+    #: linear maps and per-token norms only, so that each block output decomposes per input token (ALTI)
+    decomposes_blocks: bool = False
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        """Block ``layer``'s two norm modules in the model's order: the attention sub-layer's (before it in a
+        pre-norm block, after its residual sum in a post-norm one), then the MLP sub-layer's."""
+        raise NotImplementedError(f"{self.family} does not name its blocks' norms")
+
+    def final_norm(self) -> nn.Module:
+        """The norm applied to the last block's output before the head (pre-norm models)."""
+        raise NotImplementedError(f"{self.family} does not name a final norm module")
+
+    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
+        """Record the residual stream leaving block ``layer`` ``[B, N, D]`` (``transform``: applied to it as
+        :meth:`ActivationRecorder.output` does; it runs once the block's other recorded tensors are there)."""
+        raise NotImplementedError(f"{self.family} does not record its blocks' outputs")
+
+    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """Record block ``layer``'s residual sum after its attention sub-layer, ``x + attn(...)`` ``[B, N, D]``
+        (the output projection's bias included), before any norm that follows it."""
+        raise NotImplementedError(f"{self.family} does not record its post-attention residual")
 
 
 class ImageAdapter(ModelAdapter):

@@ -9,6 +9,7 @@ from . import (
     clip,
     deberta,
     decoders,
+    decompositions,
     hf_vision,
     modernbert,
     open_clip,
@@ -46,3 +47,4 @@ FAMILIES = [
     *modernbert.FAMILIES,
     *swin.FAMILIES,
 ]
+decompositions.add_alti_cells(FAMILIES)

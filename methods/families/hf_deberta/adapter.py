@@ -9,7 +9,7 @@ design decisions are in ``NOTES.md``.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Hashable, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +17,7 @@ from transformers.activations import ACT2FN
 
 from ...adapters.base import AttentionLinears, ModelInputs, SequenceContext, register_adapter
 from ...adapters.gradient_rules import apply_identity_rule
+from ...adapters.recorder import ActivationRecorder
 from ..hf_text.adapter import HFTextAdapter
 
 
@@ -109,3 +110,8 @@ class HFDebertaV2Adapter(HFTextAdapter):
     #: the disentangled attention is DeBERTa's own code (content, content-to-position and position-to-content
     #: scores), not an attention function registered with ``transformers``: no score edit
     edits_attention_scores = False
+    # ---- decomposes_blocks (issue 37)
+    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
+        """The hidden states of the block's ``(hidden, probabilities)`` output."""
+        rec.output(self.blocks[layer], key, transform=transform, index=0)

@@ -354,6 +354,22 @@ class _HFDecoder(HFEncoderBlocks):
         """Values edited at ``v_proj`` (its key-value heads; GPT-2: the fused ``c_attn``'s last third):
         :func:`~methods.adapters.value_edits.projection_value_edit`."""
         return projection_value_edit(self, edit)
+    # ---- decomposes_blocks (issue 37)
+    #: Gemma 3 normalises the attention output again before the residual sum (sandwich norms): refused there
+    decomposes_blocks = True
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        """Pre-norm: the norm entering the attention, then the one entering the MLP."""
+        block = self.blocks[layer]
+        return block.input_layernorm, block.post_attention_layernorm
+
+    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
+        rec.output(self.blocks[layer], key, transform=transform)
+
+    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The input of the MLP's norm: ``x + o_proj(attention)``."""
+        rec.input(self.block_norms(layer)[1], key)
 
 
 class _HFRopeDecoder(_HFDecoder):
@@ -436,6 +452,10 @@ class HFGemma3Adapter(_HFRopeDecoder):
         scaled = logits / cap
         return apply_identity_rule(torch.tanh, scaled, self.rule_map.head_epsilon) * cap
 
+    # ---- decomposes_blocks (issue 37)
+    #: the attention output passes its own RMSNorm before the residual sum (sandwich norms): not decomposed
+    decomposes_blocks = False
+
 
 @register_adapter
 class HFGPT2Adapter(_HFDecoder):
@@ -511,3 +531,8 @@ class HFGPT2Adapter(_HFDecoder):
     def mlp_linears(self, layer: int) -> Tuple[Projection, Projection]:
         mlp = self.blocks[layer].mlp
         return mlp.c_fc, mlp.c_proj
+
+    # ---- decomposes_blocks (issue 37)
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        block = self.blocks[layer]
+        return block.ln_1, block.ln_2

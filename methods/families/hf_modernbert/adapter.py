@@ -209,3 +209,13 @@ class HFModernBertAdapter(HFTextAdapter):
         """``Wi`` (both halves: ``in | gate``) and ``Wo``."""
         mlp = self.blocks[layer].mlp
         return mlp.Wi, mlp.Wo
+
+    # ---- decomposes_blocks (issue 37)
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        """Pre-norm: ``attn_norm`` (block 0: an ``nn.Identity``, whose values are the embeddings' own), ``mlp_norm``."""
+        block = self.blocks[layer]
+        return block.attn_norm, block.mlp_norm
+
+    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The input of ``mlp_norm``: ``x + Wo(attention)``."""
+        rec.input(self.block_norms(layer)[1], key)

@@ -226,6 +226,21 @@ class HFTextAdapter(HFEncoderBlocks):
         """Values edited at the value projection (ModernBERT: the fused ``Wqkv``'s last third):
         :func:`~methods.adapters.value_edits.projection_value_edit`."""
         return projection_value_edit(self, edit)
+    # ---- decomposes_blocks (issue 37)
+    decomposes_blocks = True
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        """Post-norm: the LayerNorm after the attention's residual sum, then the one after the MLP's."""
+        block = self.blocks[layer]
+        return block.attention.output.LayerNorm, block.output.LayerNorm
+
+    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
+        rec.output(self.blocks[layer], key, transform=transform)
+
+    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The input of the attention's LayerNorm: ``x + dense(context)``."""
+        rec.input(self.block_norms(layer)[0], key)
 
 
 @register_adapter
@@ -336,6 +351,11 @@ class HFDistilBertAdapter(HFTextAdapter):
 
     def head_linears(self) -> Tuple[nn.Linear, ...]:
         return self.model.pre_classifier, self.model.classifier
+
+    # ---- decomposes_blocks (issue 37)
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        block = self.blocks[layer]
+        return block.sa_layer_norm, block.output_layer_norm
 
 
 @register_adapter

@@ -130,8 +130,9 @@ class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
 
         return create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=None)
 
-    def final_norm(self, hidden: Tensor) -> Tensor:
-        return self.backbone.layernorm(hidden)
+    def final_norm(self) -> nn.Module:
+        """The backbone's ``layernorm`` after the last block (the ``ModelAdapter.final_norm`` capability's form)."""
+        return self.backbone.layernorm
 
     def classifiers(self) -> List[nn.Module]:
         """The classifier layers the head applies (one; two for DeiT with teacher)."""
@@ -139,7 +140,7 @@ class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
 
     def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
         """Final ``layernorm``, the [CLS] token and ``classifier``."""
-        pooled = self.final_norm(hidden)[:, 0, :]
+        pooled = self.final_norm()(hidden)[:, 0, :]
         return pooled if pre_logits else self.model.classifier(pooled)
 
     # ------------------------------------------------------------------ where methods hook
@@ -244,7 +245,7 @@ class HFDeiTWithTeacherAdapter(HFDeiTAdapter):
     def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
         """Final ``layernorm``, the two classifiers on [CLS] and the distillation token, their mean
         (``pre_logits``: the mean of the two tokens)."""
-        normed = self.final_norm(hidden)
+        normed = self.final_norm()(hidden)
         if pre_logits:
             return (normed[:, 0, :] + normed[:, 1, :]) / 2
         m = self.model
@@ -273,7 +274,7 @@ class HFDinov2Adapter(HFViTLikeAdapter):
 
     def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
         """Final ``layernorm``, ``[CLS] ++ mean of the patch tokens`` (prefix tokens left out), ``classifier``."""
-        normed = self.final_norm(hidden)
+        normed = self.final_norm()(hidden)
         latent = torch.cat([normed[:, 0], normed[:, self.num_prefix_tokens:].mean(dim=1)], dim=1)
         return latent if pre_logits else self.model.classifier(latent)
 

@@ -1,0 +1,309 @@
+"""ALTI and ALTI-Logit: norm-based decompositions of each block's attention sub-layer into per-token vectors.
+
+Ferrando, Gallego & Costa-jussa 2022, "Measuring the Mixing of Contextual Information in the Transformer" (EMNLP;
+reference ``mt-upc/transformer-contributions``) and Ferrando, Gallego, Tsiamas & Costa-jussa 2023, "Explaining How
+Transformers Use Context to Build Predictions" (ACL; reference ``mt-upc/logit-explanations``). The block pieces
+come from the adapter's ``decomposes_blocks`` capability; conventions and the references' departures from the
+papers are listed in each class and in ``docs/alti_notes.md``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .adapters import ActivationRecorder, MethodUndefinedError, ModelAdapter, ModelInputs, linear_weight
+from .base import AttributionMethod
+from .explanation_targets import check_explain, explained_score, resolve_foil
+from .readout import read_out
+from .registry import OPT_IN, register_method
+from .rollout import row_times
+from .targets import resolve_target
+
+#: the LayerNorm scale of a decomposed LayerNorm: ``shifted_std`` ``1 / std(x + eps)`` with the population std
+#: (the ALTI repository since its 2023-03 fix; the shift cancels, so ``eps`` drops out), ``exact`` the module's
+#: ``1 / sqrt(var(x) + eps)``
+LN_SCALES = ("shifted_std", "exact")
+#: what ALTI-Logit explains: the target's logit, or its difference with a foil's (the paper's contrast)
+ALTI_LOGIT_EXPLAINED = ("logit", "logit_difference")
+
+
+# ------------------------------------------------------------------------------------------ norms
+def norm_parts(norm: nn.Module, name: str) -> Tuple[bool, Tensor, Optional[Tensor], float]:
+    """``(centred, weight, bias, eps)`` of a LayerNorm (centred) or an RMSNorm (not centred, no bias);
+    :class:`MethodUndefinedError` naming the class for any other norm."""
+    if isinstance(norm, nn.LayerNorm) and norm.weight is not None:
+        return True, norm.weight, norm.bias, float(norm.eps)
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    weight = getattr(norm, "weight", None)
+    if type(norm).__name__.endswith("RMSNorm") and isinstance(weight, Tensor) and eps is not None:
+        return False, weight, None, float(eps)
+    raise MethodUndefinedError(f"{name}: the norm {type(norm).__name__} is neither a LayerNorm with a weight nor "
+                               "an RMSNorm; its decomposition is not defined here")
+
+
+def norm_scale(states: Tensor, norm: nn.Module, convention: str, name: str) -> Tensor:
+    """The per-token factor ``[...]`` by which ``norm`` divides its (centred) input ``states`` ``[..., D]``:
+    a LayerNorm's by ``convention`` (:data:`LN_SCALES`), an RMSNorm's ``1 / sqrt(mean(x^2) + eps)``."""
+    centred, _, _, eps = norm_parts(norm, name)
+    if not centred:
+        return torch.rsqrt(states.pow(2).mean(-1) + eps)
+    if convention == "shifted_std":
+        return 1 / (states + eps).std(-1, unbiased=False)
+    return torch.rsqrt(states.var(-1, unbiased=False) + eps)
+
+
+def centre(x: Tensor, centred: bool) -> Tensor:
+    """``x`` minus its mean over the last dimension where the norm centres its input."""
+    return x - x.mean(-1, keepdim=True) if centred else x
+
+
+# ------------------------------------------------------------------------------------------ one block
+def head_outputs(values: Tensor, out_proj: Any, heads: int) -> Tensor:
+    """``v_j^h W_O^h`` ``[B, H, N, D]``: each head's value vectors (bias included) through its slice of the
+    output projection."""
+    weight = linear_weight(out_proj)                        # [D, H * Dh]
+    return torch.einsum("bjhz,dhz->bhjd", values.unflatten(-1, (heads, -1)), weight.unflatten(1, (heads, -1)))
+
+
+def out_bias(out_proj: Any, like: Tensor) -> Tensor:
+    bias = getattr(out_proj, "bias", None)
+    return torch.zeros(like.shape[-1], dtype=like.dtype, device=like.device) if bias is None else bias.to(like)
+
+
+#: the elements of one chunk of query rows of the ``[B, N, N, D]`` vectors (formed, reduced and dropped in turn)
+CHUNK_ELEMENTS = 1 << 21
+
+
+def decomposition_terms(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
+                        residual_sum: Tensor, convention: str, name: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(A', U', x', b')`` of one block: ``T_i(x_j) = sum_h A'^h_ij U'^h_j + [i = j] x'_i`` and
+    ``y_i = sum_j T_i(x_j) + b'_i`` (Ferrando et al. 2022, eq. 7-8). ``U^h_j = v_j^h W_O^h`` (values with their bias);
+    pre-norm: ``A' = A``, ``U' = U``, ``x' = x``, ``b' = b_O``. Post-norm (``post_norm``, a LayerNorm after the
+    residual sum ``residual_sum``): its linear part ``(z - mean z) * gamma * s_i`` (``s_i`` by ``convention``,
+    :func:`norm_scale`) moved inside the linear sums: centring and ``gamma`` on ``U`` and ``x``, ``s_i`` on the rows
+    of ``A`` and on ``x'``; ``b' = s_i (b_O - mean b_O) gamma + beta``. With the exact scale ``y_i`` is the
+    LayerNorm's output (post-norm) or the residual sum (pre-norm)."""
+    bias = out_bias(out_proj, x)
+    heads = head_outputs(values, out_proj, attention.shape[1])
+    if post_norm is None:
+        return attention, heads, x, bias.expand_as(x)
+    centred, weight, norm_bias, _ = norm_parts(post_norm, name)
+    scale = norm_scale(residual_sum, post_norm, convention, name)[:, :, None]       # [B, N, 1]
+    shift = scale * centre(bias, centred) * weight
+    return (attention * scale[:, None], centre(heads, centred) * weight, centre(x, centred) * weight * scale,
+            shift if norm_bias is None else shift + norm_bias)
+
+
+def row_vectors(terms: Tuple[Tensor, Tensor, Tensor, Tensor], start: int, stop: int) -> Tuple[Tensor, Tensor]:
+    """``(T, y)`` of the query rows ``start:stop``: ``[B, r, N, D]`` and ``[B, r, D]`` (:func:`decomposition_terms`)."""
+    attention, heads, x, shift = terms
+    vectors = torch.einsum("bhij,bhjd->bijd", attention[:, :, start:stop], heads)
+    vectors.diagonal(offset=start, dim1=1, dim2=2).add_(x[:, start:stop].transpose(1, 2))
+    return vectors, vectors.sum(2) + shift[:, start:stop]
+
+
+def decomposed_vectors(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
+                       residual_sum: Tensor, convention: str, name: str) -> Tuple[Tensor, Tensor]:
+    """``(T, y)``: the transformed vectors ``T_i(x_j)`` ``[B, N, N, D]`` and the resultants ``y_i`` ``[B, N, D]`` of
+    one block, every row at once (:func:`decomposition_terms`)."""
+    terms = decomposition_terms(x, attention, values, out_proj, post_norm, residual_sum, convention, name)
+    return row_vectors(terms, 0, x.shape[1])
+
+
+def block_contributions(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
+                        residual_sum: Tensor, real: Tensor, convention: str, distance_eps: float,
+                        name: str) -> Tensor:
+    """ALTI's normalised contributions ``C`` ``[B, N, N]`` of one block (Ferrando et al. 2022, eq. 9-10):
+    ``c_ij = max(0, ||y_i||_1 - ||T_i(x_j) - y_i + eps||_1)`` (``eps``: ``distance_eps``, the shift torch's
+    ``pairwise_distance`` adds, as the reference calls it), 0 at padded columns (``real`` ``[B, N]``), divided by
+    its row sum; padded rows are 0. The vectors are formed and reduced a chunk of query rows at a time
+    (:data:`CHUNK_ELEMENTS` per sample), so that no block's whole ``[B, N, N, D]`` tensor is held."""
+    terms = decomposition_terms(x, attention, values, out_proj, post_norm, residual_sum, convention, name)
+    n, width = x.shape[1], x.shape[2]
+    step = max(1, CHUNK_ELEMENTS // (n * width))
+    proximity = []
+    for start in range(0, n, step):
+        vectors, resultant = row_vectors(terms, start, min(n, start + step))
+        # ||T - y + eps||_1 = ||T - (y - eps)||_1, in place and element-wise (a sample's numbers never depend on
+        # its batch: a row whose every c_ij is near 0 turns rounding into shares)
+        distance = vectors.sub_((resultant - distance_eps)[:, :, None]).abs_().sum(-1)
+        proximity.append(resultant.abs().sum(-1)[:, :, None] - distance)
+        del vectors
+    contributions = torch.cat(proximity, dim=1).clamp_min(0)
+    real_f = real.to(contributions.dtype)
+    contributions = contributions * real_f[:, None, :]
+    totals = contributions.sum(-1, keepdim=True)
+    contributions = contributions / torch.where(totals > 0, totals, torch.ones_like(totals))
+    return contributions * real_f[:, :, None]
+
+
+class _BlockDecomposition:
+    """Records what one forward needs per block (input, attention, values, post-attention residual) and folds
+    each block into its ``[B, N, N]`` contributions as soon as the block has run (a hook on its output), so that
+    one block's ``[B, N, N, D]`` vectors exist at a time. ``also(layer, pieces)``: an extra per-block reduction
+    of the same pieces (ALTI-Logit's read-out row), kept in :attr:`extra`."""
+
+    def __init__(self, method: "_AltiBase", adapter: ModelAdapter, real: Tensor,
+                 also: Optional[Callable[[int, Dict[str, Tensor]], Tensor]] = None):
+        self.method, self.adapter, self.real, self.also = method, adapter, real, also
+        self.contributions: List[Tensor] = []
+        self.extra: List[Tensor] = []
+        self.last_output: Optional[Tensor] = None
+        self.normed: Optional[Tensor] = None
+
+    def run(self, inputs: ModelInputs, head_gradient: bool = False) -> Tensor:
+        """The model's logits; with ``head_gradient`` the final norm's output is recorded as a point to
+        differentiate the head to (:attr:`normed`; autograd only from there on)."""
+        adapter = self.adapter
+        with ActivationRecorder() as rec, torch.no_grad():
+            for layer in range(adapter.depth):
+                adapter.record_block_input(rec, layer, ("x", layer))
+                adapter.record_attention(rec, layer, ("attention", layer))
+                adapter.record_values(rec, layer, ("values", layer))
+                adapter.record_post_attention_residual(rec, layer, ("residual", layer))
+                adapter.record_block_output(rec, layer, ("out", layer), transform=self.folder(rec, layer))
+            if head_gradient:
+                rec.output(adapter.final_norm(), "normed", require_grad=True)
+            logits = adapter.forward(inputs, grad_from_block=adapter.depth)
+            self.normed = rec.outputs.get("normed")
+        return logits
+
+    def folder(self, rec: ActivationRecorder, layer: int) -> Callable[[Tensor], None]:
+        def fold(output: Tensor) -> None:
+            pieces = {k: rec.outputs.pop((k, layer)) for k in ("x", "attention", "values", "residual")}
+            adapter, method = self.adapter, self.method
+            post_norm = None if adapter.pre_norm else adapter.block_norms(layer)[0]
+            self.contributions.append(block_contributions(
+                pieces["x"], pieces["attention"], pieces["values"], adapter.attention_linears(layer).out,
+                post_norm, pieces["residual"], self.real.to(output.device), method.layer_norm_scale,
+                method.distance_eps, method.name))
+            if self.also is not None:
+                self.extra.append(self.also(layer, pieces))
+            if layer == adapter.depth - 1:
+                self.last_output = output
+        return fold
+
+
+class _AltiBase(AttributionMethod):
+    tags = ("alti", OPT_IN)
+
+    def __init__(self, layer_norm_scale: str, distance_eps: float):
+        if layer_norm_scale not in LN_SCALES:
+            raise ValueError(f"layer_norm_scale must be one of {LN_SCALES}, got {layer_norm_scale!r}")
+        if not float(distance_eps) >= 0:
+            raise ValueError(f"distance_eps must be a number >= 0, got {distance_eps!r}")
+        self.layer_norm_scale = layer_norm_scale
+        self.distance_eps = float(distance_eps)
+
+    def check_adapter(self, adapter: ModelAdapter) -> None:
+        super().check_adapter(adapter)
+        if not adapter.decomposes_blocks:
+            raise MethodUndefinedError(
+                f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) does not decompose its blocks "
+                "(decomposes_blocks: the attention output must reach the residual stream through linear maps and "
+                "per-token norms only, with the block's norms named)")
+
+
+@register_method("alti")
+class Alti(_AltiBase):
+    """ALTI (Ferrando et al. 2022, eq. 7-11; ``mt-upc/transformer-contributions`` ``src/contributions.py``).
+
+    Per block: ``T_i(x_j)`` = the attention sub-layer's part from token ``j`` in output ``i`` (heads summed, values
+    with their bias) plus the residual ``x_i`` at ``j = i``, through the post-norm LayerNorm's linear part (BERT
+    family; pre-norm blocks: the attention's own norm output is already per token, so none);
+    ``c_ij = max(0, ||y_i||_1 - ||T_i(x_j) - y_i||_1)`` normalised per row (the reference's ``min_sum`` with the
+    L1 resultant norm, eq. 9's proximity), then rolled out ``C_{L-1} ... C_0`` (no identity added: the residual
+    is inside ``T``) and read at the read-out row. Class-agnostic.
+    ``layer_norm_scale``: ``"shifted_std"`` (default, the reference since 2023-03: ``1 / std(x + eps)``,
+    population std) or ``"exact"`` (``1 / sqrt(var(x) + eps)``, the module's). ``distance_eps`` (default ``1e-6``):
+    the reference's ``pairwise_distance`` adds it to every coordinate of ``T - y``; 0 gives the paper's distance.
+    Departure of the reference from the paper: the bias terms count in ``y_i`` but in no ``T_i(x_j)``.
+    """
+
+    class_specific = False
+
+    def __init__(self, layer_norm_scale: str = "shifted_std", distance_eps: float = 1e-6):
+        super().__init__(layer_norm_scale, distance_eps)
+
+    def attribute(self, adapter, inputs, target):
+        layout = adapter.layout(inputs)
+        like = inputs.tensors[next(iter(inputs.tensors))]
+        real = layout.real_positions(like.new_zeros(inputs.batch_size, layout.num_positions))
+        blocks = _BlockDecomposition(self, adapter, real)
+        blocks.run(inputs)
+        matrices = blocks.contributions
+        row = read_out(matrices.pop(), adapter, inputs, "auto", layout).to(torch.float64)
+        while matrices:
+            row = row_times(row, matrices.pop())
+        return layout.output(row.to(inputs.score_dtype))
+
+
+@register_method("alti_logit")
+class AltiLogit(_AltiBase):
+    """ALTI-Logit (Ferrando et al. 2023, eq. 6-9; ``mt-upc/logit-explanations`` ``extract_explanations.py``).
+
+    Per block ``l``: the logit update of token ``j``'s attention vector at the read-out position ``t``,
+    ``dlogit^l_j = U_w . LN_f(sum_h A^h_tj v_j^h W_O^h)`` (``U_w`` the head's row of the target ``w``, minus the
+    foil's with ``explain="logit_difference"``; ``LN_f`` the final norm's linear part with the scale of the last
+    block's output at ``t``, by ``layer_norm_scale``, default ``"exact"`` as the reference's ``l_transform``),
+    tracked to the inputs by ALTI's rollout of the blocks below (pre-norm ALTI, :class:`Alti`'s ``c_ij``):
+    ``sum_l dlogit^l C_{l-1} ... C_0``. Per-sample targets (token ids; ``None``: the prediction). Not attributed,
+    as in the reference: the embeddings' direct path, the MLPs, the biases (``b_O``, the final norm's).
+    Pre-norm decoders whose head is linear after the final norm (GPT-2, Llama-like with RMSNorm: exact there too);
+    the head's row ``U_w`` is read as the gradient of the explained logit at the final norm's output.
+    """
+
+    def __init__(self, explain: str = "logit", layer_norm_scale: str = "exact", distance_eps: float = 1e-6):
+        super().__init__(layer_norm_scale, distance_eps)
+        if check_explain(explain) not in ALTI_LOGIT_EXPLAINED:
+            raise ValueError(f"alti_logit explains a logit, linear in the decomposition: explain must be one of "
+                             f"{ALTI_LOGIT_EXPLAINED}, got {explain!r}")
+        self.explain = explain
+
+    @property
+    def reads_foil(self) -> bool:
+        return self.explain == "logit_difference"
+
+    def check_adapter(self, adapter: ModelAdapter) -> None:
+        super().check_adapter(adapter)
+        if not adapter.pre_norm or adapter.readout != "position":
+            raise MethodUndefinedError(f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) needs a "
+                                       "pre-norm decoder read out at a position (its final norm and linear head)")
+
+    def attribute(self, adapter, inputs, target):
+        layout = adapter.layout(inputs)
+        like = inputs.tensors[next(iter(inputs.tensors))]
+        real = layout.real_positions(like.new_zeros(inputs.batch_size, layout.num_positions))
+        positions = adapter.context(inputs).readout_positions
+        assert positions is not None, "a model read out at a position has them in its context"
+
+        def at_readout(layer: int, pieces: Dict[str, Tensor]) -> Tensor:
+            """``sum_h A^h_tj v_j^h W_O^h`` ``[B, N, D]``: the attention vectors reaching the read-out row."""
+            attention = pieces["attention"]
+            rows = attention[torch.arange(attention.shape[0]), :, positions.to(attention.device)]     # [B, H, N]
+            return torch.einsum("bhj,bhjd->bjd", rows, head_outputs(pieces["values"], adapter.attention_linears(
+                layer).out, attention.shape[1]))
+
+        blocks = _BlockDecomposition(self, adapter, real, also=at_readout)
+        logits = blocks.run(inputs, head_gradient=True)
+        target = resolve_target(logits, target)
+        foil = resolve_foil(logits, self.call_foil, self.explain)
+        assert blocks.normed is not None and blocks.last_output is not None
+        rows = torch.arange(inputs.batch_size)
+        # the head's row of the target (minus the foil's): the gradient of the explained logit at the normed state
+        gradient, = torch.autograd.grad(explained_score(logits, target, self.explain, foil), blocks.normed)
+        direction = gradient[rows, positions.to(gradient.device)].detach()
+        final = adapter.final_norm()
+        centred, weight, _, _ = norm_parts(final, self.name)
+        last = blocks.last_output[rows, positions.to(blocks.last_output.device)]
+        scale = norm_scale(last, final, self.layer_norm_scale, self.name)                        # [B]
+        direction = centre(direction.to(last) * weight, centred) * scale[:, None]               # [B, D]
+        updates = [torch.einsum("bjd,bd->bj", vectors, direction) * real for vectors in blocks.extra]
+        matrices = blocks.contributions
+        matrices.pop()
+        row = updates.pop().to(torch.float64)
+        while matrices:
+            row = row_times(row, matrices.pop()) + updates.pop().to(torch.float64)
+        return layout.output(row.to(inputs.score_dtype))
