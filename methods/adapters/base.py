@@ -618,6 +618,18 @@ class ModelAdapter(abc.ABC):
         still does below ``lowest`` and without autograd). The model is restored on exit."""
         raise NotImplementedError(f"{self.family} does not recompute its attention in the backward pass")
 
+    # ---- lens_logits (issue 37)
+    #: capability: :meth:`lens_logits` (the family's own final norm and head read at every position: LeGrad's
+    #: "logit lens")
+    reads_lens: bool = False
+
+    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """Only where :attr:`reads_lens`: the family's own final norm and head applied to **every** position of
+        ``hidden`` ``[B, N, D]`` (hidden states leaving any block) as if the read-out read that position alone:
+        logits ``[B, N, C]`` (a CLIP / SigLIP / open_clip tower: the scorer's logits of each position's
+        projected embedding; ``pre_logits``: that embedding, or the latent the classifier reads)."""
+        raise NotImplementedError(f"{self.family} has no logit lens (its final norm and head at every position)")
+
 
 class ImageAdapter(ModelAdapter):
     """What the image families share. Inputs: normalised images ``[B, num_channels, H, W]`` (a tensor, or

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
+from ...adapters.lens import lens_through_head
 from ...adapters.recorder import ActivationRecorder
 from ..hf_blocks import HFEncoderBlocks
 from .rules import Dinov2Rules, ViTLikeRules
@@ -183,6 +184,14 @@ class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
             yield
         finally:
             config._attn_implementation = before
+
+    # ---- lens_logits (issue 37)
+    reads_lens = True
+
+    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """The logit lens of transformers' ViT-like models: its own ``head`` reading each position alone
+        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
+        return lens_through_head(self, hidden, context, pre_logits)
 
 
 @register_adapter

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
+from ...adapters.lens import lens_through_head
 from ...adapters.recorder import ActivationRecorder
 from .rules import TimmBlocksRules, TimmViTRules
 
@@ -97,6 +98,14 @@ class TimmBlocksAdapter(ImageAdapter):
     def dynamic_image_size(self) -> bool:
         """Whether the model interpolates its positional embedding to each image size (``dynamic_img_size``)."""
         return bool(getattr(self.model, "dynamic_img_size", False))
+
+    # ---- lens_logits (issue 37)
+    reads_lens = True
+
+    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """The logit lens of timm's ViT-like models: its own ``head`` reading each position alone
+        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
+        return lens_through_head(self, hidden, context, pre_logits)
 
 
 @register_adapter
