@@ -143,6 +143,7 @@ COSTS = {
     "token_ablation": ("patches", None),
     "attnlrp": ("forward+backward", 1.3),
     "cp_lrp": ("forward+backward", 1.3),
+    "legrad": ("forward+backward", 1.5),
 }
 #: method -> target of its peak extra memory over the forward+backward anchor's (same batch size)
 MEMORY_TARGETS = {"attnlrp": 1.5, "cp_lrp": 1.5}

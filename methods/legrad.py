@@ -68,7 +68,7 @@ class LeGrad(AttributionMethod):
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
         if not adapter.reads_lens:
-            raise MethodUndefinedError(f"legrad: {adapter.family} has no logit lens (reads_lens: the final norm and "
+            raise MethodUndefinedError(f"legrad: {adapter.family}: no logit lens (reads_lens: the final norm and "
                                        "head read at any block's output); LeGrad is defined on ViT, CLIP and SigLIP "
                                        "image towers")
         if isinstance(self.layers, int) and self.layers > adapter.depth:

@@ -10,7 +10,8 @@ import torch
 
 from methods import MethodUndefinedError, build_method, tokens_to_map
 from methods.adapters import adapter_for
-from tests.families import _images, _tiny_bert, _tiny_vit
+from tests.families import FAMILIES, LEGRAD_ROWS, _images, _tiny_bert, _tiny_vit
+from tests.test_method_contract import test_method_contract as _contract
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "legrad_golden"
 #: the package's layer_index -> our ``layers``
@@ -124,5 +125,14 @@ def test_options_and_refusals_are_named():
     model = _tiny_vit("token").eval()
     with pytest.raises(ValueError, match="asks for more blocks"):
         build_method("legrad", layers=99).check(model)
-    with pytest.raises(MethodUndefinedError, match="has no logit lens"):
+    with pytest.raises(MethodUndefinedError, match="no logit lens"):
         build_method("legrad").check(_tiny_bert())
+
+
+@pytest.mark.parametrize("row", ["timm_vit_reg4_dinov2", "hf_siglip_vision", "open_clip_vision", "hf_bert"])
+def test_contract_on_a_few_rows(row):
+    """The conformance matrix's contract in the default tier on a few rows (the whole matrix: ``-m slow``): shape,
+    batched equals alone, the model unchanged; refused by name where the family has no lens."""
+    family = next(f for f in FAMILIES if f.name == row)
+    assert (row in LEGRAD_ROWS) == ("legrad" not in family.undefined)
+    _contract(family, "legrad")
