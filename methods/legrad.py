@@ -1,6 +1,6 @@
 """LeGrad: per-layer gradients of a logit-lens score through each block's attention (Bousselham et al., ICCV 2025).
 
-Long notes (the reference's conventions, its batch bug, the cost): ``methods/LEGRAD_NOTES.md``.
+Long notes (the reference's conventions, its bug under today's open_clip, the goldens): ``docs/legrad.md``.
 """
 from __future__ import annotations
 
@@ -39,22 +39,20 @@ def minmax_rows(scores: Tensor) -> Tensor:
 
 @register_method("legrad")
 class LeGrad(AttributionMethod):
-    """LeGrad (Bousselham et al., ICCV 2025, Sec. 3): for each block ``l`` of the chosen set, the lens score
-    ``s_l = lens(pool(z_l))[c]`` of the block's output tokens ``z_l`` (the family's own final norm and head,
-    :meth:`~methods.adapters.ModelAdapter.lens_logits`; CLIP / SigLIP / open_clip towers: the scorer's logit of
-    class ``c``, ``exp(logit_scale) * cos(embedding, text_c)``, a positive multiple of the reference's cosine);
-    ``E_l = mean_h mean_rows ReLU(ds_l / dA_l)`` over the heads and every query row, [CLS] included (the
-    reference's ``grad.mean(dim=1).mean(dim=1)``), read at the patch columns; the map ``sum_l E_l``, min-max
-    normalised per sample (``minmax=True``, as the reference; a constant map gives 0s).
-    Gradients stop at each block: ``ds_l / dA_l`` flows through block ``l`` only, so one forward and one backward
-    give every layer's gradient. ``layers``: ``"all"`` (the paper) or the last ``k`` blocks (default 2, legrad-torch's
-    ``layer_index=-2``). ``pool``: ``"mean"`` (default; the mean of every position, prefix tokens included, before
-    the final norm: the reference's CLIP code, ``ln_post(mean(z_l)) @ proj``) or ``"readout"`` (the model's own
-    read-out: [CLS], the patch mean, an attention pool). Departures of the reference, named: its SigLIP and CoCa
-    code differentiates the attention *pool*'s probabilities instead and subtracts an "empty prompt" map
-    (not implemented here); its upsampling to pixels is :func:`methods.tokens_to_map`'s, which commutes with
-    the min-max. Only images of the ``reads_lens`` families (timm ViT / DeiT / EVA / BEiT, transformers ViT-like,
-    CLIP / SigLIP / open_clip vision towers)."""
+    """LeGrad (Bousselham et al., ICCV 2025, Sec. 3): for each chosen block ``l``, the lens score
+    ``s_l = lens(pool(z_l))[c]`` of its output tokens ``z_l`` (the family's own final norm and head,
+    :meth:`~methods.adapters.ModelAdapter.lens_logits`; CLIP / SigLIP / open_clip: the scorer's logit, a positive
+    multiple of the reference's cosine plus a constant); ``E_l = mean_h mean_q ReLU(ds_l / dA_l)`` over the heads
+    and every query row, [CLS] included (the reference's ``grad.mean(dim=1).mean(dim=1)``), at the patch columns;
+    the map ``sum_l E_l``, min-max normalised per sample (``minmax=True``; a constant map gives 0s, not 0 / 0).
+    Gradients stop at each block (``ds_l / dA_l`` through block ``l`` only): one forward, one backward.
+    ``layers``: ``"all"`` (the paper) or the last ``k`` blocks (default 2: legrad-torch's ``layer_index=-2``).
+    ``pool``: ``"mean"`` (default; every position's mean before the final norm, the reference's CLIP code
+    ``ln_post(mean(z_l)) @ proj``) or ``"readout"`` (the model's own read-out). Departures, named: the reference's
+    SigLIP / CoCa code differentiates the attention *pool* instead and subtracts an "empty prompt" map (not
+    implemented); its pixel upsampling is :func:`methods.tokens_to_map`'s, which commutes with the min-max.
+    Defined on the ``reads_lens`` families (timm ViT / DeiT / EVA / BEiT, transformers ViT-like, CLIP / SigLIP /
+    open_clip vision towers); refused by name elsewhere."""
 
     tags = (OPT_IN,)
 
