@@ -151,6 +151,7 @@ COSTS = {
     "cp_lrp": ("forward+backward", 1.3),
     "value_zeroing": ("positions+1", 1.2),
     "atman": ("patches+1", 1.2),
+    "legrad": ("forward+backward", 1.5),
 }
 #: method -> target of its peak extra memory over the forward+backward anchor's (same batch size)
 MEMORY_TARGETS = {"attnlrp": 1.5, "cp_lrp": 1.5}

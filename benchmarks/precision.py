@@ -38,7 +38,7 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(_here))
 
 import models  # noqa: E402,F401 - registers the model sources
-from methods import available_methods, build_method  # noqa: E402
+from methods import MethodUndefinedError, available_methods, build_method  # noqa: E402
 from models.sources import load_model, load_tokenizer  # noqa: E402
 
 #: short real prompts of different lengths (left-padded in the batch)
@@ -138,6 +138,12 @@ def main(argv: Optional[List[str]] = None) -> dict:
         if args.accumulate_dtype:
             options["accumulate_dtype"] = args.accumulate_dtype
         method = build_method(name, **options)
+        try:
+            method.check(model)
+        except MethodUndefinedError as err:   # not defined on a decoder LM (e.g. legrad): a row saying why
+            rows.append({"method": name, "undefined": str(err)})
+            print(f"{name:<26}undefined: {err}", flush=True)
+            continue
         start = time.perf_counter()
         row: Dict[str, object] = {"method": name}
         f32 = rows_of(method(model, batch, target=target), batch)

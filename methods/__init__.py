@@ -19,6 +19,7 @@ from . import (
     gradient_baselines,  # noqa: F401,E402
     gradient_methods,  # noqa: F401,E402
     integrated_gradients,  # noqa: F401,E402
+    legrad,  # noqa: F401,E402
     noise_tunnel,  # noqa: F401,E402
     occlusion,  # noqa: F401,E402
     random_baseline,  # noqa: F401,E402

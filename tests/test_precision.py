@@ -29,6 +29,8 @@ def test_every_method_runs_on_bf16_and_fp16_decoders_in_float32(family):
         tensors = {name: p for name, p in model.named_parameters()}
         upcast = copy.deepcopy(model).float() if dtype == torch.bfloat16 else None
         for name in available_methods():
+            if name in family.undefined:   # refused by name on this row (the conformance matrix checks it)
+                continue
             method = build_method(name, **_options(family, name))
             scores = method(model, inputs)
             assert scores.dtype == torch.float32 and bool(torch.isfinite(scores).all()), (name, dtype)
@@ -97,5 +99,5 @@ def test_on_smollm2_every_methods_batched_rows_equal_the_rows_alone():
     spec.loader.exec_module(script)
     rows = script.main(["--skip", "bf16", "f64"])["rows"]
     assert {r["method"] for r in rows} == set(available_methods())
-    worst = {r["method"]: r["batch_rel"] for r in rows if not r["batch_rel"] <= 1e-5}
+    worst = {r["method"]: r["batch_rel"] for r in rows if "undefined" not in r and not r["batch_rel"] <= 1e-5}
     assert not worst, worst

@@ -632,6 +632,7 @@ class ModelAdapter(abc.ABC):
         its attention probabilities; the edit returns a tensor of the same shape. Nothing else of the block
         changes (queries and keys keep the unedited projection). The model is restored on exit."""
         raise NotImplementedError(f"{self.family} does not edit its value vectors")
+
     # ---- edits_attention_scores (issue 37)
     #: capability: :meth:`attention_score_edit` (every block's pre-softmax attention scores pass through an edit)
     edits_attention_scores: bool = False
@@ -644,6 +645,7 @@ class ModelAdapter(abc.ABC):
         key columns; ``edit`` returns a tensor of the same shape. The edit runs in the scores' dtype; columns it
         returns unchanged give exactly the model's own attention. The model is restored on exit."""
         raise NotImplementedError(f"{self.family} does not edit its pre-softmax attention scores")
+
     # ---- decomposes_blocks (issue 37)
     #: capability: :meth:`block_norms`, :meth:`final_norm`, :meth:`record_block_output` and
     #: :meth:`record_post_attention_residual`: the attention sub-layer's output enters the residual stream through
@@ -669,6 +671,18 @@ class ModelAdapter(abc.ABC):
         """Record block ``layer``'s residual sum after its attention sub-layer, ``x + attn(...)`` ``[B, N, D]``
         (the output projection's bias included), before any norm that follows it."""
         raise NotImplementedError(f"{self.family} does not record its post-attention residual")
+
+    # ---- lens_logits (issue 37)
+    #: capability: :meth:`lens_logits` (the family's own final norm and head read at every position: LeGrad's
+    #: "logit lens")
+    reads_lens: bool = False
+
+    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """Only where :attr:`reads_lens`: the family's own final norm and head applied to **every** position of
+        ``hidden`` ``[B, N, D]`` (hidden states leaving any block) as if the read-out read that position alone:
+        logits ``[B, N, C]`` (a CLIP / SigLIP / open_clip tower: the scorer's logits of each position's
+        projected embedding; ``pre_logits``: that embedding, or the latent the classifier reads)."""
+        raise NotImplementedError(f"{self.family} has no logit lens (its final norm and head at every position)")
 
 
 class ImageAdapter(ModelAdapter):

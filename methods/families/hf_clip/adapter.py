@@ -35,6 +35,7 @@ from ...adapters.base import (
     scaled_copies,
 )
 from ...adapters.gradient_rules import normalized_rule
+from ...adapters.lens import lens_through_head
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs
 from ...adapters.value_edits import projection_value_edit
@@ -284,6 +285,14 @@ class HFCLIPVisionAdapter(_HFPatchVision, ImageAdapter, _HFCLIPTower):
 
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         return self.tower_model.post_layernorm(hidden[:, 0, :])
+
+    # ---- lens_logits (issue 37)
+    reads_lens = True
+
+    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """The logit lens of the CLIP vision tower: its own ``head`` reading each position alone
+        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
+        return lens_through_head(self, hidden, context, pre_logits)
 
 
 def eos_positions(input_ids: Tensor, eos_token_id: int) -> Tensor:

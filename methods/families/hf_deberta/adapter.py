@@ -110,6 +110,7 @@ class HFDebertaV2Adapter(HFTextAdapter):
     #: the disentangled attention is DeBERTa's own code (content, content-to-position and position-to-content
     #: scores), not an attention function registered with ``transformers``: no score edit
     edits_attention_scores = False
+
     # ---- decomposes_blocks (issue 37)
     def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
                             transform: Optional[Callable[[Tensor], Any]] = None) -> None:

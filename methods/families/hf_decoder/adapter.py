@@ -354,6 +354,7 @@ class _HFDecoder(HFEncoderBlocks):
         """Values edited at ``v_proj`` (its key-value heads; GPT-2: the fused ``c_attn``'s last third):
         :func:`~methods.adapters.value_edits.projection_value_edit`."""
         return projection_value_edit(self, edit)
+
     # ---- decomposes_blocks (issue 37)
     #: Gemma 3 normalises the attention output again before the residual sum (sandwich norms): refused there
     decomposes_blocks = True

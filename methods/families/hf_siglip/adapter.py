@@ -30,6 +30,7 @@ from ...adapters.base import (
     TokenSequence,
     register_adapter,
 )
+from ...adapters.lens import lens_through_head
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_token_inputs
 from ..hf_clip.adapter import _HFCLIPTower, _HFPatchVision, _HFTokenText
@@ -129,6 +130,14 @@ class HFSiglipVisionAdapter(_HFPatchVision, ImageAdapter, _HFSiglipTower):
             self.forward(inputs, grad_from_block=self.depth)
         assert self._readout_cache is not None, "an eager forward keeps the read-out weights"
         return self._readout_cache[2]
+
+    # ---- lens_logits (issue 37)
+    reads_lens = True
+
+    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """The logit lens of the SigLIP vision tower: its own ``head`` reading each position alone
+        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
+        return lens_through_head(self, hidden, context, pre_logits)
 
 
 @register_adapter

@@ -226,6 +226,7 @@ class HFTextAdapter(HFEncoderBlocks):
         """Values edited at the value projection (ModernBERT: the fused ``Wqkv``'s last third):
         :func:`~methods.adapters.value_edits.projection_value_edit`."""
         return projection_value_edit(self, edit)
+
     # ---- decomposes_blocks (issue 37)
     decomposes_blocks = True
 

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
+from ...adapters.lens import lens_through_head
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import projection_value_edit
 from ..hf_blocks import HFEncoderBlocks
@@ -194,11 +195,20 @@ class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
         """Values edited at the value projection:
         :func:`~methods.adapters.value_edits.projection_value_edit`."""
         return projection_value_edit(self, edit)
+
     # ---- edits_attention_scores (issue 37)
     def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
         """As :class:`~methods.families.hf_blocks.HFEncoderBlocks`, through :func:`materialised_attention` (the
         attention :meth:`eager_attention` runs: the softmax in the wider of float32 and the model's dtype)."""
         return score_edited_attention(self.attention_config(), self.blocks, edit, eager=materialised_attention)
+
+    # ---- lens_logits (issue 37)
+    reads_lens = True
+
+    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """The logit lens of transformers' ViT-like models: its own ``head`` reading each position alone
+        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
+        return lens_through_head(self, hidden, context, pre_logits)
 
 
 @register_adapter

@@ -30,6 +30,7 @@ from ...adapters.base import (
     check_sample_ids,
     register_adapter,
 )
+from ...adapters.lens import lens_through_head
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_token_inputs
 from ...adapters.value_edits import edited_values_change, product_change
@@ -292,6 +293,7 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
             finally:
                 for handle in handles:
                     handle.remove()
+
     # ---- edits_attention_scores (issue 37)
     edits_attention_scores = True
 
@@ -367,6 +369,14 @@ class OpenCLIPVisionAdapter(ImageAdapter, _OpenCLIPTower):
 
     def projection_weight(self) -> Optional[Tensor]:
         return self.visual.proj.t()
+
+    # ---- lens_logits (issue 37)
+    reads_lens = True
+
+    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """The logit lens of the open_clip vision tower: its own ``head`` reading each position alone
+        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
+        return lens_through_head(self, hidden, context, pre_logits)
 
 
 def text_readout_positions(input_ids: Tensor, pool_type: str, eos_token_id: Optional[int]) -> Tensor:

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
+from ...adapters.lens import lens_through_head
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import projection_value_edit
 from .rules import TimmBlocksRules, TimmViTRules
@@ -99,6 +100,14 @@ class TimmBlocksAdapter(ImageAdapter):
     def dynamic_image_size(self) -> bool:
         """Whether the model interpolates its positional embedding to each image size (``dynamic_img_size``)."""
         return bool(getattr(self.model, "dynamic_img_size", False))
+
+    # ---- lens_logits (issue 37)
+    reads_lens = True
+
+    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """The logit lens of timm's ViT-like models: its own ``head`` reading each position alone
+        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
+        return lens_through_head(self, hidden, context, pre_logits)
 
 
 @register_adapter
@@ -256,6 +265,7 @@ class TimmViTAdapter(TimmBlocksAdapter):
         """Values edited at the fused ``qkv`` projection's last third:
         :func:`~methods.adapters.value_edits.projection_value_edit`."""
         return projection_value_edit(self, edit)
+
     # ---- edits_attention_scores (issue 37)
     edits_attention_scores = True
 
