@@ -8,9 +8,9 @@
 # Importing the families registers their adapters and topologies; importing the method modules registers them.
 from . import (
     ablation_methods,  # noqa: F401,E402
-    attcat,  # noqa: F401,E402
-    atman,  # noqa: F401,E402
     alti,  # noqa: F401,E402
+    atman,  # noqa: F401,E402
+    attcat,  # noqa: F401,E402
     attention_methods,  # noqa: F401,E402
     attnlrp,  # noqa: F401,E402
     beyond_intuition,  # noqa: F401,E402
