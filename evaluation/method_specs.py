@@ -18,6 +18,10 @@ from methods.config_values import PlainDict
 
 MethodsSpec = Union[None, str, List[str], Dict[str, Optional[PlainDict]]]
 CLASS_SETTINGS = ("predicted", "target", "other")
+#: the key of a specification selected by a set (``methods: null``, ``all``, ``tag:<tag>``) rather than by name:
+#: a method that is not defined on the model (``MethodUndefinedError``) is left out of the run, said in the log,
+#: where a method asked for by name is an error
+IF_DEFINED = "if_defined"
 
 
 def check_class_settings(settings: Sequence[str], what: str = "class settings") -> tuple:
@@ -44,20 +48,24 @@ def parse_methods(methods: MethodsSpec) -> Dict[str, Dict[str, Any]]:
     ``None``: every registered method but those tagged ``opt_in`` (the generic baselines, whose cost is a multiple
     of a forward and backward: ``methods.available_methods(opt_in=False)``); ``"all"``: every registered method;
     ``"tag:<tag>"`` (alone or in a list): the methods carrying that tag (``tag:generic_baseline``); a list of
-    names; or a mapping ``{display name: options}`` where options may carry ``method: <registered name>`` to
-    evaluate one method under several option sets (e.g. ``{rollout_l4: {method: rollout, start_layer: 4}}``).
+    names; the methods of a set (``None``, ``"all"``, a tag) carry :data:`IF_DEFINED` (those not defined on the
+    model are left out of the run); or a mapping ``{display name: options}`` where options may carry
+    ``method: <registered name>`` to evaluate one method under several option sets (e.g. ``{rollout_l4:
+    {method: rollout, start_layer: 4}}``).
     """
     if methods is None:
-        return {name: {"method": name} for name in available_methods(opt_in=False)}
+        return {name: {"method": name, IF_DEFINED: True} for name in available_methods(opt_in=False)}
     if methods == "all":
-        return {name: {"method": name} for name in available_methods()}
+        return {name: {"method": name, IF_DEFINED: True} for name in available_methods()}
     if isinstance(methods, str):
         methods = [methods]
     if isinstance(methods, (list, tuple)):
+        tagged = {name for item in methods if isinstance(item, str) and item.startswith("tag:")
+                  for name in _expand_tag(item)}
         methods = [name for item in methods for name in _expand_tag(item)]
         if len(set(methods)) != len(methods):
             raise ValueError(f"methods are listed twice: {list(methods)}")
-        return {name: {"method": name} for name in methods}
+        return {name: {"method": name, **({IF_DEFINED: True} if name in tagged else {})} for name in methods}
     if isinstance(methods, dict):
         spec = {}
         for name, options in methods.items():

@@ -45,8 +45,8 @@ from torch import Tensor, nn
 
 from evaluation.class_sets import data_class_names, label_translation, model_num_classes
 from evaluation.classifier import classifier_for
-from evaluation.method_specs import CLASS_SETTINGS, MethodsSpec, check_class_settings, method_specs
-from methods import build_method
+from evaluation.method_specs import CLASS_SETTINGS, IF_DEFINED, MethodsSpec, check_class_settings, method_specs
+from methods import MethodUndefinedError, build_method
 from methods.adapters import adapter_for
 from methods.config_values import PlainDict
 from models.concepts import load_concept_heads, resolve_concept
@@ -151,9 +151,11 @@ class AttributionEvaluationModule(pl.LightningModule):
     def _build_methods(self, specs: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
         adapter_for(self.model)  # every method runs on every supported family; TypeError names the families
         built = {}
+        undefined = {}
         for name, options in specs.items():
             options = dict(options)
             registered = options.pop("method")
+            if_defined = options.pop(IF_DEFINED, False)
             if isinstance(options.get("concept"), str):
                 options["concept"] = resolve_concept(self.concept_heads, options["concept"], method=name)
                 width = getattr(self.model, "num_features", None)
@@ -163,8 +165,16 @@ class AttributionEvaluationModule(pl.LightningModule):
             built[name] = build_method(registered, **options)
             try:
                 built[name].check(self.model)   # options against this model: at set-up, not the first batch
+            except MethodUndefinedError as err:
+                if not if_defined:
+                    raise
+                undefined[name] = str(err)       # selected by a set (null, all, a tag): left out, said below
+                del built[name]
             except ValueError as err:
                 raise ValueError(f"method {name!r}: {err}" if name != registered else str(err)) from None
+        for name, reason in undefined.items():
+            rank_zero_info(f"method {name!r} left out: it is not defined on this model ({reason})")
+            del specs[name]
         if not built:
             raise ValueError(f"no attribution method to evaluate (asked for {list(specs)})")
         return built
