@@ -45,6 +45,13 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol, runtime_checkable
 
+# OpenMP's threads sleep between parallel regions instead of spinning (unless the environment says otherwise), set
+# before torch loads its OpenMP runtime: on cores shared with other jobs a spinning thread waits for its
+# descheduled partner at every operation's barrier. Measured on 2 cores at load average 18 (benchmarks/README.md):
+# one SmolLM2 forward of 8 x 64 tokens took 43 s wall / 10 s CPU with 2 spinning threads, 6 s / 1.5 s passive.
+# The results are bit for bit the same (same threads, same partition of the work).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytorch_lightning as pl
 
 import training  # noqa: F401  (registers the trained: and synthetic model sources, in DDP children too)

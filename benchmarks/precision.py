@@ -16,7 +16,8 @@ of each prompt (the same target in every precision). Per method:
 * ``batch rel``: float32, max over prompts of ``max_t |batched_t - alone_t| / max_t |alone_t|``.
 
 ``--accumulate-dtype`` passes that option to every method (:mod:`methods.precision`; the default leaves each
-method's own). ``--json`` writes the rows. Runs with any checkout of this project that has ``build_method``
+method's own; ``model``: the model's own dtype, the arithmetic before the float32 floor, i.e. the table's "before").
+``--json`` writes the rows. Runs with any checkout of this project that has ``build_method``
 (``--model hf:<folder>`` where the ``gguf:`` source is missing), so a table "before" a change can be measured.
 """
 from __future__ import annotations

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-from typing import Optional, Tuple
+from typing import Tuple
 
-import torch
 from torch import Tensor, nn
 
 from .adapters import ModelAdapter, ModelInputs, RawInputs, SampleIds, adapter_for
 from .model_state import preserved_model_state
-from .precision import compute_dtype, computed_in, result_dtype
+from .precision import Accumulate, compute_dtype, computed_in, result_dtype
 from .targets import TargetType
 
 
@@ -58,9 +57,9 @@ class AttributionMethod:
     def reads_foil(self) -> bool:
         """Whether the call reads a ``foil`` (a method built with a contrastive ``explain`` says so)."""
         return False
-    #: the precision the call computes in (:mod:`methods.precision`; ``None``: at least float32); set by
-    #: ``build_method(name, accumulate_dtype=...)``
-    accumulate_dtype: Optional[torch.dtype] = None
+    #: the precision the call computes in (:mod:`methods.precision`; ``None``: at least float32, ``"model"``: the
+    #: model's own); set by ``build_method(name, accumulate_dtype=...)``
+    accumulate_dtype: Accumulate = None
 
     def __call__(self, model: nn.Module, inputs: RawInputs, target: TargetType = None,
                  sample_ids: SampleIds = None, foil: TargetType = None) -> Tensor:

@@ -15,6 +15,9 @@ epsilon rule's divisions amplify the forward's rounding); ``benchmarks/README.md
 * ``"float32"`` / ``"float64"``: at least that (a float64 model is never narrowed);
 * ``"float64"`` is what deep models want for full ``lrp`` (above; ``benchmarks/precision.py`` measures it); it is
   not its default because it moves the results of float32 models (the default run's ``lrp`` AUCs by 0.7 points).
+* ``"model"``: the model's own dtype whatever it is (a bf16 model computes in bf16): the arithmetic before this
+  option existed, faster and without the float32 copy, at the losses ``benchmarks/README.md`` measures (its
+  precision table's "before" columns).
 
 How: for the call the model's floating parameters and buffers are replaced by copies in the compute dtype, and the
 floating input tensors cast likewise (:func:`computed_in`): the method's forward, backward and relevance passes all
@@ -26,17 +29,22 @@ Maps are returned in float32, float64 for float64 models (inputs) (:func:`result
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from typing import Dict, Iterator, List, Literal, Optional, Tuple, Union
 
 import torch
 from torch import nn
 
+#: ``accumulate_dtype="model"``: compute in the model's own dtype (module docstring)
+MODEL_DTYPE: Literal["model"] = "model"
+#: a parsed ``accumulate_dtype``: ``None`` (at least float32), a dtype, or :data:`MODEL_DTYPE`
+Accumulate = Union[None, torch.dtype, Literal["model"]]
 #: the accepted values of ``accumulate_dtype`` (``None`` and ``"auto"``: at least float32)
-ACCUMULATE_DTYPES = {"auto": None, "float32": torch.float32, "float64": torch.float64}
+ACCUMULATE_DTYPES: Dict[str, Accumulate] = {"auto": None, "float32": torch.float32, "float64": torch.float64,
+                                            MODEL_DTYPE: MODEL_DTYPE}
 
 
-def parse_accumulate_dtype(value: Union[None, str, torch.dtype]) -> Optional[torch.dtype]:
-    """``None`` (auto) or the named dtype; an error naming the accepted values."""
+def parse_accumulate_dtype(value: Union[None, str, torch.dtype]) -> Accumulate:
+    """``None`` (auto), the named dtype or :data:`MODEL_DTYPE`; an error naming the accepted values."""
     if value is None or isinstance(value, torch.dtype) and value in ACCUMULATE_DTYPES.values():
         return value
     if isinstance(value, str) and value in ACCUMULATE_DTYPES:
@@ -50,10 +58,10 @@ def model_dtype(model: nn.Module) -> Optional[torch.dtype]:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
 
 
-def compute_dtype(model: nn.Module, accumulate: Optional[torch.dtype]) -> Optional[torch.dtype]:
+def compute_dtype(model: nn.Module, accumulate: Accumulate) -> Optional[torch.dtype]:
     """The dtype a call computes in (module docstring); ``None`` when that is the model's own."""
     own = model_dtype(model)
-    if own is None:
+    if own is None or isinstance(accumulate, str):   # MODEL_DTYPE
         return None
     want = accumulate or torch.float32
     wider = want if torch.finfo(want).bits > torch.finfo(own).bits or own in (torch.bfloat16, torch.float16) else own

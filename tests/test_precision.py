@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from methods import available_methods, build_method
-from methods.precision import compute_dtype, computed_in, parse_accumulate_dtype, result_dtype
+from methods.precision import MODEL_DTYPE, compute_dtype, computed_in, parse_accumulate_dtype, result_dtype
 from tests.families.decoders import FAMILIES as DECODER_FAMILIES
 
 
@@ -67,12 +67,29 @@ def test_a_named_higher_precision_is_the_method_on_the_widened_model(name):
     assert narrow(model64, inputs).dtype == torch.float64   # a float64 model is never narrowed
 
 
+@pytest.mark.parametrize("name", ["rollout", "attnlrp"])
+def test_model_precision_computes_in_the_models_own_dtype(name):
+    """``accumulate_dtype="model"``: the arithmetic before the option (a bf16 model in bf16), maps still float32."""
+    torch.set_num_threads(1)
+    family = next(f for f in DECODER_FAMILIES if f.name == "hf_llama_gqa_left")
+    model32 = family.build().float()
+    inputs = family.inputs(3)
+    own, default = build_method(name, accumulate_dtype="model"), build_method(name)
+    bf16 = copy.deepcopy(model32).to(torch.bfloat16)
+    assert own.accumulate_dtype == MODEL_DTYPE and compute_dtype(bf16, MODEL_DTYPE) is None
+    torch.testing.assert_close(own(model32, inputs), default(model32, inputs), rtol=0, atol=0)   # float32: the same
+    in_bf16, in_float32 = own(bf16, inputs), default(bf16, inputs)
+    assert in_bf16.dtype == torch.float32 and bool(torch.isfinite(in_bf16).all())
+    assert not torch.equal(in_bf16, in_float32)    # bf16 arithmetic rounds where the float32 copy does not
+    torch.testing.assert_close(in_float32, default(copy.deepcopy(bf16).float(), inputs), rtol=0, atol=0)
+
+
 def test_every_method_keeps_the_models_precision_by_default_and_bad_values_are_named():
     assert build_method("lrp").accumulate_dtype is None   # float64 moved the default run's lrp AUCs: an option
     assert build_method("lrp", accumulate_dtype="float64").accumulate_dtype == torch.float64
     assert build_method("attnlrp").accumulate_dtype is None
     assert build_method("lrp", accumulate_dtype="auto").accumulate_dtype is None
-    assert parse_accumulate_dtype("float32") == torch.float32
+    assert parse_accumulate_dtype("float32") == torch.float32 and parse_accumulate_dtype("model") == MODEL_DTYPE
     with pytest.raises(ValueError, match="attribution method 'rollout': accumulate_dtype must be one of"):
         build_method("rollout", accumulate_dtype="float16")
 
