@@ -43,7 +43,15 @@ attnlrp, cp_lrp                                   1 forward+backward            
 partial_lrp, lrp, lrp_rollout                     1 forward+backward                     (report)
 random                                            1 forward                              (report)
 token_ablation                                    (number of patches) forwards           (report)
+saliency, input_x_gradient                        1 forward+backward                     <= 1.2
+integrated_gradients                              ``steps`` x forward+backward           <= 1.1
+smoothgrad, smoothgrad_squared, vargrad           ``samples`` x forward+backward         <= 1.1
+occlusion                                         1 + (number of windows) forwards       <= 1.1
+kernel_shap, lime                                 1 + ``samples`` forwards               (report)
 ================================================  =====================================  ======
+
+``--method-options '{"integrated_gradients": {"steps": 8}}'`` builds a method with other options than the registry
+defaults (the anchors follow: ``steps``, ``samples``, the occlusion ``window``); a smoke run keeps minutes that way.
 
 AttnLRP and CP-LRP also have a memory target: their peak extra memory at most 1.5x the forward+backward
 anchor's at the same batch size ("peak / fwd+bwd"; a row over it is ``FAIL (memory)``).
@@ -143,6 +151,15 @@ COSTS = {
     "token_ablation": ("patches", None),
     "attnlrp": ("forward+backward", 1.3),
     "cp_lrp": ("forward+backward", 1.3),
+    "saliency": ("forward+backward", 1.2),
+    "input_x_gradient": ("forward+backward", 1.2),
+    "integrated_gradients": ("steps x forward+backward", 1.1),
+    "smoothgrad": ("samples x forward+backward", 1.1),
+    "smoothgrad_squared": ("samples x forward+backward", 1.1),
+    "vargrad": ("samples x forward+backward", 1.1),
+    "occlusion": ("occlusion forwards", 1.1),
+    "kernel_shap": ("samples forwards", None),
+    "lime": ("samples forwards", None),
 }
 #: method -> target of its peak extra memory over the forward+backward anchor's (same batch size)
 MEMORY_TARGETS = {"attnlrp": 1.5, "cp_lrp": 1.5}
@@ -214,11 +231,26 @@ def anchors_needed(name: str) -> List[str]:
     if name in ANCHORS:
         return []
     kind = COSTS.get(name, DEFAULT_COST)[0]
-    if kind in ("forward", "patches"):
+    if kind in ("forward", "patches", "occlusion forwards", "samples forwards"):
         return [FORWARD]
-    if kind == "forward+backward":
+    if kind in ("forward+backward", "steps x forward+backward", "samples x forward+backward"):
         return [FORWARD_BACKWARD]
     return [FORWARD_BACKWARD, FORWARD]
+
+
+def occlusion_windows(method, family: str, size: str, num_tokens: int) -> int:
+    """The windows ``occlusion`` replaces one at a time: the content tokens of a sequence, or the image's windows
+    (the method's ``window`` and ``stride``, default one patch)."""
+    if family in TEXT_FAMILIES:
+        return num_tokens
+    from methods.occlusion import _pair, window_corners
+
+    if family == "siglip":
+        img, patch = SIGLIP_SIZES[size]["image_size"], SIGLIP_SIZES[size]["patch_size"]
+    else:
+        img, patch = IMAGE_FAMILIES[family][size]["img_size"], IMAGE_FAMILIES[family][size]["patch_size"]
+    window = _pair(method.window, (patch, patch), "window")
+    return len(window_corners((img, img), window, _pair(method.stride, window, "stride")))
 
 
 def _anchor_fn(name: str, model, images, targets) -> Callable[[], object]:
@@ -342,7 +374,8 @@ def run_worker(spec: dict) -> dict:
     else:
         from methods import build_method
 
-        method = build_method(name)
+        options = dict(spec.get("method_options", {}).get(name, {}))
+        method = build_method(name, **options)
         from methods.adapters import adapter_for
 
         depth = adapter_for(model).depth
@@ -351,11 +384,15 @@ def run_worker(spec: dict) -> dict:
             start_layer = method.default_start_layers["vit"]  # the image default (None: per layout)
         if isinstance(start_layer, int) and not -depth <= start_layer < depth:
             # only on the tiny smoke-test model: a default start_layer beyond its depth becomes its last block
-            method = build_method(name, start_layer=depth - 1)
+            method = build_method(name, **{**options, "start_layer": depth - 1})
             info["adjusted"] = f"start_layer {start_layer} -> {depth - 1} (model has {depth} blocks)"
         info["method_repr"] = repr(method)
         if getattr(method, "steps", None) is not None:
             info["steps"] = int(method.steps)
+        if getattr(method, "samples", None) is not None:
+            info["method_samples"] = int(method.samples)
+        if name == "occlusion":
+            info["forwards"] = 1 + occlusion_windows(method, family, spec["model_size"], num_tokens)
 
         def fn():
             return method(model, images, target=targets)
@@ -406,6 +443,14 @@ def _anchor_seconds(kind: str, result: dict) -> Optional[float]:
         return med[FORWARD_BACKWARD] + result.get("steps", 0) * med[FORWARD]
     if kind == "patches":
         return result["num_patches"] * med[FORWARD]
+    if kind == "steps x forward+backward":
+        return result["steps"] * med[FORWARD_BACKWARD]
+    if kind == "samples x forward+backward":
+        return result["method_samples"] * med[FORWARD_BACKWARD]
+    if kind == "occlusion forwards":
+        return result["forwards"] * med[FORWARD]
+    if kind == "samples forwards":
+        return (1 + result["method_samples"]) * med[FORWARD]
     raise ValueError(kind)
 
 
@@ -414,6 +459,14 @@ def _anchor_label(kind: str, result: dict) -> str:
         return f"fwd+bwd + {result.get('steps', 0)} fwd"
     if kind == "patches":
         return f"{result['num_patches']} fwd"
+    if kind == "steps x forward+backward":
+        return f"{result['steps']} x fwd+bwd"
+    if kind == "samples x forward+backward":
+        return f"{result['method_samples']} x fwd+bwd"
+    if kind == "occlusion forwards":
+        return f"{result['forwards']} fwd"
+    if kind == "samples forwards":
+        return f"{1 + result['method_samples']} fwd"
     return {"forward": "1 fwd", "forward+backward": "1 fwd+bwd"}[kind]
 
 
@@ -518,7 +571,9 @@ def _notes(args, results) -> List[str]:
         "already allocated.",
         "Targets: PROTOCOLS.md section 7 / the issue: <=1.3 for raw_attention, rollout, gradcam, "
         "generic_attribution, cdam, beyond_intuition_*, attnlrp, cp_lrp; <=2.5 for transformer_attribution; "
-        "attnlrp and cp_lrp: peak extra memory <=1.5x the forward+backward's; 'report' rows have no target.",
+        "attnlrp and cp_lrp: peak extra memory <=1.5x the forward+backward's; <=1.2 for saliency and "
+        "input_x_gradient (1 fwd+bwd); <=1.1 for integrated_gradients (steps x fwd+bwd), smoothgrad* / vargrad "
+        "(samples x fwd+bwd) and occlusion (1 + windows forwards); 'report' rows have no target.",
     ]
 
 
@@ -551,6 +606,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="retain (default): every process keeps the memory it frees (methods/cpu_memory.py, as "
                         "evaluate.py and train.py do); default: glibc's mmap and trim thresholds")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--method-options", type=json.loads, default={},
+                   help='JSON: options per method, e.g. \'{"integrated_gradients": {"steps": 8}, "smoothgrad": '
+                        '{"samples": 8}}\' (default: the registry defaults)')
     p.add_argument("--json", default=None, help="also write the rows, notes and configuration here")
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_worker-out", default=None, help=argparse.SUPPRESS)
@@ -594,7 +652,7 @@ def main(argv=None) -> dict:
                     print(f"skip  {name:<24} batch {batch:>3}: {why}", file=sys.stderr, flush=True)
                     continue
                 spec = dict(name=name, batch=batch, model_size=args.model_size, family=args.family,
-                            seq_len=args.seq_len, device=args.device,
+                            seq_len=args.seq_len, device=args.device, method_options=args.method_options,
                             repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed,
                             cpu_memory=isolated, retain_freed_memory=args.glibc_malloc == "retain")
                 t0 = time.perf_counter()
@@ -621,7 +679,7 @@ def main(argv=None) -> dict:
                   seq_len=args.seq_len if args.family in TEXT_FAMILIES else None,
                   global_pool="token" if args.family in IMAGE_FAMILIES else None,
                   device=args.device, threads=args.threads, batch_sizes=args.batch_sizes, repeats=args.repeats,
-                  warmup=args.warmup, isolation=args.isolation, seed=args.seed, torch=torch.__version__,
+                  warmup=args.warmup, isolation=args.isolation, seed=args.seed, method_options=args.method_options, torch=torch.__version__,
                   python=platform.python_version(), platform=platform.platform(),
                   cpu=platform.processor() or platform.machine(), wall_s=wall_s)
     try:
