@@ -289,12 +289,17 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+#: the clock of :func:`_timed` (``--clock``): wall time, or the process's CPU time (every thread's, CPU only)
+CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
+_clock = CLOCKS["wall"]
+
+
 def _timed(fn: Callable[[], object], device: str) -> float:
     _sync(device)
-    start = time.perf_counter()
+    start = _clock()
     out = fn()
     _sync(device)
-    elapsed = time.perf_counter() - start
+    elapsed = _clock() - start
     del out
     return elapsed
 
@@ -353,6 +358,8 @@ def run_worker(spec: dict) -> dict:
     """Time one method (or anchor) at one batch size; ``spec`` holds name, batch, model_size, device, repeats,
     warmup, threads, seed, cpu_memory."""
     device = spec["device"]
+    global _clock
+    _clock = CLOCKS[spec.get("clock", "wall")]
     if spec.get("retain_freed_memory", True):
         from methods.cpu_memory import retain_freed_memory
 
@@ -411,7 +418,13 @@ def run_worker(spec: dict) -> dict:
         afn()
     samples: Dict[str, List[float]] = {name: []}
     samples.update({a: [] for a in anchor_fns})
-    for _ in range(int(spec["repeats"])):
+    rounds = int(spec["repeats"])
+    if int(spec["warmup"]) == 0:   # the first call is the first timed round (its anchors timed after it)
+        samples[name].append(first_s)
+        for a, afn in anchor_fns.items():
+            samples[a].append(_timed(afn, device))
+        rounds -= 1
+    for _ in range(rounds):
         for a, afn in anchor_fns.items():
             samples[a].append(_timed(afn, device))
         samples[name].append(_timed(fn, device))
@@ -585,7 +598,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", nargs="+", default=None, help="default: every method in methods.available_methods()")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds (median taken); default 3")
     p.add_argument("--warmup", type=int, default=1,
-                   help="untimed calls of the method before the rounds (the first also measures memory); default 1")
+                   help="untimed calls of the method before the rounds (the first also measures memory); default 1; "
+                        "0: the first call (cold) is the first timed round, for methods whose one call takes minutes")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall (default): time.perf_counter; process: the process's CPU time (time.process_time, "
+                        "every thread), which other processes on a loaded machine shift far less (use --threads 1 "
+                        "so that no thread spins waiting)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads; default: the number of CPU cores available to this process")
@@ -654,6 +672,7 @@ def main(argv=None) -> dict:
                 spec = dict(name=name, batch=batch, model_size=args.model_size, family=args.family,
                             seq_len=args.seq_len, device=args.device, method_options=args.method_options,
                             repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed,
+                            clock=args.clock,
                             cpu_memory=isolated, retain_freed_memory=args.glibc_malloc == "retain")
                 t0 = time.perf_counter()
                 result = _run_isolated(spec) if isolated else run_worker(spec)
@@ -679,7 +698,8 @@ def main(argv=None) -> dict:
                   seq_len=args.seq_len if args.family in TEXT_FAMILIES else None,
                   global_pool="token" if args.family in IMAGE_FAMILIES else None,
                   device=args.device, threads=args.threads, batch_sizes=args.batch_sizes, repeats=args.repeats,
-                  warmup=args.warmup, isolation=args.isolation, seed=args.seed, method_options=args.method_options, torch=torch.__version__,
+                  warmup=args.warmup, isolation=args.isolation, seed=args.seed, method_options=args.method_options,
+                  clock=args.clock, torch=torch.__version__,
                   python=platform.python_version(), platform=platform.platform(),
                   cpu=platform.processor() or platform.machine(), wall_s=wall_s)
     try:
@@ -696,7 +716,7 @@ def main(argv=None) -> dict:
             "dinov2_reg": "DINOv2-reg ViT", "siglip": "SigLIP vision tower (attention-pooling head)"}.get(args.family,
                                                                                                         "ViT")
     print(f"attribution method cost: {args.model_size} {what} ({model_cfg}), device {args.device}, "
-          f"{args.threads} threads, torch {torch.__version__}, {args.repeats} repeats, warm-up {args.warmup}")
+          f"{args.threads} threads, torch {torch.__version__}, {args.repeats} repeats, warm-up {args.warmup}, clock {args.clock}")
     print(table)
     print()
     for note in notes:
