@@ -615,6 +615,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "siglip: a SiglipModel's vision tower as a zero-shot classifier on images")
     p.add_argument("--seq-len", type=int, default=256,
                    help="--family bert / llama: positions per sequence (default 256)")
+    p.add_argument("--skip-anchor-rows", action="store_true",
+                   help="no processes of the anchors alone (their rows): each method's ratio uses the anchors timed "
+                        "in its own process anyway")
     p.add_argument("--token-ablation-batch-sizes", type=int, nargs="+", default=[1])
     p.add_argument("--skip-token-ablation", action="store_true")
     p.add_argument("--isolation", choices=("subprocess", "none"), default="subprocess",
@@ -661,7 +664,7 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     try:
         for batch in args.batch_sizes:
-            for name in list(ANCHORS) + names:
+            for name in ([] if args.skip_anchor_rows else list(ANCHORS)) + names:
                 ablation_off = args.skip_token_ablation or batch not in args.token_ablation_batch_sizes
                 if name == TOKEN_ABLATION and ablation_off:
                     why = ("--skip-token-ablation" if args.skip_token_ablation else

@@ -20,18 +20,8 @@ import torch
 from torch import Tensor
 
 from .adapters import ActivationRecorder, ModelAdapter, ModelInputs
-from .explanation_targets import CONTRASTIVE, EXPLAINED, check_explain, explained_score, resolve_foil
+from .explanation_targets import check_explain, explained_score, resolve_foil
 from .targets import TargetType, resolve_target
-
-#: the explanation targets (:mod:`methods.explanation_targets`) a ``gradient_of`` option takes: those without a foil
-GRADIENT_OF = tuple(e for e in EXPLAINED if e not in CONTRASTIVE)
-
-
-def check_gradient_of(gradient_of: str) -> str:
-    if gradient_of not in GRADIENT_OF:
-        raise ValueError(f"gradient_of must be one of {GRADIENT_OF}, got {gradient_of!r}")
-    return gradient_of
-
 
 def target_score(logits: Tensor, target: Tensor, gradient_of: str = "logit", foil: TargetType = None) -> Tensor:
     """Sum over the batch of each sample's explained output (:mod:`methods.explanation_targets`): its target logit

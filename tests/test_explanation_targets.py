@@ -170,3 +170,20 @@ def test_explain_options_are_checked():
         build_method("cdam")(model, inputs, target=TARGET, foil=FOIL)
     with pytest.raises(ValueError, match="concept"):
         build_method("cdam", concept=[1.0] * 16, explain="probability")
+
+
+@pytest.mark.parametrize("method", ["beyond_intuition_head", "beyond_intuition_token"])
+def test_beyond_intuitions_gradient_of_is_the_explain_option(method):
+    """``gradient_of="logit_difference"`` equals the logit of the difference head at every integration point (the
+    reasoning feedback's gradients and the head-wise weights), with the foil as an int or one per row."""
+    model, inputs, _ = _setup("hf_bert")
+    options = {"steps": 4}
+    ours = build_method(method, gradient_of="logit_difference", **options)(model, inputs, target=TARGET, foil=FOIL)
+    theirs = build_method(method, **options)(_difference_head(model, TARGET, FOIL), inputs, target=TARGET)
+    assert ours.abs().max() > 0
+    torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-12)
+    per_row = build_method(method, gradient_of="logit_difference", ig_batch_size=2, **options)(
+        model, inputs, target=TARGET, foil=torch.full((3,), FOIL))
+    torch.testing.assert_close(per_row, ours, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="gradient_of must be one of"):
+        build_method(method, gradient_of="prob")
