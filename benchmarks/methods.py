@@ -719,7 +719,8 @@ def main(argv=None) -> dict:
             "dinov2_reg": "DINOv2-reg ViT", "siglip": "SigLIP vision tower (attention-pooling head)"}.get(args.family,
                                                                                                         "ViT")
     print(f"attribution method cost: {args.model_size} {what} ({model_cfg}), device {args.device}, "
-          f"{args.threads} threads, torch {torch.__version__}, {args.repeats} repeats, warm-up {args.warmup}, clock {args.clock}")
+          f"{args.threads} threads, torch {torch.__version__}, {args.repeats} repeats, warm-up {args.warmup}, "
+          f"clock {args.clock}")
     print(table)
     print()
     for note in notes:

@@ -23,6 +23,7 @@ from .adapters import ActivationRecorder, ModelAdapter, ModelInputs
 from .explanation_targets import check_explain, explained_score, resolve_foil
 from .targets import TargetType, resolve_target
 
+
 def target_score(logits: Tensor, target: Tensor, gradient_of: str = "logit", foil: TargetType = None) -> Tensor:
     """Sum over the batch of each sample's explained output (:mod:`methods.explanation_targets`): its target logit
     (default), softmax probability, log-probability, or (with ``foil``, an int or one class per row) its

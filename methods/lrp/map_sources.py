@@ -1,8 +1,8 @@
 """The relevance pass of :class:`~methods.lrp.engine.LRPEngine` and the three ways the attention maps reach it.
 
-:class:`RelevancePass` goes from the one-hot target (or the engine's ``seed``) through the head, then block by block from the top down
-(closed-form rules under ``torch.no_grad()``), releasing each block's recorded activations behind it. A map
-source says when it may go through a block:
+:class:`RelevancePass` goes from the one-hot target (or the engine's ``seed``) through the head, then block by
+block from the top down (closed-form rules under ``torch.no_grad()``), releasing each block's recorded activations
+behind it. A map source says when it may go through a block:
 
 * :class:`RecordedMaps`: the forward recorded every map; the pass runs once, after the forward.
 * :class:`StreamedMaps` (gradients asked for): the pass runs inside the backward pass, from gradient hooks on
