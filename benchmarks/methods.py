@@ -559,7 +559,8 @@ def _notes(args, results) -> List[str]:
     memory_notes = sorted({r["memory_note"] for r in results})
     adjusted = sorted({f"{r['name']}: {r['adjusted']}" for r in results if r.get("adjusted")})
     return ([f"options changed from the defaults to fit the model: {'; '.join(adjusted)}"] if adjusted else []) + [
-        "ms/image: median over the repeats of one call's wall time divided by the batch size; ratio = method "
+        f"ms/image: median over the repeats of one call's {'CPU' if args.clock == 'process' else 'wall'} time "
+        "divided by the batch size; ratio = method "
         "median / anchor built from the anchor medians taken in the same process, interleaved with the method.",
         ("[forward]: model(**tokens).logits under torch.no_grad(), sdpa attention as transformers ships it. "
          "[forward+backward]: model(inputs_embeds=x, attention_mask=...) then torch.autograd.grad(sum of the target "
