@@ -45,11 +45,20 @@ random                                            1 forward                     
 token_ablation                                    (number of patches) forwards           (report)
 value_zeroing                                     (N + 1) forwards, N positions          <= 1.2
 atman                                             (number of patches + 1) forwards       <= 1.2
+legrad                                            1 forward+backward                     <= 1.5
+saliency, input_x_gradient                        1 forward+backward                     <= 1.2
+integrated_gradients                              ``steps`` x forward+backward           <= 1.1
+smoothgrad, smoothgrad_squared, vargrad           ``samples`` x forward+backward         <= 1.1
+occlusion                                         1 + (number of windows) forwards       <= 1.1
+kernel_shap, lime                                 1 + ``samples`` forwards               (report)
 ================================================  =====================================  ======
 
 Value Zeroing's count: one forward for the clean states of every block, then per block ``N`` runs of that block
 alone on its own clean input (one per zeroed position, batched): ``N`` more forwards' worth of blocks, with no
 embedding or head.
+
+``--method-options '{"integrated_gradients": {"steps": 8}}'`` builds a method with other options than the registry
+defaults (the anchors follow: ``steps``, ``samples``, the occlusion ``window``); a smoke run keeps minutes that way.
 
 AttnLRP and CP-LRP also have a memory target: their peak extra memory at most 1.5x the forward+backward
 anchor's at the same batch size ("peak / fwd+bwd"; a row over it is ``FAIL (memory)``).
@@ -152,6 +161,15 @@ COSTS = {
     "value_zeroing": ("positions+1", 1.2),
     "atman": ("patches+1", 1.2),
     "legrad": ("forward+backward", 1.5),
+    "saliency": ("forward+backward", 1.2),
+    "input_x_gradient": ("forward+backward", 1.2),
+    "integrated_gradients": ("steps x forward+backward", 1.1),
+    "smoothgrad": ("samples x forward+backward", 1.1),
+    "smoothgrad_squared": ("samples x forward+backward", 1.1),
+    "vargrad": ("samples x forward+backward", 1.1),
+    "occlusion": ("occlusion forwards", 1.1),
+    "kernel_shap": ("samples forwards", None),
+    "lime": ("samples forwards", None),
 }
 #: method -> target of its peak extra memory over the forward+backward anchor's (same batch size)
 MEMORY_TARGETS = {"attnlrp": 1.5, "cp_lrp": 1.5}
@@ -223,11 +241,26 @@ def anchors_needed(name: str) -> List[str]:
     if name in ANCHORS:
         return []
     kind = COSTS.get(name, DEFAULT_COST)[0]
-    if kind in ("forward", "patches", "positions+1", "patches+1"):
+    if kind in ("forward", "patches", "positions+1", "patches+1", "occlusion forwards", "samples forwards"):
         return [FORWARD]
-    if kind == "forward+backward":
+    if kind in ("forward+backward", "steps x forward+backward", "samples x forward+backward"):
         return [FORWARD_BACKWARD]
     return [FORWARD_BACKWARD, FORWARD]
+
+
+def occlusion_windows(method, family: str, size: str, num_tokens: int) -> int:
+    """The windows ``occlusion`` replaces one at a time: the content tokens of a sequence, or the image's windows
+    (the method's ``window`` and ``stride``, default one patch)."""
+    if family in TEXT_FAMILIES:
+        return num_tokens
+    from methods.occlusion import _pair, window_corners
+
+    if family == "siglip":
+        img, patch = SIGLIP_SIZES[size]["image_size"], SIGLIP_SIZES[size]["patch_size"]
+    else:
+        img, patch = IMAGE_FAMILIES[family][size]["img_size"], IMAGE_FAMILIES[family][size]["patch_size"]
+    window = _pair(method.window, (patch, patch), "window")
+    return len(window_corners((img, img), window, _pair(method.stride, window, "stride")))
 
 
 def _anchor_fn(name: str, model, images, targets) -> Callable[[], object]:
@@ -266,12 +299,17 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+#: the clock of :func:`_timed` (``--clock``): wall time, or the process's CPU time (every thread's, CPU only)
+CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
+_clock = CLOCKS["wall"]
+
+
 def _timed(fn: Callable[[], object], device: str) -> float:
     _sync(device)
-    start = time.perf_counter()
+    start = _clock()
     out = fn()
     _sync(device)
-    elapsed = time.perf_counter() - start
+    elapsed = _clock() - start
     del out
     return elapsed
 
@@ -330,6 +368,8 @@ def run_worker(spec: dict) -> dict:
     """Time one method (or anchor) at one batch size; ``spec`` holds name, batch, model_size, device, repeats,
     warmup, threads, seed, cpu_memory."""
     device = spec["device"]
+    global _clock
+    _clock = CLOCKS[spec.get("clock", "wall")]
     if spec.get("retain_freed_memory", True):
         from methods.cpu_memory import retain_freed_memory
 
@@ -351,7 +391,8 @@ def run_worker(spec: dict) -> dict:
     else:
         from methods import build_method
 
-        method = build_method(name)
+        options = dict(spec.get("method_options", {}).get(name, {}))
+        method = build_method(name, **options)
         from methods.adapters import adapter_for
 
         depth = adapter_for(model).depth
@@ -360,13 +401,17 @@ def run_worker(spec: dict) -> dict:
             start_layer = method.default_start_layers["vit"]  # the image default (None: per layout)
         if isinstance(start_layer, int) and not -depth <= start_layer < depth:
             # only on the tiny smoke-test model: a default start_layer beyond its depth becomes its last block
-            method = build_method(name, start_layer=depth - 1)
+            method = build_method(name, **{**options, "start_layer": depth - 1})
             info["adjusted"] = f"start_layer {start_layer} -> {depth - 1} (model has {depth} blocks)"
         info["method_repr"] = repr(method)
         if getattr(method, "steps", None) is not None:
             info["steps"] = int(method.steps)
         if COSTS.get(name, DEFAULT_COST)[0] == "positions+1":
             info["num_positions"] = adapter_for(model).layout(images).num_positions
+        if getattr(method, "samples", None) is not None:
+            info["method_samples"] = int(method.samples)
+        if name == "occlusion":
+            info["forwards"] = 1 + occlusion_windows(method, family, spec["model_size"], num_tokens)
 
         def fn():
             return method(model, images, target=targets)
@@ -385,7 +430,13 @@ def run_worker(spec: dict) -> dict:
         afn()
     samples: Dict[str, List[float]] = {name: []}
     samples.update({a: [] for a in anchor_fns})
-    for _ in range(int(spec["repeats"])):
+    rounds = int(spec["repeats"])
+    if int(spec["warmup"]) == 0:   # the first call is the first timed round (its anchors timed after it)
+        samples[name].append(first_s)
+        for a, afn in anchor_fns.items():
+            samples[a].append(_timed(afn, device))
+        rounds -= 1
+    for _ in range(rounds):
         for a, afn in anchor_fns.items():
             samples[a].append(_timed(afn, device))
         samples[name].append(_timed(fn, device))
@@ -421,6 +472,14 @@ def _anchor_seconds(kind: str, result: dict) -> Optional[float]:
         return (result["num_positions"] + 1) * med[FORWARD]
     if kind == "patches+1":
         return (result["num_patches"] + 1) * med[FORWARD]
+    if kind == "steps x forward+backward":
+        return result["steps"] * med[FORWARD_BACKWARD]
+    if kind == "samples x forward+backward":
+        return result["method_samples"] * med[FORWARD_BACKWARD]
+    if kind == "occlusion forwards":
+        return result["forwards"] * med[FORWARD]
+    if kind == "samples forwards":
+        return (1 + result["method_samples"]) * med[FORWARD]
     raise ValueError(kind)
 
 
@@ -431,6 +490,14 @@ def _anchor_label(kind: str, result: dict) -> str:
         return f"{result['num_patches'] + (kind == 'patches+1')} fwd"
     if kind == "positions+1":
         return f"{result['num_positions'] + 1} fwd"
+    if kind == "steps x forward+backward":
+        return f"{result['steps']} x fwd+bwd"
+    if kind == "samples x forward+backward":
+        return f"{result['method_samples']} x fwd+bwd"
+    if kind == "occlusion forwards":
+        return f"{result['forwards']} fwd"
+    if kind == "samples forwards":
+        return f"{1 + result['method_samples']} fwd"
     return {"forward": "1 fwd", "forward+backward": "1 fwd+bwd"}[kind]
 
 
@@ -510,7 +577,8 @@ def _notes(args, results) -> List[str]:
     memory_notes = sorted({r["memory_note"] for r in results})
     adjusted = sorted({f"{r['name']}: {r['adjusted']}" for r in results if r.get("adjusted")})
     return ([f"options changed from the defaults to fit the model: {'; '.join(adjusted)}"] if adjusted else []) + [
-        "ms/image: median over the repeats of one call's wall time divided by the batch size; ratio = method "
+        f"ms/image: median over the repeats of one call's {'CPU' if args.clock == 'process' else 'wall'} time "
+        "divided by the batch size; ratio = method "
         "median / anchor built from the anchor medians taken in the same process, interleaved with the method.",
         ("[forward]: model(**tokens).logits under torch.no_grad(), sdpa attention as transformers ships it. "
          "[forward+backward]: model(inputs_embeds=x, attention_mask=...) then torch.autograd.grad(sum of the target "
@@ -537,7 +605,9 @@ def _notes(args, results) -> List[str]:
         "already allocated.",
         "Targets: PROTOCOLS.md section 7 / the issue: <=1.3 for raw_attention, rollout, gradcam, "
         "generic_attribution, cdam, beyond_intuition_*, attnlrp, cp_lrp; <=2.5 for transformer_attribution; "
-        "attnlrp and cp_lrp: peak extra memory <=1.5x the forward+backward's; 'report' rows have no target.",
+        "attnlrp and cp_lrp: peak extra memory <=1.5x the forward+backward's; <=1.2 for saliency and "
+        "input_x_gradient (1 fwd+bwd); <=1.1 for integrated_gradients (steps x fwd+bwd), smoothgrad* / vargrad "
+        "(samples x fwd+bwd) and occlusion (1 + windows forwards); 'report' rows have no target.",
     ]
 
 
@@ -549,7 +619,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", nargs="+", default=None, help="default: every method in methods.available_methods()")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds (median taken); default 3")
     p.add_argument("--warmup", type=int, default=1,
-                   help="untimed calls of the method before the rounds (the first also measures memory); default 1")
+                   help="untimed calls of the method before the rounds (the first also measures memory); default 1; "
+                        "0: the first call (cold) is the first timed round, for methods whose one call takes minutes")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall (default): time.perf_counter; process: the process's CPU time (time.process_time, "
+                        "every thread), which other processes on a loaded machine shift far less (use --threads 1 "
+                        "so that no thread spins waiting)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads; default: the number of CPU cores available to this process")
@@ -561,6 +636,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "siglip: a SiglipModel's vision tower as a zero-shot classifier on images")
     p.add_argument("--seq-len", type=int, default=256,
                    help="--family bert / llama: positions per sequence (default 256)")
+    p.add_argument("--skip-anchor-rows", action="store_true",
+                   help="no processes of the anchors alone (their rows): each method's ratio uses the anchors timed "
+                        "in its own process anyway")
     p.add_argument("--token-ablation-batch-sizes", type=int, nargs="+", default=[1])
     p.add_argument("--skip-token-ablation", action="store_true")
     p.add_argument("--isolation", choices=("subprocess", "none"), default="subprocess",
@@ -570,6 +648,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="retain (default): every process keeps the memory it frees (methods/cpu_memory.py, as "
                         "evaluate.py and train.py do); default: glibc's mmap and trim thresholds")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--method-options", type=json.loads, default={},
+                   help='JSON: options per method, e.g. \'{"integrated_gradients": {"steps": 8}, "smoothgrad": '
+                        '{"samples": 8}}\' (default: the registry defaults)')
     p.add_argument("--json", default=None, help="also write the rows, notes and configuration here")
     p.add_argument("--_worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_worker-out", default=None, help=argparse.SUPPRESS)
@@ -604,7 +685,7 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     try:
         for batch in args.batch_sizes:
-            for name in list(ANCHORS) + names:
+            for name in ([] if args.skip_anchor_rows else list(ANCHORS)) + names:
                 ablation_off = args.skip_token_ablation or batch not in args.token_ablation_batch_sizes
                 if name == TOKEN_ABLATION and ablation_off:
                     why = ("--skip-token-ablation" if args.skip_token_ablation else
@@ -613,8 +694,9 @@ def main(argv=None) -> dict:
                     print(f"skip  {name:<24} batch {batch:>3}: {why}", file=sys.stderr, flush=True)
                     continue
                 spec = dict(name=name, batch=batch, model_size=args.model_size, family=args.family,
-                            seq_len=args.seq_len, device=args.device,
+                            seq_len=args.seq_len, device=args.device, method_options=args.method_options,
                             repeats=args.repeats, warmup=args.warmup, threads=args.threads, seed=args.seed,
+                            clock=args.clock,
                             cpu_memory=isolated, retain_freed_memory=args.glibc_malloc == "retain")
                 t0 = time.perf_counter()
                 result = _run_isolated(spec) if isolated else run_worker(spec)
@@ -640,7 +722,8 @@ def main(argv=None) -> dict:
                   seq_len=args.seq_len if args.family in TEXT_FAMILIES else None,
                   global_pool="token" if args.family in IMAGE_FAMILIES else None,
                   device=args.device, threads=args.threads, batch_sizes=args.batch_sizes, repeats=args.repeats,
-                  warmup=args.warmup, isolation=args.isolation, seed=args.seed, torch=torch.__version__,
+                  warmup=args.warmup, isolation=args.isolation, seed=args.seed, method_options=args.method_options,
+                  clock=args.clock, torch=torch.__version__,
                   python=platform.python_version(), platform=platform.platform(),
                   cpu=platform.processor() or platform.machine(), wall_s=wall_s)
     try:
@@ -657,7 +740,8 @@ def main(argv=None) -> dict:
             "dinov2_reg": "DINOv2-reg ViT", "siglip": "SigLIP vision tower (attention-pooling head)"}.get(args.family,
                                                                                                         "ViT")
     print(f"attribution method cost: {args.model_size} {what} ({model_cfg}), device {args.device}, "
-          f"{args.threads} threads, torch {torch.__version__}, {args.repeats} repeats, warm-up {args.warmup}")
+          f"{args.threads} threads, torch {torch.__version__}, {args.repeats} repeats, warm-up {args.warmup}, "
+          f"clock {args.clock}")
     print(table)
     print()
     for note in notes:

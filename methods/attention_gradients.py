@@ -6,9 +6,11 @@ itself, from the last layer down, and keeps neither; on a model whose adapter re
 backward (``recomputes_attention``: the decoder LMs) the forward keeps no map either, so one layer's map is held
 at a time.
 
-Gradients are taken of the *sum over the batch* of each sample's target score with ``torch.autograd.grad``
+Gradients are taken of the *sum over the batch* of each sample's explained output with ``torch.autograd.grad``
 with respect to activations, which gives each sample its own gradient (samples never interact in an eval-mode
-Transformer) and never touches parameter ``.grad``.
+Transformer) and never touches parameter ``.grad``. The explained output (``gradient_of``, with ``foil`` for the
+contrastive ones): :mod:`methods.explanation_targets`; ``"logit"`` (default) is each row's target logit, whose
+gradient is the same to the bit as before the option existed.
 """
 from __future__ import annotations
 
@@ -18,49 +20,40 @@ import torch
 from torch import Tensor
 
 from .adapters import ActivationRecorder, ModelAdapter, ModelInputs
-from .explanation_targets import CONTRASTIVE, EXPLAINED
-from .targets import TargetType, class_score, resolve_target
-
-#: the explanation targets (:mod:`methods.explanation_targets`) a ``gradient_of`` option takes: those without a foil
-GRADIENT_OF = tuple(e for e in EXPLAINED if e not in CONTRASTIVE)
+from .explanation_targets import check_explain, explained_score, resolve_foil
+from .targets import TargetType, resolve_target
 
 
-def check_gradient_of(gradient_of: str) -> str:
-    if gradient_of not in GRADIENT_OF:
-        raise ValueError(f"gradient_of must be one of {GRADIENT_OF}, got {gradient_of!r}")
-    return gradient_of
-
-
-def target_score(logits: Tensor, target: Tensor, gradient_of: str = "logit") -> Tensor:
+def target_score(logits: Tensor, target: Tensor, gradient_of: str = "logit", foil: TargetType = None) -> Tensor:
     """Sum over the batch of each sample's explained output (:mod:`methods.explanation_targets`): its target logit
-    (default), softmax probability or log-probability."""
-    if check_gradient_of(gradient_of) == "probability":
-        logits = logits.softmax(dim=-1)
-    elif gradient_of == "log_probability":
-        logits = logits.log_softmax(dim=-1)
-    return class_score(logits, target)
+    (default), softmax probability, log-probability, or (with ``foil``, an int or one class per row) its
+    difference with the foil's logit or probability."""
+    check_explain(gradient_of, "gradient_of")
+    return explained_score(logits, target, gradient_of, resolve_foil(logits, foil, gradient_of))
 
 
 def attention_and_gradients(adapter: ModelAdapter, inputs: ModelInputs, target: TargetType, layers: Sequence[int],
-                            gradient_of: str = "logit") -> Tuple[List[Tensor], List[Tensor], Tensor, Tensor]:
+                            gradient_of: str = "logit",
+                            foil: TargetType = None) -> Tuple[List[Tensor], List[Tensor], Tensor, Tensor]:
     """The post-softmax attention maps ``A_l`` ``[B, H, N, N]`` of ``layers``, their gradients ``dy/dA_l`` with
-    ``y`` the target logit (or probability), the logits and the resolved targets; autograd is recorded only
-    from the first of ``layers`` on."""
+    ``y`` the explained output (``gradient_of``: the target logit by default; ``foil`` for a contrastive one),
+    the logits and the resolved targets; autograd is recorded only from the first of ``layers`` on."""
     layers = list(layers)
-    check_gradient_of(gradient_of)
+    check_explain(gradient_of, "gradient_of")
     with ActivationRecorder() as rec:
         for layer in layers:
             adapter.record_attention(rec, layer, layer, require_grad=True)
         logits = adapter.forward(inputs, grad_from_block=min(layers))
         attentions = [rec[layer] for layer in layers]
     target = resolve_target(logits, target)
-    grads = torch.autograd.grad(target_score(logits, target, gradient_of), attentions)
+    grads = torch.autograd.grad(target_score(logits, target, gradient_of, foil), attentions)
     return [a.detach() for a in attentions], list(grads), logits.detach(), target
 
 
 def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, target: TargetType, layers: Sequence[int],
                                consume: Callable[[int, Tensor, Tensor], None],
-                               gradient_of: str = "logit", recompute: bool = True) -> Tuple[Tensor, Tensor]:
+                               gradient_of: str = "logit", recompute: bool = True,
+                               foil: TargetType = None) -> Tuple[Tensor, Tensor]:
     """``consume(layer, A_l, dy/dA_l)`` for each of ``layers``, **from the last layer down**, during the one
     backward pass: each call comes as soon as that layer's gradient is complete (gradient hooks on the recorded
     maps), and neither tensor is kept afterwards. Same maps and gradients as :func:`attention_and_gradients`
@@ -78,9 +71,9 @@ def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, targe
     layers = sorted({int(layer) for layer in layers})
     if not layers:
         raise ValueError("stream_attention_gradients needs at least one layer")
-    check_gradient_of(gradient_of)
+    check_explain(gradient_of, "gradient_of")
     if recompute and adapter.recomputes_attention:
-        return _stream_recomputed(adapter, inputs, target, layers, consume, gradient_of)
+        return _stream_recomputed(adapter, inputs, target, layers, consume, gradient_of, foil)
     with ActivationRecorder() as rec:
         for layer in layers:
             adapter.record_attention(rec, layer, layer, require_grad=True)
@@ -99,7 +92,7 @@ def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, targe
 
     handles = [attentions[layer].register_hook(lambda grad, layer=layer: deliver(layer, grad)) for layer in layers]
     try:
-        score = target_score(logits, target, gradient_of)
+        score = target_score(logits, target, gradient_of, foil)
         # The lowest map's gradient needs the backward through every map above it, so differentiating to it
         # alone streams them all, unless a map is a leaf of the graph (an adapter that joins a detached copy of
         # the probabilities to the output, as open_clip's nn.MultiheadAttention needs): nothing below depends on
@@ -119,7 +112,8 @@ def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, targe
 
 
 def _stream_recomputed(adapter: ModelAdapter, inputs: ModelInputs, target: TargetType, layers: List[int],
-                       consume: Callable[[int, Tensor, Tensor], None], gradient_of: str) -> Tuple[Tensor, Tensor]:
+                       consume: Callable[[int, Tensor, Tensor], None], gradient_of: str,
+                       foil: TargetType = None) -> Tuple[Tensor, Tensor]:
     """:func:`stream_attention_gradients` through the adapter's recomputed attention (``layers`` sorted)."""
     wanted = set(layers)
     delivered: List[int] = []
@@ -132,7 +126,7 @@ def _stream_recomputed(adapter: ModelAdapter, inputs: ModelInputs, target: Targe
     with adapter.recomputed_attention(receive, layers[0]) as anchor:
         logits = adapter.forward(inputs, grad_from_block=layers[0])
         resolved = resolve_target(logits, target)
-        torch.autograd.grad(target_score(logits, resolved, gradient_of), [anchor])
+        torch.autograd.grad(target_score(logits, resolved, gradient_of, foil), [anchor])
     if delivered != list(reversed(layers)):
         raise RuntimeError(f"the recomputed attention reached layers {delivered}, expected {list(reversed(layers))}")
     return logits.detach(), resolved

@@ -57,6 +57,11 @@ logit itself) summed over the embedding width, at ``level``:
 * ``"patches"`` (images only): the ``"pixels"`` relevance summed over each patch, ``[B, P]`` in row-major grid
   order (the pixels' share of each patch token, without the patch embedding's bias).
 
+``explain`` / ``foil`` (:mod:`methods.explanation_targets`): the output backpropagated instead of the logit
+(``"logit"`` default, LXT's; ``"probability"``, ``"log_probability"``, ``"logit_difference"`` /
+``"probability_difference"`` against ``foil``); the scores are linear in the output's gradient, so a logit
+difference's map is the target's map minus the foil's.
+
 Scores are raw (not normalised, sign kept), so conservation can be read off them; :meth:`relevance_by_layer`
 reports the relevance entering every block for that check (LXT#27, #32). The attention stays as the model was
 built (fused / sdpa or eager): these methods never read the attention probabilities. ``epsilon``: the identity
@@ -98,10 +103,11 @@ from .adapters.gradient_rules import (
     rms_norm_rule,
     scale_gradient,
 )
-from .base import AttributionMethod
+from .explained_output import ExplainedOutput
+from .explanation_targets import explained_score, explained_scores
 from .model_state import preserved_model_state
 from .registry import register_method
-from .targets import TargetType, class_score, resolve_target
+from .targets import TargetType
 
 LEVELS = ("tokens", "pixels", "patches")
 #: the levels that read the image itself
@@ -302,14 +308,16 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
             handle.remove()
 
 
-class _GradientLRP(AttributionMethod):
+class _GradientLRP(ExplainedOutput):
     """Shared by :class:`AttnLRP` and :class:`CPLRP` (see the module docstring)."""
 
     variant = "?"
     reads_attention = False
 
     def __init__(self, level: str = "tokens", epsilon: float = IDENTITY_EPSILON, gamma: Optional[float] = None,
-                 conv_gamma: Optional[float] = None, rules: bool = True):
+                 conv_gamma: Optional[float] = None, rules: bool = True, explain: str = "logit",
+                 foil: Optional[int] = None):
+        super().__init__(explain, foil)
         if level not in LEVELS:
             raise ValueError(f"{self.name}: level must be one of {LEVELS}, got {level!r}")
         for option, value in (("epsilon", epsilon), ("gamma", gamma), ("conv_gamma", conv_gamma)):
@@ -333,8 +341,9 @@ class _GradientLRP(AttributionMethod):
 
     def _backward(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType,
                   layer_inputs: bool = False) -> Dict[str, Any]:
-        """One forward under the rules, one ``autograd.grad`` of the target logits: the input ``x`` and its
-        gradient, the logits, the resolved target and (``layer_inputs``) every block input with its gradient."""
+        """One forward under the rules, one ``autograd.grad`` of the explained outputs: the input ``x`` and its
+        gradient, the logits, the resolved target and foil and (``layer_inputs``) every block input with its
+        gradient."""
         for p in adapter.model.parameters():   # restored by preserved_model_state; no weight gradients
             p.requires_grad_(False)
         pixels = self.level in IMAGE_LEVELS
@@ -352,9 +361,9 @@ class _GradientLRP(AttributionMethod):
             logits = adapter.head(adapter.run_blocks(adapter.embed(inputs), context), context)
             x = inputs["pixel_values"] if pixels else rec["x"]
             blocks: List[Tensor] = [rec[("block", l)] for l in range(adapter.depth)] if layer_inputs else []
-        target = resolve_target(logits, target)
-        grads = torch.autograd.grad(class_score(logits, target), [x] + blocks)
-        return dict(x=x.detach(), grad=grads[0], logits=logits.detach(), target=target,
+        target, foil = self.resolve(logits, target)
+        grads = torch.autograd.grad(explained_score(logits, target, self.explain, foil), [x] + blocks)
+        return dict(x=x.detach(), grad=grads[0], logits=logits.detach(), target=target, foil=foil,
                     blocks=[(b.detach(), g) for b, g in zip(blocks, grads[1:])])
 
     def _scores(self, adapter: ModelAdapter, inputs: ModelInputs, x: Tensor, grad: Tensor) -> Tensor:
@@ -375,7 +384,8 @@ class _GradientLRP(AttributionMethod):
         return self._scores(adapter, inputs, out["x"], out["grad"])
 
     def relevance_by_layer(self, model: nn.Module, inputs: Any, target: TargetType = None) -> Dict[str, Tensor]:
-        """The conservation report of one call, per sample: ``logit`` ``[B]`` (the explained logit), ``blocks``
+        """The conservation report of one call, per sample: ``logit`` ``[B]`` (the explained output: the target
+        logit by default), ``blocks``
         ``[depth, B]`` (the relevance entering each block: ``sum(h_l * dlogit/dh_l)`` over positions and width),
         ``input`` ``[B]`` (the sum of this method's scores, padding 0) and ``scores`` (the scores themselves).
         Where every rule conserves (``cp_lrp`` on a bias-free model) each entry equals ``logit``."""
@@ -388,7 +398,7 @@ class _GradientLRP(AttributionMethod):
         if layout.has_padding and scores.dim() == 2:
             scores = layout.output(scores)
         blocks = torch.stack([(h * g).flatten(1).sum(dim=1) for h, g in out["blocks"]])
-        logit = out["logits"].gather(1, out["target"][:, None])[:, 0]
+        logit = explained_scores(out["logits"], out["target"], self.explain, out["foil"])
         return dict(logit=logit, blocks=blocks, input=scores.flatten(1).sum(dim=1), scores=scores)
 
     def prepare(self, model: nn.Module) -> ModelAdapter:

@@ -11,8 +11,10 @@ import torch
 from torch import Tensor
 
 from .adapters import ActivationRecorder, ModelInputs, linear_weight
-from .attention_gradients import attention_and_gradients, check_gradient_of, target_score
-from .base import AttributionMethod, check_start_layer
+from .attention_gradients import attention_and_gradients, target_score
+from .base import check_start_layer
+from .explained_output import ExplainedOutput
+from .explanation_targets import check_explain
 from .readout import check_class_token_score, check_readout, check_readout_space, read_out, set_class_token_score
 from .registry import register_method
 from .rollout import accumulate_residual
@@ -62,7 +64,7 @@ def attention_perception_tokenwise(attn: Tensor, block_input: Tensor, values: Te
     return attn.mean(dim=1) * scale[:, None, :]
 
 
-class _BeyondIntuition(AttributionMethod):
+class _BeyondIntuition(ExplainedOutput):
     """Shared machinery of Chen et al. 2023 ("Beyond Intuition"): ``T = F ⊙ P`` (eq. 8).
 
     * attention perception ``P = Π_{l=L-1..start} (I + Ã_l)`` (``R = R + Ã_l R`` in forward order,
@@ -82,8 +84,10 @@ class _BeyondIntuition(AttributionMethod):
     * read-out of ``F ⊙ P`` (``readout``, :func:`methods.readout.read_out`): the [CLS] row for [CLS] models, the
       mean over the content rows (the code's ``mae`` read-out) for global average pooling (``auto``).
     * ``reasoning_feedback=False`` returns ``|P|`` read out the same way (their ``ssl=True`` branch).
-    * ``gradient_of='probability'`` (or ``'log_probability'``, :mod:`methods.explanation_targets`) differentiates
-      the softmax probability (InterpretDL's CV default) instead of the logit (the authors' code).
+    * ``gradient_of`` is the ``explain`` option of the other gradient methods (:mod:`methods.explanation_targets`):
+      ``'probability'`` (InterpretDL's CV default) or ``'log_probability'`` differentiates the softmax
+      probability instead of the logit (``'logit'``, the authors' code, default); ``'logit_difference'`` /
+      ``'probability_difference'`` contrast it with ``foil`` (at every integration point too).
 
     Sequences (the authors' BERT code, ``BERT/ExplanationGenerator.py``): ``α`` scales the embedding output
     (after the embedding LayerNorm, ``BERT.py``: ``embedding_output = alpha * embedding_output``); the default
@@ -100,7 +104,8 @@ class _BeyondIntuition(AttributionMethod):
 
     def __init__(self, start_layer: Optional[int] = None, steps: int = 20, readout: str = "auto",
                  reasoning_feedback: bool = True, gradient_of: str = "logit", ig_batch_size="auto",
-                 class_token_score: str = "auto", include_padding: bool = False):
+                 class_token_score: str = "auto", include_padding: bool = False, foil: Optional[int] = None):
+        super().__init__(check_explain(gradient_of, "gradient_of"), foil)
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         self.class_token_score = check_class_token_score(class_token_score)
@@ -109,7 +114,7 @@ class _BeyondIntuition(AttributionMethod):
         self.steps = steps
         self.readout = check_readout(readout)
         self.reasoning_feedback = reasoning_feedback
-        self.gradient_of = check_gradient_of(gradient_of)
+        self.gradient_of = self.explain
         if not (ig_batch_size is None or ig_batch_size == "auto" or (isinstance(ig_batch_size, int)
                                                                    and ig_batch_size >= 1)):
             raise ValueError(f"ig_batch_size must be a positive integer, None or 'auto', got {ig_batch_size!r}")
@@ -149,13 +154,17 @@ class _BeyondIntuition(AttributionMethod):
         for start in range(0, batch, samples):
             part = inputs if samples == batch else _sample_slice(inputs, start, start + samples)
             part_target = target[start:start + samples]
+            foil = self.given_foil
+            if isinstance(foil, Tensor) and foil.numel() > 1:
+                foil = foil.reshape(-1)[start:start + samples]
             total: Union[int, Tensor] = 0
             for i in range(0, len(alphas), chunk_steps):
                 chunk = alphas[i:i + chunk_steps]
                 with ActivationRecorder() as rec:
                     adapter.record_attention(rec, last, "attn", require_grad=True)
                     logits = adapter.forward(adapter.interpolate(part, chunk), grad_from_block=last)
-                score = target_score(logits, part_target.repeat(len(chunk)), self.gradient_of)
+                part_foil = foil.repeat(len(chunk)) if isinstance(foil, Tensor) and foil.numel() > 1 else foil
+                score = target_score(logits, part_target.repeat(len(chunk)), self.gradient_of, part_foil)
                 (grad,) = torch.autograd.grad(score, rec["attn"])
                 total = total + grad.unflatten(0, (len(chunk), part.batch_size)).sum(dim=0)
             assert isinstance(total, Tensor), "no integration steps"
@@ -204,7 +213,8 @@ class BeyondIntuitionHead(_BeyondIntuition):
 
     def perception_pass(self, adapter, inputs, target, start):
         layers = list(range(start, adapter.depth))
-        attns, grads, _, target = attention_and_gradients(adapter, inputs, target, layers, self.gradient_of)
+        attns, grads, _, target = attention_and_gradients(adapter, inputs, target, layers, self.gradient_of,
+                                                          self.given_foil)
         layout = adapter.layout(inputs)
         positions = None   # all N x N entries; padding (a layout's flag) is left out unless include_padding
         if layout.has_padding and not self.include_padding:
@@ -270,7 +280,8 @@ class BeyondIntuitionToken(_BeyondIntuition):
                 adapter.record_attention(rec, layer, ("a", layer), require_grad=(layer == last))
             logits = adapter.forward(inputs, grad_from_block=last)
         target = resolve_target(logits, target)
-        (last_grad,) = torch.autograd.grad(target_score(logits, target, self.gradient_of), rec[("a", last)])
+        score = target_score(logits, target, self.gradient_of, self.given_foil)
+        (last_grad,) = torch.autograd.grad(score, rec[("a", last)])
         updates = [
             attention_perception_tokenwise(
                 rec[("a", l)].detach(), rec[("z", l)].detach(), rec[("v", l)].detach(),

@@ -25,7 +25,12 @@ class ExplainedOutput(AttributionMethod):
     def reads_foil(self) -> bool:
         return self.explain in CONTRASTIVE
 
+    @property
+    def given_foil(self) -> TargetType:
+        """The foil of the call in progress as given (an int or one class per row): the call's, else the
+        method's; resolved against the logits by :func:`~methods.explanation_targets.resolve_foil`."""
+        return self.call_foil if self.call_foil is not None else self.foil
+
     def resolve(self, logits: Tensor, target: TargetType) -> Tuple[Tensor, Optional[Tensor]]:
         """The resolved targets and foils of the rows of ``logits`` (the call's foil, else the method's)."""
-        foil = self.call_foil if self.call_foil is not None else self.foil
-        return resolve_target(logits, target), resolve_foil(logits, foil, self.explain)
+        return resolve_target(logits, target), resolve_foil(logits, self.given_foil, self.explain)

@@ -1,7 +1,10 @@
 """Gradient-weighted attention methods: Grad-CAM on attention, Generic Attribution and CDAM.
 
 Batched with one target per sample (see :mod:`methods.attention_gradients`); scores are returned raw in the
-layout of the inputs (``[B, P]`` patch scores for images). Layer indices are 0-based.
+layout of the inputs (``[B, P]`` patch scores for images). Layer indices are 0-based. Each takes ``explain``
+(:mod:`methods.explanation_targets`: ``"logit"``, the default and the authors' choice, ``"probability"``,
+``"log_probability"``, ``"logit_difference"`` / ``"probability_difference"`` against ``foil``): the output whose
+gradient they read.
 """
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ from torch import Tensor
 
 from .adapters import ActivationRecorder
 from .attention_gradients import attention_and_gradients, stream_attention_gradients
-from .base import AttributionMethod, check_start_layer
+from .base import check_start_layer
+from .explained_output import ExplainedOutput
+from .explanation_targets import explained_score
 from .readout import (
     check_class_token_score,
     check_readout,
@@ -23,11 +28,10 @@ from .readout import (
 )
 from .registry import register_method
 from .rollout import ReadoutResidual, carry_to_readout_space
-from .targets import class_score, resolve_target
 
 
 @register_method("gradcam")
-class AttentionGradCAM(AttributionMethod):
+class AttentionGradCAM(ExplainedOutput):
     """Grad-CAM on the last attention map, as Chefer et al. 2021a's baseline code computes it.
 
     ``relu(mean_h(w_h * A_{L-1}[h, r, content]))`` with the per-head weight ``w_h`` = mean over the content
@@ -53,6 +57,7 @@ class AttentionGradCAM(AttributionMethod):
     * ``minmax``: ``True`` min-max normalises as the reference does (over the whole map in ``"matrix"`` mode,
       over the read-out row's content entries otherwise; NaN for a constant map); default ``False``.
     * ``class_token_score`` (sequences): ``auto`` = ``zero`` (TE sets the [CLS]->[CLS] entry to 0), ``keep``.
+    * ``explain`` / ``foil``: the output ``y_c`` differentiated (module docstring; default the logit).
     """
 
     GRADIENT_MEANS = ("auto", "readout_row", "matrix")
@@ -61,7 +66,9 @@ class AttentionGradCAM(AttributionMethod):
     layer_options = ("layer",)
 
     def __init__(self, layer: int = -1, readout: str = "auto", gradient_mean: str = "auto",
-                 include_padding: bool = False, minmax: bool = False, class_token_score: str = "auto"):
+                 include_padding: bool = False, minmax: bool = False, class_token_score: str = "auto",
+                 explain: str = "logit", foil: Optional[int] = None):
+        super().__init__(explain, foil)
         if gradient_mean not in self.GRADIENT_MEANS:
             raise ValueError(f"gradcam: gradient_mean must be one of {self.GRADIENT_MEANS}, got {gradient_mean!r}")
         self.layer = layer
@@ -74,7 +81,8 @@ class AttentionGradCAM(AttributionMethod):
     def attribute(self, adapter, inputs, target):
         layer = check_start_layer(self.layer, adapter, self.name, "layer")
         check_readout_space(adapter, layer, torch.empty(0, dtype=inputs.score_dtype, device=inputs.device), self.name)
-        (attn,), (grad,), _, _ = attention_and_gradients(adapter, inputs, target, [layer])
+        (attn,), (grad,), _, _ = attention_and_gradients(adapter, inputs, target, [layer], self.explain,
+                                                         self.given_foil)
         layout = adapter.layout(inputs)
         mode = self.AUTO_GRADIENT_MEAN[layout.reference] if self.gradient_mean == "auto" else self.gradient_mean
         if mode == "matrix":
@@ -114,7 +122,7 @@ def generic_update(attn: Tensor, grad: Tensor, head_reduction: str) -> Tensor:
 
 
 @register_method("generic_attribution")
-class GenericAttribution(AttributionMethod):
+class GenericAttribution(ExplainedOutput):
     """Generic Attention-model Explainability (Chefer, Gur & Wolf 2021b, eqs. 5-6).
 
     ``R = I``; for each block ``l >= start_layer`` in forward order ``R = R + Ā_l R``
@@ -143,12 +151,15 @@ class GenericAttribution(AttributionMethod):
     ``recompute_attention`` (default ``True``): on the models whose adapter can (``recomputes_attention``), each
     block's probabilities are recomputed in the backward rather than saved by the forward (memory: one block's
     map at a time; time: one more eager attention per block); ``False`` keeps them (same values, bit for bit).
+    ``explain`` / ``foil``: the output whose gradient ``∇A`` is (module docstring; default the logit).
     """
 
     layer_options = ("start_layer",)
 
     def __init__(self, start_layer: int = 0, head_reduction: str = "clamp_then_mean", readout: str = "auto",
-                 class_token_score: str = "auto", recompute_attention: bool = True):
+                 class_token_score: str = "auto", recompute_attention: bool = True, explain: str = "logit",
+                 foil: Optional[int] = None):
+        super().__init__(explain, foil)
         if head_reduction not in HEAD_REDUCTIONS:
             raise ValueError(f"head_reduction must be one of {HEAD_REDUCTIONS}, got {head_reduction!r}")
         self.start_layer = start_layer
@@ -170,14 +181,14 @@ class GenericAttribution(AttributionMethod):
             if layer > start:
                 composed[0].through(adapter.transition(layer, update))
 
-        stream_attention_gradients(adapter, inputs, target, range(start, adapter.depth), fold,
-                                   recompute=self.recompute_attention)
+        stream_attention_gradients(adapter, inputs, target, range(start, adapter.depth), fold, self.explain,
+                                   recompute=self.recompute_attention, foil=self.given_foil)
         row = carry_to_readout_space(adapter, composed[0].row(), start)
         return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
 
 
 @register_method("cdam")
-class CDAM(AttributionMethod):
+class CDAM(ExplainedOutput):
     """Class-Discriminative Attention Maps (Brocki & Chung, eq. 2): gradient × activation at the last block.
 
     ``S_i = Σ_d T_id ∂f/∂T_id`` for the content positions ``i`` ([CLS] excluded for images), signed, not
@@ -196,12 +207,20 @@ class CDAM(AttributionMethod):
       block" read literally): the attention path and the residual path.
     * ``"auto"`` (default): ``"attention_input"`` for a class-token read-out (the reference's models,
       golden-tested), ``"block_input"`` otherwise (average-pooled models, which the reference does not cover).
+
+    ``explain`` / ``foil`` (without ``concept``): ``f`` is the explained output instead of the logit (module
+    docstring); the map is linear in ``∂f/∂T``, so a logit difference's map is the target's minus the foil's.
     """
 
     TOKENS = ("auto", "attention_input", "block_input")
     TOKEN_ALIASES = {"norm1": "attention_input"}
 
-    def __init__(self, concept: Optional[Union[Tensor, Sequence[float]]] = None, tokens: str = "auto"):
+    def __init__(self, concept: Optional[Union[Tensor, Sequence[float]]] = None, tokens: str = "auto",
+                 explain: str = "logit", foil: Optional[int] = None):
+        super().__init__(explain, foil)
+        if concept is not None and explain != "logit":
+            raise ValueError(f"cdam: explain={explain!r} explains a class output; with concept= the explained "
+                             "output is the concept score <z, v>")
         tokens = self.TOKEN_ALIASES.get(tokens, tokens)
         if tokens not in self.TOKENS:
             raise ValueError(f"cdam: tokens must be one of {self.TOKENS} (or 'norm1'), got {tokens!r}")
@@ -222,7 +241,8 @@ class CDAM(AttributionMethod):
             out = adapter.forward(inputs, grad_from_block=last, pre_logits=self.concept is not None)
             hidden = rec["tokens"]
         if self.concept is None:
-            score = class_score(out, resolve_target(out, target))
+            target, foil = self.resolve(out, target)
+            score = explained_score(out, target, self.explain, foil)
         else:
             if self.concept.numel() != out.shape[-1]:
                 raise ValueError(f"cdam: concept vector has {self.concept.numel()} entries but the model's "

@@ -17,9 +17,9 @@ baseline fixed, as Captum's). ``noise``: ``"absolute"`` (``sigma = stdevs``, Cap
 ``"relative"`` (``sigma = stdevs * (max(x) - min(x))`` of each sample at the point, Smilkov et al.'s 10-20 %).
 Noise falls on the real positions only (padding keeps its values) and is drawn per sample from a CPU generator
 seeded by ``(seed, sample id)`` (:mod:`methods.seeded_draws`), as Captum draws it (``torch.normal`` with a float32
-scale, the copies of a sample in one draw), so a sample's map is the same in any batch. The explained class of
-each row is resolved on the clean input. ``samples_per_forward``: noisy copies per forward (all at once when
-``None``).
+scale, the copies of a sample in one draw), so a sample's map is the same in any batch. The explained class of each
+row is resolved on the clean input (one forward without autograd, only when ``target`` is ``None``).
+``samples_per_forward``: noisy copies per forward (all at once when ``None``).
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from .adapters import ModelAdapter, ModelInputs
 from .base import AttributionMethod
 from .gradient_baselines import PointAttribution
 from .input_points import check_choice, logits_at, point_values, real_rows, reduce_scores, repeat_inputs, resolve_point
+from .integrated_gradients import row_targets
 from .registry import build_method, register_method
 from .seeded_draws import normal_noise, sample_generators
 from .targets import TargetType
@@ -99,8 +100,16 @@ class _NoiseTunnel(AttributionMethod):
         x = point_values(adapter, inputs, point)
         inner.call_foil = self.call_foil
         try:
-            with torch.no_grad():
-                target, foil = inner.resolve(logits_at(adapter, inputs, point, x), target)
+            if target is None:
+                with torch.no_grad():
+                    target, foil = inner.resolve(logits_at(adapter, inputs, point, x), target)
+            else:   # no clean forward (checked against the classes by the first noisy forward)
+                target, foil = row_targets(target, inputs.batch_size, x.device), None
+                if inner.reads_foil:
+                    if inner.given_foil is None:
+                        raise ValueError(f"{self.name}: explain={inner.explain!r} contrasts the target with a foil "
+                                         "class: give foil= (an int or one class per sample, like target)")
+                    foil = row_targets(inner.given_foil, inputs.batch_size, x.device)
             noise = self.noise_of(adapter, inputs, point, x)
             per_forward = self.samples_per_forward or self.samples
             total, total_sq = torch.zeros_like(x), torch.zeros_like(x)

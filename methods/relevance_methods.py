@@ -18,7 +18,10 @@ from typing import Optional
 from torch import Tensor
 
 from .base import AttributionMethod, check_start_layer
+from .explained_output import ExplainedOutput
+from .explanation_targets import explained_scores, resolve_foil
 from .lrp import TOPOLOGIES, LRPEngine
+from .lrp.engine import Explained
 from .lrp.rules import get_rules
 from .lrp.topology import INPUT_POINTS, Topology
 from .readout import check_class_token_score, check_readout, is_sequence, read_out, set_class_token_score
@@ -52,7 +55,7 @@ class _LRPMethod(AttributionMethod):
                             inputs, include_padding)
 
     def _rollout_row(self, adapter, inputs, target, layers, row_normalize: bool, reduce, with_gradients: bool,
-                     include_padding: bool = False) -> Tensor:
+                     include_padding: bool = False, explained: Optional[Explained] = None) -> Tensor:
         """The read-out row of the rollout of ``reduce(layer, R_A, grad)`` ``[B, N, N]`` over ``layers``, each
         block's matrix folded into the row as soon as the relevance pass (and, ``with_gradients``, the backward
         pass it runs in) reaches it, from the last block down (:class:`methods.rollout.ReadoutRollout`; the
@@ -65,7 +68,7 @@ class _LRPMethod(AttributionMethod):
 
         LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=layers,
                                   grad_layers=layers if with_gradients else (), cam_reduce=fold,
-                                  recompute=self.recompute_attention)
+                                  recompute=self.recompute_attention, explained=explained)
         return self._finish(composed.row(), adapter, inputs, include_padding)
 
     def _finish(self, row: Tensor, adapter, inputs, include_padding: bool) -> Tensor:
@@ -155,7 +158,7 @@ class PartialLRP(_LRPMethod):
 
 
 @register_method("transformer_attribution")
-class TransformerAttribution(_LRPMethod):
+class TransformerAttribution(_LRPMethod, ExplainedOutput):
     """Transformer Attribution (Chefer et al. 2021a, Sec. 3.3 "relevance and gradient diffusion"; reference code
     ``ViT_LRP.py:357-369`` and its ``compute_rollout_attention``, ``:38-49``).
 
@@ -189,6 +192,10 @@ class TransformerAttribution(_LRPMethod):
     saved ``q``, ``k``, ``v`` (one more eager attention per block) and the relevance pass goes through the block
     as soon as its backward is done, so one block's map is held at a time; the values are the same bit for bit.
     ``recompute_attention=False`` keeps each block's map from the forward instead (no extra attention).
+
+    ``explain`` / ``foil`` (:mod:`methods.explanation_targets`; default ``"logit"``, the reference's): the output
+    ``y`` whose gradient ``grad_A`` is, and the relevance starts from ``dy/dz`` at the logits ``z`` instead of the
+    one-hot target (the same thing for the logit); e.g. ``"logit_difference"`` starts from ``e_t - e_f``.
     """
 
     default_class_token_score = "row_min"
@@ -198,11 +205,22 @@ class TransformerAttribution(_LRPMethod):
 
     def __init__(self, start_layer: int = 0, row_normalize: Optional[bool] = None, rules: Optional[str] = None,
                  readout: str = "auto", class_token_score: str = "auto", include_padding: bool = False,
-                 recompute_attention: bool = True):
+                 recompute_attention: bool = True, explain: str = "logit", foil: Optional[int] = None):
         super().__init__(rules, readout, class_token_score, recompute_attention)
+        ExplainedOutput.__init__(self, explain, foil)
         self.start_layer = start_layer
         self.row_normalize = row_normalize
         self.include_padding = bool(include_padding)
+
+    def explained(self) -> Optional[Explained]:
+        """The engine's explained output (``None`` for the logit: the engine's own one-hot start)."""
+        if self.explain == "logit":
+            return None
+        foil, explain = self.given_foil, self.explain
+
+        def scores(logits: Tensor, target: Tensor) -> Tensor:
+            return explained_scores(logits, target, explain, resolve_foil(logits, foil, explain))
+        return scores
 
     def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter, self.name)
@@ -211,7 +229,7 @@ class TransformerAttribution(_LRPMethod):
         if normalize is None:
             normalize = self.AUTO_ROW_NORMALIZE[adapter.layout(inputs).reference]
         return self._rollout_row(adapter, inputs, target, layers, normalize, _relevance_times_gradient, True,
-                                 self.include_padding)
+                                 self.include_padding, self.explained())
 
 
 @register_method("lrp_rollout")

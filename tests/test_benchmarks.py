@@ -272,3 +272,37 @@ def test_eager_floor_tiny_run(capsys):
     assert [r["seq_len"] for r in rows] == [16]
     assert all(_positive(rows[0][k]) for k in ("eager_over_sdpa", "rollout_over_sdpa", "rollout_over_eager"))
     assert "| 16 |" in capsys.readouterr().out
+
+
+def test_generic_baseline_anchor_arithmetic(bench):
+    """Integrated gradients and SmoothGrad against steps (samples) x fwd+bwd, occlusion against 1 + windows
+    forwards, KernelSHAP / LIME against 1 + samples forwards (issue 38)."""
+    fwd, fb = 0.5, 1.5
+
+    def result(name, seconds, **info):
+        anchor = "forward" if name in ("occlusion", "kernel_shap") else "forward+backward"
+        return dict(name=name, batch=2, first_call_s=1.0, peak_extra_mib=None, memory_note="n", num_patches=16,
+                    samples={name: [seconds], anchor: [fwd if anchor == "forward" else fb]}, **info)
+    rows = {r["method"]: r for r in bench.make_rows([
+        result("integrated_gradients", 6.3, steps=4), result("smoothgrad", 9.0, method_samples=4),
+        result("occlusion", 8.0, forwards=17), result("kernel_shap", 13.0, method_samples=25),
+        result("saliency", 1.7)], [])}
+    assert rows["integrated_gradients"]["ratio"] == pytest.approx(6.3 / (4 * fb))
+    assert rows["integrated_gradients"]["status"] == "pass" and rows["integrated_gradients"]["anchor"] == "4 x fwd+bwd"
+    assert rows["smoothgrad"]["ratio"] == pytest.approx(1.5) and rows["smoothgrad"]["status"] == "FAIL"
+    assert rows["occlusion"]["ratio"] == pytest.approx(8.0 / (17 * fwd)) and rows["occlusion"]["anchor"] == "17 fwd"
+    assert rows["kernel_shap"]["ratio"] == pytest.approx(1.0) and rows["kernel_shap"]["status"] == "report"
+    assert rows["saliency"]["target"] == 1.2 and rows["saliency"]["status"] == "pass"
+
+
+def test_tiny_generic_baselines_run(bench, capsys):
+    """--method-options reach the method and its anchor; --warmup 0 times the first call; no anchor rows."""
+    result = bench.main(["--model-size", "tiny", "--isolation", "none", "--threads", "1", "--device", "cpu",
+                         "--methods", "integrated_gradients", "occlusion", "--batch-sizes", "2", "--repeats", "1",
+                         "--warmup", "0", "--clock", "process", "--skip-anchor-rows", "--method-options",
+                         '{"integrated_gradients": {"steps": 3}, "occlusion": {"window": 32}}'])
+    rows = {r["method"]: r for r in result["rows"]}
+    assert sorted(rows) == ["integrated_gradients", "occlusion"]
+    assert rows["integrated_gradients"]["anchor"] == "3 x fwd+bwd" and rows["occlusion"]["anchor"] == "5 fwd"
+    assert all(_positive(r["ratio"]) and r["samples"] == 1 for r in rows.values())
+    assert result["config"]["clock"] == "process"

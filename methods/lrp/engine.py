@@ -12,11 +12,16 @@ on the recorded maps; both go from the last block down), so that a caller reduci
 gradient (``cam_reduce``) never holds every block's gradient at once; the values are the same. Where the
 adapter recomputes its attention in the backward (the decoder LMs), no block's map is recorded: each arrives
 recomputed with its gradient, and is dropped once the relevance pass has gone through its block.
+
+``explained`` (``run``'s option; ``None``, the default, is the target logit above): a function of the logits and the
+resolved targets giving each row's explained output ``y`` (a method's ``explain=``); the gradients are then of
+``y`` and the relevance pass starts from ``dy/dz`` at the logits ``z`` (the one-hot target when ``y`` is the logit,
+so the same values as without it).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -35,6 +40,11 @@ class LRPResult:
     attn_cam: Dict[int, Tensor] = field(default_factory=dict)    # R_A (after the /2), [B, H, N, N]
     attn_grad: Dict[int, Tensor] = field(default_factory=dict)   # d logit_target / d A, [B, H, N, N]
     input_relevance: Optional[Tensor] = None                     # [B, 3, H, W] at the patch-embedding input
+    seed: Optional[Tensor] = None   # the relevance at the logits, [B, C]; None: the one-hot target
+
+
+#: each row's explained output ``[B]`` from the logits ``[B, C]`` and the resolved targets ``[B]``
+Explained = Callable[[Tensor, Tensor], Tensor]
 
 
 class LRPEngine:
@@ -54,7 +64,7 @@ class LRPEngine:
 
     def run(self, adapter: ModelAdapter, inputs: ModelInputs, target=None, cam_layers: Sequence[int] = (),
             grad_layers: Sequence[int] = (), to_input: bool = False, cam_reduce: Optional[CamReduce] = None,
-            recompute: bool = True) -> LRPResult:
+            recompute: bool = True, explained: Optional[Explained] = None) -> LRPResult:
         """Relevance of the attention maps of ``cam_layers``, gradients of ``grad_layers`` and, with
         ``to_input``, the relevance at the input (the pixels for images).
 
@@ -66,7 +76,8 @@ class LRPEngine:
         ``grad_layers``; not to be modified); its return value is kept in ``attn_cam[layer]`` instead (nothing
         when ``None``) and the gradient is not kept in ``attn_grad``. How the maps reach the pass (recorded,
         streamed with the gradients, recomputed in the backward): :mod:`methods.lrp.map_sources`;
-        ``recompute=False`` keeps the recorded maps on a family that could recompute them.
+        ``recompute=False`` keeps the recorded maps on a family that could recompute them. ``explained``: the
+        explained output (module docstring; ``None``: the target logit).
         """
         topology = self.topology(adapter)
         cam_layers = sorted({int(l) for l in cam_layers})
@@ -82,6 +93,10 @@ class LRPEngine:
             rec.outputs.clear()
         target = resolve_target(logits, target)
         result = LRPResult(logits=logits.detach(), target=target)
+        if explained is not None:
+            with torch.enable_grad():
+                z = logits.detach().requires_grad_(True)
+                (result.seed,) = torch.autograd.grad(explained(z, target).sum(), z)
         points = source.points(acts, blocks)
         acts = {k: v.detach() for k, v in acts.items()}
         context = adapter.context(inputs)
@@ -91,7 +106,9 @@ class LRPEngine:
             acts["readout_positions"] = context.readout_positions
         source.attach(acts, result)
         relevance = RelevancePass(self.rules, topology, acts, result, blocks, lowest, to_input, cam_layers, cam_reduce)
-        score = class_score(logits, target) if source.stream else None
+        score = None
+        if source.stream:
+            score = class_score(logits, target) if explained is None else explained(logits, target).sum()
         del logits
         source.bring(relevance, score, points, anchor)
         del score

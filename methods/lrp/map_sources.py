@@ -1,8 +1,8 @@
 """The relevance pass of :class:`~methods.lrp.engine.LRPEngine` and the three ways the attention maps reach it.
 
-:class:`RelevancePass` goes from the one-hot target through the head, then block by block from the top down
-(closed-form rules under ``torch.no_grad()``), releasing each block's recorded activations behind it. A map
-source says when it may go through a block:
+:class:`RelevancePass` goes from the one-hot target (or the engine's ``seed``) through the head, then block by
+block from the top down (closed-form rules under ``torch.no_grad()``), releasing each block's recorded activations
+behind it. A map source says when it may go through a block:
 
 * :class:`RecordedMaps`: the forward recorded every map; the pass runs once, after the forward.
 * :class:`StreamedMaps` (gradients asked for): the pass runs inside the backward pass, from gradient hooks on
@@ -46,8 +46,11 @@ class RelevancePass:
         """Through every pending block ``>= stop`` (the head first)."""
         result = self.result
         if self.relevance is None:
-            relevance = torch.zeros_like(result.logits)
-            relevance.scatter_(1, result.target[:, None], 1.0)
+            if result.seed is not None:
+                relevance = result.seed
+            else:
+                relevance = torch.zeros_like(result.logits)
+                relevance.scatter_(1, result.target[:, None], 1.0)
             self.relevance = self.topology.head_relprop(self.rules, self.acts, relevance)
         while self.pending and self.pending[0] >= stop:
             l = self.pending.pop(0)
