@@ -70,7 +70,8 @@ class MapGallery(pl.Callback):
         if not keep.any():
             return
         predicted = outputs["logits"].argmax(dim=-1)
-        is_text = isinstance(batch.get("input_ids"), Tensor)
+        # an image batch may carry token ids too (CLIP zero-shot: the class prompts); its maps are the image's
+        is_text = isinstance(batch.get("input_ids"), Tensor) and not isinstance(batch.get("image"), Tensor)
         for b in np.flatnonzero(keep).tolist():
             sample = int(ids[b])
             units = self._sample_units(batch, b, outputs, is_text)

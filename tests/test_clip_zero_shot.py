@@ -190,6 +190,13 @@ def test_evaluation_module_explains_the_vision_tower(clip_folder):
         assert torch.allclose(out["logits"], module.model(normalised), atol=1e-5)
     assert tuple(out["layout"].grid) == (4, 4)
     assert out["relevance"]["gradcam"]["target"].shape == (3, 16)
+    # the map gallery keeps the image's patch maps, though the captioned batch carries token ids too
+    from callbacks.map_gallery import MapGallery
+    gallery = MapGallery(samples=2)
+    batch["input_ids"] = torch.ones(3, 5, dtype=torch.long)
+    gallery.on_test_batch_end(None, module, out, batch, 0)
+    assert sorted(gallery._rows) == [0, 1] and gallery._rows[0]["map/gradcam/predicted"].shape == (16,)
+    assert gallery._rows[1]["image"].shape == (32, 32, 3)
 
 
 # ----------------------------------------------------------------------------------------------- captions
