@@ -43,9 +43,12 @@ def attcat_golden():
     return np.load(os.path.join(DATA, "attcat_golden", "attcat_bert.npz"))
 
 
-def _golden_bert(z, dtype):
+def _golden_bert(dtype):
+    """The seeded BERT of ``../shared/golden/bi_bert.npz`` (the model the AttCAT golden was made on)."""
+    weights = np.load(os.path.join(SHARED, "bi_bert.npz"))
     model = transformers.BertForSequenceClassification(transformers.BertConfig(**BERT_CONFIG))
-    model.load_state_dict({k[2:]: torch.from_numpy(z[k]) for k in z.files if k.startswith("w/")}, strict=True)
+    model.load_state_dict({k[2:]: torch.from_numpy(weights[k]) for k in weights.files if k.startswith("w/")},
+                          strict=True)
     return model.to(dtype).eval()
 
 
@@ -53,7 +56,7 @@ def _golden_bert(z, dtype):
 def test_attcat_equals_the_authors_code_batched_with_padding(attcat_golden, dtype):
     z = attcat_golden
     assert json.loads(str(z["meta_json"]))["commit"].startswith("441262f7a352a6abad40d575f6bccb4b1853101f")
-    model = _golden_bert(z, dtype)
+    model = _golden_bert(dtype)
     ids, mask = torch.from_numpy(z["input_ids"]), torch.from_numpy(z["attention_mask"])
     batch = {"input_ids": ids.repeat(2, 1), "attention_mask": mask.repeat(2, 1)}
     targets = torch.from_numpy(z["targets"]).t().flatten()               # [pred x 3, other x 3]

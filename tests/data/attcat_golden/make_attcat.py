@@ -1,5 +1,6 @@
 """Golden outputs of AttCAT's own code (qiangyao1988/AttCAT, ``generate_TransCAM``) on the seeded random BERT of
-``../shared/golden/bi_bert.npz`` (its weights, its 3 examples: two full-length, one padded 11 of 16).
+``../shared/golden/bi_bert.npz`` (its weights, not stored again here; its 3 examples: two full-length, one padded
+11 of 16).
 
 Not run by CI. Needs: the reference tree at ``$ATTCAT_REF`` (``git archive 441262f7a352a6abad40d575f6bccb4b1853101f``
 of github.com/qiangyao1988/AttCAT), the shared golden generator's shims at ``$GOLDEN_GEN``
@@ -41,7 +42,6 @@ weights = {k[2:]: torch.from_numpy(z[k]) for k in z.files if k.startswith("w/")}
 ids, mask = torch.from_numpy(z["input_ids"]), torch.from_numpy(z["attention_mask"])
 targets = np.stack([z["pred_class"], z["other_class"]], axis=1)        # [3, 2]
 out = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "targets": targets}
-out.update({f"w/{k}": v.numpy() for k, v in weights.items()})
 for dtype in (torch.float32, torch.float64):
     with C.no_init_weights():
         model = BertForSequenceClassification(BertConfig(**config, return_dict=False))
