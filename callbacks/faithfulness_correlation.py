@@ -123,11 +123,7 @@ class FaithfulnessCorrelationTest(SampleScoreTest):
         raise KeyError(f"faithfulness correlation: the batch has neither 'image' nor 'input_ids'; got {sorted(batch)}")
 
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
-        if not isinstance(batch.get("index"), Tensor):
-            raise KeyError(f"{self.PREFIX}: the batch has no 'index' (each sample's dataset index), which seeds its "
-                           f"subsets; got keys {sorted(batch)}")
-        outputs = self._with_oracle(outputs, batch)
-        self._build_at_first_batch(outputs)
+        outputs = self._indexed_outputs(outputs, batch, "seeds its subsets")
         perturber, unit, image = self._setup(batch)
         classifier, layout = outputs["classifier"], outputs.get("layout")
         if image:

@@ -68,11 +68,7 @@ class SaCoTest(SampleScoreTest):
                 "score": "probability", "ties": "unit index"}
 
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
-        if not isinstance(batch.get("index"), Tensor):
-            raise KeyError(f"{self.PREFIX}: the batch has no 'index' (each sample's dataset index); got keys "
-                           f"{sorted(batch)}")
-        outputs = self._with_oracle(outputs, batch)
-        self._build_at_first_batch(outputs)
+        outputs = self._indexed_outputs(outputs, batch)
         image = not isinstance(batch.get("input_ids"), Tensor)
         if image and not isinstance(batch.get("image"), Tensor):
             raise KeyError(f"SaCo: the batch has neither 'image' nor 'input_ids'; got keys {sorted(batch)}")

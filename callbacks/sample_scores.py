@@ -75,6 +75,17 @@ class SampleScoreTest(EvaluationCallback):
         """``outputs`` with the ground-truth map as method ``oracle`` (when ``oracle`` is on), else as they are."""
         return with_oracle(outputs, batch, self.class_settings, self.PREFIX) if self.oracle else outputs
 
+    def _indexed_outputs(self, outputs: Dict[str, Any], batch: Dict[str, Any],
+                         index_use: str = "keys its per-sample values") -> Dict[str, Any]:
+        """What every update starts with: ``KeyError`` unless the batch has each sample's dataset index (which
+        ``index_use``), then :meth:`_with_oracle` and :meth:`_build_at_first_batch`; the outputs to read."""
+        if not isinstance(batch.get("index"), Tensor):
+            raise KeyError(f"{self.PREFIX}: the batch has no 'index' (each sample's dataset index), which {index_use};"
+                           f" got keys {sorted(batch)}")
+        outputs = self._with_oracle(outputs, batch)
+        self._build_at_first_batch(outputs)
+        return outputs
+
     def _build_at_first_batch(self, outputs: Dict[str, Any]) -> None:
         if not self._metrics:
             methods = list(self.methods) if self.methods is not None else [
@@ -119,11 +130,7 @@ class SampleScoreTest(EvaluationCallback):
         return ResultKey(self.PREFIX, method, setting, name).format()
 
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
-        if not isinstance(batch.get("index"), Tensor):
-            raise KeyError(f"{self.PREFIX}: the batch has no 'index' (each sample's dataset index), which keys its "
-                           f"per-sample values; got keys {sorted(batch)}")
-        outputs = self._with_oracle(outputs, batch)
-        self._build_at_first_batch(outputs)
+        outputs = self._indexed_outputs(outputs, batch)
         once = OncePerMap()       # a class-agnostic method's one map serves every class setting
         for method, setting in self._pairs():
             rel = relevance_for(outputs["relevance"], method, setting, self.PREFIX)

@@ -73,10 +73,7 @@ class TauLOOTest(SampleScoreTest):
         if not isinstance(batch.get("input_ids"), Tensor):
             raise ValueError("tau_loo: τ-LOO is defined on token sequences (texts, decoders, CLIP's text tower); "
                              f"the batch has no 'input_ids' (got keys {sorted(batch)})")
-        if not isinstance(batch.get("index"), Tensor):
-            raise KeyError(f"{self.PREFIX}: the batch has no 'index'; got keys {sorted(batch)}")
-        outputs = self._with_oracle(outputs, batch)
-        self._build_at_first_batch(outputs)
+        outputs = self._indexed_outputs(outputs, batch)
         perturber = build_perturber(self.masking, clamp=False)
         classifier = outputs["classifier"]
         removable = perturber.removable(batch).cpu()
