@@ -78,3 +78,16 @@ def product_change(probabilities: Tensor, change: Tensor) -> Tensor:
     computed where no hook reaches them, the product with the edited values is the recorded product plus this
     (``A v`` is linear in ``v``); an unedited block gets exactly its own product (the change is 0)."""
     return (probabilities @ change.transpose(1, 2).to(probabilities.dtype)).transpose(1, 2).flatten(2)
+
+
+class ProjectionValueEdits:
+    """Mixin of the families whose values a hook on the value projection reaches (list it before the family's
+    adapter base): the capability ``edits_values`` given by :func:`projection_value_edit`."""
+
+    edits_values = True
+
+    def value_edit(self, edit: ValueEdit) -> contextlib.AbstractContextManager[None]:
+        """Values edited at the block's value projection (a fused ``qkv``: its last third):
+        :func:`projection_value_edit`."""
+        assert isinstance(self, ModelAdapter), "ProjectionValueEdits is a mixin of ModelAdapter subclasses"
+        return projection_value_edit(self, edit)

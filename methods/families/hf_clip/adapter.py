@@ -14,7 +14,6 @@ Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Tuple, Type, Union
 
 import torch
@@ -38,7 +37,7 @@ from ...adapters.gradient_rules import normalized_rule
 from ...adapters.lens import lens_through_head
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs
-from ...adapters.value_edits import projection_value_edit
+from ...adapters.value_edits import ProjectionValueEdits
 from ..hf_blocks import HFEncoderBlocks
 from .rules import CLIPTextRules, CLIPVisionRules
 
@@ -138,7 +137,7 @@ def at_readout_positions(normed: Tensor, context: SequenceContext) -> Tensor:
     return normed[torch.arange(normed.shape[0], device=normed.device), positions]
 
 
-class _HFCLIPTower(_ScorerHead, HFEncoderBlocks):
+class _HFCLIPTower(ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
     """Shared machinery of the two CLIP towers (see the module docstring); a subclass names its tower."""
 
     tower = "?"
@@ -229,13 +228,6 @@ class _HFCLIPTower(_ScorerHead, HFEncoderBlocks):
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
 
-    # ---- edits_values (issue 37)
-    edits_values = True
-
-    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """Values edited at ``v_proj``:
-        :func:`~methods.adapters.value_edits.projection_value_edit`."""
-        return projection_value_edit(self, edit)
 
 
 class _HFPatchVision:

@@ -31,7 +31,7 @@ from ...adapters.base import (
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, last_real_positions, positions_from_mask
-from ...adapters.value_edits import projection_value_edit
+from ...adapters.value_edits import ProjectionValueEdits
 from ..hf_blocks import HFEncoderBlocks
 from .recompute import recomputed_attention
 from .rules import DecoderRules, Gemma3Rules, RopeDecoderRules
@@ -71,7 +71,7 @@ def _transformers_class(name: str) -> Optional[type]:
     return getattr(transformers, name, None)
 
 
-class _HFDecoder(HFEncoderBlocks):
+class _HFDecoder(ProjectionValueEdits, HFEncoderBlocks):
     """Shared machinery of the decoder families (see the module docstring); a family subclass names its model
     classes and submodules."""
 
@@ -346,14 +346,8 @@ class _HFDecoder(HFEncoderBlocks):
         mlp = self.blocks[layer].mlp
         return mlp.up_proj, mlp.down_proj
 
-    # ---- edits_values (issue 37)
-    edits_values = True
+    # ---- edits_values (issue 37): values edited at the projection (ProjectionValueEdits)
     causal_attention = True
-
-    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """Values edited at ``v_proj`` (its key-value heads; GPT-2: the fused ``c_attn``'s last third):
-        :func:`~methods.adapters.value_edits.projection_value_edit`."""
-        return projection_value_edit(self, edit)
 
     # ---- decomposes_blocks (issue 37)
     #: Gemma 3 normalises the attention output again before the residual sum (sandwich norms): refused there

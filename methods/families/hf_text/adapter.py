@@ -7,7 +7,6 @@ each block, the head), so its logits are the model's.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, Hashable, Optional, Tuple, Union
 
 import torch
@@ -28,7 +27,7 @@ from ...adapters.base import (
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, special_positions
-from ...adapters.value_edits import projection_value_edit
+from ...adapters.value_edits import ProjectionValueEdits
 from ..hf_blocks import HFEncoderBlocks
 from .rules import TextRules
 
@@ -36,7 +35,7 @@ from .rules import TextRules
 EMBEDDING_SCALE = "embedding_scale"
 
 
-class HFTextAdapter(HFEncoderBlocks):
+class HFTextAdapter(ProjectionValueEdits, HFEncoderBlocks):
     """Shared machinery of stock ``transformers`` encoder classifiers read at position 0 ([CLS] / ``<s>``) with
     post-norm blocks and separate query/key/value projections; a family subclass names its submodules.
 
@@ -219,13 +218,6 @@ class HFTextAdapter(HFEncoderBlocks):
         block = self.blocks[layer]
         return block.intermediate.dense, block.output.dense
 
-    # ---- edits_values (issue 37)
-    edits_values = True
-
-    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """Values edited at the value projection (ModernBERT: the fused ``Wqkv``'s last third):
-        :func:`~methods.adapters.value_edits.projection_value_edit`."""
-        return projection_value_edit(self, edit)
 
     # ---- decomposes_blocks (issue 37)
     decomposes_blocks = True

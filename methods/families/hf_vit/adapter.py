@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
 from ...adapters.lens import lens_through_head
 from ...adapters.recorder import ActivationRecorder
-from ...adapters.value_edits import projection_value_edit
+from ...adapters.value_edits import ProjectionValueEdits
 from ..hf_blocks import HFEncoderBlocks
 from ..hf_score_edit import score_edited_attention
 from .rules import Dinov2Rules, ViTLikeRules
@@ -49,7 +49,7 @@ def _transformers_class(name: str) -> Optional[type]:
     return getattr(transformers, name, None)
 
 
-class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
+class HFViTLikeAdapter(ProjectionValueEdits, ImageAdapter, HFEncoderBlocks):
     """Shared machinery of the Hugging Face ViT-like image classifiers (see the module docstring). A subclass
     names its model class (``model_class``), the attribute of its backbone (``backbone_attr``), its prefix
     tokens and read-out, and its :meth:`head`."""
@@ -188,13 +188,6 @@ class HFViTLikeAdapter(ImageAdapter, HFEncoderBlocks):
         finally:
             config._attn_implementation = before
 
-    # ---- edits_values (issue 37)
-    edits_values = True
-
-    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """Values edited at the value projection:
-        :func:`~methods.adapters.value_edits.projection_value_edit`."""
-        return projection_value_edit(self, edit)
 
     # ---- edits_attention_scores (issue 37)
     def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
 from ...adapters.lens import lens_through_head
 from ...adapters.recorder import ActivationRecorder
-from ...adapters.value_edits import projection_value_edit
+from ...adapters.value_edits import ProjectionValueEdits
 from .rules import TimmBlocksRules, TimmViTRules
 from .score_edit import score_edit_problem, timm_score_edit
 
@@ -111,7 +111,7 @@ class TimmBlocksAdapter(ImageAdapter):
 
 
 @register_adapter
-class TimmViTAdapter(TimmBlocksAdapter):
+class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
     """Stock timm ``VisionTransformer``: pre-norm blocks ``x + attn(norm1(x))``, ``h + mlp(norm2(h))`` (with
     layer scale where the model has it), fused ``qkv`` projection. Inputs
     (:class:`~methods.adapters.base.ImageAdapter`): images whose sides are multiples of the patch size.
@@ -258,13 +258,6 @@ class TimmViTAdapter(TimmBlocksAdapter):
 
     # ------------------------------------------------------------------ relevance rules
 
-    # ---- edits_values (issue 37)
-    edits_values = True
-
-    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """Values edited at the fused ``qkv`` projection's last third:
-        :func:`~methods.adapters.value_edits.projection_value_edit`."""
-        return projection_value_edit(self, edit)
 
     # ---- edits_attention_scores (issue 37)
     edits_attention_scores = True
