@@ -54,19 +54,12 @@ def token_distance(moved: Tensor, clean: Tensor, distance: str) -> Tensor:
 
 
 def final_normed(adapter: ModelAdapter, name: str) -> Callable[[Tensor], Tensor]:
-    """``h -> final_norm(h)`` at every position ``[S, N, D]`` of a decoder (the ``inseq`` convention's last
-    block), through the decoder head's pre-logits (its final norm, then the read-out position): each position read
-    as a sequence of its own, which a per-position norm leaves equal. ``ValueError`` on the other families (their
-    pre-logits may pool or norm again)."""
+    """A decoder's final norm (:meth:`~methods.adapters.ModelAdapter.final_norm`), applied at every position
+    ``[S, N, D]`` (the ``inseq`` convention's last block); ``ValueError`` on the other families."""
     if not adapter.causal_attention:
         raise ValueError(f"{name}: convention='inseq' reads the last block after a decoder's final norm; "
                          f"{type(adapter.model).__name__} ({adapter.family}) is not a decoder")
-
-    def normed(hidden: Tensor) -> Tensor:
-        flat = hidden.reshape(-1, 1, hidden.shape[-1])
-        first = SequenceContext(readout_positions=torch.zeros(flat.shape[0], dtype=torch.long, device=flat.device))
-        return adapter.head(flat, first, pre_logits=True).reshape(hidden.shape)
-    return normed
+    return adapter.final_norm()
 
 
 def _zeroing_edit(layer: int, zeroed: Tensor) -> Callable[[int, Tensor], Tensor]:
