@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import multiprocessing
-import os
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ from test_faithfulness_correlation import _batches, _drive, _model, _TokenModel
 from callbacks.completeness import CompletenessTest
 from callbacks.saco import SaCoTest
 from callbacks.tau_loo import TauLOOTest
+from tests.gloo import gloo_group, run_on_two_processes
 
 
 def _token_batches(n=4, b=3, seed=0):
@@ -80,27 +79,17 @@ def test_resumed_from_a_progress_state_equals_one_process():
 
 
 def _gloo_worker(rank: int, world: int, port: int, path: str) -> None:
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         results = {}
         for make, batches in _tests():
             results.update(_drive(make(), batches[rank::world]).compute())
         if rank == 0:
             with open(path, "w") as f:
                 json.dump(results, f)
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow
 def test_two_gloo_processes_equal_one_process(tmp_path):
     one = _one_process()
-    port = 29900 + os.getpid() % 1000
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_gloo_worker, args=(r, 2, port, str(tmp_path / "two.json"))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    assert all(p.exitcode == 0 for p in procs)
+    run_on_two_processes(_gloo_worker, str(tmp_path / "two.json"), base_port=29900)
     _same(one, json.loads((tmp_path / "two.json").read_text()))

@@ -6,8 +6,6 @@ patch units, texts in token units), refusals by name, halves merged == one proce
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +26,7 @@ from evaluation.localisation import (
 )
 from evaluation.sample_values import SampleValues
 from methods.maps import tokens_to_map
+from tests.gloo import gloo_group, run_on_two_processes
 
 METHODS = ("a", "b", "c")
 
@@ -286,8 +285,7 @@ def test_cards_and_directions():
 
 
 def _gloo_worker(rank: int, world: int, port: int, folder: str) -> None:
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         results = {}
         for cls in (LocalisationTest, ComplexityTest):
             cb = _drive(cls(methods=list(METHODS)), _image_batches(seed=7)[rank::world])
@@ -297,8 +295,6 @@ def _gloo_worker(rank: int, world: int, port: int, folder: str) -> None:
                 results["index"] = index.tolist()
         if rank == 0:
             (Path(folder) / "two.json").write_text(json.dumps(results))
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow
@@ -306,14 +302,7 @@ def test_two_gloo_processes_give_identical_results(tmp_path):
     one = {}
     for cls in (LocalisationTest, ComplexityTest):
         one.update(_drive(cls(methods=list(METHODS)), _image_batches(seed=7)).compute())
-    port = 29700 + os.getpid() % 1000
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_gloo_worker, args=(r, 2, port, str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    assert all(p.exitcode == 0 for p in procs)
+    run_on_two_processes(_gloo_worker, str(tmp_path), base_port=29700)
     two = json.loads((tmp_path / "two.json").read_text())
     assert two.pop("index") == list(range(12))            # gathered from both processes, sorted
     assert two.keys() == one.keys()

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
-import os
 import pickle
 import random
 from pathlib import Path
@@ -33,6 +31,7 @@ from evaluation.eraser_export import check_eraser_rows, eraser_row, write_eraser
 from evaluation.rationale_metrics import SoftAUPRC, SpanIOUF1, TokenF1, soft_auprc, span_iou_matches, token_counts
 from evaluation.rationale_selection import batched_runs, spans_from_mask, top_k_masks
 from evaluation.words import REDUCTIONS, document_word_scores, word_attribution_from_ids, word_mask, word_scores
+from tests.gloo import gloo_group, run_on_two_processes
 
 
 # =============================================================================== ERASER, transcribed independently
@@ -646,17 +645,13 @@ def test_two_ranks_gathered_equal_one_process(tmp_path, monkeypatch):
 
 
 def _two_process_worker(rank: int, world: int, port: int, folder: str) -> None:
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                         world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         test = RationaleTest(**SPLIT_SETTINGS)
         drive(test, make_samples(7, n_docs=8)[rank::world], batch_size=2)   # UnrepeatedDistributedSampler's split
         results = test.compute()
         if rank == 0:
             test.write_jsonl(Path(folder) / "rationales")
             (Path(folder) / "results.json").write_text(json.dumps(results, sort_keys=True))
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow
@@ -667,14 +662,7 @@ def test_two_gloo_processes_give_the_same_metrics_and_files(tmp_path):
     results = single.compute()
     single.write_jsonl(tmp_path / "one" / "rationales")
     (tmp_path / "two").mkdir()
-    port = 29500 + os.getpid() % 1000
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_two_process_worker, args=(r, 2, port, str(tmp_path / "two"))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    assert all(p.exitcode == 0 for p in procs)
+    run_on_two_processes(_two_process_worker, str(tmp_path / "two"), base_port=29500)
     two = json.loads((tmp_path / "two" / "results.json").read_text())
     assert two.keys() == results.keys()
     for key, value in results.items():

@@ -5,8 +5,6 @@ not depend on the batch, the refusal on texts, and the evaluation module's ``exp
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,6 +17,7 @@ from callbacks.robustness import RobustnessTest
 from evaluation.classifier import Classifier
 from evaluation.robustness import infidelity, max_sensitivity, sample_noise
 from lightning_modules.evaluation import AttributionEvaluationModule
+from tests.gloo import gloo_group, run_on_two_processes
 
 SIZE, GRID, CLASSES = 8, 4, 3
 
@@ -177,29 +176,19 @@ def _catalogue_results(batches):
 
 
 def _gloo_worker(rank: int, world: int, port: int, path: str) -> None:
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         _, _, batches, _ = _setup(n_batches=3)
         results = _catalogue_results(batches[rank::world])
         if rank == 0:
             with open(path, "w") as f:
                 json.dump(results, f)
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow
 def test_two_gloo_processes_give_identical_robustness_and_faithfulness_correlation(tmp_path):
     _, _, batches, _ = _setup(n_batches=3)
     one = _catalogue_results(batches)
-    port = 29800 + os.getpid() % 1000
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_gloo_worker, args=(r, 2, port, str(tmp_path / "two.json"))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(300)
-    assert all(p.exitcode == 0 for p in procs)
+    run_on_two_processes(_gloo_worker, str(tmp_path / "two.json"), base_port=29800)
     two = json.loads((tmp_path / "two.json").read_text())
     assert two.keys() == one.keys() and len(one) > 10
     assert all(np.array_equal(two[k], one[k], equal_nan=True) for k in one), {

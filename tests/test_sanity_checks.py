@@ -4,8 +4,6 @@ determinism (halves merged, resumed, two gloo processes), and the refusals."""
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +11,7 @@ import pytest
 import torch
 
 from callbacks.sanity import INPUT_ONLY, RandomisationTest, input_only_map, other_classes
+from tests.gloo import gloo_group, run_on_two_processes
 
 METHODS = ["gradcam", "cdam", "random"]
 
@@ -116,30 +115,20 @@ def test_halves_merged_and_resumed_equal_one_run(synthetic, tmp_path):
 
 def _gloo_worker(rank: int, world: int, port: int, folder: str) -> None:
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+    with gloo_group(rank, world, port):
         module = _module()
         batches = _batches()[rank::world]
         cb = _drive(RandomisationTest(**_options()), [(module.test_step(b, i), b) for i, b in enumerate(batches)])
         results = cb.compute()
         if rank == 0:
             (Path(folder) / "two.json").write_text(json.dumps(results))
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow
 def test_two_gloo_processes_give_identical_results(synthetic, tmp_path):
     _, batches, outputs = synthetic
     one = _drive(RandomisationTest(**_options()), zip(outputs, batches)).compute()
-    port = 29800 + os.getpid() % 1000
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_gloo_worker, args=(r, 2, port, str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(600)
-    assert all(p.exitcode == 0 for p in procs)
+    run_on_two_processes(_gloo_worker, str(tmp_path), base_port=29800, timeout=600)
     two = json.loads((tmp_path / "two.json").read_text())
     assert two.keys() == one.keys()
     assert all(np.array_equal(two[k], one[k], equal_nan=True) for k in one)
