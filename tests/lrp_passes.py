@@ -8,6 +8,7 @@ from typing import Any, Dict
 import torch
 from torch import Tensor
 
+from methods import build_method
 from methods.adapters import ActivationRecorder, ModelAdapter, adapter_for
 from methods.lrp import LRPEngine
 
@@ -38,3 +39,18 @@ def head_relevance(model, inputs, target_index: int = 1, readout_positions: bool
     relevance = torch.zeros_like(logits)
     relevance[:, target_index] = 1
     return HeadRelevance(adapter, engine, topology, acts, topology.head_relprop(engine.rules, acts, relevance))
+
+
+def assert_cp_lrp_conserves_and_attnlrp_does_not(model, inputs, target: Tensor, relative: float) -> None:
+    """CP-LRP's relevance sums at every block's input and at the input equal the explained logit (within
+    ``relative`` of its largest value); AttnLRP explains the same logit and does not conserve at block 0 (its
+    softmax rule by the gradient)."""
+    report = build_method("cp_lrp").relevance_by_layer(model, inputs, target=target)
+    logit = report["logit"]
+    scale = float(logit.abs().max())
+    for layer, sums in enumerate(report["blocks"]):
+        torch.testing.assert_close(sums, logit, rtol=0, atol=relative * scale, msg=f"block {layer}")
+    torch.testing.assert_close(report["input"], logit, rtol=0, atol=relative * scale)
+    attn = build_method("attnlrp").relevance_by_layer(model, inputs, target=target)
+    assert torch.equal(attn["logit"], logit)
+    assert not torch.allclose(attn["blocks"][0], logit, rtol=1e-3)

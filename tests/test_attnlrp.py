@@ -15,6 +15,7 @@ from methods import build_method
 from methods.adapters import gradient_rules
 from methods.attnlrp import is_elementwise_activation
 from tests.families import _clip_classifier, _clip_images, _clip_scorer, _clip_token_batch, _token_batch
+from tests.lrp_passes import assert_cp_lrp_conserves_and_attnlrp_does_not
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
@@ -200,15 +201,7 @@ def test_cp_lrp_conserves_exactly_on_bias_free_models(family):
         "clip_text": lambda: (_bias_free_clip("text"), _clip_token_batch(3)),
     }[family]()
     target = torch.tensor([1, 4, 0])
-    report = build_method("cp_lrp").relevance_by_layer(model, inputs, target=target)
-    logit = report["logit"]
-    scale = logit.abs().max()
-    for layer, sums in enumerate(report["blocks"]):
-        torch.testing.assert_close(sums, logit, rtol=0, atol=1e-9 * scale, msg=f"block {layer}")
-    torch.testing.assert_close(report["input"], logit, rtol=0, atol=1e-9 * scale)
-    attn = build_method("attnlrp").relevance_by_layer(model, inputs, target=target)
-    assert torch.equal(attn["logit"], logit)
-    assert not torch.allclose(attn["blocks"][0], logit, rtol=1e-3)
+    assert_cp_lrp_conserves_and_attnlrp_does_not(model, inputs, target, 1e-9)
 
 
 def test_pixel_level_and_its_checks():

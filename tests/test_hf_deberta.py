@@ -20,7 +20,7 @@ from methods.families.hf_deberta import HFDebertaV2Adapter
 from models.sources import load_model
 from tests.families import _token_batch
 from tests.families.deberta import V2, V3, _tiny_deberta
-from tests.lrp_passes import head_relevance
+from tests.lrp_passes import assert_cp_lrp_conserves_and_attnlrp_does_not, head_relevance
 
 transformers = pytest.importorskip("transformers")
 VARIANTS = {"v3": V3, "v2": V2}
@@ -91,15 +91,7 @@ def test_cp_lrp_conserves_exactly_on_bias_free_models(variant):
     does not conserve (its softmax by the gradient)."""
     model = _tiny_deberta(VARIANTS[variant], bias_free=True).eval()
     inputs, target = _batch(variant), torch.tensor([1, 4, 0])
-    report = build_method("cp_lrp").relevance_by_layer(model, inputs, target=target)
-    logit = report["logit"]
-    scale = float(logit.abs().max())
-    for layer, sums in enumerate(report["blocks"]):
-        torch.testing.assert_close(sums, logit, rtol=0, atol=1e-9 * scale, msg=f"block {layer}")
-    torch.testing.assert_close(report["input"], logit, rtol=0, atol=1e-9 * scale)
-    attnlrp = build_method("attnlrp").relevance_by_layer(model, inputs, target=target)
-    assert torch.equal(attnlrp["logit"], logit)
-    assert not torch.allclose(attnlrp["blocks"][0], logit, rtol=1e-3)
+    assert_cp_lrp_conserves_and_attnlrp_does_not(model, inputs, target, 1e-9)
 
 
 @pytest.mark.parametrize("variant", ["attnlrp", "cp_lrp"])

@@ -10,7 +10,7 @@ import torch
 from methods import build_method
 from methods.adapters import ActivationRecorder, adapter_for
 from tests.families import DECODER_KINDS, _decoder_batch, _decoder_logits, _tiny_decoder
-from tests.lrp_passes import head_relevance
+from tests.lrp_passes import assert_cp_lrp_conserves_and_attnlrp_does_not, head_relevance
 
 transformers = pytest.importorskip("transformers")
 
@@ -120,15 +120,7 @@ def test_cp_lrp_conserves_exactly_on_bias_free_decoders(kind):
         model.config.final_logit_softcapping = None
     inputs = _decoder_batch(3, "left")
     target = torch.tensor([1, 4, 0])
-    report = build_method("cp_lrp").relevance_by_layer(model, inputs, target=target)
-    logit = report["logit"]
-    scale = float(logit.abs().max())
-    for layer, sums in enumerate(report["blocks"]):
-        torch.testing.assert_close(sums, logit, rtol=0, atol=1e-6 * scale, msg=f"block {layer}")
-    torch.testing.assert_close(report["input"], logit, rtol=0, atol=1e-6 * scale)
-    attn = build_method("attnlrp").relevance_by_layer(model, inputs, target=target)
-    assert torch.equal(attn["logit"], logit)
-    assert not torch.allclose(attn["blocks"][0], logit, rtol=1e-3)
+    assert_cp_lrp_conserves_and_attnlrp_does_not(model, inputs, target, 1e-6)
 
 
 @pytest.mark.parametrize("variant", ["attnlrp", "cp_lrp"])

@@ -11,7 +11,7 @@ from methods import build_method
 from methods.adapters import adapter_for
 from tests.families.base import _token_batch
 from tests.families.modernbert import _tiny_modernbert
-from tests.lrp_passes import head_relevance
+from tests.lrp_passes import assert_cp_lrp_conserves_and_attnlrp_does_not, head_relevance
 
 POOLINGS = ("cls", "mean")
 
@@ -77,15 +77,7 @@ def test_cp_lrp_conserves_exactly_on_bias_free_modernbert(pooling):
     model = _bias_free(pooling)
     inputs = _token_batch(3, with_types=False)
     target = torch.tensor([1, 4, 0])
-    report = build_method("cp_lrp").relevance_by_layer(model, inputs, target=target)
-    logit = report["logit"]
-    scale = float(logit.abs().max())
-    for layer, sums in enumerate(report["blocks"]):
-        torch.testing.assert_close(sums, logit, rtol=0, atol=1e-9 * scale, msg=f"block {layer}")
-    torch.testing.assert_close(report["input"], logit, rtol=0, atol=1e-9 * scale)
-    attn = build_method("attnlrp").relevance_by_layer(model, inputs, target=target)
-    assert torch.equal(attn["logit"], logit)
-    assert not torch.allclose(attn["blocks"][0], logit, rtol=1e-3)
+    assert_cp_lrp_conserves_and_attnlrp_does_not(model, inputs, target, 1e-9)
 
 
 def test_gated_product_rules_change_the_map():
