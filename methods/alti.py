@@ -60,16 +60,20 @@ def centre(x: Tensor, centred: bool) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------ one block
-def head_outputs(values: Tensor, out_proj: Any, heads: int) -> Tensor:
+def head_outputs(values: Tensor, out_proj: Any, heads: int, out_scale: Optional[Tensor] = None) -> Tensor:
     """``v_j^h W_O^h`` ``[B, H, N, D]``: each head's value vectors (bias included) through its slice of the
-    output projection."""
+    output projection (times the layer scale ``out_scale`` ``[D]`` where the block has one)."""
     weight = linear_weight(out_proj)                        # [D, H * Dh]
+    if out_scale is not None:
+        weight = out_scale.to(weight)[:, None] * weight
     return torch.einsum("bjhz,dhz->bhjd", values.unflatten(-1, (heads, -1)), weight.unflatten(1, (heads, -1)))
 
 
-def out_bias(out_proj: Any, like: Tensor) -> Tensor:
+def out_bias(out_proj: Any, like: Tensor, out_scale: Optional[Tensor] = None) -> Tensor:
+    """The output projection's bias ``[D]`` (0 without one), times the layer scale ``out_scale``."""
     bias = getattr(out_proj, "bias", None)
-    return torch.zeros(like.shape[-1], dtype=like.dtype, device=like.device) if bias is None else bias.to(like)
+    bias = torch.zeros(like.shape[-1], dtype=like.dtype, device=like.device) if bias is None else bias.to(like)
+    return bias if out_scale is None else bias * out_scale.to(like)
 
 
 #: the elements of one chunk of query rows of the ``[B, N, N, D]`` vectors (formed, reduced and dropped in turn)
@@ -77,16 +81,18 @@ CHUNK_ELEMENTS = 1 << 21
 
 
 def decomposition_terms(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
-                        residual_sum: Tensor, convention: str, name: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                        residual_sum: Tensor, convention: str, name: str,
+                        out_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(A', U', x', b')`` of one block: ``T_i(x_j) = sum_h A'^h_ij U'^h_j + [i = j] x'_i`` and
     ``y_i = sum_j T_i(x_j) + b'_i`` (Ferrando et al. 2022, eq. 7-8). ``U^h_j = v_j^h W_O^h`` (values with their bias);
     pre-norm: ``A' = A``, ``U' = U``, ``x' = x``, ``b' = b_O``. Post-norm (``post_norm``, a LayerNorm after the
     residual sum ``residual_sum``): its linear part ``(z - mean z) * gamma * s_i`` (``s_i`` by ``convention``,
     :func:`norm_scale`) moved inside the linear sums: centring and ``gamma`` on ``U`` and ``x``, ``s_i`` on the rows
     of ``A`` and on ``x'``; ``b' = s_i (b_O - mean b_O) gamma + beta``. With the exact scale ``y_i`` is the
-    LayerNorm's output (post-norm) or the residual sum (pre-norm)."""
-    bias = out_bias(out_proj, x)
-    heads = head_outputs(values, out_proj, attention.shape[1])
+    LayerNorm's output (post-norm) or the residual sum (pre-norm). ``out_scale``: a layer scale ``[D]`` on the
+    attention output before the residual sum (ViTs, open_clip), folded into ``W_O`` and ``b_O``."""
+    bias = out_bias(out_proj, x, out_scale)
+    heads = head_outputs(values, out_proj, attention.shape[1], out_scale)
     if post_norm is None:
         return attention, heads, x, bias.expand_as(x)
     centred, weight, norm_bias, _ = norm_parts(post_norm, name)
@@ -105,22 +111,25 @@ def row_vectors(terms: Tuple[Tensor, Tensor, Tensor, Tensor], start: int, stop: 
 
 
 def decomposed_vectors(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
-                       residual_sum: Tensor, convention: str, name: str) -> Tuple[Tensor, Tensor]:
+                       residual_sum: Tensor, convention: str, name: str,
+                       out_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """``(T, y)``: the transformed vectors ``T_i(x_j)`` ``[B, N, N, D]`` and the resultants ``y_i`` ``[B, N, D]`` of
     one block, every row at once (:func:`decomposition_terms`)."""
-    terms = decomposition_terms(x, attention, values, out_proj, post_norm, residual_sum, convention, name)
+    terms = decomposition_terms(x, attention, values, out_proj, post_norm, residual_sum, convention, name, out_scale)
     return row_vectors(terms, 0, x.shape[1])
 
 
 def block_contributions(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
                         residual_sum: Tensor, real: Tensor, convention: str, distance_eps: float,
-                        name: str) -> Tensor:
+                        name: str, out_scale: Optional[Tensor] = None, rows: Optional[Tensor] = None) -> Tensor:
     """ALTI's normalised contributions ``C`` ``[B, N, N]`` of one block (Ferrando et al. 2022, eq. 9-10):
     ``c_ij = max(0, ||y_i||_1 - ||T_i(x_j) - y_i + eps||_1)`` (``eps``: ``distance_eps``, the shift torch's
     ``pairwise_distance`` adds, as the reference calls it), 0 at padded columns (``real`` ``[B, N]``), divided by
-    its row sum; padded rows are 0. The vectors are formed and reduced a chunk of query rows at a time
-    (:data:`CHUNK_ELEMENTS` per sample), so that no block's whole ``[B, N, N, D]`` tensor is held."""
-    terms = decomposition_terms(x, attention, values, out_proj, post_norm, residual_sum, convention, name)
+    its row sum; padded rows are 0 (``rows`` ``[B, N]``: the query rows kept, default ``real``; a read-out
+    position on padding, SigLIP's last token, keeps its row). The vectors are formed and reduced a chunk of query
+    rows at a time (:data:`CHUNK_ELEMENTS` per sample), so that no block's whole ``[B, N, N, D]`` tensor is held."""
+    terms = decomposition_terms(x, attention, values, out_proj, post_norm, residual_sum, convention, name,
+                                out_scale)
     n, width = x.shape[1], x.shape[2]
     step = max(1, CHUNK_ELEMENTS // (n * width))
     proximity = []
@@ -136,7 +145,7 @@ def block_contributions(x: Tensor, attention: Tensor, values: Tensor, out_proj: 
     contributions = contributions * real_f[:, None, :]
     totals = contributions.sum(-1, keepdim=True)
     contributions = contributions / torch.where(totals > 0, totals, torch.ones_like(totals))
-    return contributions * real_f[:, :, None]
+    return contributions * (real if rows is None else rows).to(contributions.dtype)[:, :, None]
 
 
 class _BlockDecomposition:
@@ -146,8 +155,8 @@ class _BlockDecomposition:
     of the same pieces (ALTI-Logit's read-out row), kept in :attr:`extra`."""
 
     def __init__(self, method: "_AltiBase", adapter: ModelAdapter, real: Tensor,
-                 also: Optional[Callable[[int, Dict[str, Tensor]], Tensor]] = None):
-        self.method, self.adapter, self.real, self.also = method, adapter, real, also
+                 also: Optional[Callable[[int, Dict[str, Tensor]], Tensor]] = None, rows: Optional[Tensor] = None):
+        self.method, self.adapter, self.real, self.also, self.rows = method, adapter, real, also, rows
         self.contributions: List[Tensor] = []
         self.extra: List[Tensor] = []
         self.last_output: Optional[Tensor] = None
@@ -178,7 +187,8 @@ class _BlockDecomposition:
             self.contributions.append(block_contributions(
                 pieces["x"], pieces["attention"], pieces["values"], adapter.attention_linears(layer).out,
                 post_norm, pieces["residual"], self.real.to(output.device), method.layer_norm_scale,
-                method.distance_eps, method.name))
+                method.distance_eps, method.name, adapter.attention_output_scale(layer),
+                None if self.rows is None else self.rows.to(output.device)))
             if self.also is not None:
                 self.extra.append(self.also(layer, pieces))
             if layer == adapter.depth - 1:
@@ -215,7 +225,8 @@ class Alti(_AltiBase):
     family; pre-norm blocks: the attention's own norm output is already per token, so none);
     ``c_ij = max(0, ||y_i||_1 - ||T_i(x_j) - y_i||_1)`` normalised per row (the reference's ``min_sum`` with the
     L1 resultant norm, eq. 9's proximity), then rolled out ``C_{L-1} ... C_0`` (no identity added: the residual
-    is inside ``T``) and read at the read-out row. Class-agnostic.
+    is inside ``T``) and read at the read-out row (the class token's, a read-out position's, the mean row of a
+    mean pool, the fixed weights of DeiT's two tokens; an attention pool refuses). Class-agnostic.
     ``layer_norm_scale``: ``"shifted_std"`` (default, the reference since 2023-03: ``1 / std(x + eps)``,
     population std) or ``"exact"`` (``1 / sqrt(var(x) + eps)``, the module's). ``distance_eps`` (default ``1e-6``):
     the reference's ``pairwise_distance`` adds it to every coordinate of ``T - y``; 0 gives the paper's distance.
@@ -227,11 +238,24 @@ class Alti(_AltiBase):
     def __init__(self, layer_norm_scale: str = "shifted_std", distance_eps: float = 1e-6):
         super().__init__(layer_norm_scale, distance_eps)
 
+    def check_adapter(self, adapter: ModelAdapter) -> None:
+        super().check_adapter(adapter)
+        if adapter.readout == "attention_pool":
+            raise MethodUndefinedError(
+                f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) reads out through an attention "
+                "pooling head, a latent query's attention with no residual: its row of ALTI's contributions is not "
+                "defined (ALTI reads the row of a token, or the mean row of a mean pool)")
+
     def attribute(self, adapter, inputs, target):
         layout = adapter.layout(inputs)
         like = inputs.tensors[next(iter(inputs.tensors))]
         real = layout.real_positions(like.new_zeros(inputs.batch_size, layout.num_positions))
-        blocks = _BlockDecomposition(self, adapter, real)
+        rows = real.clone()
+        if adapter.readout == "position":      # a read-out position on padding (SigLIP's last token) keeps its row
+            positions = adapter.context(inputs).readout_positions
+            assert positions is not None, "a model read out at a position has them in its context"
+            rows[torch.arange(inputs.batch_size), positions.to(rows.device)] = True
+        blocks = _BlockDecomposition(self, adapter, real, rows=rows)
         blocks.run(inputs)
         matrices = blocks.contributions
         row = read_out(matrices.pop(), adapter, inputs, "auto", layout).to(torch.float64)
@@ -268,7 +292,7 @@ class AltiLogit(_AltiBase):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if not adapter.pre_norm or adapter.readout != "position":
+        if not adapter.pre_norm or adapter.readout != "position" or not adapter.linear_head:
             raise MethodUndefinedError(f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) needs a "
                                        "pre-norm decoder read out at a position (its final norm and linear head)")
 
@@ -284,7 +308,7 @@ class AltiLogit(_AltiBase):
             attention = pieces["attention"]
             rows = attention[torch.arange(attention.shape[0]), :, positions.to(attention.device)]     # [B, H, N]
             return torch.einsum("bhj,bhjd->bjd", rows, head_outputs(pieces["values"], adapter.attention_linears(
-                layer).out, attention.shape[1]))
+                layer).out, attention.shape[1], adapter.attention_output_scale(layer)))
 
         blocks = _BlockDecomposition(self, adapter, real, also=at_readout)
         logits = blocks.run(inputs, head_gradient=True)

@@ -84,7 +84,9 @@ def test_batched_padded_call_equals_the_authors_outputs(goldens, key, dtype, tol
 
 
 DECOMPOSED = ("hf_bert", "hf_distilbert_special", "hf_deberta_v3", "hf_modernbert_mean_local_global",
-              "hf_gpt2_left", "hf_llama_gqa_left")
+              "hf_gpt2_left", "hf_llama_gqa_left",
+              # pre-norm encoders; layer scale on the attention output: the timm DINOv2-reg row, HF DINOv2, open_clip
+              "timm_vit_reg4_dinov2", "hf_dinov2", "hf_clip_vision", "open_clip_text_eos_linear_proj_layerscale")
 
 
 @pytest.mark.parametrize("row", DECOMPOSED)
@@ -96,7 +98,8 @@ def test_the_decomposed_vectors_sum_to_the_blocks_own_output(row):
     model = family.build().eval()
     adapter = adapter_for(model)
     batch = adapter.prepare_inputs(family.inputs(3))
-    real = adapter.layout(batch).real_positions(batch["input_ids"])
+    layout = adapter.layout(batch)
+    real = layout.real_positions(torch.zeros(3, layout.num_positions, dtype=torch.long)).bool()
     with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
         for layer in range(adapter.depth):
             adapter.record_block_input(rec, layer, ("x", layer))
@@ -110,7 +113,7 @@ def test_the_decomposed_vectors_sum_to_the_blocks_own_output(row):
         post_norm = None if adapter.pre_norm else adapter.block_norms(layer)[0]
         _, resultant = decomposed_vectors(rec[("x", layer)], rec[("a", layer)], rec[("v", layer)],
                                           adapter.attention_linears(layer).out, post_norm, rec[("r", layer)],
-                                          "exact", "test")
+                                          "exact", "test", adapter.attention_output_scale(layer))
         expected = rec[("r", layer)] if adapter.pre_norm else rec[("n", layer)]
         torch.testing.assert_close(resultant[real], expected[real], rtol=1e-10, atol=1e-10)
         if layer + 1 < adapter.depth:
@@ -195,7 +198,8 @@ def test_bad_options_and_calls_are_named():
 #: default-tier cells of the conformance matrix (the full matrix: the slow tier of tests/test_method_contract.py)
 CELLS = [("hf_bert", "alti"), ("hf_distilbert_special", "alti"), ("hf_gpt2_left", "alti_logit"),
          ("hf_llama_gqa_left", "alti_logit"), ("hf_qwen3_right", "alti"), ("timm_vit_cls", "alti"),
-         ("hf_bert", "alti_logit")]
+         ("hf_bert", "alti_logit"), ("timm_vit_map_reg2", "alti"), ("hf_siglip_text_masked", "alti"),
+         ("open_clip_text_eos_linear_proj_layerscale", "alti"), ("hf_clip_text", "alti_logit")]
 
 
 @pytest.mark.parametrize("row,name", CELLS)
@@ -212,3 +216,50 @@ def test_rows_formed_in_chunks_give_the_same_maps(goldens, key, monkeypatch):
     """One query row at a time (the chunks of a long sequence) equals the authors' outputs too."""
     monkeypatch.setattr(alti_module, "CHUNK_ELEMENTS", 1)
     test_batched_padded_call_equals_the_authors_outputs(goldens, key, torch.float64, 1e-6)
+
+
+def _alti_by_hand(model, images, readout):
+    """ALTI on a timm ``VisionTransformer`` re-derived from the paper's equations (Ferrando et al. 2022, eq. 7-11),
+    one sample, one pair ``(i, j)`` at a time from the block's own modules: ``T_i(x_j) = gamma * sum_h A^h_ij
+    v^h_j W_O^h + [i = j] x_j``, ``y_i = sum_j T_i(x_j) + gamma * b_O`` (the residual sum after the attention),
+    ``c_ij = max(0, ||y_i||_1 - ||T_i(x_j) - y_i + 1e-6||_1)`` over its row sum; ``C_{L-1} ... C_0`` read at the
+    [CLS] row (``readout="cls"``) or the mean patch row (``"mean"``); the patch columns."""
+    maps = []
+    for image in images:
+        x = model.norm_pre(model._pos_embed(model.patch_embed(image[None])))[0]
+        n, width = x.shape
+        rollout = torch.eye(n, dtype=x.dtype)
+        for block in model.blocks:
+            attn, heads = block.attn, block.attn.num_heads
+            gamma = block.ls1.gamma if hasattr(block.ls1, "gamma") else torch.ones(width, dtype=x.dtype)
+            q, k, v = attn.qkv(block.norm1(x)).reshape(n, 3, heads, width // heads).unbind(1)
+            probs = torch.softmax(torch.einsum("ihz,jhz->hij", q, k) * attn.scale, dim=-1)
+            w_o = attn.proj.weight.reshape(width, heads, width // heads)
+            y = x + gamma * attn.proj(torch.einsum("hij,jhz->ihz", probs, v).reshape(n, width))
+            c = torch.zeros(n, n, dtype=x.dtype)
+            for i in range(n):
+                for j in range(n):
+                    t = gamma * sum(probs[h, i, j] * (w_o[:, h] @ v[j, h]) for h in range(heads)) + (x[j] if i == j
+                                                                                                   else 0)
+                    c[i, j] = max(0.0, float(y[i].abs().sum() - (t - y[i] + 1e-6).abs().sum()))
+            rollout = (c / c.sum(-1, keepdim=True)) @ rollout
+            x = block(x[None])[0]
+        prefix = model.num_prefix_tokens
+        row = rollout[0] if readout == "cls" else rollout[prefix:].mean(0)
+        maps.append(row[prefix:])
+    return torch.stack(maps)
+
+
+@pytest.mark.parametrize("row,readout", [("timm_vit_reg4_dinov2", "cls"), ("timm_vit_avgpool", "mean")])
+def test_alti_on_a_timm_vit_is_the_papers_equation_by_hand(row, readout):
+    """The batched call on a tiny timm ViT ([CLS] with registers and layer scale; average pooling) equals the
+    pairwise re-derivation of :func:`_alti_by_hand`; every row of each block's ``C`` sums to 1 (checked there by
+    the division) and the rolled-out [CLS] / mean row over all positions, prefix tokens included, sums to 1."""
+    family = ROWS[row]
+    model = family.build().eval()
+    images = family.inputs(2)
+    scores = build_method("alti")(model, images)
+    with torch.no_grad():
+        expected = _alti_by_hand(model, images, readout)
+    torch.testing.assert_close(scores, expected, rtol=1e-10, atol=1e-12)
+    assert (scores >= 0).all() and float(scores.sum(-1).max()) <= 1 + 1e-12

@@ -672,6 +672,15 @@ class ModelAdapter(abc.ABC):
         (the output projection's bias included), before any norm that follows it."""
         raise NotImplementedError(f"{self.family} does not record its post-attention residual")
 
+    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
+        """The per-channel layer scale ``[D]`` by which block ``layer`` multiplies its attention sub-layer's
+        output (after the output projection) before the residual sum; ``None``: none."""
+        return None
+
+    #: ALTI-Logit's capability: the head is linear after :meth:`final_norm` at the read-out position (a decoder's
+    #: LM or score head), so a logit is a sum of the final norm's per-token terms (a CLIP tower's cosine is not)
+    linear_head: bool = False
+
     # ---- lens_logits (issue 37)
     #: capability: :meth:`lens_logits` (the family's own final norm and head read at every position: LeGrad's
     #: "logit lens")

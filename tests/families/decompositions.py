@@ -11,18 +11,30 @@ from .base import Family
 ALTI_ROWS = ("hf_bert", "hf_bert_types_special", "hf_roberta_types", "hf_distilbert_special", "hf_electra_types",
              "hf_deberta_v3", "hf_deberta_v2_pos_proj_types", "hf_modernbert_cls", "hf_modernbert_mean_local_global",
              "hf_gpt2_left", "hf_llama_gqa_left", "hf_mistral_sliding_right", "hf_qwen2_left", "hf_qwen3_right",
-             "hf_llama_seq_cls_right", "hf_gpt2_seq_cls_right")
+             "hf_llama_seq_cls_right", "hf_gpt2_seq_cls_right",
+             # the pre-norm encoder ViTs and the CLIP / SigLIP / open_clip towers (read at [CLS], the mean row, DeiT's
+             # two tokens or the text's read-out position; an attention pool refuses: ALTI_POOL_ROWS)
+             "timm_vit_cls", "timm_vit_avgpool", "timm_vit_reg4_dinov2", "timm_vit_reg4_avg", "timm_deit_distilled",
+             "hf_vit", "hf_deit", "hf_deit_teacher", "hf_dinov2", "hf_dinov2_registers", "hf_clip_vision",
+             "hf_clip_text", "hf_clip_text_special", "open_clip_vision", "open_clip_vision_avg_quickgelu_bias",
+             "open_clip_text", "open_clip_text_eos_linear_proj_layerscale", "hf_siglip_text", "hf_siglip_text_masked")
+#: decomposed blocks read out by an attention pool (timm's ``map``, SigLIP's vision head): ``alti`` refuses
+ALTI_POOL_ROWS = ("timm_vit_map_reg2", "hf_siglip_vision")
 #: ALTI-Logit: the decoders among them (a final norm and a linear head read at a position)
-ALTI_LOGIT_ROWS = tuple(row for row in ALTI_ROWS if "gpt2" in row or "llama" in row or "mistral" in row
-                        or "qwen" in row)
+ALTI_LOGIT_ROWS = tuple(row for row in ALTI_ROWS if row.startswith("hf_") and any(
+    kind in row for kind in ("gpt2", "llama", "mistral", "qwen")))
 NO_DECOMPOSITION = "does not decompose its blocks (decomposes_blocks"
 NOT_A_DECODER = "needs a pre-norm decoder read out at a position"
+ATTENTION_POOL = "reads out through an attention pooling head"
 
 
 def add_alti_cells(families: Iterable[Family]) -> None:
     """Each row's ``undefined`` entries for ``alti`` and ``alti_logit`` (the reasons their errors give)."""
     for family in families:
-        if family.name not in ALTI_ROWS:
+        if family.name in ALTI_POOL_ROWS:
+            family.undefined.setdefault("alti", ATTENTION_POOL)
+            family.undefined.setdefault("alti_logit", NOT_A_DECODER)
+        elif family.name not in ALTI_ROWS:
             family.undefined.setdefault("alti", NO_DECOMPOSITION)
             family.undefined.setdefault("alti_logit", NO_DECOMPOSITION)
         elif family.name not in ALTI_LOGIT_ROWS:

@@ -228,6 +228,21 @@ class _HFCLIPTower(ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
 
+    # ---- decomposes_blocks (issue 37): pre-norm ``x + out_proj(attention(layer_norm1(x)))``
+    decomposes_blocks = True
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        block = self.blocks[layer]
+        return block.layer_norm1, block.layer_norm2
+
+    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
+        rec.output(self.blocks[layer], key, transform=transform)
+
+    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The input of ``layer_norm2``."""
+        rec.input(self.blocks[layer].layer_norm2, key)
+
 
 
 class _HFPatchVision:

@@ -352,6 +352,8 @@ class _HFDecoder(ProjectionValueEdits, HFEncoderBlocks):
     # ---- decomposes_blocks (issue 37)
     #: Gemma 3 normalises the attention output again before the residual sum (sandwich norms): refused there
     decomposes_blocks = True
+    #: the LM head (or the score head) is linear after the final norm (ALTI-Logit)
+    linear_head = True
 
     def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
         """Pre-norm: the norm entering the attention, then the one entering the MLP."""

@@ -203,6 +203,27 @@ class HFViTLikeAdapter(ProjectionValueEdits, ImageAdapter, HFEncoderBlocks):
         (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
         return lens_through_head(self, hidden, context, pre_logits)
 
+    # ---- decomposes_blocks (issue 37): pre-norm ``x + o_proj(attention(norm(x)))``
+    decomposes_blocks = True
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        """Pre-norm: ``layernorm_before``, ``layernorm_after`` (DINOv2: ``norm1``, ``norm2``)."""
+        block = self.blocks[layer]
+        return self.attention_norm(layer), block.norm2 if hasattr(block, "norm2") else block.layernorm_after
+
+    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
+        rec.output(self.blocks[layer], key, transform=transform)
+
+    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The input of the MLP's norm: ``x + attention output`` (DINOv2: times ``layer_scale1``)."""
+        rec.input(self.block_norms(layer)[1], key)
+
+    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
+        """DINOv2's ``layer_scale1.lambda1`` (``None`` for ViT and DeiT)."""
+        scale = getattr(self.blocks[layer], "layer_scale1", None)
+        return None if scale is None else scale.lambda1
+
 
 @register_adapter
 class HFViTAdapter(HFViTLikeAdapter):

@@ -265,6 +265,25 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
         mlp = self.blocks[layer].mlp
         return mlp.c_fc, mlp.c_proj
 
+    # ---- decomposes_blocks (issue 37): pre-norm ``x + ls_1(out_proj(attention(ln_1(x))))``
+    decomposes_blocks = True
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        block = self.blocks[layer]
+        return block.ln_1, block.ln_2
+
+    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
+        rec.output(self.blocks[layer], key, transform=transform)
+
+    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The input of ``ln_2``."""
+        rec.input(self.blocks[layer].ln_2, key)
+
+    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
+        """``ls_1``'s ``gamma`` (``None`` for the identity)."""
+        return getattr(self.blocks[layer].ls_1, "gamma", None)
+
     # ------------------------------------------------------------------ relevance rules
 
     # ---- edits_values (issue 37)

@@ -137,6 +137,8 @@ class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
         self._readout_cache: Optional[Tuple[weakref.ReferenceType, Tensor]] = None
         # ---- edits_attention_scores (issue 37): only timm's plain Attention in every block
         self.edits_attention_scores = not score_edit_problem(self.blocks)
+        # ---- decomposes_blocks (issue 37): timm's pre-norm Block everywhere
+        self.decomposes_blocks = decomposition_problem(self.blocks) is None
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
@@ -268,3 +270,38 @@ class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
         ``k_norm`` (:mod:`methods.families.timm_vit.score_edit`), all restored on exit."""
         with self.eager_attention(), timm_score_edit(self.blocks, edit):
             yield
+
+    # ---- decomposes_blocks (issue 37): every block timm's pre-norm ``Block`` (decomposition_problem)
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        """Pre-norm: ``norm1`` before the attention, ``norm2`` before the MLP."""
+        block = self.blocks[layer]
+        return block.norm1, block.norm2
+
+    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
+        rec.output(self.blocks[layer], key, transform=transform)
+
+    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The input of ``norm2``: ``x + ls1(proj(attention))``."""
+        rec.input(self.blocks[layer].norm2, key)
+
+    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
+        """``ls1``'s ``gamma`` (a ``LayerScale``; ``None`` for the identity)."""
+        return getattr(self.blocks[layer].ls1, "gamma", None)
+
+
+def decomposition_problem(blocks: List[nn.Module]) -> Optional[str]:
+    """Why ALTI's per-token decomposition does not reach the blocks (``None``: it does): each must be timm's
+    pre-norm ``Block`` ``x + ls1(attn(norm1(x)))`` whose ``Attention`` has no norm (``scale_norm``) nor gate
+    between the attention product and ``proj``, and whose ``ls1`` is a ``LayerScale`` or the identity."""
+    from timm.layers import Attention, LayerScale
+    from timm.models.vision_transformer import Block
+
+    for layer, block in enumerate(blocks):
+        if type(block) is not Block or type(block.attn) is not Attention:
+            return f"block {layer} is a {type(block).__name__} with {type(block.attn).__name__}, not timm's Block"
+        if not isinstance(block.attn.norm, nn.Identity) or getattr(block.attn, "gate", None) is not None:
+            return f"block {layer}'s attention has a norm or a gate before its output projection"
+        if not isinstance(block.ls1, (LayerScale, nn.Identity)):
+            return f"block {layer}'s ls1 is a {type(block.ls1).__name__}"
+    return None
