@@ -31,14 +31,15 @@ ALTI_LOGIT_EXPLAINED = ("logit", "logit_difference")
 
 # ------------------------------------------------------------------------------------------ norms
 def norm_parts(norm: nn.Module, name: str) -> Tuple[bool, Tensor, Optional[Tensor], float]:
-    """``(centred, weight, bias, eps)`` of a LayerNorm (centred) or an RMSNorm (not centred, no bias);
+    """``(centred, weight, bias, eps)`` of a LayerNorm (centred) or an RMSNorm (not centred, no bias; the Gemma
+    families' ``GemmaRMSNorm`` / ``Gemma3RMSNorm`` multiply by ``1 + weight``, returned as the weight);
     :class:`MethodUndefinedError` naming the class for any other norm."""
     if isinstance(norm, nn.LayerNorm) and norm.weight is not None:
         return True, norm.weight, norm.bias, float(norm.eps)
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     weight = getattr(norm, "weight", None)
     if type(norm).__name__.endswith("RMSNorm") and isinstance(weight, Tensor) and eps is not None:
-        return False, weight, None, float(eps)
+        return False, 1 + weight if type(norm).__name__.startswith("Gemma") else weight, None, float(eps)
     raise MethodUndefinedError(f"{name}: the norm {type(norm).__name__} is neither a LayerNorm with a weight nor "
                                "an RMSNorm; its decomposition is not defined here")
 
@@ -80,9 +81,42 @@ def out_bias(out_proj: Any, like: Tensor, out_scale: Optional[Tensor] = None) ->
 CHUNK_ELEMENTS = 1 << 21
 
 
+#: a norm inside the attention sub-layer: ``(module, where, its input states [B, N, width])`` (where:
+#: ``ModelAdapter.attention_output_norm``'s ``"before_proj"`` or ``"after_proj"``)
+InnerNorm = Tuple[nn.Module, str, Tensor]
+
+
+def inner_norm_terms(attention: Tensor, heads: Tensor, bias: Tensor, values: Tensor, out_weight: Tensor,
+                     inner: InnerNorm, convention: str, name: str) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(A', U', b')`` through a norm inside the attention sub-layer, linearised per token as ALTI linearises a
+    LayerNorm: ``N(z_i) = (z_i - mean z_i) * w * s_i + beta`` with ``s_i`` the scale of token ``i``'s own input
+    (:func:`norm_scale`, ``convention``), so ``s_i`` goes on the rows of ``A``. ``"before_proj"`` (``z_i`` the
+    merged heads ``concat_h sum_j A^h_ij v^h_j``): ``U'^h_j = W_O (w * centre(P_h v^h_j))``, ``P_h`` placing head
+    ``h``'s slice in the width, ``b' = W_O beta + b_O``; ``"after_proj"`` (``z_i = o_i``, the projection's output):
+    ``U'^h_j = centre(U^h_j) * w``, ``b'_i = s_i centre(b_O) w + beta``. ``out_weight``: ``W_O`` ``[D, H * Dh]``
+    with the layer scale folded in, ``heads``: ``U`` from it."""
+    norm, where, states = inner
+    centred, weight, norm_bias, _ = norm_parts(norm, name)
+    scale = norm_scale(states, norm, convention, name)[:, :, None]                        # [B, N, 1]
+    if where == "before_proj":
+        weight = weight.to(values)
+        per_head = values.unflatten(-1, (attention.shape[1], -1))                          # [B, N, H, Dh]
+        heads = torch.einsum("bjhz,dhz->bhjd", (values * weight).unflatten(-1, (attention.shape[1], -1)),
+                             out_weight.unflatten(1, (attention.shape[1], -1)))
+        if centred:
+            heads = heads - (per_head.sum(-1) / values.shape[-1]).transpose(1, 2)[..., None] * (out_weight @ weight)
+        shift = bias if norm_bias is None else bias + out_weight @ norm_bias.to(values)
+        return attention * scale[:, None], heads, shift.expand(*scale.shape[:2], -1)
+    if where == "after_proj":
+        shift = scale * centre(bias, centred) * weight
+        return (attention * scale[:, None], centre(heads, centred) * weight,
+                shift if norm_bias is None else shift + norm_bias)
+    raise ValueError(f"{name}: a norm inside the attention sits 'before_proj' or 'after_proj', got {where!r}")
+
+
 def decomposition_terms(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
-                        residual_sum: Tensor, convention: str, name: str,
-                        out_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                        residual_sum: Tensor, convention: str, name: str, out_scale: Optional[Tensor] = None,
+                        inner: Optional[InnerNorm] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(A', U', x', b')`` of one block: ``T_i(x_j) = sum_h A'^h_ij U'^h_j + [i = j] x'_i`` and
     ``y_i = sum_j T_i(x_j) + b'_i`` (Ferrando et al. 2022, eq. 7-8). ``U^h_j = v_j^h W_O^h`` (values with their bias);
     pre-norm: ``A' = A``, ``U' = U``, ``x' = x``, ``b' = b_O``. Post-norm (``post_norm``, a LayerNorm after the
@@ -90,9 +124,18 @@ def decomposition_terms(x: Tensor, attention: Tensor, values: Tensor, out_proj: 
     :func:`norm_scale`) moved inside the linear sums: centring and ``gamma`` on ``U`` and ``x``, ``s_i`` on the rows
     of ``A`` and on ``x'``; ``b' = s_i (b_O - mean b_O) gamma + beta``. With the exact scale ``y_i`` is the
     LayerNorm's output (post-norm) or the residual sum (pre-norm). ``out_scale``: a layer scale ``[D]`` on the
-    attention output before the residual sum (ViTs, open_clip), folded into ``W_O`` and ``b_O``."""
+    attention output before the residual sum (ViTs, open_clip), folded into ``W_O`` and ``b_O``. ``inner``: a
+    norm inside a pre-norm block's attention sub-layer (:func:`inner_norm_terms`)."""
     bias = out_bias(out_proj, x, out_scale)
     heads = head_outputs(values, out_proj, attention.shape[1], out_scale)
+    if inner is not None:
+        if post_norm is not None or (out_scale is not None and inner[1] == "after_proj"):
+            raise MethodUndefinedError(f"{name}: a norm inside the attention is decomposed in a pre-norm block "
+                                       "without a layer scale after it only")
+        weight = linear_weight(out_proj)
+        weight = weight if out_scale is None else out_scale.to(weight)[:, None] * weight
+        attention, heads, shift = inner_norm_terms(attention, heads, bias, values, weight, inner, convention, name)
+        return attention, heads, x, shift
     if post_norm is None:
         return attention, heads, x, bias.expand_as(x)
     centred, weight, norm_bias, _ = norm_parts(post_norm, name)
@@ -111,25 +154,25 @@ def row_vectors(terms: Tuple[Tensor, Tensor, Tensor, Tensor], start: int, stop: 
 
 
 def decomposed_vectors(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
-                       residual_sum: Tensor, convention: str, name: str,
-                       out_scale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                       residual_sum: Tensor, convention: str, name: str, out_scale: Optional[Tensor] = None,
+                       inner: Optional[InnerNorm] = None) -> Tuple[Tensor, Tensor]:
     """``(T, y)``: the transformed vectors ``T_i(x_j)`` ``[B, N, N, D]`` and the resultants ``y_i`` ``[B, N, D]`` of
     one block, every row at once (:func:`decomposition_terms`)."""
-    terms = decomposition_terms(x, attention, values, out_proj, post_norm, residual_sum, convention, name, out_scale)
+    terms = decomposition_terms(x, attention, values, out_proj, post_norm, residual_sum, convention, name, out_scale,
+                                inner)
     return row_vectors(terms, 0, x.shape[1])
 
 
-def block_contributions(x: Tensor, attention: Tensor, values: Tensor, out_proj: Any, post_norm: Optional[nn.Module],
-                        residual_sum: Tensor, real: Tensor, convention: str, distance_eps: float,
-                        name: str, out_scale: Optional[Tensor] = None, rows: Optional[Tensor] = None) -> Tensor:
-    """ALTI's normalised contributions ``C`` ``[B, N, N]`` of one block (Ferrando et al. 2022, eq. 9-10):
-    ``c_ij = max(0, ||y_i||_1 - ||T_i(x_j) - y_i + eps||_1)`` (``eps``: ``distance_eps``, the shift torch's
-    ``pairwise_distance`` adds, as the reference calls it), 0 at padded columns (``real`` ``[B, N]``), divided by
-    its row sum; padded rows are 0 (``rows`` ``[B, N]``: the query rows kept, default ``real``; a read-out
-    position on padding, SigLIP's last token, keeps its row). The vectors are formed and reduced a chunk of query
-    rows at a time (:data:`CHUNK_ELEMENTS` per sample), so that no block's whole ``[B, N, N, D]`` tensor is held."""
-    terms = decomposition_terms(x, attention, values, out_proj, post_norm, residual_sum, convention, name,
-                                out_scale)
+def contributions_of(terms: Tuple[Tensor, Tensor, Tensor, Tensor], real: Tensor, distance_eps: float,
+                     rows: Optional[Tensor] = None) -> Tensor:
+    """ALTI's normalised contributions ``C`` ``[B, N, N]`` of one block from its :func:`decomposition_terms`
+    (Ferrando et al. 2022, eq. 9-10): ``c_ij = max(0, ||y_i||_1 - ||T_i(x_j) - y_i + eps||_1)`` (``eps``:
+    ``distance_eps``, the shift torch's ``pairwise_distance`` adds, as the reference calls it), 0 at padded columns
+    (``real`` ``[B, N]``), divided by its row sum; padded rows are 0 (``rows`` ``[B, N]``: the query rows kept,
+    default ``real``; a read-out position on padding, SigLIP's last token, keeps its row). The vectors are formed
+    and reduced a chunk of query rows at a time (:data:`CHUNK_ELEMENTS` per sample), so that no block's whole
+    ``[B, N, N, D]`` tensor is held."""
+    x = terms[2]
     n, width = x.shape[1], x.shape[2]
     step = max(1, CHUNK_ELEMENTS // (n * width))
     proximity = []
@@ -172,6 +215,9 @@ class _BlockDecomposition:
                 adapter.record_attention(rec, layer, ("attention", layer))
                 adapter.record_values(rec, layer, ("values", layer))
                 adapter.record_post_attention_residual(rec, layer, ("residual", layer))
+                inner = adapter.attention_output_norm(layer)
+                if inner is not None:
+                    rec.input(inner[0], ("inner", layer))
                 adapter.record_block_output(rec, layer, ("out", layer), transform=self.folder(rec, layer))
             if head_gradient:
                 rec.output(adapter.final_norm(), "normed", require_grad=True)
@@ -179,19 +225,26 @@ class _BlockDecomposition:
             self.normed = rec.outputs.get("normed")
         return logits
 
+    def terms(self, layer: int, pieces: Dict[str, Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """:func:`decomposition_terms` of block ``layer`` from its recorded ``pieces``."""
+        adapter, method = self.adapter, self.method
+        post_norm = None if adapter.pre_norm else adapter.block_norms(layer)[0]
+        where = adapter.attention_output_norm(layer)
+        inner = None if where is None else (where[0], where[1], pieces["inner"])
+        return decomposition_terms(pieces["x"], pieces["attention"], pieces["values"],
+                                   adapter.attention_linears(layer).out, post_norm, pieces["residual"],
+                                   method.layer_norm_scale, method.name, adapter.attention_output_scale(layer), inner)
+
     def folder(self, rec: ActivationRecorder, layer: int) -> Callable[[Tensor], None]:
         def fold(output: Tensor) -> None:
-            pieces = {k: rec.outputs.pop((k, layer)) for k in ("x", "attention", "values", "residual")}
-            adapter, method = self.adapter, self.method
-            post_norm = None if adapter.pre_norm else adapter.block_norms(layer)[0]
-            self.contributions.append(block_contributions(
-                pieces["x"], pieces["attention"], pieces["values"], adapter.attention_linears(layer).out,
-                post_norm, pieces["residual"], self.real.to(output.device), method.layer_norm_scale,
-                method.distance_eps, method.name, adapter.attention_output_scale(layer),
+            keys = ("x", "attention", "values", "residual") + (("inner",) if ("inner", layer) in rec else ())
+            pieces = {k: rec.outputs.pop((k, layer)) for k in keys}
+            self.contributions.append(contributions_of(
+                self.terms(layer, pieces), self.real.to(output.device), self.method.distance_eps,
                 None if self.rows is None else self.rows.to(output.device)))
             if self.also is not None:
                 self.extra.append(self.also(layer, pieces))
-            if layer == adapter.depth - 1:
+            if layer == self.adapter.depth - 1:
                 self.last_output = output
         return fold
 
@@ -292,9 +345,13 @@ class AltiLogit(_AltiBase):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if not adapter.pre_norm or adapter.readout != "position" or not adapter.linear_head:
+        if not adapter.pre_norm or adapter.readout != "position":
             raise MethodUndefinedError(f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) needs a "
                                        "pre-norm decoder read out at a position (its final norm and linear head)")
+        if not adapter.linear_head:
+            raise MethodUndefinedError(f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) has a head "
+                                       "that is not linear after its final norm (a CLIP tower's cosine, a soft-capped "
+                                       "LM head): its logit is no sum of per-token terms")
 
     def attribute(self, adapter, inputs, target):
         layout = adapter.layout(inputs)
@@ -304,11 +361,11 @@ class AltiLogit(_AltiBase):
         assert positions is not None, "a model read out at a position has them in its context"
 
         def at_readout(layer: int, pieces: Dict[str, Tensor]) -> Tensor:
-            """``sum_h A^h_tj v_j^h W_O^h`` ``[B, N, D]``: the attention vectors reaching the read-out row."""
-            attention = pieces["attention"]
+            """``sum_h A^h_tj v_j^h W_O^h`` ``[B, N, D]``: the attention vectors reaching the read-out row (through
+            a norm inside the attention sub-layer where the block has one: :func:`decomposition_terms`)."""
+            attention, heads, _, _ = blocks.terms(layer, pieces)
             rows = attention[torch.arange(attention.shape[0]), :, positions.to(attention.device)]     # [B, H, N]
-            return torch.einsum("bhj,bhjd->bjd", rows, head_outputs(pieces["values"], adapter.attention_linears(
-                layer).out, attention.shape[1], adapter.attention_output_scale(layer)))
+            return torch.einsum("bhj,bhjd->bjd", rows, heads)
 
         blocks = _BlockDecomposition(self, adapter, real, also=at_readout)
         logits = blocks.run(inputs, head_gradient=True)

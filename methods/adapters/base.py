@@ -677,6 +677,13 @@ class ModelAdapter(abc.ABC):
         output (after the output projection) before the residual sum; ``None``: none."""
         return None
 
+    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
+        """A per-token norm inside block ``layer``'s attention sub-layer, with where it sits: ``"before_proj"``
+        (on the merged heads' product, before the output projection: EVA-02's sub-LN) or ``"after_proj"`` (on the
+        output projection's output, before the residual sum: Gemma 3's ``post_attention_layernorm``); ``None``:
+        none. Its input is the tensor it normalises (a forward pre-hook on it records it)."""
+        return None
+
     #: ALTI-Logit's capability: the head is linear after :meth:`final_norm` at the read-out position (a decoder's
     #: LM or score head), so a logit is a sum of the final norm's per-token terms (a CLIP tower's cosine is not)
     linear_head: bool = False

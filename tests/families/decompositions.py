@@ -17,15 +17,24 @@ ALTI_ROWS = ("hf_bert", "hf_bert_types_special", "hf_roberta_types", "hf_distilb
              "timm_vit_cls", "timm_vit_avgpool", "timm_vit_reg4_dinov2", "timm_vit_reg4_avg", "timm_deit_distilled",
              "hf_vit", "hf_deit", "hf_deit_teacher", "hf_dinov2", "hf_dinov2_registers", "hf_clip_vision",
              "hf_clip_text", "hf_clip_text_special", "open_clip_vision", "open_clip_vision_avg_quickgelu_bias",
-             "open_clip_text", "open_clip_text_eos_linear_proj_layerscale", "hf_siglip_text", "hf_siglip_text_masked")
+             "open_clip_text", "open_clip_text_eos_linear_proj_layerscale", "hf_siglip_text", "hf_siglip_text_masked",
+             # timm EVA / BEiT (EVA-02's sub-LN before proj linearised per token), Gemma 3 (its RMSNorm on the
+             # attention output likewise)
+             "timm_eva02_rope_glu", "timm_eva02_clip_style", "timm_beit_relpos", "hf_gemma3_left")
 #: decomposed blocks read out by an attention pool (timm's ``map``, SigLIP's vision head): ``alti`` refuses
 ALTI_POOL_ROWS = ("timm_vit_map_reg2", "hf_siglip_vision")
 #: ALTI-Logit: the decoders among them (a final norm and a linear head read at a position)
 ALTI_LOGIT_ROWS = tuple(row for row in ALTI_ROWS if row.startswith("hf_") and any(
     kind in row for kind in ("gpt2", "llama", "mistral", "qwen")))
+#: read out at a position, but the head is not linear after the final norm (CLIP-like towers' cosine, Gemma 3's
+#: soft-capped LM head): ``alti_logit`` refuses
+NONLINEAR_HEAD_ROWS = ("hf_clip_text", "hf_clip_text_special", "open_clip_text",
+                       "open_clip_text_eos_linear_proj_layerscale", "hf_siglip_text", "hf_siglip_text_masked",
+                       "hf_gemma3_left")
 NO_DECOMPOSITION = "does not decompose its blocks (decomposes_blocks"
 NOT_A_DECODER = "needs a pre-norm decoder read out at a position"
 ATTENTION_POOL = "reads out through an attention pooling head"
+NONLINEAR_HEAD = "has a head that is not linear after its final norm"
 
 
 def add_alti_cells(families: Iterable[Family]) -> None:
@@ -37,5 +46,7 @@ def add_alti_cells(families: Iterable[Family]) -> None:
         elif family.name not in ALTI_ROWS:
             family.undefined.setdefault("alti", NO_DECOMPOSITION)
             family.undefined.setdefault("alti_logit", NO_DECOMPOSITION)
+        elif family.name in NONLINEAR_HEAD_ROWS:
+            family.undefined.setdefault("alti_logit", NONLINEAR_HEAD)
         elif family.name not in ALTI_LOGIT_ROWS:
             family.undefined.setdefault("alti_logit", NOT_A_DECODER)

@@ -449,9 +449,20 @@ class HFGemma3Adapter(_HFRopeDecoder):
         scaled = logits / cap
         return apply_identity_rule(torch.tanh, scaled, self.rule_map.head_epsilon) * cap
 
-    # ---- decomposes_blocks (issue 37)
-    #: the attention output passes its own RMSNorm before the residual sum (sandwich norms): not decomposed
-    decomposes_blocks = False
+    # ---- decomposes_blocks (issue 37): sandwich norms, the attention output through its own RMSNorm
+    # (``post_attention_layernorm``) before the residual sum, linearised per token with its scale
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        """The norm entering the attention, then the one entering the MLP (``pre_feedforward_layernorm``)."""
+        block = self.blocks[layer]
+        return block.input_layernorm, block.pre_feedforward_layernorm
+
+    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
+        return self.blocks[layer].post_attention_layernorm, "after_proj"
+
+    @property
+    def linear_head(self) -> bool:  # type: ignore[override]
+        """The LM's final logit soft-capping (``tanh``) makes the head non-linear (ALTI-Logit refuses it)."""
+        return not self.is_lm or getattr(self.config, "final_logit_softcapping", None) is None
 
 
 @register_adapter

@@ -143,7 +143,32 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
         mlp = self.blocks[layer].mlp
         return (mlp.fc1_x if hasattr(mlp, "fc1_x") else mlp.fc1), mlp.fc2
 
-    # ------------------------------------------------------------------ relevance rules
+    # ---- decomposes_blocks (issue 37): pre-norm ``x + gamma_1 * proj(norm(A v))`` (``norm``: EVA-02's sub-LN or
+    # the identity); an attention gate (``x * sigmoid(gate(x))`` before ``proj``) is not decomposed
+    @property
+    def decomposes_blocks(self) -> bool:  # type: ignore[override]
+        return all(getattr(block.attn, "gate", None) is None for block in self.blocks)
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        block = self.blocks[layer]
+        return block.norm1, block.norm2
+
+    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
+        rec.output(self.blocks[layer], key, transform=transform)
+
+    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The input of ``norm2``."""
+        rec.input(self.blocks[layer].norm2, key)
+
+    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
+        """The layer scale ``gamma_1`` (``None`` without one)."""
+        return self.blocks[layer].gamma_1
+
+    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
+        """EVA-02's sub-LN ``attn.norm`` on the merged heads before ``proj`` (``None``: the identity, BEiT)."""
+        norm = getattr(self.blocks[layer].attn, "norm", None)
+        return None if norm is None or isinstance(norm, nn.Identity) else (norm, "before_proj")
 
     # ---- edits_values (issue 37)
     edits_values = True
