@@ -21,8 +21,8 @@ GOLDEN = Path(__file__).parent / "data" / "atman_golden"
 #: default-tier rows (the full matrix runs in the slow tier, tests/test_method_contract.py)
 ROWS = ("timm_vit_cls", "hf_bert_types_special", "hf_clip_vision", "hf_gpt2_left", "hf_llama_gqa_left",
         "hf_qwen3_right", "hf_gemma3_left", "hf_vit", "hf_siglip_text_masked", "hf_modernbert_mean_local_global",
-        "open_clip_vision", "open_clip_text")
-REFUSED = ("hf_deberta_v3", "timm_eva02_rope_glu", "timm_beit_relpos", "timm_swin", "hf_swin")
+        "open_clip_vision", "open_clip_text", "timm_eva02_rope_glu", "timm_eva02_clip_style", "timm_beit_relpos")
+REFUSED = ("hf_deberta_v3", "timm_swin", "hf_swin")
 FAMILY = {f.name: f for f in FAMILIES}
 
 
@@ -178,3 +178,37 @@ def test_conceptual_suppression_on_images_and_text(row):
         alone = method(model, family.single(inputs, i), target=targets[i:i + 1])
         torch.testing.assert_close(out[i:i + 1][..., family.positions(inputs, i)], alone, rtol=0,
                                    atol=1e-6 * float(alone.abs().max()))
+
+
+@pytest.mark.parametrize("row", ["timm_eva02_rope_glu", "timm_eva02_clip_style", "timm_beit_relpos"])
+def test_eva_beit_edit_sees_each_blocks_own_scores(row):
+    """EVA / BEiT compute ``q``, ``k`` functionally (EVA-02 rotates them, BEiT adds relative position biases), so
+    the edit recomputes the scores: the softmax of the scores it is handed is the block's own attention (1e-12),
+    and an edit of one key column gives ``softmax(edit(S))`` in every block."""
+    family = FAMILY[row]
+    model = family.build().eval()
+    adapter = adapter_for(model)
+    inputs = adapter.prepare_inputs(family.inputs(2))
+    seen = {}
+
+    def keep(layer, s):
+        seen[layer] = s
+        return s
+
+    def scale_column(layer, s):
+        seen[layer] = s
+        edited = s.clone()
+        edited[..., 3] = edited[..., 3] * 0.1 - 2
+        return edited
+
+    for edit in (keep, scale_column):
+        seen.clear()
+        with torch.no_grad(), adapter.eager_attention(), ActivationRecorder() as rec:
+            for layer in range(adapter.depth):
+                adapter.record_attention(rec, layer, layer)
+            with adapter.attention_score_edit(edit):
+                adapter.forward(inputs)
+        for layer in range(adapter.depth):
+            expected = torch.softmax(edit(layer, seen[layer]), dim=-1)
+            torch.testing.assert_close(rec.outputs[layer], expected, rtol=0, atol=1e-12)
+    assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import NO_SCORE_EDIT, Family
+from .base import Family
 from .vision import _images
 
 #: EVA-02 as ``eva02_tiny/small`` build it: rotary embedding, the packed SwiGLU (``GluMlp``), fused ``qkv`` with
@@ -49,7 +49,6 @@ def _family(name: str, kind: str, config: dict) -> Family:
         shape=lambda x, pixels: (x.shape[0], 32, 32) if pixels else (x.shape[0], 16),
         options={"beyond_intuition_head": {"start_layer": 1, "steps": 4},
                  "beyond_intuition_token": {"start_layer": 1, "steps": 4}},
-        undefined=dict(NO_SCORE_EDIT),
     )
 
 

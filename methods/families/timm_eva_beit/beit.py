@@ -10,13 +10,15 @@ Design notes: ``NOTES.md`` beside this file (beit.py).
 """
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
 
 from ...adapters.base import ModelInputs, SequenceContext, register_adapter
 from .adapter import TimmBeitLikeAdapter
+from .score_edit import eva_beit_score_edit
 
 
 @register_adapter
@@ -25,6 +27,17 @@ class TimmBeitAdapter(TimmBeitLikeAdapter):
     ``"class_token"`` (``'token'``); layout: the patch grid after [CLS], which is not scored."""
 
     family = "timm Beit"
+
+    # ---- edits_attention_scores (issue 37)
+    edits_attention_scores = True
+
+    @contextlib.contextmanager
+    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """Fused attention off; each block's scores recomputed from its attention input and the edit handed to
+        the attention through ``shared_rel_pos_bias`` (the relative position biases inside ``S``)
+        (:mod:`methods.families.timm_eva_beit.score_edit`), hooks removed on exit."""
+        with self.eager_attention(), eva_beit_score_edit(self.blocks, edit, "shared_rel_pos_bias"):
+            yield
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:

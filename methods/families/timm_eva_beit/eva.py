@@ -11,13 +11,15 @@ Design notes: ``NOTES.md`` beside this file (eva.py).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import contextlib
+from typing import Any, Callable, Iterator, Optional
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...adapters.base import AttentionLinears, ModelInputs, SequenceContext, register_adapter
 from .adapter import TimmBeitLikeAdapter, attention_width, qkv_projection
+from .score_edit import eva_beit_score_edit
 
 
 @register_adapter
@@ -27,6 +29,17 @@ class TimmEvaAdapter(TimmBeitLikeAdapter):
     ([CLS], registers), which are not scored."""
 
     family = "timm Eva"
+
+    # ---- edits_attention_scores (issue 37)
+    edits_attention_scores = True
+
+    @contextlib.contextmanager
+    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """Fused attention off; each block's scores recomputed from its attention input and the edit handed to
+        the attention through ``attn_mask`` (rotary ``q``, ``k`` recomputed)
+        (:mod:`methods.families.timm_eva_beit.score_edit`), hooks removed on exit."""
+        with self.eager_attention(), eva_beit_score_edit(self.blocks, edit, "attn_mask"):
+            yield
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
