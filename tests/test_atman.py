@@ -21,8 +21,9 @@ GOLDEN = Path(__file__).parent / "data" / "atman_golden"
 #: default-tier rows (the full matrix runs in the slow tier, tests/test_method_contract.py)
 ROWS = ("timm_vit_cls", "hf_bert_types_special", "hf_clip_vision", "hf_gpt2_left", "hf_llama_gqa_left",
         "hf_qwen3_right", "hf_gemma3_left", "hf_vit", "hf_siglip_text_masked", "hf_modernbert_mean_local_global",
-        "open_clip_vision", "open_clip_text", "timm_eva02_rope_glu", "timm_eva02_clip_style", "timm_beit_relpos")
-REFUSED = ("hf_deberta_v3", "timm_swin", "hf_swin")
+        "open_clip_vision", "open_clip_text", "timm_eva02_rope_glu", "timm_eva02_clip_style", "timm_beit_relpos",
+        "hf_deberta_v3", "hf_deberta_v2_pos_proj_types")
+REFUSED = ("timm_swin", "hf_swin")
 FAMILY = {f.name: f for f in FAMILIES}
 
 
@@ -180,11 +181,13 @@ def test_conceptual_suppression_on_images_and_text(row):
                                    atol=1e-6 * float(alone.abs().max()))
 
 
-@pytest.mark.parametrize("row", ["timm_eva02_rope_glu", "timm_eva02_clip_style", "timm_beit_relpos"])
-def test_eva_beit_edit_sees_each_blocks_own_scores(row):
-    """EVA / BEiT compute ``q``, ``k`` functionally (EVA-02 rotates them, BEiT adds relative position biases), so
-    the edit recomputes the scores: the softmax of the scores it is handed is the block's own attention (1e-12),
-    and an edit of one key column gives ``softmax(edit(S))`` in every block."""
+@pytest.mark.parametrize("row", ["timm_eva02_rope_glu", "timm_eva02_clip_style", "timm_beit_relpos",
+                                 "hf_deberta_v3", "hf_deberta_v2_pos_proj_types"])
+def test_recomputed_scores_are_each_blocks_own(row):
+    """EVA / BEiT compute ``q``, ``k`` functionally (EVA-02 rotates them, BEiT adds relative position biases) and
+    DeBERTa its disentangled score ``c2c + c2p + p2c`` in its own code, so the edit recomputes the scores: the
+    softmax of the scores it is handed is the block's own attention (1e-12; two unpadded samples), and an edit of
+    one key column gives ``softmax(edit(S))`` in every block."""
     family = FAMILY[row]
     model = family.build().eval()
     adapter = adapter_for(model)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from .base import NO_SCORE_EDIT, Family
+from .base import Family
 from .text import _text_family
 
 #: DeBERTa-v3's attention: c2p and p2c terms with shared keys, log buckets, LayerNorm on the relative embeddings
@@ -45,7 +45,7 @@ def _deberta_family(name: str, variant: dict, with_types: bool) -> Family:
     from methods.families.hf_deberta import HFDebertaV2Adapter
 
     return replace(_text_family(name, "bert", with_types), adapter=HFDebertaV2Adapter,
-                   build=lambda: _tiny_deberta(variant), undefined=dict(NO_SCORE_EDIT))
+                   build=lambda: _tiny_deberta(variant), )
 
 
 FAMILIES = [

@@ -9,6 +9,7 @@ design decisions are in ``NOTES.md``.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Hashable, Optional, Tuple
 
 import torch
@@ -19,6 +20,7 @@ from ...adapters.base import AttentionLinears, ModelInputs, SequenceContext, reg
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
 from ..hf_text.adapter import HFTextAdapter
+from .score_edit import deberta_score_edit
 
 
 @register_adapter
@@ -107,9 +109,14 @@ class HFDebertaV2Adapter(HFTextAdapter):
         return AttentionLinears(out=attention.output.dense, q=own.query_proj, k=own.key_proj, v=own.value_proj)
 
     # ---- edits_attention_scores (issue 37)
-    #: the disentangled attention is DeBERTa's own code (content, content-to-position and position-to-content
-    #: scores), not an attention function registered with ``transformers``: no score edit
-    edits_attention_scores = False
+    #: the disentangled attention is DeBERTa's own code: the full score ``c2c + c2p + p2c`` recomputed by a hook
+    #: and the edited probabilities handed on at the attention's dropout (:mod:`.score_edit`)
+    edits_attention_scores = True
+
+    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """Every block's disentangled attention (``attention.self``) with its scores edited
+        (:func:`~methods.families.hf_deberta.score_edit.deberta_score_edit`), hooks removed on exit."""
+        return deberta_score_edit([block.attention.self for block in self.blocks], edit)
 
     # ---- decomposes_blocks (issue 37)
     def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
