@@ -275,7 +275,8 @@ class Alti(_AltiBase):
 
     Per block: ``T_i(x_j)`` = the attention sub-layer's part from token ``j`` in output ``i`` (heads summed, values
     with their bias) plus the residual ``x_i`` at ``j = i``, through the post-norm LayerNorm's linear part (BERT
-    family; pre-norm blocks: the attention's own norm output is already per token, so none);
+    family; pre-norm blocks: the attention's own norm output is already per token, so none; a layer scale is
+    folded into ``W_O``, a norm inside the sub-layer, EVA-02's sub-LN or Gemma 3's, linearised as that LayerNorm);
     ``c_ij = max(0, ||y_i||_1 - ||T_i(x_j) - y_i||_1)`` normalised per row (the reference's ``min_sum`` with the
     L1 resultant norm, eq. 9's proximity), then rolled out ``C_{L-1} ... C_0`` (no identity added: the residual
     is inside ``T``) and read at the read-out row (the class token's, a read-out position's, the mean row of a
