@@ -215,3 +215,31 @@ def test_recomputed_scores_are_each_blocks_own(row):
             expected = torch.softmax(edit(layer, seen[layer]), dim=-1)
             torch.testing.assert_close(rec.outputs[layer], expected, rtol=0, atol=1e-12)
     assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == 0
+
+
+@pytest.mark.parametrize("row", ["timm_eva02_rope_glu", "timm_beit_relpos"])
+def test_eva_beit_edit_keeps_a_key_mask(row):
+    """With keys masked (token removal's padding: EVA's boolean ``attn_mask``, BEiT's ``-inf`` in the shared bias)
+    the identity edit gives the blocks' own output bit for bit, and an edit setting every score to 0 gives uniform
+    attention over the kept keys only."""
+    family = FAMILY[row]
+    model = family.build().eval()
+    adapter = adapter_for(model)
+    inputs = adapter.prepare_inputs(family.inputs(1))
+    removed = torch.tensor([3, 7])
+    with torch.no_grad(), adapter.eager_attention():
+        hidden, context = adapter.drop_positions(adapter.embed(inputs), adapter.context(inputs), removed)
+        own = adapter.run_blocks(hidden, context)
+        with adapter.attention_score_edit(lambda layer, s: s):
+            same = adapter.run_blocks(hidden, context)
+        with ActivationRecorder() as rec, adapter.attention_score_edit(lambda layer, s: torch.zeros_like(s)):
+            adapter.record_attention(rec, 0, "a")
+            adapter.run_blocks(hidden, context)
+    torch.testing.assert_close(same, own, rtol=0, atol=0)
+    probs = rec.outputs["a"]                                       # [2, H, N, N]: position 3, then 7 removed
+    for copy, position in enumerate(removed.tolist()):
+        kept = torch.ones(probs.shape[-1], dtype=torch.bool)
+        kept[position] = False
+        assert (probs[copy][..., ~kept] == 0).all()
+        torch.testing.assert_close(probs[copy][..., kept], torch.full_like(probs[copy][..., kept], 1 / kept.sum()),
+                                   rtol=0, atol=1e-12)
