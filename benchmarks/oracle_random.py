@@ -26,7 +26,8 @@ RANDOM, ORACLE = "random", "oracle"
 
 
 def read_runs(folders: Sequence[Path]) -> Tuple[Dict[str, float], Dict[str, Optional[bool]]]:
-    """The scalar results and declared directions of every run folder, merged (a key twice is an error)."""
+    """The scalar results and declared directions of every run folder, merged. A key in two runs is an error unless
+    it has the same value in both (the clean ``accuracy`` of two runs on the same model and data)."""
     values: Dict[str, float] = {}
     directions: Dict[str, Optional[bool]] = {}
     for folder in folders:
@@ -35,8 +36,9 @@ def read_runs(folders: Sequence[Path]) -> Tuple[Dict[str, float], Dict[str, Opti
         for key, value in metrics.items():
             if not isinstance(value, (int, float)):
                 continue
-            if key in values:
-                raise ValueError(f"{key} is in more than one of the runs {[str(f) for f in folders]}")
+            if key in values and values[key] != float(value):
+                raise ValueError(f"{key} is in more than one of the runs {[str(f) for f in folders]}, with "
+                                 f"different values ({values[key]} and {float(value)})")
             values[key] = float(value)
             directions[key] = meta.get(key, {}).get("higher_is_better")
     return values, directions
