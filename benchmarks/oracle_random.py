@@ -3,6 +3,7 @@
 class-specific method, on the faithfulness and localisation keys?
 
     python -m benchmarks.oracle_random RUN_FOLDER [RUN_FOLDER ...] [--class-agnostic rollout raw_attention]
+        [--by-test]
 
 Reads each run's ``metrics.json`` and the direction each key declares in ``metrics.meta.json``
 (``higher_is_better``); a key counts when its test is one of :data:`TESTS` (localisation, faithfulness
@@ -103,14 +104,30 @@ def report(counts: Dict[str, object]) -> List[str]:
     return lines
 
 
+def by_test(table, class_agnostic: Sequence[str]) -> List[str]:
+    """One line per test: its random-map and oracle shares (where the exceptions are concentrated)."""
+    lines = []
+    for test in sorted({key[0] for key in table}):
+        c = tally({k: v for k, v in table.items() if k[0] == test}, class_agnostic)
+        rp, rm = int(c["random_pairs"]), len(c["random_misses"])                   # type: ignore[arg-type]
+        op, ot, om = int(c["oracle_pairs"]), len(c["oracle_ties"]), len(c["oracle_misses"])  # type: ignore[arg-type]
+        lines.append(f"  - {test}: random worse {rp - rm} of {rp}; oracle strictly better {op - ot - om} of {op}, "
+                     f"tied {ot}")
+    return lines
+
+
 def main(argv: Optional[Sequence[str]] = None) -> List[str]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (metrics.json, metrics.meta.json)")
     parser.add_argument("--class-agnostic", nargs="*", default=["rollout", "raw_attention"],
                         help="methods whose map ignores the explained class (left out of the random-map count)")
+    parser.add_argument("--by-test", action="store_true", help="add one line of counts per test")
     args = parser.parse_args(argv)
     values, directions = read_runs(args.runs)
-    lines = report(tally(keyed(values, directions), args.class_agnostic))
+    table = keyed(values, directions)
+    lines = report(tally(table, args.class_agnostic))
+    if args.by_test:
+        lines += by_test(table, args.class_agnostic)
     print("\n".join(lines))
     return lines
 
