@@ -3,6 +3,7 @@
 class-specific method, on the faithfulness and localisation keys?
 
     python -m benchmarks.oracle_random RUN_FOLDER [RUN_FOLDER ...] [--class-agnostic rollout raw_attention]
+        [--by-test]
 
 Reads each run's ``metrics.json`` and the direction each key declares in ``metrics.meta.json``
 (``higher_is_better``); a key counts when its test is one of :data:`TESTS` (localisation, faithfulness
@@ -26,7 +27,8 @@ RANDOM, ORACLE = "random", "oracle"
 
 
 def read_runs(folders: Sequence[Path]) -> Tuple[Dict[str, float], Dict[str, Optional[bool]]]:
-    """The scalar results and declared directions of every run folder, merged (a key twice is an error)."""
+    """The scalar results and declared directions of every run folder, merged. A key in two runs is an error unless
+    it has the same value in both (the clean ``accuracy`` of two runs on the same model and data)."""
     values: Dict[str, float] = {}
     directions: Dict[str, Optional[bool]] = {}
     for folder in folders:
@@ -35,8 +37,9 @@ def read_runs(folders: Sequence[Path]) -> Tuple[Dict[str, float], Dict[str, Opti
         for key, value in metrics.items():
             if not isinstance(value, (int, float)):
                 continue
-            if key in values:
-                raise ValueError(f"{key} is in more than one of the runs {[str(f) for f in folders]}")
+            if key in values and values[key] != float(value):
+                raise ValueError(f"{key} is in more than one of the runs {[str(f) for f in folders]}, with "
+                                 f"different values ({values[key]} and {float(value)})")
             values[key] = float(value)
             directions[key] = meta.get(key, {}).get("higher_is_better")
     return values, directions
@@ -101,14 +104,30 @@ def report(counts: Dict[str, object]) -> List[str]:
     return lines
 
 
+def by_test(table, class_agnostic: Sequence[str]) -> List[str]:
+    """One line per test: its random-map and oracle shares (where the exceptions are concentrated)."""
+    lines = []
+    for test in sorted({key[0] for key in table}):
+        c = tally({k: v for k, v in table.items() if k[0] == test}, class_agnostic)
+        rp, rm = int(c["random_pairs"]), len(c["random_misses"])                   # type: ignore[arg-type]
+        op, ot, om = int(c["oracle_pairs"]), len(c["oracle_ties"]), len(c["oracle_misses"])  # type: ignore[arg-type]
+        lines.append(f"  - {test}: random worse {rp - rm} of {rp}; oracle strictly better {op - ot - om} of {op}, "
+                     f"tied {ot}")
+    return lines
+
+
 def main(argv: Optional[Sequence[str]] = None) -> List[str]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (metrics.json, metrics.meta.json)")
     parser.add_argument("--class-agnostic", nargs="*", default=["rollout", "raw_attention"],
                         help="methods whose map ignores the explained class (left out of the random-map count)")
+    parser.add_argument("--by-test", action="store_true", help="add one line of counts per test")
     args = parser.parse_args(argv)
     values, directions = read_runs(args.runs)
-    lines = report(tally(keyed(values, directions), args.class_agnostic))
+    table = keyed(values, directions)
+    lines = report(tally(table, args.class_agnostic))
+    if args.by_test:
+        lines += by_test(table, args.class_agnostic)
     print("\n".join(lines))
     return lines
 

@@ -34,5 +34,12 @@ def test_counts_and_exceptions(tmp_path, capsys):
     # oracle: PG vs a (tie), b, rollout, random; deletion vs a, b, random: 6 of 7 strictly better, 1 tie
     assert lines[1].startswith("- oracle strictly better than the method: 6 of 7 pairs (85.7 %), tied 1, not better 0")
     assert capsys.readouterr().out.strip() == "\n".join(lines)
-    with pytest.raises(ValueError, match="more than one of the runs"):
-        main([runs[0], runs[0]])
+    per_test = main(runs + ["--class-agnostic", "rollout", "--by-test"])[2:]
+    assert per_test == ["  - localisation: random worse 1 of 2; oracle strictly better 3 of 4, tied 1",
+                        "  - rise: random worse 2 of 2; oracle strictly better 3 of 3, tied 0"]
+    # a key in two runs: the same clean accuracy is one value; a key with two values is an error
+    same = _run(tmp_path / "same", {"accuracy": 0.5, **curves}, {})
+    other = _run(tmp_path / "other", {"accuracy": 0.5, "localisation/a/target/pointing_game": 0.9}, {})
+    assert main([same, other]) == []
+    with pytest.raises(ValueError, match="more than one of the runs .* different values"):
+        main([runs[0], _run(tmp_path / "changed", {"localisation/a/target/pointing_game": 0.8}, {})])

@@ -134,6 +134,28 @@ def test_deletion_and_insertion_are_rises_causal_metric(unit, step):
     assert cb.higher_is_better()["rise/m/predicted/insertion_auc"] is True
 
 
+def test_insertion_from_the_mean_colour_image():
+    """``insertion_substrate: mean`` (the synthetic catalogue's choice): RISE's insertion loop started from the
+    normalised zero image instead of the blurred one; its first point is the deletion curve's last."""
+    clf, images, rel, batch, outputs = image_case()
+    cb = DeletionInsertionTest(unit="pixel", step=16, ties="index", insertion_substrate="mean")
+    cb.update(outputs, batch)
+    _, ours_del = per_sample(cb, "rise/m/predicted/deletion_curve")
+    _, ours_ins = per_sample(cb, "rise/m/predicted/insertion_curve")
+    for b in range(images.shape[0]):
+        x = clf.normalize(images[b:b + 1])[0]
+        c = int(outputs["targets"]["predicted"][b])
+        order = torch.from_numpy(np.argsort(-pixel_maps(rel[b:b + 1], (16, 16), (4, 4)).flatten().double().numpy(),
+                                            kind="stable"))
+        insertion = rise_curve(clf, x, order, 16, torch.zeros_like(x), x, c)
+        assert np.abs(ours_ins[b].numpy() - insertion).max() < 1e-9
+    assert torch.allclose(ours_ins[:, 0], ours_del[:, -1], atol=1e-12)
+    assert cb.conventions()["insertion_removal"] == "mean"
+    assert DeletionInsertionTest(unit="pixel", step=16).conventions()["insertion_removal"] == "blur"
+    with pytest.raises(ValueError, match="unknown insertion substrate 'grey'"):
+        DeletionInsertionTest(unit="pixel", step=16, insertion_substrate="grey")
+
+
 def test_blur_pads_with_the_mean_colour():
     img = torch.full((1, 3, 8, 8), 0.0, dtype=torch.float64)
     img[..., :, :] = torch.tensor(MEAN, dtype=torch.float64).reshape(1, 3, 1, 1)
