@@ -11,7 +11,10 @@ additive mask; a softmax is shift-invariant, so the untouched columns keep their
 cosine similarity ``s >= threshold`` with ``t``'s, with ``f_j = (1 - f)(1 - s) + f`` (``conceptual_scaled=False``:
 ``f_j = f``). Score of ``t``: ``y(suppressed) - y(clean)``, ``y`` the explained output (``explain``, default
 ``"log_probability"``: ``CE(clean) - CE(suppressed)``, the sign of ``get_delta_cross_entropies``; an important
-token scores negative). Conventions, departures and the golden cases: ``docs/atman.md``.
+token scores negative). ``score="drop"`` returns ``y(clean) - y(suppressed)`` (an important token scores positive, as
+occlusion's: what a test that ranks the highest score first needs), ``score="squared"`` the square of the default,
+the reference's ``square_outputs=True`` (its document-QA explainer; its panda example squares the values too).
+Conventions, departures and the golden cases: ``docs/atman.md``.
 """
 from __future__ import annotations
 
@@ -26,6 +29,9 @@ from .explanation_targets import explained_scores
 from .input_points import point_values, resolve_point, select_rows
 from .registry import register_method
 from .targets import TargetType
+
+#: what a token's score is, from ``d = y(suppressed) - y(clean)``: the authors' ``d`` (default), ``-d``, ``d ** 2``
+SCORES = ("delta", "drop", "squared")
 
 
 def suppressed_scores(scores: Tensor, factors: Tensor, keys: Tensor) -> Tensor:
@@ -49,14 +55,17 @@ class AtMan(ExplainedOutput):
     """AtMan (Deiseroth et al. 2023): per content token, a forward with its key column suppressed in every
     block's pre-softmax scores; see :mod:`methods.atman`. Options: ``suppression`` (the factor ``f``, 0.1),
     ``conceptual_threshold`` (``None``: off; the reference's ``Explainer`` default is 0.6), ``conceptual_scaled``,
-    ``chunk`` (suppressed copies per forward), ``explain`` (``"log_probability"``), ``foil``."""
+    ``chunk`` (suppressed copies per forward), ``explain`` (``"log_probability"``), ``foil``, ``score``
+    (:data:`SCORES`: ``"delta"``, the authors' sign, default; ``"drop"``; ``"squared"``)."""
 
     tags = ("perturbation", "opt_in")
 
     def __init__(self, suppression: float = 0.1, conceptual_threshold: Optional[float] = None,
                  conceptual_scaled: bool = True, chunk: int = 64, explain: str = "log_probability",
-                 foil: Optional[int] = None):
+                 foil: Optional[int] = None, score: str = "delta"):
         super().__init__(explain, foil)
+        if score not in SCORES:
+            raise ValueError(f"atman: score must be one of {SCORES}, got {score!r}")
         if not (isinstance(suppression, (int, float)) and not isinstance(suppression, bool) and suppression >= 0):
             raise ValueError(f"atman: suppression must be a float >= 0, got {suppression!r}")
         if conceptual_threshold is not None and not (isinstance(conceptual_threshold, (int, float))
@@ -68,6 +77,7 @@ class AtMan(ExplainedOutput):
         self.conceptual_threshold = None if conceptual_threshold is None else float(conceptual_threshold)
         self.conceptual_scaled = bool(conceptual_scaled)
         self.chunk = chunk
+        self.score = score
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
@@ -142,6 +152,10 @@ class AtMan(ExplainedOutput):
             values = explained_scores(out, target[rows], self.explain, None if foil is None else foil[rows])
             for (b, i), value, row in zip(chunk, values, rows):
                 scores[b, positions[b][i]] = value - clean[row]
+        if self.score == "drop":
+            scores = 0.0 - scores                           # 0 - 0 = +0.0: the unscored positions stay +0.0
+        elif self.score == "squared":
+            scores = scores.square()
         return layout.output(scores)
 
 

@@ -76,6 +76,23 @@ def test_equals_the_authors_explainer(dtype, rtol, setting, side):
         assert (row[:span.start] == 0).all() and (row[span.stop:] == 0).all()
 
 
+@pytest.mark.parametrize("score", ["drop", "squared"])
+def test_drop_and_squared_scores_from_the_authors_deltas(score):
+    """``score="drop"`` is minus the reference's ``CE(clean) - CE(suppressed)``, ``score="squared"`` its square (the
+    reference's ``square_outputs=True``), batched and padded on the golden's plain float64 cases; other positions
+    stay exactly 0."""
+    model, meta, arrays = _golden_model(torch.float64)
+    cases = [c for c in meta["cases"] if c["dtype"] == "float64" and c["key"].split("/")[1] == "plain"]
+    inputs, spans = _padded([c["prompt"] for c in cases], "left")
+    method = build_method("atman", suppression=cases[0]["suppression"], chunk=5, score=score)
+    out = method(model, inputs, target=torch.tensor([c["target"] for c in cases]))
+    for case, span, row in zip(cases, spans, out):
+        delta = torch.from_numpy(arrays[case["key"]]).double()
+        expected = -delta if score == "drop" else delta.square()
+        torch.testing.assert_close(row[span], expected, rtol=0, atol=1e-6 * float(expected.abs().max()))
+        assert (row[:span.start] == 0).all() and not torch.signbit(row[:span.start]).any()
+
+
 def test_golden_exercises_conceptual_suppression():
     """The conceptual cases differ from the plain ones (similar tokens were suppressed too), so the golden
     checks the similarity, the threshold and the scaled factor."""
@@ -160,6 +177,8 @@ def test_bad_options_are_named():
         build_method("atman", conceptual_threshold=1.5)
     with pytest.raises(ValueError, match="chunk"):
         build_method("atman", chunk=0)
+    with pytest.raises(ValueError, match="score must be one of"):
+        build_method("atman", score="abs")
 
 
 @pytest.mark.parametrize("row", ["timm_vit_cls", "hf_clip_vision", "open_clip_vision", "hf_bert_types_special",
