@@ -35,6 +35,7 @@ from ...adapters.base import (
 )
 from ...adapters.gradient_rules import normalized_rule
 from ...adapters.lens import lens_through_head
+from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs
 from ...adapters.value_edits import ProjectionValueEdits
@@ -67,14 +68,6 @@ def scorer_problem(model: nn.Module, clip_class: type, tower: str, pair_model: s
     if not callable(getattr(model, "logits_from_embeddings", None)):
         return f"{type(model).__name__} has no logits_from_embeddings(embeddings) method"
     return None
-
-
-def _clip_model_class() -> Optional[type]:
-    try:
-        import transformers
-    except ImportError:  # pragma: no cover - a dependency
-        return None
-    return transformers.CLIPModel
 
 
 class _ScorerHead:
@@ -161,7 +154,7 @@ class _HFCLIPTower(ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
     @staticmethod
     def model_class() -> Optional[type]:
         """The wrapped model's class (``None`` without transformers)."""
-        return _clip_model_class()
+        return library_class("transformers", "CLIPModel")
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:

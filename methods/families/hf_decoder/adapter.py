@@ -29,6 +29,7 @@ from ...adapters.base import (
     register_adapter,
 )
 from ...adapters.gradient_rules import apply_identity_rule
+from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, last_real_positions, positions_from_mask
 from ...adapters.value_edits import ProjectionValueEdits
@@ -65,12 +66,6 @@ def unmask_padding_queries(mask: Any, attention_mask: Tensor) -> Any:
     return mask
 
 
-def _transformers_class(name: str) -> Optional[type]:
-    import transformers
-
-    return getattr(transformers, name, None)
-
-
 class _HFDecoder(ProjectionValueEdits, HFEncoderBlocks):
     """Shared machinery of the decoder families (see the module docstring); a family subclass names its model
     classes and submodules."""
@@ -101,7 +96,7 @@ class _HFDecoder(ProjectionValueEdits, HFEncoderBlocks):
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
-        classes = [c for c in map(_transformers_class, cls.model_classes) if c is not None]
+        classes = [c for c in (library_class("transformers", name) for name in cls.model_classes) if c is not None]
         if not classes:
             return f"this transformers has none of {', '.join(cls.model_classes)}"
         if not isinstance(model, tuple(classes)):

@@ -31,18 +31,11 @@ from ...adapters.base import (
     register_adapter,
 )
 from ...adapters.lens import lens_through_head
+from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_token_inputs
 from ..hf_clip.adapter import _HFCLIPTower, _HFPatchVision, _HFTokenText
 from .rules import SiglipTextRules, SiglipVisionRules
-
-
-def _siglip_model_class() -> Optional[type]:
-    try:
-        import transformers
-    except ImportError:  # pragma: no cover - a dependency
-        return None
-    return transformers.SiglipModel
 
 
 class _HFSiglipTower(_HFCLIPTower):
@@ -52,7 +45,7 @@ class _HFSiglipTower(_HFCLIPTower):
 
     @staticmethod
     def model_class() -> Optional[type]:
-        return _siglip_model_class()
+        return library_class("transformers", "SiglipModel")
 
 
 @register_adapter

@@ -25,6 +25,7 @@ from ...adapters.base import (
     scaled_copies,
 )
 from ...adapters.gradient_rules import apply_identity_rule
+from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, special_positions
 from ...adapters.value_edits import ProjectionValueEdits
@@ -67,13 +68,9 @@ class HFTextAdapter(ProjectionValueEdits, HFEncoderBlocks):
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
-        try:
-            import transformers
-        except ImportError:  # pragma: no cover - a dependency
-            return "transformers is not installed"
-        model_class = getattr(transformers, cls.model_class)
-        if not isinstance(model, model_class):
-            return f"{type(model).__name__} is not a transformers {cls.model_class}"
+        problem = class_problem(model, "transformers", cls.model_class)
+        if problem is not None:
+            return problem
         if getattr(model.config, "is_decoder", False):
             return f"{cls.model_class} configured as a decoder (causal mask) is not supported"
         return None

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
 from ...adapters.lens import lens_through_head
+from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import ProjectionValueEdits
 from ..hf_blocks import HFEncoderBlocks
@@ -39,14 +40,6 @@ def materialised_attention(module: nn.Module, query: Tensor, key: Tensor, value:
     probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32))
     probs = nn.functional.dropout(probs.to(query.dtype), p=dropout, training=module.training)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
-
-
-def _transformers_class(name: str) -> Optional[type]:
-    try:
-        import transformers
-    except ImportError:  # pragma: no cover - a dependency
-        return None
-    return getattr(transformers, name, None)
 
 
 class HFViTLikeAdapter(ProjectionValueEdits, ImageAdapter, HFEncoderBlocks):
@@ -87,12 +80,7 @@ class HFViTLikeAdapter(ProjectionValueEdits, ImageAdapter, HFEncoderBlocks):
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
-        model_class = _transformers_class(cls.model_class)
-        if model_class is None:  # pragma: no cover
-            return f"transformers has no {cls.model_class}"
-        if not isinstance(model, model_class):
-            return f"{type(model).__name__} is not a transformers {cls.model_class}"
-        return None
+        return class_problem(model, "transformers", cls.model_class)
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:

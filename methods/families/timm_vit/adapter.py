@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
 from ...adapters.lens import lens_through_head
+from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import ProjectionValueEdits
 from .rules import TimmBlocksRules, TimmViTRules
@@ -139,13 +140,10 @@ class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
         self.edits_attention_scores = not score_edit_problem(self.blocks)
 
     @classmethod
-    def supports(cls, model: nn.Module) -> Optional[str]:
-        try:
-            from timm.models.vision_transformer import VisionTransformer
-        except ImportError:  # pragma: no cover - timm is a dependency
-            return "timm is not installed"
-        if not isinstance(model, VisionTransformer):
-            return f"{type(model).__name__} is not a timm VisionTransformer"
+    def supports(cls, model: Any) -> Optional[str]:
+        problem = class_problem(model, "timm.models.vision_transformer", "VisionTransformer")
+        if problem is not None:
+            return problem
         if model.global_pool not in SUPPORTED_POOLS:
             return (f"timm VisionTransformer with global_pool={model.global_pool!r} is not supported; supported "
                     f"read-outs: {', '.join(map(repr, SUPPORTED_POOLS))}")
