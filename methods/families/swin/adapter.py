@@ -342,8 +342,7 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
         config = model.config
         self.config = config
         self.stem_patch = int(config.patch_size)
-        size = config.image_size if isinstance(config.image_size, (tuple, list)) else (config.image_size,) * 2
-        self.image_size = (int(size[0]), int(size[1]))
+        self.image_size = self.image_size_of(config)
         super().__init__(model)
 
     @classmethod
@@ -353,10 +352,16 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
             return problem
         if not isinstance(model.classifier, nn.Linear) or model.swin.pooler is None:
             return "SwinForImageClassification without average pooling and a Linear classifier is not supported"
-        config: Any = model.config
-        size = config.image_size if isinstance(config.image_size, (tuple, list)) else (config.image_size,) * 2
+        config = model.config
+        size = cls.image_size_of(config)
         windows = [[int(config.window_size)] * int(depth) for depth in config.depths]
-        return cls.grid_problem(int(size[0]) // config.patch_size, int(size[1]) // config.patch_size, windows)
+        return cls.grid_problem(size[0] // config.patch_size, size[1] // config.patch_size, windows)
+
+    @staticmethod
+    def image_size_of(config: Any) -> Tuple[int, int]:
+        """``config.image_size`` (an int or a pair) as ``(height, width)``."""
+        size = config.image_size if isinstance(config.image_size, (tuple, list)) else (config.image_size,) * 2
+        return int(size[0]), int(size[1])
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:
