@@ -76,8 +76,9 @@ class _ScorerHead:
 
     model: Any
     clip: Any
-    tower: str
+    tower = "?"
     rule_map: RuleMap
+    records_post_attention_values = True        # Beyond Intuition's CLIP token scale reads every tower's blocks
 
     def embedding(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         """The tower's embedding ``[B, projection_dim]`` (unnormalised) from the last hidden states: final norm,
@@ -132,10 +133,6 @@ def at_readout_positions(normed: Tensor, context: SequenceContext) -> Tensor:
 
 class _HFCLIPTower(ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
     """Shared machinery of the two CLIP towers (see the module docstring); a subclass names its tower."""
-
-    tower = "?"
-    pre_norm = True
-    records_post_attention_values = True
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)

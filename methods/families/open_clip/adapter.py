@@ -116,10 +116,6 @@ def _need_weights(_module: nn.Module, args: Tuple[Any, ...], kwargs: dict) -> Tu
 class _OpenCLIPTower(_ScorerHead, ModelAdapter):
     """Shared machinery of the two open_clip towers (see the module docstring); a subclass names its tower."""
 
-    tower = "?"
-    pre_norm = True
-    records_post_attention_values = True
-
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         self.clip: Any = model.clip
