@@ -314,6 +314,24 @@ def patch_embedding_relprop(rules, pixels: Tensor, conv: nn.Conv2d, patches: Ten
     return conv_relprop(rules, pixels, conv, relevance[:, relevance.shape[1] - patches.shape[1]:])
 
 
+def record_patch_embedding(rec, conv: nn.Conv2d) -> None:
+    """Record the patch convolution's input (``"pixels"``) and output (``"patch_grid"``, ``[B, D, gh, gw]``) for
+    :func:`recorded_patches_relprop`."""
+    rec.input(conv, "pixels")
+    rec.output(conv, "patch_grid")
+
+
+def recorded_patches_relprop(rules, acts, conv: nn.Conv2d, relevance: Tensor, class_embedding: Optional[Tensor],
+                             position_table: Tensor) -> Tensor:
+    """:func:`patch_embedding_relprop` from what :func:`record_patch_embedding` recorded: the tokens are the class
+    token ``class_embedding`` (``[D]``; ``None``: none) then the patches, plus the first rows of
+    ``position_table`` (``[n, D]``, one per token)."""
+    patches = acts["patch_grid"].flatten(2).transpose(1, 2)           # [B, D, gh, gw] -> [B, P, D]
+    prefix = [] if class_embedding is None else [class_embedding.to(patches).view(1, 1, -1)]
+    position = position_table.to(patches)[None, :patches.shape[1] + len(prefix)]
+    return patch_embedding_relprop(rules, acts["pixels"].to(patches), conv, patches, relevance, prefix, position)
+
+
 def score_relprop(rules, embedding: Tensor, score_weight: Tensor, relevance_logits: Tensor) -> Tensor:
     """A CLIP-like scorer's logits ``logit_scale.exp() * <z / ||z||, e_c>`` (a ``logit_bias``, a constant, gets no
     relevance): the Linear rule of ``score_weight`` (``logit_scale.exp() * E``) on the L2-normalised ``embedding``
