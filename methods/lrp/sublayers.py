@@ -190,6 +190,19 @@ def residual_mlp_relprop(rules, t: BlockTensors, fc1: Projection, fc2: Projectio
     return rules["clone"](h, [r_h, r_m])
 
 
+def gated_product_relprop(rules, x: Tensor, relevance: Tensor, gate: Projection, gate_out: Optional[Tensor],
+                          up: Optional[Projection] = None, up_out: Optional[Tensor] = None) -> Tensor:
+    """Relevance at the input ``x`` of a gated MLP's first layer from ``relevance`` at the product ``act(g) * u``
+    (halved in place): the uniform rule (AttnLRP Eq. 7: half to each factor; the activation identity), then the
+    Linear rule: through ``gate`` alone when it is fused (its output ``gate_out`` holds both factors, each half
+    getting the same relevance), else through ``gate`` and ``up`` reading the same ``x`` (``linear_shared``)."""
+    r_half = relevance.mul_(0.5)
+    if up is None:
+        return rules["linear"](x, linear_weight(gate), torch.cat([r_half, r_half], dim=-1), gate_out, gate.bias)
+    return rules.linear_shared(x, [(linear_weight(gate), r_half, gate_out, gate.bias),
+                                   (linear_weight(up), r_half.clone(), up_out, up.bias)])
+
+
 def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears, heads: int, relevance: Tensor,
                                rows: Optional[Tensor], need_below: bool) -> Tuple[Optional[Tensor], Tensor]:
     """``y = x + attn(x')`` (``x' = norm1(x)`` pre-norm, ``x`` post-norm): Add, the output projection, the

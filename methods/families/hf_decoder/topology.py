@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ...adapters import ActivationRecorder, MethodUndefinedError, linear_weight
-from ...lrp.sublayers import attention_relprop, embedding_sum_relprop
+from ...lrp.sublayers import attention_relprop, embedding_sum_relprop, gated_product_relprop
 from ...lrp.topology import Topology, register_topology
 from .adapter import (
     HFGemma3Adapter,
@@ -142,10 +142,8 @@ class _RopeDecoderTopology(_DecoderTopology):
         # the gated MLP: y = h + down(act(gate(h')) * up(h'))
         r_h, r_m = rules["add"](h, get("mlp_out"), relevance)
         r_p = rules["linear"](get("fc2_in"), linear_weight(mlp.down_proj), r_m, get("mlp_out"), mlp.down_proj.bias)
-        r_half = r_p.mul_(0.5)                                       # the uniform rule on the product
-        r_in = rules.linear_shared(get("fc1_in"), [
-            (linear_weight(mlp.gate_proj), r_half, acts.pop(("gate", layer), None), mlp.gate_proj.bias),
-            (linear_weight(mlp.up_proj), r_half.clone(), get("fc1_out"), mlp.up_proj.bias)])
+        r_in = gated_product_relprop(rules, get("fc1_in"), r_p, mlp.gate_proj, acts.pop(("gate", layer), None),
+                                     mlp.up_proj, get("fc1_out"))
         r_h = rules["clone"](h, [r_h, r_in])
         # the attention: y = x + o(attn(x'))
         r_x, r_a = rules["add"](x, a, r_h)

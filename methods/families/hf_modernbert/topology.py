@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ...adapters import ActivationRecorder, linear_weight
 from ...lrp.rules import safe_divide
-from ...lrp.sublayers import attention_relprop, readout_relprop
+from ...lrp.sublayers import attention_relprop, gated_product_relprop, readout_relprop
 from ...lrp.topology import INPUT_POINTS, Topology, register_topology
 from .adapter import HFModernBertAdapter
 
@@ -97,9 +97,8 @@ class HFModernBertTopology(Topology):
         x, a = get("x"), get("attn_out")
         h = x + a
         r_h, r_m = rules["add"](h, get("mlp_out"), relevance)
-        r_p = rules["linear"](get("fc2_in"), linear_weight(mlp.Wo), r_m, get("mlp_out"), mlp.Wo.bias).mul_(0.5)
-        r_in = rules["linear"](get("fc1_in"), linear_weight(mlp.Wi), torch.cat([r_p, r_p], dim=-1), get("fc1_out"),
-                               mlp.Wi.bias)
+        r_p = rules["linear"](get("fc2_in"), linear_weight(mlp.Wo), r_m, get("mlp_out"), mlp.Wo.bias)
+        r_in = gated_product_relprop(rules, get("fc1_in"), r_p, mlp.Wi, get("fc1_out"))
         r_h = rules["clone"](h, [r_h, r_in])
         r_x, r_a = rules["add"](x, a, r_h)
         ctx = get("proj_in")
