@@ -203,6 +203,17 @@ def gated_product_relprop(rules, x: Tensor, relevance: Tensor, gate: Projection,
                                    (linear_weight(up), r_half.clone(), up_out, up.bias)])
 
 
+def residual_gated_mlp_relprop(rules, t: BlockTensors, relevance: Tensor, down: Projection, gate: Projection,
+                               gate_out: Optional[Tensor], up: Optional[Projection] = None) -> Tensor:
+    """``y = h + down(act(gate(h')) * up(h'))`` (pre-norm, ``h = x + attn_out``; the norm and the activation
+    identity): the Add, ``down``, :func:`gated_product_relprop` (``up``'s output is ``t.fc1_out``), the clone of
+    ``h``. Returns the relevance at ``h``."""
+    h = t.x + t.attn_out
+    r_h, r_m = rules["add"](h, t.mlp_out, relevance)
+    r_p = rules["linear"](t.fc2_in, linear_weight(down), r_m, t.mlp_out, down.bias)
+    return rules["clone"](h, [r_h, gated_product_relprop(rules, t.fc1_in, r_p, gate, gate_out, up, t.fc1_out)])
+
+
 def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears, heads: int, relevance: Tensor,
                                rows: Optional[Tensor], need_below: bool) -> Tuple[Optional[Tensor], Tensor]:
     """``y = x + attn(x')`` (``x' = norm1(x)`` pre-norm, ``x`` post-norm): Add, the output projection, the
