@@ -21,7 +21,6 @@ from torch import Tensor, nn
 
 from ...adapters.base import (
     AttentionLinears,
-    ImageAdapter,
     Layout,
     ModelInputs,
     RawInputs,
@@ -34,7 +33,7 @@ from ...adapters.base import (
     scaled_copies,
 )
 from ...adapters.gradient_rules import normalized_rule
-from ...adapters.lens import lens_through_head
+from ...adapters.lens import LensImageAdapter
 from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs
@@ -245,7 +244,7 @@ class _HFPatchVision:
 
 
 @register_adapter
-class HFCLIPVisionAdapter(_HFPatchVision, ImageAdapter, _HFCLIPTower):
+class HFCLIPVisionAdapter(_HFPatchVision, LensImageAdapter, _HFCLIPTower):
     """The vision tower of a stock ``transformers.CLIPModel`` behind a scorer with ``clip_tower = "vision"``
     (``models.clip.ZeroShotClassifier``). Inputs (:class:`~methods.adapters.base.ImageAdapter`): images
     ``[B, 3, S, S]`` at the model's ``image_size``, as ``CLIPProcessor`` returns them. Read-out: [CLS] through
@@ -267,14 +266,6 @@ class HFCLIPVisionAdapter(_HFPatchVision, ImageAdapter, _HFCLIPTower):
 
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         return self.tower_model.post_layernorm(hidden[:, 0, :])
-
-    # ---- lens_logits (issue 37)
-    reads_lens = True
-
-    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """The logit lens of the CLIP vision tower: its own ``head`` reading each position alone
-        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
-        return lens_through_head(self, hidden, context, pre_logits)
 
 
 def eos_positions(input_ids: Tensor, eos_token_id: int) -> Tensor:

@@ -14,8 +14,8 @@ from typing import Any, Callable, Hashable, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
-from ...adapters.lens import lens_through_head
+from ...adapters.base import AttentionLinears, Layout, ModelInputs, SequenceContext, register_adapter
+from ...adapters.lens import LensImageAdapter
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import ProjectionValueEdits
@@ -42,7 +42,7 @@ def materialised_attention(module: nn.Module, query: Tensor, key: Tensor, value:
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
-class HFViTLikeAdapter(ProjectionValueEdits, ImageAdapter, HFEncoderBlocks):
+class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
     """Shared machinery of the Hugging Face ViT-like image classifiers (see the module docstring). A subclass
     names its model class (``model_class``), the attribute of its backbone (``backbone_attr``), its prefix
     tokens and read-out, and its :meth:`head`."""
@@ -182,14 +182,6 @@ class HFViTLikeAdapter(ProjectionValueEdits, ImageAdapter, HFEncoderBlocks):
         """As :class:`~methods.families.hf_blocks.HFEncoderBlocks`, through :func:`materialised_attention` (the
         attention :meth:`eager_attention` runs: the softmax in the wider of float32 and the model's dtype)."""
         return score_edited_attention(self.attention_config(), self.blocks, edit, eager=materialised_attention)
-
-    # ---- lens_logits (issue 37)
-    reads_lens = True
-
-    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """The logit lens of transformers' ViT-like models: its own ``head`` reading each position alone
-        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
-        return lens_through_head(self, hidden, context, pre_logits)
 
 
 @register_adapter

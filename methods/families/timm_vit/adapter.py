@@ -8,8 +8,8 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, List, Optional, 
 import torch
 from torch import Tensor, nn
 
-from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
-from ...adapters.lens import lens_through_head
+from ...adapters.base import AttentionLinears, Layout, ModelInputs, SequenceContext, register_adapter
+from ...adapters.lens import LensImageAdapter
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import ProjectionValueEdits
@@ -35,7 +35,7 @@ def timm_fused_attention_off(modules: Iterable[nn.Module]) -> Iterator[None]:
             m.fused_attn = flag
 
 
-class TimmBlocksAdapter(ImageAdapter):
+class TimmBlocksAdapter(LensImageAdapter):
     """What the adapters of timm's ViT-like models share (:class:`TimmViTAdapter`,
     :class:`~methods.families.timm_eva_beit.adapter.TimmBeitLikeAdapter`): the model's ``blocks`` (each ``attn`` with a
     fused ``qkv`` and ``proj``), ``num_prefix_tokens``, patch size and ``embed_dim``; the attention probabilities
@@ -101,14 +101,6 @@ class TimmBlocksAdapter(ImageAdapter):
     def dynamic_image_size(self) -> bool:
         """Whether the model interpolates its positional embedding to each image size (``dynamic_img_size``)."""
         return bool(getattr(self.model, "dynamic_img_size", False))
-
-    # ---- lens_logits (issue 37)
-    reads_lens = True
-
-    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """The logit lens of timm's ViT-like models: its own ``head`` reading each position alone
-        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
-        return lens_through_head(self, hidden, context, pre_logits)
 
 
 @register_adapter
