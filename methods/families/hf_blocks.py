@@ -84,3 +84,23 @@ class HFEncoderBlocks(ModelAdapter):
         if not self.edits_attention_scores:
             raise NotImplementedError(f"{self.family} does not edit its pre-softmax attention scores")
         return score_edited_attention(self.attention_config(), self.blocks, edit)
+
+
+class HFBaseBlocks(HFEncoderBlocks):
+    """A model whose blocks live in one submodule (``base_attr``: BERT's ``bert``, a decoder's ``model``), as
+    :meth:`layers_of` that submodule; ``self.base`` and ``self.blocks`` are set on construction."""
+
+    base_attr = "?"
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.base: Any = getattr(model, self.base_attr)
+        self.blocks = list(self.layers_of(self.base))
+
+    @staticmethod
+    def layers_of(base: Any) -> Any:
+        raise NotImplementedError  # pragma: no cover - each family names its blocks
+
+    @classmethod
+    def depth_of(cls, model: Any) -> int:
+        return len(cls.layers_of(getattr(model, cls.base_attr)))

@@ -33,7 +33,7 @@ from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, last_real_positions, positions_from_mask
 from ...adapters.value_edits import ProjectionValueEdits
-from ..hf_blocks import HFEncoderBlocks
+from ..hf_blocks import HFBaseBlocks
 from .recompute import recomputed_attention
 from .rules import DecoderRules, Gemma3Rules, RopeDecoderRules
 
@@ -66,7 +66,7 @@ def unmask_padding_queries(mask: Any, attention_mask: Tensor) -> Any:
     return mask
 
 
-class _HFDecoder(ProjectionValueEdits, HFEncoderBlocks):
+class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
     """Shared machinery of the decoder families (see the module docstring); a family subclass names its model
     classes and submodules."""
 
@@ -84,8 +84,6 @@ class _HFDecoder(ProjectionValueEdits, HFEncoderBlocks):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.base: Any = getattr(model, self.base_attr)
-        self.blocks = list(self.layers_of(self.base))
         self.config: Any = model.config
         #: a causal LM (logits over the vocabulary) rather than a sequence classifier
         self.is_lm = hasattr(model, "lm_head")
@@ -105,7 +103,7 @@ class _HFDecoder(ProjectionValueEdits, HFEncoderBlocks):
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:
-        return (len(cls.layers_of(getattr(model, cls.base_attr))), int(model.config.num_attention_heads))
+        return (cls.depth_of(model), int(model.config.num_attention_heads))
 
     # ------------------------------------------------------------------ structure
     @property

@@ -68,7 +68,7 @@ class HFModernBertAdapter(HFTextAdapter):
         self.readout = POOLINGS[self.config.classifier_pooling]
 
     @staticmethod
-    def block_list(base: Any) -> Any:
+    def layers_of(base: Any) -> Any:
         return base.layers
 
     @classmethod
