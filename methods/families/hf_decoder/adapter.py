@@ -106,14 +106,6 @@ class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
         return (cls.depth_of(model), int(model.config.num_attention_heads))
 
     # ------------------------------------------------------------------ structure
-    @property
-    def depth(self) -> int:
-        return len(self.blocks)
-
-    @property
-    def has_class_token(self) -> bool:
-        return False
-
     def classifier(self) -> nn.Module:
         """The head's linear layer: ``lm_head`` or ``score``."""
         return self.model.lm_head if self.is_lm else self.model.score
