@@ -260,8 +260,6 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
         mlp = self.blocks[layer].mlp
         return mlp.c_fc, mlp.c_proj
 
-    # ------------------------------------------------------------------ relevance rules
-
     # ---- edits_values (issue 37)
     edits_values = True
 

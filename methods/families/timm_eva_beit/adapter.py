@@ -143,8 +143,6 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
         mlp = self.blocks[layer].mlp
         return (mlp.fc1_x if hasattr(mlp, "fc1_x") else mlp.fc1), mlp.fc2
 
-    # ------------------------------------------------------------------ relevance rules
-
     # ---- edits_values (issue 37)
     edits_values = True
 

@@ -246,9 +246,6 @@ class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
 
-    # ------------------------------------------------------------------ relevance rules
-
-
     # ---- edits_attention_scores (issue 37)
     edits_attention_scores = True
 
