@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 from torch import Tensor
 
 from ..adapters.base import ModelAdapter, SequenceContext
+from .hf_implementation import attention_implementation
 from .hf_score_edit import score_edited_attention
 
 
@@ -65,13 +66,8 @@ class HFEncoderBlocks(ModelAdapter):
     def eager_attention(self) -> Iterator[None]:
         """``_attn_implementation = "eager"`` on :meth:`attention_config` (SDPA and flash attention never
         materialise the probabilities), restored on exit; any other config (CLIP's other tower) is left alone."""
-        config = self.attention_config()
-        before = config._attn_implementation
-        config._attn_implementation = "eager"
-        try:
+        with attention_implementation(self.attention_config(), "eager"):
             yield
-        finally:
-            config._attn_implementation = before
 
     # ---- edits_attention_scores (issue 37)
     #: the layers call their attention through ``transformers.AttentionInterface`` (a family whose attention is its

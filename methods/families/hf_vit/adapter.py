@@ -20,6 +20,7 @@ from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import ProjectionValueEdits
 from ..hf_blocks import HFEncoderBlocks
+from ..hf_implementation import attention_implementation
 from ..hf_score_edit import score_edited_attention
 from .rules import Dinov2Rules, ViTLikeRules
 
@@ -160,22 +161,12 @@ class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
             return mlp.up_proj, mlp.down_proj
         return mlp.fc1, mlp.fc2
 
-    # ------------------------------------------------------------------ relevance rules
     # ------------------------------------------------------------------ attention implementation
     @contextlib.contextmanager
     def eager_attention(self) -> Iterator[None]:
         """``_attn_implementation = MATERIALISED_ATTENTION`` on the config (module docstring), restored on exit."""
-        from transformers import AttentionInterface
-
-        AttentionInterface.register(MATERIALISED_ATTENTION, materialised_attention)
-        config = self.attention_config()
-        before = config._attn_implementation
-        config._attn_implementation = MATERIALISED_ATTENTION
-        try:
+        with attention_implementation(self.attention_config(), MATERIALISED_ATTENTION, materialised_attention):
             yield
-        finally:
-            config._attn_implementation = before
-
 
     # ---- edits_attention_scores (issue 37)
     def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
