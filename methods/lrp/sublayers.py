@@ -120,7 +120,6 @@ def record_block(rec, adapter, layer: int, layer_outputs: bool) -> None:
     the output of ``fc1``, which only rule sets whose Linear rule reads outputs need
     (:attr:`RuleSet.linear_uses_output`)."""
     linears = adapter.attention_linears(layer)
-    fc1, fc2 = adapter.mlp_linears(layer)
     adapter.record_block_input(rec, layer, ("x", layer))
     if linears.qkv is not None:
         rec.input(linears.qkv, ("qkv_in", layer))
@@ -131,6 +130,13 @@ def record_block(rec, adapter, layer: int, layer_outputs: bool) -> None:
             rec.output(getattr(linears, name), (name, layer))
     rec.input(linears.out, ("proj_in", layer))
     rec.output(linears.out, ("attn_out", layer))
+    record_mlp(rec, adapter, layer, layer_outputs)
+
+
+def record_mlp(rec, adapter, layer: int, layer_outputs: bool) -> None:
+    """Hooks for the MLP linears of block ``layer`` (``adapter.mlp_linears``): the keys ``fc1_in``, ``fc1_out``
+    (only with ``layer_outputs``), ``fc2_in`` and ``mlp_out`` of :func:`block_tensors`."""
+    fc1, fc2 = adapter.mlp_linears(layer)
     rec.input(fc1, ("fc1_in", layer))
     if layer_outputs:
         rec.output(fc1, ("fc1_out", layer))

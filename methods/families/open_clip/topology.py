@@ -17,6 +17,7 @@ from ...lrp.sublayers import (
     embedding_sum_relprop,
     position_readout_relprop,
     readout_relprop,
+    record_mlp,
     record_patch_embedding,
     recorded_patches_relprop,
     score_relprop,
@@ -92,12 +93,7 @@ class _OpenCLIPTowerTopology(Topology):
 
         rec._handles.append(attn.register_forward_pre_hook(attention_in, with_kwargs=True))
         rec._handles.append(attn.register_forward_hook(attention_out, with_kwargs=True))
-        fc1, fc2 = adapter.mlp_linears(layer)
-        rec.input(fc1, ("fc1_in", layer))
-        if layer_outputs:
-            rec.output(fc1, ("fc1_out", layer))
-        rec.input(fc2, ("fc2_in", layer))
-        rec.output(fc2, ("mlp_out", layer))
+        record_mlp(rec, adapter, layer, layer_outputs)
         self.record_scaled_branches(rec, layer)
 
     def pooled_and_readout(self, rules, acts, relevance_pooled: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
