@@ -21,7 +21,7 @@ from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import ProjectionValueEdits
 from ..hf_blocks import HFEncoderBlocks
 from ..hf_implementation import attention_implementation
-from ..hf_score_edit import score_edited_attention
+from ..hf_score_edit import eager_scores, score_edited_attention
 from .rules import Dinov2Rules, ViTLikeRules
 
 #: the attention implementation the adapters here switch to for methods that read the probabilities
@@ -33,9 +33,7 @@ def materialised_attention(module: nn.Module, query: Tensor, key: Tensor, value:
                            **_kwargs: Any) -> Tuple[Tensor, Tensor]:
     """transformers' eager attention (``[B, H, N, d]`` query, key, value; additive mask) with the softmax in
     ``promote_types(query.dtype, float32)``: returns ``(A @ v`` with heads last, ``A``)."""
-    if scaling is None:
-        scaling = query.size(-1) ** -0.5
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    scores = eager_scores(query, key, scaling)
     if attention_mask is not None:
         scores = scores + attention_mask
     probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32))
