@@ -44,7 +44,7 @@ class RawAttention(AttributionMethod):
 
     def attribute(self, adapter, inputs, target):
         layer = check_start_layer(self.layer, adapter, self.name, "layer")
-        check_readout_space(adapter, layer, torch.empty(0, dtype=inputs.score_dtype, device=inputs.device), self.name)
+        check_readout_space(adapter, layer, inputs, self.name)
         with ActivationRecorder() as rec, torch.no_grad():
             adapter.record_attention(rec, layer, "attn")
             adapter.forward(inputs, grad_from_block=adapter.depth)

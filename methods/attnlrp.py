@@ -99,7 +99,9 @@ from .adapters.gradient_rules import (
     IDENTITY_EPSILON,
     gamma_rule,
     identity_rule,
+    input_gradient_scaled,
     layer_norm_rule,
+    output_gradient_scaled,
     rms_norm_rule,
     scale_gradient,
 )
@@ -162,11 +164,6 @@ def _rms_norm_hook(eps: float, offset: bool):
     return hook
 
 
-def _halve_input_gradient(_module: nn.Module, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
-    """Forward pre-hook: the first input's gradient times 1/2 (the uniform rule on the product that forms it)."""
-    return (scale_gradient(inputs[0], 0.5),) + tuple(inputs[1:])
-
-
 def _detach_output(_module: nn.Module, _inputs: Tuple[Any, ...], output: Tensor) -> Tensor:
     return output.detach()
 
@@ -219,12 +216,6 @@ def _attention_inputs_hook(factors: Tuple[float, float, float]):
     return hook
 
 
-def _gradient_factor_hook(factor: Any):
-    def hook(_module: nn.Module, _inputs: Tuple[Any, ...], output: Tensor) -> Tensor:
-        return scale_gradient(output, factor)
-    return hook
-
-
 def _module_rule_hook(module: nn.Module, variant: str, epsilon: float, gamma: Optional[float],
                       conv_gamma: Optional[float], factors: Tuple[float, float, float]) -> Optional[Any]:
     """The hook of ``module``'s rule by its type (gamma on linear and convolution layers when asked for, the
@@ -260,15 +251,15 @@ def _attention_factor_hooks(linears: AttentionLinears, factors: Tuple[float, flo
     if linears.qkv is not None:
         third = out_features(linears.qkv) // 3
         qkv = torch.tensor([q_factor] * third + [k_factor] * third + [v_factor] * third)
-        return [linears.qkv.register_forward_hook(_gradient_factor_hook(qkv))]
+        return [linears.qkv.register_forward_hook(output_gradient_scaled(qkv))]
     if linears.kv is not None:   # an attention pooling head: its own query, a fused [k | v]
         half = out_features(linears.kv) // 2
         kv = torch.tensor([k_factor] * half + [v_factor] * half)
-        handles = [linears.kv.register_forward_hook(_gradient_factor_hook(kv))]
+        handles = [linears.kv.register_forward_hook(output_gradient_scaled(kv))]
         if linears.q is not None and q_factor != 1.0:
-            handles.append(linears.q.register_forward_hook(_gradient_factor_hook(q_factor)))
+            handles.append(linears.q.register_forward_hook(output_gradient_scaled(q_factor)))
         return handles
-    return [linear.register_forward_hook(_gradient_factor_hook(factor))
+    return [linear.register_forward_hook(output_gradient_scaled(factor))
             for linear, factor in ((linears.q, q_factor), (linears.k, k_factor), (linears.v, v_factor))
             if linear is not None and factor != 1.0]
 
@@ -297,7 +288,7 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
             if variant == "cp_lrp":
                 handles.append(mlp.gate_proj.register_forward_hook(_detach_output))
             else:
-                handles.append(mlp.down_proj.register_forward_pre_hook(_halve_input_gradient))
+                handles.append(mlp.down_proj.register_forward_pre_hook(input_gradient_scaled(0.5)))  # uniform rule
         attentions = [adapter.attention_linears(layer) for layer in range(adapter.depth if own_products is None else 0)]
         for linears in attentions + rule_map.head_attention_linears():
             handles.extend(_attention_factor_hooks(linears, factors))

@@ -187,7 +187,7 @@ class _BeyondIntuition(ExplainedOutput):
     def attribute(self, adapter, inputs, target):
         layout = adapter.layout(inputs)
         start = self.resolved_start_layer(adapter)
-        check_readout_space(adapter, start, torch.empty(0, dtype=inputs.score_dtype, device=inputs.device), self.name)
+        check_readout_space(adapter, start, inputs, self.name)
         updates, last_grad, target = self.perception_pass(adapter, inputs, target, start)
         perception = accumulate_residual(updates)
         if not self.reasoning_feedback:

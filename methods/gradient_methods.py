@@ -80,7 +80,7 @@ class AttentionGradCAM(ExplainedOutput):
 
     def attribute(self, adapter, inputs, target):
         layer = check_start_layer(self.layer, adapter, self.name, "layer")
-        check_readout_space(adapter, layer, torch.empty(0, dtype=inputs.score_dtype, device=inputs.device), self.name)
+        check_readout_space(adapter, layer, inputs, self.name)
         (attn,), (grad,), _, _ = attention_and_gradients(adapter, inputs, target, [layer], self.explain,
                                                          self.given_foil)
         layout = adapter.layout(inputs)

@@ -56,7 +56,7 @@ class TransitionAttentionMaps(_BeyondIntuition):
         layout = adapter.layout(inputs)
         start = self.resolved_start_layer(adapter)
         last = adapter.depth - 1
-        check_readout_space(adapter, start, torch.empty(0, dtype=inputs.score_dtype, device=inputs.device), self.name)
+        check_readout_space(adapter, start, inputs, self.name)
         layers = range(start, adapter.depth)
         with ActivationRecorder() as rec:
             for layer in layers:

@@ -31,4 +31,5 @@ from .base import (  # noqa: F401
     out_features,
     register_adapter,
 )
+from .library import class_problem, library_class  # noqa: F401
 from .recorder import ActivationRecorder  # noqa: F401

@@ -135,6 +135,20 @@ def scale_gradient(x: Tensor, factor: Any) -> Tensor:
     return _ScaleGradient.apply(x, factor)
 
 
+def output_gradient_scaled(factor: Any) -> Callable[..., Tensor]:
+    """A forward hook: the module's output with its gradient times ``factor`` (:func:`scale_gradient`)."""
+    def hook(_module: Any, _inputs: Any, output: Tensor) -> Tensor:
+        return scale_gradient(output, factor)
+    return hook
+
+
+def input_gradient_scaled(factor: Any) -> Callable[..., Tuple[Any, ...]]:
+    """A forward pre-hook: the module's first input with its gradient times ``factor``, the others as they are."""
+    def hook(_module: Any, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
+        return (scale_gradient(inputs[0], factor),) + tuple(inputs[1:])
+    return hook
+
+
 def normalized_rule(z: Tensor, epsilon: Optional[float]) -> Tensor:
     """``z / ||z||_2`` over the last dimension; with a rule in force (``epsilon`` not ``None``) the norm is a
     constant for the gradient (the identity rule on a normalisation, as on LayerNorm and RMSNorm)."""

@@ -29,3 +29,13 @@ def lens_through_head(adapter: ImageAdapter, hidden: Tensor, context: SequenceCo
     alone = hidden.reshape(batch * positions, 1, width).repeat(1, places, 1)
     out = adapter.head(alone, context, pre_logits=pre_logits)
     return out.reshape(batch, positions, out.shape[-1])
+
+
+class LensImageAdapter(ImageAdapter):
+    """An image family whose logit lens is its own head reading each position alone (:func:`lens_through_head`):
+    ``reads_lens``, :meth:`lens_logits` ``[B, N, C]``. The family lists it where it would list ``ImageAdapter``."""
+
+    reads_lens = True
+
+    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        return lens_through_head(self, hidden, context, pre_logits)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 from torch import Tensor
 
 from ..adapters.base import ModelAdapter, SequenceContext
+from .hf_implementation import attention_implementation
 from .hf_score_edit import score_edited_attention
 
 
@@ -65,13 +66,8 @@ class HFEncoderBlocks(ModelAdapter):
     def eager_attention(self) -> Iterator[None]:
         """``_attn_implementation = "eager"`` on :meth:`attention_config` (SDPA and flash attention never
         materialise the probabilities), restored on exit; any other config (CLIP's other tower) is left alone."""
-        config = self.attention_config()
-        before = config._attn_implementation
-        config._attn_implementation = "eager"
-        try:
+        with attention_implementation(self.attention_config(), "eager"):
             yield
-        finally:
-            config._attn_implementation = before
 
     # ---- edits_attention_scores (issue 37)
     #: the layers call their attention through ``transformers.AttentionInterface`` (a family whose attention is its
@@ -84,3 +80,23 @@ class HFEncoderBlocks(ModelAdapter):
         if not self.edits_attention_scores:
             raise NotImplementedError(f"{self.family} does not edit its pre-softmax attention scores")
         return score_edited_attention(self.attention_config(), self.blocks, edit)
+
+
+class HFBaseBlocks(HFEncoderBlocks):
+    """A model whose blocks live in one submodule (``base_attr``: BERT's ``bert``, a decoder's ``model``), as
+    :meth:`layers_of` that submodule; ``self.base`` and ``self.blocks`` are set on construction."""
+
+    base_attr = "?"
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.base: Any = getattr(model, self.base_attr)
+        self.blocks = list(self.layers_of(self.base))
+
+    @staticmethod
+    def layers_of(base: Any) -> Any:
+        raise NotImplementedError  # pragma: no cover - each family names its blocks
+
+    @classmethod
+    def depth_of(cls, model: Any) -> int:
+        return len(cls.layers_of(getattr(model, cls.base_attr)))

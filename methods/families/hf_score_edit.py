@@ -20,6 +20,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from .hf_implementation import attention_implementation
+
 #: the attention implementation a config is switched to while the scores are edited
 SCORE_EDITED_ATTENTION = "token_attributions_score_edit"
 
@@ -82,21 +84,14 @@ def score_edited_attention(config: Any, blocks: Sequence[nn.Module], edit: Score
     runs with its scores edited by ``edit(block index, scores)`` (module docstring) through ``eager`` (``None``:
     each module's own ``eager_attention_forward``; a family whose adapter materialises the attention with its own
     function passes that one); on exit the config's implementation is restored and the blocks released."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
-    AttentionInterface.register(SCORE_EDITED_ATTENTION, score_edited_attention_forward)
-    AttentionMaskInterface.register(SCORE_EDITED_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
     modules = {module: layer for layer, block in enumerate(blocks) for module in block.modules()}
     if any(module in _ACTIVE for module in modules):
         raise RuntimeError("attention_score_edit: these blocks' scores are already being edited (nested call)")
-    before = config._attn_implementation
     for module, layer in modules.items():
         _ACTIVE[module] = (layer, edit, eager)
-    config._attn_implementation = SCORE_EDITED_ATTENTION
     try:
-        yield
+        with attention_implementation(config, SCORE_EDITED_ATTENTION, score_edited_attention_forward, True):
+            yield
     finally:
-        config._attn_implementation = before
         for module in modules:
             _ACTIVE.pop(module, None)

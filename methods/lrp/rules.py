@@ -143,6 +143,11 @@ def _linear_alpha1_beta0_from_output(x: Tensor, weight: Tensor, relevance: Tenso
     return r_in.reshape(x.shape)
 
 
+def _mm_into(total: Optional[Tensor], a: Tensor, b: Tensor) -> Tensor:
+    """``total + a @ b``, accumulated in place into ``total`` (``addmm_``); ``a @ b`` when ``total`` is None."""
+    return torch.mm(a, b) if total is None else total.addmm_(a, b)
+
+
 def linear_alpha1_beta0_shared(x: Tensor, layers: Sequence[Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]]
                                ) -> Tensor:
     """``sum_p linear_alpha1_beta0(x, W_p, R_p, out_p, b_p)`` for Linear layers ``p`` that all read ``x``
@@ -169,11 +174,7 @@ def linear_alpha1_beta0_shared(x: Tensor, layers: Sequence[Tuple[Tensor, Tensor,
     for weight, relevance, out, bias in layers:
         abs_w = weight.abs()
         s = _half_quotient(abs_x, abs_w, relevance, out, bias)
-        if t is None or u is None:
-            t, u = torch.mm(s, weight), torch.mm(s, abs_w)
-        else:
-            t.addmm_(s, weight)
-            u.addmm_(s, abs_w)
+        t, u = _mm_into(t, s, weight), _mm_into(u, s, abs_w)
     assert t is not None and u is not None, "no Linear layers"
     r_in = abs_x.mul_(u)
     r_in.addcmul_(x.reshape(-1, n_in), t)
@@ -212,11 +213,7 @@ def linear_separate_groups_shared(x: Tensor, layers: Sequence[Tuple[Tensor, Tens
         r = relevance.reshape(-1, weight.shape[0])
         sp = safe_divide_(r, F.linear(xp, wp))
         sn = safe_divide_(r, F.linear(xn, wn))
-        if tp is None or tn is None:
-            tp, tn = torch.mm(sp, wp), torch.mm(sn, wn)
-        else:
-            tp.addmm_(sp, wp)
-            tn.addmm_(sn, wn)
+        tp, tn = _mm_into(tp, sp, wp), _mm_into(tn, sn, wn)
     assert tp is not None and tn is not None, "no Linear layers"
     r_in = xp.mul_(tp)
     return r_in.add_(xn.mul_(tn)).reshape(x.shape)

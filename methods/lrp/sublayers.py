@@ -120,7 +120,6 @@ def record_block(rec, adapter, layer: int, layer_outputs: bool) -> None:
     the output of ``fc1``, which only rule sets whose Linear rule reads outputs need
     (:attr:`RuleSet.linear_uses_output`)."""
     linears = adapter.attention_linears(layer)
-    fc1, fc2 = adapter.mlp_linears(layer)
     adapter.record_block_input(rec, layer, ("x", layer))
     if linears.qkv is not None:
         rec.input(linears.qkv, ("qkv_in", layer))
@@ -131,6 +130,13 @@ def record_block(rec, adapter, layer: int, layer_outputs: bool) -> None:
             rec.output(getattr(linears, name), (name, layer))
     rec.input(linears.out, ("proj_in", layer))
     rec.output(linears.out, ("attn_out", layer))
+    record_mlp(rec, adapter, layer, layer_outputs)
+
+
+def record_mlp(rec, adapter, layer: int, layer_outputs: bool) -> None:
+    """Hooks for the MLP linears of block ``layer`` (``adapter.mlp_linears``): the keys ``fc1_in``, ``fc1_out``
+    (only with ``layer_outputs``), ``fc2_in`` and ``mlp_out`` of :func:`block_tensors`."""
+    fc1, fc2 = adapter.mlp_linears(layer)
     rec.input(fc1, ("fc1_in", layer))
     if layer_outputs:
         rec.output(fc1, ("fc1_out", layer))
@@ -188,6 +194,30 @@ def residual_mlp_relprop(rules, t: BlockTensors, fc1: Projection, fc2: Projectio
     r_m = rules["linear"](act(t.fc2_in), linear_weight(fc2), r_m, m_out, fc2.bias)
     r_m = rules["linear"](act(t.fc1_in), linear_weight(fc1), r_m, act(t.fc1_out), fc1.bias)
     return rules["clone"](h, [r_h, r_m])
+
+
+def gated_product_relprop(rules, x: Tensor, relevance: Tensor, gate: Projection, gate_out: Optional[Tensor],
+                          up: Optional[Projection] = None, up_out: Optional[Tensor] = None) -> Tensor:
+    """Relevance at the input ``x`` of a gated MLP's first layer from ``relevance`` at the product ``act(g) * u``
+    (halved in place): the uniform rule (AttnLRP Eq. 7: half to each factor; the activation identity), then the
+    Linear rule: through ``gate`` alone when it is fused (its output ``gate_out`` holds both factors, each half
+    getting the same relevance), else through ``gate`` and ``up`` reading the same ``x`` (``linear_shared``)."""
+    r_half = relevance.mul_(0.5)
+    if up is None:
+        return rules["linear"](x, linear_weight(gate), torch.cat([r_half, r_half], dim=-1), gate_out, gate.bias)
+    return rules.linear_shared(x, [(linear_weight(gate), r_half, gate_out, gate.bias),
+                                   (linear_weight(up), r_half.clone(), up_out, up.bias)])
+
+
+def residual_gated_mlp_relprop(rules, t: BlockTensors, relevance: Tensor, down: Projection, gate: Projection,
+                               gate_out: Optional[Tensor], up: Optional[Projection] = None) -> Tensor:
+    """``y = h + down(act(gate(h')) * up(h'))`` (pre-norm, ``h = x + attn_out``; the norm and the activation
+    identity): the Add, ``down``, :func:`gated_product_relprop` (``up``'s output is ``t.fc1_out``), the clone of
+    ``h``. Returns the relevance at ``h``."""
+    h = t.x + t.attn_out
+    r_h, r_m = rules["add"](h, t.mlp_out, relevance)
+    r_p = rules["linear"](t.fc2_in, linear_weight(down), r_m, t.mlp_out, down.bias)
+    return rules["clone"](h, [r_h, gated_product_relprop(rules, t.fc1_in, r_p, gate, gate_out, up, t.fc1_out)])
 
 
 def residual_attention_relprop(rules, t: BlockTensors, linears: AttentionLinears, heads: int, relevance: Tensor,
@@ -312,6 +342,24 @@ def patch_embedding_relprop(rules, pixels: Tensor, conv: nn.Conv2d, patches: Ten
         tokens = torch.cat([t.expand(batch, -1, -1) for t in prefix] + [patches], dim=1) if prefix else patches
         relevance = embedding_sum_relprop(rules, tokens, position.expand_as(tokens), relevance)
     return conv_relprop(rules, pixels, conv, relevance[:, relevance.shape[1] - patches.shape[1]:])
+
+
+def record_patch_embedding(rec, conv: nn.Conv2d) -> None:
+    """Record the patch convolution's input (``"pixels"``) and output (``"patch_grid"``, ``[B, D, gh, gw]``) for
+    :func:`recorded_patches_relprop`."""
+    rec.input(conv, "pixels")
+    rec.output(conv, "patch_grid")
+
+
+def recorded_patches_relprop(rules, acts, conv: nn.Conv2d, relevance: Tensor, class_embedding: Optional[Tensor],
+                             position_table: Tensor) -> Tensor:
+    """:func:`patch_embedding_relprop` from what :func:`record_patch_embedding` recorded: the tokens are the class
+    token ``class_embedding`` (``[D]``; ``None``: none) then the patches, plus the first rows of
+    ``position_table`` (``[n, D]``, one per token)."""
+    patches = acts["patch_grid"].flatten(2).transpose(1, 2)           # [B, D, gh, gw] -> [B, P, D]
+    prefix = [] if class_embedding is None else [class_embedding.to(patches).view(1, 1, -1)]
+    position = position_table.to(patches)[None, :patches.shape[1] + len(prefix)]
+    return patch_embedding_relprop(rules, acts["pixels"].to(patches), conv, patches, relevance, prefix, position)
 
 
 def score_relprop(rules, embedding: Tensor, score_weight: Tensor, relevance_logits: Tensor) -> Tensor:

@@ -21,7 +21,6 @@ from torch import Tensor, nn
 
 from ...adapters.base import (
     AttentionLinears,
-    ImageAdapter,
     Layout,
     ModelInputs,
     RawInputs,
@@ -34,7 +33,8 @@ from ...adapters.base import (
     scaled_copies,
 )
 from ...adapters.gradient_rules import normalized_rule
-from ...adapters.lens import lens_through_head
+from ...adapters.lens import LensImageAdapter
+from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs
 from ...adapters.value_edits import ProjectionValueEdits
@@ -69,22 +69,15 @@ def scorer_problem(model: nn.Module, clip_class: type, tower: str, pair_model: s
     return None
 
 
-def _clip_model_class() -> Optional[type]:
-    try:
-        import transformers
-    except ImportError:  # pragma: no cover - a dependency
-        return None
-    return transformers.CLIPModel
-
-
 class _ScorerHead:
     """The head of a tower behind a scorer (module docstring; open_clip's towers share it): the tower's
     :meth:`embedding`, then the scorer's logits. Listed before the adapter base in a subclass's bases."""
 
     model: Any
     clip: Any
-    tower: str
+    tower = "?"
     rule_map: RuleMap
+    records_post_attention_values = True        # Beyond Intuition's CLIP token scale reads every tower's blocks
 
     def embedding(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         """The tower's embedding ``[B, projection_dim]`` (unnormalised) from the last hidden states: final norm,
@@ -140,10 +133,6 @@ def at_readout_positions(normed: Tensor, context: SequenceContext) -> Tensor:
 class _HFCLIPTower(ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
     """Shared machinery of the two CLIP towers (see the module docstring); a subclass names its tower."""
 
-    tower = "?"
-    pre_norm = True
-    records_post_attention_values = True
-
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         self.clip: Any = model.clip
@@ -161,7 +150,7 @@ class _HFCLIPTower(ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
     @staticmethod
     def model_class() -> Optional[type]:
         """The wrapped model's class (``None`` without transformers)."""
-        return _clip_model_class()
+        return library_class("transformers", "CLIPModel")
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
@@ -270,7 +259,7 @@ class _HFPatchVision:
 
 
 @register_adapter
-class HFCLIPVisionAdapter(_HFPatchVision, ImageAdapter, _HFCLIPTower):
+class HFCLIPVisionAdapter(_HFPatchVision, LensImageAdapter, _HFCLIPTower):
     """The vision tower of a stock ``transformers.CLIPModel`` behind a scorer with ``clip_tower = "vision"``
     (``models.clip.ZeroShotClassifier``). Inputs (:class:`~methods.adapters.base.ImageAdapter`): images
     ``[B, 3, S, S]`` at the model's ``image_size``, as ``CLIPProcessor`` returns them. Read-out: [CLS] through
@@ -292,14 +281,6 @@ class HFCLIPVisionAdapter(_HFPatchVision, ImageAdapter, _HFCLIPTower):
 
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         return self.tower_model.post_layernorm(hidden[:, 0, :])
-
-    # ---- lens_logits (issue 37)
-    reads_lens = True
-
-    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """The logit lens of the CLIP vision tower: its own ``head`` reading each position alone
-        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
-        return lens_through_head(self, hidden, context, pre_logits)
 
 
 def eos_positions(input_ids: Tensor, eos_token_id: int) -> Tensor:

@@ -17,9 +17,10 @@ from torch import Tensor, nn
 from ...adapters import ActivationRecorder
 from ...lrp.sublayers import (
     embedding_sum_relprop,
-    patch_embedding_relprop,
     position_readout_relprop,
     readout_relprop,
+    record_patch_embedding,
+    recorded_patches_relprop,
     score_relprop,
 )
 from ...lrp.topology import INPUT_POINTS, Topology, linear_layer_problems, refuse, register_topology
@@ -60,9 +61,7 @@ class HFCLIPVisionTopology(_CLIPTowerTopology):
     """Relevance pass over CLIP's vision tower (``ZeroShotClassifier``)."""
 
     def record_input(self, rec: ActivationRecorder) -> None:
-        conv = self.adapter.tower_model.embeddings.patch_embedding
-        rec.input(conv, "pixels")
-        rec.output(conv, "patch_grid")
+        record_patch_embedding(rec, self.adapter.tower_model.embeddings.patch_embedding)
 
     def readout(self, rules, acts, relevance_pooled: Tensor) -> Tensor:
         return readout_relprop(rules, acts["last_hidden"], relevance_pooled, "class_token")
@@ -72,11 +71,8 @@ class HFCLIPVisionTopology(_CLIPTowerTopology):
         """From the tokens entering block 0 to the pixels: ``pre_layrnorm`` (identity), ``+ position_embedding``
         (Add; the position share dropped), [CLS] dropped, the patch convolution (z^B). ``[B, 3, H, W]``."""
         embeddings = self.adapter.tower_model.embeddings
-        patches = acts["patch_grid"].flatten(2).transpose(1, 2)           # [B, D, gh, gw] -> [B, P, D]
-        cls = embeddings.class_embedding.to(patches).view(1, 1, -1)
-        position = embeddings.position_embedding.weight.to(patches)[None, :patches.shape[1] + 1]
-        return patch_embedding_relprop(rules, acts["pixels"].to(patches), embeddings.patch_embedding, patches,
-                                       relevance, [cls], position)
+        return recorded_patches_relprop(rules, acts, embeddings.patch_embedding, relevance,
+                                        embeddings.class_embedding, embeddings.position_embedding.weight)
 
 
 @register_topology(HFCLIPTextAdapter)

@@ -29,10 +29,11 @@ from ...adapters.base import (
     register_adapter,
 )
 from ...adapters.gradient_rules import apply_identity_rule
+from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, last_real_positions, positions_from_mask
 from ...adapters.value_edits import ProjectionValueEdits
-from ..hf_blocks import HFEncoderBlocks
+from ..hf_blocks import HFBaseBlocks
 from .recompute import recomputed_attention
 from .rules import DecoderRules, Gemma3Rules, RopeDecoderRules
 
@@ -65,13 +66,7 @@ def unmask_padding_queries(mask: Any, attention_mask: Tensor) -> Any:
     return mask
 
 
-def _transformers_class(name: str) -> Optional[type]:
-    import transformers
-
-    return getattr(transformers, name, None)
-
-
-class _HFDecoder(ProjectionValueEdits, HFEncoderBlocks):
+class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
     """Shared machinery of the decoder families (see the module docstring); a family subclass names its model
     classes and submodules."""
 
@@ -89,8 +84,6 @@ class _HFDecoder(ProjectionValueEdits, HFEncoderBlocks):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.base: Any = getattr(model, self.base_attr)
-        self.blocks = list(self.layers_of(self.base))
         self.config: Any = model.config
         #: a causal LM (logits over the vocabulary) rather than a sequence classifier
         self.is_lm = hasattr(model, "lm_head")
@@ -101,7 +94,7 @@ class _HFDecoder(ProjectionValueEdits, HFEncoderBlocks):
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
-        classes = [c for c in map(_transformers_class, cls.model_classes) if c is not None]
+        classes = [c for c in (library_class("transformers", name) for name in cls.model_classes) if c is not None]
         if not classes:
             return f"this transformers has none of {', '.join(cls.model_classes)}"
         if not isinstance(model, tuple(classes)):
@@ -110,17 +103,9 @@ class _HFDecoder(ProjectionValueEdits, HFEncoderBlocks):
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:
-        return (len(cls.layers_of(getattr(model, cls.base_attr))), int(model.config.num_attention_heads))
+        return (cls.depth_of(model), int(model.config.num_attention_heads))
 
     # ------------------------------------------------------------------ structure
-    @property
-    def depth(self) -> int:
-        return len(self.blocks)
-
-    @property
-    def has_class_token(self) -> bool:
-        return False
-
     def classifier(self) -> nn.Module:
         """The head's linear layer: ``lm_head`` or ``score``."""
         return self.model.lm_head if self.is_lm else self.model.score

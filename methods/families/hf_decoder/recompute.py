@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..hf_implementation import attention_implementation
 from ..hf_score_edit import family_eager_attention
 
 #: the attention implementation a config is switched to while the probabilities are recomputed
@@ -106,22 +107,15 @@ def recomputed_attention(config: Any, modules: Dict[nn.Module, int], consume: Co
     ``config._attn_implementation``) recompute their probabilities in the backward and hand each block's
     ``(layer, A, dA)`` to ``consume`` (module docstring). Yields the ``anchor`` to differentiate to (a scalar leaf of
     ``dtype`` on ``device``). On exit the config's implementation is restored and the modules are released."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
-    AttentionInterface.register(RECOMPUTED_ATTENTION, recomputing_attention_forward)
-    AttentionMaskInterface.register(RECOMPUTED_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
     busy = [module for module in modules if module in _ACTIVE]
     if busy:
         raise RuntimeError("recomputed_attention: these attention modules are already being recomputed (nested call)")
     session = _Session(consume, int(lowest), torch.zeros((), dtype=dtype, device=device, requires_grad=True))
-    before = config._attn_implementation
     for module, layer in modules.items():
         _ACTIVE[module] = (int(layer), session)
-    config._attn_implementation = RECOMPUTED_ATTENTION
     try:
-        yield session.anchor
+        with attention_implementation(config, RECOMPUTED_ATTENTION, recomputing_attention_forward, True):
+            yield session.anchor
     finally:
-        config._attn_implementation = before
         for module in modules:
             _ACTIVE.pop(module, None)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ...adapters import ActivationRecorder, MethodUndefinedError, linear_weight
-from ...lrp.sublayers import attention_relprop, embedding_sum_relprop
+from ...lrp.sublayers import attention_relprop, block_tensors, embedding_sum_relprop, residual_gated_mlp_relprop
 from ...lrp.topology import Topology, register_topology
 from .adapter import (
     HFGemma3Adapter,
@@ -133,23 +133,13 @@ class _RopeDecoderTopology(_DecoderTopology):
         adapter = self.adapter
         block: Any = adapter.blocks[layer]
         attn, mlp = block.self_attn, block.mlp
-
-        def get(key):
-            return acts.get((key, layer))
-
-        x, a = get("x"), get("attn_out")
-        h = x + a
-        # the gated MLP: y = h + down(act(gate(h')) * up(h'))
-        r_h, r_m = rules["add"](h, get("mlp_out"), relevance)
-        r_p = rules["linear"](get("fc2_in"), linear_weight(mlp.down_proj), r_m, get("mlp_out"), mlp.down_proj.bias)
-        r_half = r_p.mul_(0.5)                                       # the uniform rule on the product
-        r_in = rules.linear_shared(get("fc1_in"), [
-            (linear_weight(mlp.gate_proj), r_half, acts.pop(("gate", layer), None), mlp.gate_proj.bias),
-            (linear_weight(mlp.up_proj), r_half.clone(), get("fc1_out"), mlp.up_proj.bias)])
-        r_h = rules["clone"](h, [r_h, r_in])
+        saved = block_tensors(acts, layer)
+        x, a = saved.x, saved.attn_out
+        r_h = residual_gated_mlp_relprop(rules, saved, relevance, mlp.down_proj, mlp.gate_proj,
+                                         acts.pop(("gate", layer), None), mlp.up_proj)
         # the attention: y = x + o(attn(x'))
         r_x, r_a = rules["add"](x, a, r_h)
-        ctx = get("proj_in")
+        ctx = saved.proj_in
         r_ctx = rules["linear"](ctx, linear_weight(attn.o_proj), r_a, a, attn.o_proj.bias)
         batch, tokens = x.shape[:2]
         heads = adapter.num_heads
@@ -162,11 +152,12 @@ class _RopeDecoderTopology(_DecoderTopology):
         def merged(t: Tensor) -> Tensor:                          # [B, h, N, d] -> [B, N, h*d]
             return t.transpose(1, 2).reshape(batch, tokens, -1)
 
-        q, k = self._rotated(layer, get("q"), get("k"), (acts.pop(("cos", layer)), acts.pop(("sin", layer))))
-        v = repeat_heads(get("v"), kv_heads, groups)
+        assert saved.q is not None and saved.k is not None and saved.v is not None, "separate projections"
+        q, k = self._rotated(layer, saved.q, saved.k, (acts.pop(("cos", layer)), acts.pop(("sin", layer))))
+        v = repeat_heads(saved.v, kv_heads, groups)
         k = merged(k)
         k = heads_first(repeat_heads(k, kv_heads, groups))
-        r_attn, r_q, r_k, r_v = attention_relprop(rules, q, k, heads_first(v), get("attn"), heads_first(r_ctx),
+        r_attn, r_q, r_k, r_v = attention_relprop(rules, q, k, heads_first(v), saved.attn, heads_first(r_ctx),
                                                   need_qk=need_below, ctx=heads_first(ctx), mask=None)
         if not need_below:
             return None, r_attn
@@ -174,10 +165,10 @@ class _RopeDecoderTopology(_DecoderTopology):
         def folded(r: Tensor) -> Tensor:                          # the copies of a key/value head summed back
             return merged(r.reshape(batch, kv_heads, groups, tokens, -1).sum(dim=2))
 
-        r_in = rules.linear_shared(get("qkv_in"), [
-            (linear_weight(attn.q_proj), merged(r_q), get("q"), attn.q_proj.bias),
-            (linear_weight(attn.k_proj), folded(r_k), get("k"), attn.k_proj.bias),
-            (linear_weight(attn.v_proj), folded(r_v), get("v"), attn.v_proj.bias)])
+        r_in = rules.linear_shared(saved.qkv_in, [
+            (linear_weight(attn.q_proj), merged(r_q), saved.q, attn.q_proj.bias),
+            (linear_weight(attn.k_proj), folded(r_k), saved.k, attn.k_proj.bias),
+            (linear_weight(attn.v_proj), folded(r_v), saved.v, attn.v_proj.bias)])
         return rules["clone"](x, [r_x, r_in]), r_attn
 
 

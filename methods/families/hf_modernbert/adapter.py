@@ -68,16 +68,12 @@ class HFModernBertAdapter(HFTextAdapter):
         self.readout = POOLINGS[self.config.classifier_pooling]
 
     @staticmethod
-    def block_list(base: Any) -> Any:
+    def layers_of(base: Any) -> Any:
         return base.layers
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
-        import transformers
-
-        if not hasattr(transformers, cls.model_class):
-            return f"this transformers has no {cls.model_class}"
-        reason = super().supports(model)
+        reason = super().supports(model)                 # HFTextAdapter's: the class, then not a decoder
         pooling = getattr(getattr(model, "config", None), "classifier_pooling", None)
         if reason is None and pooling not in POOLINGS:
             return f"classifier_pooling {pooling!r} (need one of {sorted(POOLINGS)})"

@@ -8,22 +8,9 @@ import contextlib
 from typing import Any, Iterator, Optional, Tuple
 
 import torch
-from torch import Tensor, nn
 
-from ...adapters.gradient_rules import scale_gradient
+from ...adapters.gradient_rules import input_gradient_scaled, output_gradient_scaled
 from ..hf_text.rules import TextRules
-
-
-def _scale_output(factor: Any):
-    def hook(_module: nn.Module, _inputs: Any, output: Tensor) -> Tensor:
-        return scale_gradient(output, factor)
-    return hook
-
-
-def _scale_input(factor: float):
-    def hook(_module: nn.Module, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
-        return (scale_gradient(inputs[0], factor),) + tuple(inputs[1:])
-    return hook
 
 
 class ModernBertRules(TextRules):
@@ -52,13 +39,13 @@ class ModernBertRules(TextRules):
                 device = block.attn.Wqkv.weight.device
                 factors = torch.tensor([attention[0]] * third + [attention[1]] * third + [attention[2]] * third,
                                        device=device)
-                handles.append(block.attn.Wqkv.register_forward_hook(_scale_output(factors)))
+                handles.append(block.attn.Wqkv.register_forward_hook(output_gradient_scaled(factors)))
                 if gate == "uniform":
-                    handles.append(block.mlp.Wo.register_forward_pre_hook(_scale_input(0.5)))
+                    handles.append(block.mlp.Wo.register_forward_pre_hook(input_gradient_scaled(0.5)))
                 else:
                     half = block.mlp.Wi.out_features // 2
                     held = torch.tensor([0.0] * half + [1.0] * half, device=device)
-                    handles.append(block.mlp.Wi.register_forward_hook(_scale_output(held)))
+                    handles.append(block.mlp.Wi.register_forward_hook(output_gradient_scaled(held)))
             yield
         finally:
             for handle in handles:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ...adapters import ActivationRecorder, linear_weight
 from ...lrp.rules import safe_divide
-from ...lrp.sublayers import attention_relprop, readout_relprop
+from ...lrp.sublayers import attention_relprop, block_tensors, readout_relprop, residual_gated_mlp_relprop
 from ...lrp.topology import INPUT_POINTS, Topology, register_topology
 from .adapter import HFModernBertAdapter
 
@@ -90,33 +90,26 @@ class HFModernBertTopology(Topology):
         ``x``."""
         block: Any = self.adapter.blocks[layer]
         attn, mlp = block.attn, block.mlp
-
-        def get(key):
-            return acts.get((key, layer))
-
-        x, a = get("x"), get("attn_out")
-        h = x + a
-        r_h, r_m = rules["add"](h, get("mlp_out"), relevance)
-        r_p = rules["linear"](get("fc2_in"), linear_weight(mlp.Wo), r_m, get("mlp_out"), mlp.Wo.bias).mul_(0.5)
-        r_in = rules["linear"](get("fc1_in"), linear_weight(mlp.Wi), torch.cat([r_p, r_p], dim=-1), get("fc1_out"),
-                               mlp.Wi.bias)
-        r_h = rules["clone"](h, [r_h, r_in])
+        saved = block_tensors(acts, layer)
+        x, a = saved.x, saved.attn_out
+        r_h = residual_gated_mlp_relprop(rules, saved, relevance, mlp.Wo, mlp.Wi, saved.fc1_out)
         r_x, r_a = rules["add"](x, a, r_h)
-        ctx = get("proj_in")
+        ctx = saved.proj_in
         r_ctx = rules["linear"](ctx, linear_weight(attn.Wo), r_a, a, attn.Wo.bias)
         batch, tokens = x.shape[:2]
 
         def heads_first(t: Tensor) -> Tensor:                     # [B, N, H*d] -> [B, H, N, d]
             return t.reshape(batch, tokens, -1, int(attn.head_dim)).transpose(1, 2)
 
-        qkv = get("qkv")
+        qkv = saved.qkv
+        assert qkv is not None, "Wqkv's output is recorded"
         q, k, v = self._rotated(layer, qkv, acts)
-        r_attn, r_q, r_k, r_v = attention_relprop(rules, q, k, v, get("attn"), heads_first(r_ctx),
+        r_attn, r_q, r_k, r_v = attention_relprop(rules, q, k, v, saved.attn, heads_first(r_ctx),
                                                   need_qk=need_below, ctx=heads_first(ctx), mask=None)
         if not need_below:
             return None, r_attn
         r_qkv = torch.stack([r.transpose(1, 2) for r in (r_q, r_k, r_v)], dim=2).reshape(batch, tokens, -1)
-        r_in = rules["linear"](get("qkv_in"), linear_weight(attn.Wqkv), r_qkv, qkv, attn.Wqkv.bias)
+        r_in = rules["linear"](saved.qkv_in, linear_weight(attn.Wqkv), r_qkv, qkv, attn.Wqkv.bias)
         return rules["clone"](x, [r_x, r_in]), r_attn
 
     @torch.no_grad()

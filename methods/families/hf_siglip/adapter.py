@@ -21,7 +21,6 @@ import torch
 from torch import Tensor, nn
 
 from ...adapters.base import (
-    ImageAdapter,
     Layout,
     ModelInputs,
     RawInputs,
@@ -30,19 +29,12 @@ from ...adapters.base import (
     TokenSequence,
     register_adapter,
 )
-from ...adapters.lens import lens_through_head
+from ...adapters.lens import LensImageAdapter
+from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_token_inputs
 from ..hf_clip.adapter import _HFCLIPTower, _HFPatchVision, _HFTokenText
 from .rules import SiglipTextRules, SiglipVisionRules
-
-
-def _siglip_model_class() -> Optional[type]:
-    try:
-        import transformers
-    except ImportError:  # pragma: no cover - a dependency
-        return None
-    return transformers.SiglipModel
 
 
 class _HFSiglipTower(_HFCLIPTower):
@@ -52,11 +44,11 @@ class _HFSiglipTower(_HFCLIPTower):
 
     @staticmethod
     def model_class() -> Optional[type]:
-        return _siglip_model_class()
+        return library_class("transformers", "SiglipModel")
 
 
 @register_adapter
-class HFSiglipVisionAdapter(_HFPatchVision, ImageAdapter, _HFSiglipTower):
+class HFSiglipVisionAdapter(_HFPatchVision, LensImageAdapter, _HFSiglipTower):
     """The vision tower of a stock ``transformers.SiglipModel`` behind a scorer with ``clip_tower = "vision"``
     (``models.clip.ZeroShotClassifier``). Inputs: images ``[B, 3, S, S]`` at the model's ``image_size`` (as
     ``SiglipImageProcessor`` returns them; no position interpolation). Read-out ``"attention_pool"``: the attention
@@ -130,14 +122,6 @@ class HFSiglipVisionAdapter(_HFPatchVision, ImageAdapter, _HFSiglipTower):
             self.forward(inputs, grad_from_block=self.depth)
         assert self._readout_cache is not None, "an eager forward keeps the read-out weights"
         return self._readout_cache[2]
-
-    # ---- lens_logits (issue 37)
-    reads_lens = True
-
-    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """The logit lens of the SigLIP vision tower: its own ``head`` reading each position alone
-        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
-        return lens_through_head(self, hidden, context, pre_logits)
 
 
 @register_adapter

@@ -17,7 +17,8 @@ from ...adapters import ActivationRecorder
 from ...lrp.sublayers import (
     attention_relprop,
     block_tensors,
-    patch_embedding_relprop,
+    record_patch_embedding,
+    recorded_patches_relprop,
     residual_mlp_relprop,
     score_relprop,
 )
@@ -69,9 +70,7 @@ class HFSiglipVisionTopology(Topology):
         rec.output(head, "embedding")
 
     def record_input(self, rec: ActivationRecorder) -> None:
-        conv = self.adapter.tower_model.embeddings.patch_embedding
-        rec.input(conv, "pixels")
-        rec.output(conv, "patch_grid")
+        record_patch_embedding(rec, self.adapter.tower_model.embeddings.patch_embedding)
 
     @torch.no_grad()
     def head_relprop(self, rules, acts, relevance_logits: Tensor) -> Tensor:
@@ -116,10 +115,8 @@ class HFSiglipVisionTopology(Topology):
         """From the tokens entering block 0 to the pixels: ``+ position_embedding`` (Add; the position share
         dropped), the patch convolution (z^B). ``[B, 3, H, W]``."""
         embeddings = self.adapter.tower_model.embeddings
-        patches = acts["patch_grid"].flatten(2).transpose(1, 2)           # [B, D, gh, gw] -> [B, P, D]
-        position = embeddings.position_embedding.weight.to(patches)[None, :patches.shape[1]]
-        return patch_embedding_relprop(rules, acts["pixels"].to(patches), embeddings.patch_embedding, patches,
-                                       relevance, position=position)
+        return recorded_patches_relprop(rules, acts, embeddings.patch_embedding, relevance, None,
+                                        embeddings.position_embedding.weight)
 
 
 @register_topology(HFSiglipTextAdapter)

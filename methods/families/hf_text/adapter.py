@@ -25,17 +25,18 @@ from ...adapters.base import (
     scaled_copies,
 )
 from ...adapters.gradient_rules import apply_identity_rule
+from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, special_positions
 from ...adapters.value_edits import ProjectionValueEdits
-from ..hf_blocks import HFEncoderBlocks
+from ..hf_blocks import HFBaseBlocks
 from .rules import TextRules
 
 #: an extra per-sample tensor set by :meth:`HFBertAdapter.interpolate`: the factor on the embedding output
 EMBEDDING_SCALE = "embedding_scale"
 
 
-class HFTextAdapter(ProjectionValueEdits, HFEncoderBlocks):
+class HFTextAdapter(ProjectionValueEdits, HFBaseBlocks):
     """Shared machinery of stock ``transformers`` encoder classifiers read at position 0 ([CLS] / ``<s>``) with
     post-norm blocks and separate query/key/value projections; a family subclass names its submodules.
 
@@ -51,36 +52,26 @@ class HFTextAdapter(ProjectionValueEdits, HFEncoderBlocks):
     modality = "text"
     readout = "class_token"
     layout_class = TokenSequence
-    #: the model class (a name in ``transformers``) and the attribute holding its encoder
+    #: the model class (a name in ``transformers``); ``base_attr`` (:class:`HFBaseBlocks`) holds its encoder
     model_class = "?"
-    base_attr = "?"
     uses_token_types = True
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
-        self.base: Any = getattr(model, self.base_attr)
-        self.blocks = list(self.block_list(self.base))
-
     @staticmethod
-    def block_list(base: Any) -> Any:
+    def layers_of(base: Any) -> Any:
         return base.encoder.layer
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
-        try:
-            import transformers
-        except ImportError:  # pragma: no cover - a dependency
-            return "transformers is not installed"
-        model_class = getattr(transformers, cls.model_class)
-        if not isinstance(model, model_class):
-            return f"{type(model).__name__} is not a transformers {cls.model_class}"
+        problem = class_problem(model, "transformers", cls.model_class)
+        if problem is not None:
+            return problem
         if getattr(model.config, "is_decoder", False):
             return f"{cls.model_class} configured as a decoder (causal mask) is not supported"
         return None
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:
-        return (len(cls.block_list(getattr(model, cls.base_attr))), cls.num_heads_of(model.config))
+        return (cls.depth_of(model), cls.num_heads_of(model.config))
 
     @staticmethod
     def num_heads_of(config: Any) -> int:
@@ -311,7 +302,7 @@ class HFDistilBertAdapter(HFTextAdapter):
     uses_token_types = False
 
     @staticmethod
-    def block_list(base: Any) -> Any:
+    def layers_of(base: Any) -> Any:
         return base.transformer.layer
 
     @staticmethod

@@ -14,12 +14,14 @@ from typing import Any, Callable, Hashable, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
-from ...adapters.lens import lens_through_head
+from ...adapters.base import AttentionLinears, Layout, ModelInputs, SequenceContext, register_adapter
+from ...adapters.lens import LensImageAdapter
+from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import ProjectionValueEdits
 from ..hf_blocks import HFEncoderBlocks
-from ..hf_score_edit import score_edited_attention
+from ..hf_implementation import attention_implementation
+from ..hf_score_edit import eager_scores, score_edited_attention
 from .rules import Dinov2Rules, ViTLikeRules
 
 #: the attention implementation the adapters here switch to for methods that read the probabilities
@@ -31,9 +33,7 @@ def materialised_attention(module: nn.Module, query: Tensor, key: Tensor, value:
                            **_kwargs: Any) -> Tuple[Tensor, Tensor]:
     """transformers' eager attention (``[B, H, N, d]`` query, key, value; additive mask) with the softmax in
     ``promote_types(query.dtype, float32)``: returns ``(A @ v`` with heads last, ``A``)."""
-    if scaling is None:
-        scaling = query.size(-1) ** -0.5
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    scores = eager_scores(query, key, scaling)
     if attention_mask is not None:
         scores = scores + attention_mask
     probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32))
@@ -41,15 +41,7 @@ def materialised_attention(module: nn.Module, query: Tensor, key: Tensor, value:
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
-def _transformers_class(name: str) -> Optional[type]:
-    try:
-        import transformers
-    except ImportError:  # pragma: no cover - a dependency
-        return None
-    return getattr(transformers, name, None)
-
-
-class HFViTLikeAdapter(ProjectionValueEdits, ImageAdapter, HFEncoderBlocks):
+class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
     """Shared machinery of the Hugging Face ViT-like image classifiers (see the module docstring). A subclass
     names its model class (``model_class``), the attribute of its backbone (``backbone_attr``), its prefix
     tokens and read-out, and its :meth:`head`."""
@@ -87,12 +79,7 @@ class HFViTLikeAdapter(ProjectionValueEdits, ImageAdapter, HFEncoderBlocks):
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
-        model_class = _transformers_class(cls.model_class)
-        if model_class is None:  # pragma: no cover
-            return f"transformers has no {cls.model_class}"
-        if not isinstance(model, model_class):
-            return f"{type(model).__name__} is not a transformers {cls.model_class}"
-        return None
+        return class_problem(model, "transformers", cls.model_class)
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:
@@ -172,36 +159,18 @@ class HFViTLikeAdapter(ProjectionValueEdits, ImageAdapter, HFEncoderBlocks):
             return mlp.up_proj, mlp.down_proj
         return mlp.fc1, mlp.fc2
 
-    # ------------------------------------------------------------------ relevance rules
     # ------------------------------------------------------------------ attention implementation
     @contextlib.contextmanager
     def eager_attention(self) -> Iterator[None]:
         """``_attn_implementation = MATERIALISED_ATTENTION`` on the config (module docstring), restored on exit."""
-        from transformers import AttentionInterface
-
-        AttentionInterface.register(MATERIALISED_ATTENTION, materialised_attention)
-        config = self.attention_config()
-        before = config._attn_implementation
-        config._attn_implementation = MATERIALISED_ATTENTION
-        try:
+        with attention_implementation(self.attention_config(), MATERIALISED_ATTENTION, materialised_attention):
             yield
-        finally:
-            config._attn_implementation = before
-
 
     # ---- edits_attention_scores (issue 37)
     def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
         """As :class:`~methods.families.hf_blocks.HFEncoderBlocks`, through :func:`materialised_attention` (the
         attention :meth:`eager_attention` runs: the softmax in the wider of float32 and the model's dtype)."""
         return score_edited_attention(self.attention_config(), self.blocks, edit, eager=materialised_attention)
-
-    # ---- lens_logits (issue 37)
-    reads_lens = True
-
-    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """The logit lens of transformers' ViT-like models: its own ``head`` reading each position alone
-        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
-        return lens_through_head(self, hidden, context, pre_logits)
 
     # ---- decomposes_blocks (issue 37): pre-norm ``x + o_proj(attention(norm(x)))``
     decomposes_blocks = True

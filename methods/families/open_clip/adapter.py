@@ -20,7 +20,6 @@ from torch.nn import functional as F
 
 from ...adapters.base import (
     AttentionLinears,
-    ImageAdapter,
     ModelAdapter,
     ModelInputs,
     RawInputs,
@@ -30,7 +29,7 @@ from ...adapters.base import (
     check_sample_ids,
     register_adapter,
 )
-from ...adapters.lens import lens_through_head
+from ...adapters.lens import LensImageAdapter
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_token_inputs
 from ...adapters.value_edits import edited_values_change, product_change
@@ -115,10 +114,6 @@ def _need_weights(_module: nn.Module, args: Tuple[Any, ...], kwargs: dict) -> Tu
 
 class _OpenCLIPTower(_ScorerHead, ModelAdapter):
     """Shared machinery of the two open_clip towers (see the module docstring); a subclass names its tower."""
-
-    tower = "?"
-    pre_norm = True
-    records_post_attention_values = True
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -284,8 +279,6 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
         """``ls_1``'s ``gamma`` (``None`` for the identity)."""
         return getattr(self.blocks[layer].ls_1, "gamma", None)
 
-    # ------------------------------------------------------------------ relevance rules
-
     # ---- edits_values (issue 37)
     edits_values = True
 
@@ -324,7 +317,7 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
             yield
 
 @register_adapter
-class OpenCLIPVisionAdapter(ImageAdapter, _OpenCLIPTower):
+class OpenCLIPVisionAdapter(LensImageAdapter, _OpenCLIPTower):
     """The vision tower of a stock ``open_clip.model.CLIP`` behind a scorer with ``clip_tower = "vision"``
     (``models.clip.ZeroShotClassifier``). Inputs: images ``[B, 3, H, W]`` at the tower's ``image_size``, normalised
     as the model's preprocessing does. Read-out: ``"class_token"`` (``pool_type="tok"``) or ``"mean_content"``
@@ -388,14 +381,6 @@ class OpenCLIPVisionAdapter(ImageAdapter, _OpenCLIPTower):
 
     def projection_weight(self) -> Optional[Tensor]:
         return self.visual.proj.t()
-
-    # ---- lens_logits (issue 37)
-    reads_lens = True
-
-    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """The logit lens of the open_clip vision tower: its own ``head`` reading each position alone
-        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
-        return lens_through_head(self, hidden, context, pre_logits)
 
 
 def text_readout_positions(input_ids: Tensor, pool_type: str, eos_token_id: Optional[int]) -> Tensor:

@@ -15,9 +15,11 @@ from torch import Tensor, nn
 from ...adapters import ActivationRecorder, AttentionLinears, Projection
 from ...lrp.sublayers import (
     embedding_sum_relprop,
-    patch_embedding_relprop,
     position_readout_relprop,
     readout_relprop,
+    record_mlp,
+    record_patch_embedding,
+    recorded_patches_relprop,
     score_relprop,
 )
 from ...lrp.topology import INPUT_POINTS, Topology, refuse, register_topology
@@ -91,12 +93,7 @@ class _OpenCLIPTowerTopology(Topology):
 
         rec._handles.append(attn.register_forward_pre_hook(attention_in, with_kwargs=True))
         rec._handles.append(attn.register_forward_hook(attention_out, with_kwargs=True))
-        fc1, fc2 = adapter.mlp_linears(layer)
-        rec.input(fc1, ("fc1_in", layer))
-        if layer_outputs:
-            rec.output(fc1, ("fc1_out", layer))
-        rec.input(fc2, ("fc2_in", layer))
-        rec.output(fc2, ("mlp_out", layer))
+        record_mlp(rec, adapter, layer, layer_outputs)
         self.record_scaled_branches(rec, layer)
 
     def pooled_and_readout(self, rules, acts, relevance_pooled: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
@@ -131,9 +128,7 @@ class OpenCLIPVisionTopology(_OpenCLIPTowerTopology):
         rec.output(self.adapter.visual.ln_post, "ln_post_out")
 
     def record_input(self, rec: ActivationRecorder) -> None:
-        conv = self.adapter.visual.conv1
-        rec.input(conv, "pixels")
-        rec.output(conv, "patch_grid")
+        record_patch_embedding(rec, self.adapter.visual.conv1)
 
     def pooled_and_readout(self, rules, acts, relevance_pooled: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         readout = self.adapter.readout
@@ -151,10 +146,8 @@ class OpenCLIPVisionTopology(_OpenCLIPTowerTopology):
         """From the tokens entering block 0 to the pixels: ``ln_pre`` (identity), ``+ positional_embedding``
         (Add; the position share dropped), the class token dropped, ``conv1`` (z^B). ``[B, 3, H, W]``."""
         visual = self.adapter.visual
-        patches = acts["patch_grid"].flatten(2).transpose(1, 2)           # [B, D, gh, gw] -> [B, P, D]
-        cls = visual.class_embedding.to(patches).view(1, 1, -1)
-        return patch_embedding_relprop(rules, acts["pixels"].to(patches), visual.conv1, patches, relevance, [cls],
-                                       visual.positional_embedding.to(patches)[None])
+        return recorded_patches_relprop(rules, acts, visual.conv1, relevance, visual.class_embedding,
+                                        visual.positional_embedding)
 
 
 @register_topology(OpenCLIPTextAdapter)

@@ -33,6 +33,7 @@ from ...adapters.base import (
     TokenSpace,
     register_adapter,
 )
+from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ..hf_blocks import HFEncoderBlocks
 from ..timm_vit.adapter import timm_fused_attention_off
@@ -227,23 +228,19 @@ class TimmSwinAdapter(SwinAdapter):
         super().__init__(model)
 
     @classmethod
-    def supports(cls, model: nn.Module) -> Optional[str]:
-        try:
-            from timm.models.swin_transformer import SwinTransformer
-        except ImportError:  # pragma: no cover - timm is a dependency
-            return "timm is not installed"
-        if not isinstance(model, SwinTransformer):
-            return f"{type(model).__name__} is not a timm SwinTransformer"
-        swin: Any = model
-        head = swin.head
+    def supports(cls, model: Any) -> Optional[str]:
+        problem = class_problem(model, "timm.models.swin_transformer", "SwinTransformer")
+        if problem is not None:
+            return problem
+        head = model.head
         if getattr(head, "global_pool", None) is None or getattr(head.global_pool, "pool_type", "") != "avg":
             return "timm SwinTransformer without average pooling is not supported (supported read-out: 'avg')"
-        embed = swin.patch_embed
+        embed = model.patch_embed
         patch = embed.patch_size
         if patch[0] != patch[1] or not embed.strict_img_size or embed.dynamic_img_pad:
             return "timm SwinTransformer with non-square patches or dynamic image sizes is not supported"
         size, side = embed.img_size, int(patch[0])
-        windows = [[int(block.window_size[0]) for block in layer.blocks] for layer in swin.layers]
+        windows = [[int(block.window_size[0]) for block in layer.blocks] for layer in model.layers]
         return cls.grid_problem(int(size[0]) // side, int(size[1]) // side, windows)
 
     @classmethod
@@ -345,24 +342,26 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
         config = model.config
         self.config = config
         self.stem_patch = int(config.patch_size)
-        size = config.image_size if isinstance(config.image_size, (tuple, list)) else (config.image_size,) * 2
-        self.image_size = (int(size[0]), int(size[1]))
+        self.image_size = self.image_size_of(config)
         super().__init__(model)
 
     @classmethod
-    def supports(cls, model: nn.Module) -> Optional[str]:
-        try:
-            from transformers import SwinForImageClassification
-        except ImportError:  # pragma: no cover - transformers is a dependency
-            return "transformers is not installed"
-        if not isinstance(model, SwinForImageClassification):
-            return f"{type(model).__name__} is not a transformers SwinForImageClassification"
+    def supports(cls, model: Any) -> Optional[str]:
+        problem = class_problem(model, "transformers", "SwinForImageClassification")
+        if problem is not None:
+            return problem
         if not isinstance(model.classifier, nn.Linear) or model.swin.pooler is None:
             return "SwinForImageClassification without average pooling and a Linear classifier is not supported"
-        config: Any = model.config
-        size = config.image_size if isinstance(config.image_size, (tuple, list)) else (config.image_size,) * 2
+        config = model.config
+        size = cls.image_size_of(config)
         windows = [[int(config.window_size)] * int(depth) for depth in config.depths]
-        return cls.grid_problem(int(size[0]) // config.patch_size, int(size[1]) // config.patch_size, windows)
+        return cls.grid_problem(size[0] // config.patch_size, size[1] // config.patch_size, windows)
+
+    @staticmethod
+    def image_size_of(config: Any) -> Tuple[int, int]:
+        """``config.image_size`` (an int or a pair) as ``(height, width)``."""
+        size = config.image_size if isinstance(config.image_size, (tuple, list)) else (config.image_size,) * 2
+        return int(size[0]), int(size[1])
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:

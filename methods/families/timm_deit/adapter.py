@@ -17,15 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from ...adapters.base import Layout, ModelInputs, register_adapter
+from ...adapters.library import class_problem
 from ..timm_vit.adapter import TimmViTAdapter
-
-
-def _distilled_class() -> Optional[type]:
-    try:
-        from timm.models.deit import VisionTransformerDistilled
-    except ImportError:  # pragma: no cover - timm is a dependency
-        return None
-    return VisionTransformerDistilled
 
 
 @register_adapter
@@ -42,12 +35,7 @@ class TimmDeiTAdapter(TimmViTAdapter):
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
-        distilled = _distilled_class()
-        if distilled is None:  # pragma: no cover
-            return "timm is not installed"
-        if not isinstance(model, distilled):
-            return f"{type(model).__name__} is not a timm VisionTransformerDistilled"
-        return None
+        return class_problem(model, "timm.models.deit", "VisionTransformerDistilled")
 
     @property
     def has_class_token(self) -> bool:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ...adapters.base import ModelInputs, SequenceContext, register_adapter
+from ...adapters.library import class_problem
 from .adapter import TimmBeitLikeAdapter
 from .score_edit import eva_beit_score_edit
 
@@ -41,13 +42,7 @@ class TimmBeitAdapter(TimmBeitLikeAdapter):
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
-        try:
-            from timm.models.beit import Beit
-        except ImportError:  # pragma: no cover - timm is a dependency
-            return "timm is not installed"
-        if not isinstance(model, Beit):
-            return f"{type(model).__name__} is not a timm Beit"
-        return cls.pool_problem(model)
+        return class_problem(model, "timm.models.beit", "Beit") or cls.pool_problem(model)
 
     def shared_relative_position_bias(self) -> Optional[nn.Module]:
         """The model's relative position bias shared by all blocks (``rel_pos_bias``), ``None`` without one."""

@@ -15,9 +15,10 @@ import contextlib
 from typing import Any, Callable, Iterator, Optional
 
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from ...adapters.base import AttentionLinears, ModelInputs, SequenceContext, register_adapter
+from ...adapters.library import class_problem
 from .adapter import TimmBeitLikeAdapter, attention_width, qkv_projection
 from .score_edit import eva_beit_score_edit
 
@@ -42,18 +43,14 @@ class TimmEvaAdapter(TimmBeitLikeAdapter):
             yield
 
     @classmethod
-    def supports(cls, model: nn.Module) -> Optional[str]:
-        try:
-            from timm.models.eva import Eva, EvaAttention, EvaBlock
-        except ImportError:  # pragma: no cover - timm is a dependency
-            return "timm is not installed"
-        if not isinstance(model, Eva):
-            return f"{type(model).__name__} is not a timm Eva"
-        problem = cls.pool_problem(model)
+    def supports(cls, model: Any) -> Optional[str]:
+        problem = class_problem(model, "timm.models.eva", "Eva") or cls.pool_problem(model)
         if problem is not None:
             return problem
         if getattr(model, "dynamic_img_size", False):
             return "timm Eva with dynamic_img_size is not supported"
+        from timm.models.eva import EvaAttention, EvaBlock
+
         for i, block in enumerate(model.blocks):
             if type(block) is not EvaBlock:
                 return f"timm Eva block {i} is {type(block).__name__} (need the pre-norm EvaBlock)"

@@ -6,13 +6,13 @@ than LayerNorm have no rule."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from ...adapters.base import MethodUndefinedError
-from ...adapters.gradient_rules import scale_gradient
+from ...adapters.gradient_rules import input_gradient_scaled, output_gradient_scaled
 from ..timm_vit.rules import TimmBlocksRules
 
 #: the MLP classes of timm the blocks may hold, by name: the plain MLP and the two SwiGLU forms
@@ -24,18 +24,6 @@ def is_activation_module(module: nn.Module) -> bool:
     gives the identity rule), not ``nn.GLU`` (which splits its input)."""
     return (type(module).__module__ in ("torch.nn.modules.activation", "timm.layers.activations")
             and not isinstance(module, (nn.GLU, nn.Softmax, nn.MultiheadAttention)))
-
-
-def _scale_output(factor: Any):
-    def hook(_module: nn.Module, _inputs: Any, output: Tensor) -> Tensor:
-        return scale_gradient(output, factor)
-    return hook
-
-
-def _scale_input(factor: Any):
-    def hook(_module: nn.Module, inputs: Tuple[Any, ...]) -> Tuple[Any, ...]:
-        return (scale_gradient(inputs[0], factor),) + tuple(inputs[1:])
-    return hook
 
 
 class TimmEvaBeitRules(TimmBlocksRules):
@@ -89,20 +77,20 @@ class TimmEvaBeitRules(TimmBlocksRules):
                 for block in self.adapter.blocks:
                     attn, mlp = block.attn, block.mlp
                     if product_factor != 1:
-                        handles.append(attn.proj.register_forward_pre_hook(_scale_input(product_factor)))
-                    handles.append(attn.attn_drop.register_forward_hook(_scale_output(attention_factor)))
+                        handles.append(attn.proj.register_forward_pre_hook(input_gradient_scaled(product_factor)))
+                    handles.append(attn.attn_drop.register_forward_hook(output_gradient_scaled(attention_factor)))
                     kind = type(mlp).__name__
                     if kind == "Mlp":
                         continue
                     if gate == "uniform":
-                        handles.append(mlp.drop1.register_forward_pre_hook(_scale_input(0.5)))
+                        handles.append(mlp.drop1.register_forward_pre_hook(input_gradient_scaled(0.5)))
                     elif kind == "SwiGLU":
-                        handles.append(mlp.fc1_g.register_forward_hook(_scale_output(0.0)))
+                        handles.append(mlp.fc1_g.register_forward_hook(output_gradient_scaled(0.0)))
                     else:                      # GluMlp: the packed fc1's gate half held constant
                         half = mlp.fc1.out_features // 2
                         gate_first = not mlp.gate_last
                         factor = torch.tensor([0.0 if gate_first else 1.0] * half + [1.0 if gate_first else 0.0] * half)
-                        handles.append(mlp.fc1.register_forward_hook(_scale_output(factor)))
+                        handles.append(mlp.fc1.register_forward_hook(output_gradient_scaled(factor)))
                 yield
             finally:
                 for handle in handles:

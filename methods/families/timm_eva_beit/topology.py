@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ...adapters import ActivationRecorder
-from ...lrp.sublayers import attention_relprop, readout_relprop
+from ...lrp.sublayers import attention_relprop, gated_product_relprop, readout_relprop
 from ...lrp.topology import Topology, refuse, register_topology
 from ..timm_vit.topology import record_timm_input, stem_problems, timm_input_relprop
 from .adapter import qkv_bias, qkv_projection
@@ -103,13 +103,10 @@ class _BeitLikeTopology(Topology):
         kind = type(mlp).__name__
         if kind == "Mlp":
             return rules["linear"](get("mlp_in"), mlp.fc1.weight, r, get("fc1_out"), mlp.fc1.bias)
-        r_half = r.mul_(0.5)                                   # the uniform rule on act(gate) * x
         if kind == "SwiGLU":
-            return rules.linear_shared(get("mlp_in"), [
-                (mlp.fc1_g.weight, r_half, acts.pop(("gate_out", layer), None), mlp.fc1_g.bias),
-                (mlp.fc1_x.weight, r_half.clone(), get("fc1_out"), mlp.fc1_x.bias)])
-        return rules["linear"](get("mlp_in"), mlp.fc1.weight, torch.cat([r_half, r_half], dim=-1), get("fc1_out"),
-                               mlp.fc1.bias)
+            return gated_product_relprop(rules, get("mlp_in"), r, mlp.fc1_g, acts.pop(("gate_out", layer), None),
+                                         mlp.fc1_x, get("fc1_out"))
+        return gated_product_relprop(rules, get("mlp_in"), r, mlp.fc1, get("fc1_out"))
 
     @torch.no_grad()
     def block_relprop(self, rules, acts, layer: int, relevance: Tensor, need_below: bool):

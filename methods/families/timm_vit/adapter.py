@@ -8,8 +8,9 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, List, Optional, 
 import torch
 from torch import Tensor, nn
 
-from ...adapters.base import AttentionLinears, ImageAdapter, Layout, ModelInputs, SequenceContext, register_adapter
-from ...adapters.lens import lens_through_head
+from ...adapters.base import AttentionLinears, Layout, ModelInputs, SequenceContext, register_adapter
+from ...adapters.lens import LensImageAdapter
+from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import ProjectionValueEdits
 from .rules import TimmBlocksRules, TimmViTRules
@@ -34,7 +35,7 @@ def timm_fused_attention_off(modules: Iterable[nn.Module]) -> Iterator[None]:
             m.fused_attn = flag
 
 
-class TimmBlocksAdapter(ImageAdapter):
+class TimmBlocksAdapter(LensImageAdapter):
     """What the adapters of timm's ViT-like models share (:class:`TimmViTAdapter`,
     :class:`~methods.families.timm_eva_beit.adapter.TimmBeitLikeAdapter`): the model's ``blocks`` (each ``attn`` with a
     fused ``qkv`` and ``proj``), ``num_prefix_tokens``, patch size and ``embed_dim``; the attention probabilities
@@ -101,14 +102,6 @@ class TimmBlocksAdapter(ImageAdapter):
         """Whether the model interpolates its positional embedding to each image size (``dynamic_img_size``)."""
         return bool(getattr(self.model, "dynamic_img_size", False))
 
-    # ---- lens_logits (issue 37)
-    reads_lens = True
-
-    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """The logit lens of timm's ViT-like models: its own ``head`` reading each position alone
-        (:func:`methods.adapters.lens.lens_through_head`), ``[B, N, C]``."""
-        return lens_through_head(self, hidden, context, pre_logits)
-
 
 @register_adapter
 class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
@@ -141,13 +134,10 @@ class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
         self.decomposes_blocks = decomposition_problem(self.blocks) is None
 
     @classmethod
-    def supports(cls, model: nn.Module) -> Optional[str]:
-        try:
-            from timm.models.vision_transformer import VisionTransformer
-        except ImportError:  # pragma: no cover - timm is a dependency
-            return "timm is not installed"
-        if not isinstance(model, VisionTransformer):
-            return f"{type(model).__name__} is not a timm VisionTransformer"
+    def supports(cls, model: Any) -> Optional[str]:
+        problem = class_problem(model, "timm.models.vision_transformer", "VisionTransformer")
+        if problem is not None:
+            return problem
         if model.global_pool not in SUPPORTED_POOLS:
             return (f"timm VisionTransformer with global_pool={model.global_pool!r} is not supported; supported "
                     f"read-outs: {', '.join(map(repr, SUPPORTED_POOLS))}")
@@ -257,9 +247,6 @@ class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
-
-    # ------------------------------------------------------------------ relevance rules
-
 
     # ---- edits_attention_scores (issue 37)
     edits_attention_scores = True
