@@ -111,6 +111,10 @@ class HFDebertaV2Adapter(HFTextAdapter):
     #: scores), not an attention function registered with ``transformers``: no score edit
     edits_attention_scores = False
 
+    # ---- decomposes_network (issue 37: DecompX)
+    #: DecompX (issue 37) is not carried to this family: its reference decomposes BERT and RoBERTa only
+    decomposes_network = False
+
     # ---- decomposes_blocks (issue 37)
     def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
                             transform: Optional[Callable[[Tensor], Any]] = None) -> None:
