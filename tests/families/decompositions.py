@@ -1,5 +1,6 @@
-"""Issue 37's ALTI cells of the conformance matrix: the rows where ``alti`` and ``alti_logit`` run, every other
-row refusing them by name (``methods/alti.py``; the adapters' ``decomposes_blocks`` capability)."""
+"""Issue 37's decomposition cells of the conformance matrix: the rows where ``alti``, ``alti_logit`` and ``decompx``
+run, every other row refusing them by name (``methods/alti.py``, ``methods/decompx.py``; the adapters'
+``decomposes_blocks`` and ``decomposes_network`` capabilities)."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -16,12 +17,18 @@ ALTI_ROWS = ("hf_bert", "hf_bert_types_special", "hf_roberta_types", "hf_distilb
 ALTI_LOGIT_ROWS = tuple(row for row in ALTI_ROWS if "gpt2" in row or "llama" in row or "mistral" in row
                         or "qwen" in row)
 NO_DECOMPOSITION = "does not decompose its blocks (decomposes_blocks"
+#: DecompX: the post-norm BERT-family encoders with an element-wise MLP and a dense-activation-dense head at [CLS]
+DECOMPX_ROWS = ("hf_bert", "hf_bert_types_special", "hf_roberta_types", "hf_distilbert_special", "hf_electra_types")
+NO_NETWORK_DECOMPOSITION = "does not decompose its whole network (decomposes_network"
 NOT_A_DECODER = "needs a pre-norm decoder read out at a position"
 
 
 def add_alti_cells(families: Iterable[Family]) -> None:
-    """Each row's ``undefined`` entries for ``alti`` and ``alti_logit`` (the reasons their errors give)."""
+    """Each row's ``undefined`` entries for ``alti``, ``alti_logit`` and ``decompx`` (the reasons their errors
+    give)."""
     for family in families:
+        if family.name not in DECOMPX_ROWS:
+            family.undefined.setdefault("decompx", NO_NETWORK_DECOMPOSITION)
         if family.name not in ALTI_ROWS:
             family.undefined.setdefault("alti", NO_DECOMPOSITION)
             family.undefined.setdefault("alti_logit", NO_DECOMPOSITION)
