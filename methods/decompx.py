@@ -9,7 +9,7 @@ conventions, and where the reference departs from the paper, are in :class:`Deco
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -35,7 +35,7 @@ DECOMPX_EXPLAINED = ("logit", "logit_difference")
 #: the shift the reference adds to the bias weights' row sums and to the zero-origin slopes' denominators
 SHIFT = 1e-12
 #: the elements of one chunk of output rows of the MLP's ``[B, r, N, F]`` vectors (formed, reduced, dropped in turn)
-CHUNK_ELEMENTS = 1 << 22
+CHUNK_ELEMENTS = 1 << 20
 
 
 # ------------------------------------------------------------------------------------------ pieces
@@ -116,7 +116,9 @@ def through_layer_norm(vectors: Tensor, states: Tensor, norm: nn.Module, include
 class _Propagation:
     """Records what one forward needs per block and folds each block into the decomposed hidden states as soon as
     the block has run (a hook on its output): ``state`` ``[B, N, N, D]`` (output row ``i``, input token ``j``)
-    holds one block's vectors at a time; the last block forms only the read-out row."""
+    holds one block's vectors at a time, overwritten row by row; with the value-projected copy of it that the
+    attention mixes, two such tensors are held, plus one chunk of rows' MLP vectors (:data:`CHUNK_ELEMENTS`).
+    The last block forms only the read-out row."""
 
     def __init__(self, method: "DecompX", adapter: ModelAdapter):
         self.method, self.adapter = method, adapter
@@ -172,7 +174,10 @@ class _Propagation:
         rows_total = 1 if layer == self.adapter.depth - 1 else n
         width = max(pieces["residual"].shape[-1], pieces["pre"].shape[-1])
         step = max(1, CHUNK_ELEMENTS // (batch * n * width))
-        outputs: List[Tensor] = []
+        # the new rows overwrite the old ones, which only their own rows' residual reads once ``moved`` is formed
+        # (the read-out row of the last block goes to a tensor of its own)
+        result = pieces["residual"].new_empty(batch, n, n, pieces["residual"].shape[-1]) \
+            if state is None or rows_total < n else state
         for start in range(0, rows_total, step):
             rows = slice(start, min(rows_total, start + step))
             if state is None:
@@ -181,8 +186,8 @@ class _Propagation:
             else:
                 mixed = torch.einsum("bhis,bsjhz->bijhz", attention[:, :, rows], moved)
                 vectors = torch.einsum("bijhz,dhz->bijd", mixed, out_weight) + state[:, rows]
-            outputs.append(self.rows_after_attention(layer, vectors, bias, pieces, rows))
-        return torch.cat(outputs, dim=1)
+            result[:, rows] = self.rows_after_attention(layer, vectors, bias, pieces, rows)
+        return result[:, :rows_total]
 
     def rows_after_attention(self, layer: int, vectors: Tensor, bias: Tensor, pieces: Dict[str, Tensor],
                              rows: slice) -> Tensor:
