@@ -40,7 +40,7 @@ CHUNK_ELEMENTS = 1 << 20
 
 # ------------------------------------------------------------------------------------------ pieces
 def share_bias(vectors: Tensor, bias: Tensor, kind: str) -> Tensor:
-    """``x_ij + w_ij b`` (paper eq. 9-10): the bias ``b`` (``[D]``, or ``[B, r, D]`` one per output row) split
+    """``x_ik + w_ik b`` (paper eq. 5-6): the bias ``b`` (``[D]``, or ``[B, r, D]`` one per output row) split
     among the input tokens ``j`` of ``vectors`` ``[B, r, N, D]`` by the weights of ``kind`` (:data:`BIAS_SHARES`),
     divided by their sum over ``j`` plus :data:`SHIFT` (the reference's). A zero vector (a padded input) gets no
     share but under ``cls``."""
@@ -101,7 +101,7 @@ def through_linear(vectors: Tensor, layer: Any, include_biases: bool, share: str
 
 def through_layer_norm(vectors: Tensor, states: Tensor, norm: nn.Module, include_biases: bool, share: str,
                        name: str) -> Tensor:
-    """A LayerNorm applied to the parts ``x_j`` of its input ``states`` ``[B, r, D]`` (paper eq. 11):
+    """A LayerNorm applied to the parts ``x_j`` of its input ``states`` ``[B, r, D]`` (paper eq. 8):
     ``gamma * (x_j - mean(x_j)) / sqrt(var(states) + eps)``, the scale of the whole input (the reference's
     ``ln_decomposer``: exact, since the parts sum to ``states``), ``beta`` shared."""
     centred, weight, bias, eps = norm_parts(norm, name)
@@ -149,7 +149,7 @@ class _Propagation:
         return fold
 
     def block(self, layer: int, pieces: Dict[str, Tensor]) -> Tensor:
-        """Block ``layer``'s output decomposed (paper §3, eq. 4-13): attention with its value path and the
+        """Block ``layer``'s output decomposed (paper §3, eq. 4-12): attention with its value path and the
         residual, the bias of the value and output projections shared, LN1, the MLP, LN2; a chunk of output rows
         at a time (the last block: the read-out row alone)."""
         attention = pieces["attention"]
@@ -205,7 +205,7 @@ class _Propagation:
         return through_layer_norm(vectors, pieces["ln2"][:, rows], second_norm, biases, share, method.name)
 
     def head(self, rec: ActivationRecorder) -> Tensor:
-        """The read-out row's parts through the head (paper §3.3): ``[B, N, C]``, each input token's part of
+        """The read-out row's parts through the head (paper §3.4, eq. 13-14): ``[B, N, C]``, each input token's part of
         each logit."""
         method = self.method
         assert self.state is not None, "the blocks have run"
@@ -219,20 +219,21 @@ class _Propagation:
 
 @register_method("decompx")
 class DecompX(AttributionMethod):
-    """DecompX (Modarressi et al. 2023, §3, eq. 4-14; ``mohsenfayyaz/DecompX`` ``src/modeling_bert.py``).
+    """DecompX (Modarressi et al. 2023, §3, eq. 2-14; ``mohsenfayyaz/DecompX`` ``src/modeling_bert.py``).
 
-    Every hidden state is kept as one vector per input token, ``h_i = sum_j x_ij``, from the first block's input
-    (token ``j``'s own embedding at ``i = j``) through each block: attention ``sum_h A^h_ik W_O^h W_V^h x_kj`` plus
-    the residual (eq. 6), LayerNorm with the scale of the whole input (eq. 11, exact), the MLP with its activation
-    linearised per neuron (eq. 12), the second LayerNorm; then the read-out row through the head (pooler ``tanh``
-    and classifier) to each token's part of each logit. The map: the target's column (``explain="logit"``; or
-    minus the foil's, ``logit_difference``), [CLS] and [SEP] included, padding 0. Options, defaults the reference's
-    demo configuration: ``include_biases`` (``True``: each bias shared among the tokens by ``bias_decomposition``,
-    :data:`BIAS_SHARES`, default ``absdot``, so the parts sum to the logit up to the 1e-12 shifts),
-    ``ffn_approximation`` (:data:`FFN_APPROXIMATIONS`, default ``gelu_zo``), ``head_approximation`` (``zo``).
-    Departures of the reference from the paper: the zero-origin GELU (the paper's eq. 12 names the tangent); the
-    tangents' intercepts shared even with ``include_biases=False``; block 0's value bias moves with the attention.
-    Not implemented: the reference's ``include_bias_token`` and its norm-based ``rollout`` aggregation.
+    Every hidden state is kept as one vector per input token, ``x_i = sum_k x_i<=k``, from the first block's input
+    (token ``k``'s own embedding at ``i = k``) through each block: attention ``sum_h sum_j A^h_ij x_j<=k W^h_Att``
+    plus the residual (eq. 4-7; block 0 moves the value bias with the attention, footnote 4), LayerNorm with the
+    scale of the whole input (eq. 8, exact), the MLP with its activation as the zero-origin line
+    ``theta = act(z) / z`` per neuron (eq. 10-11), the second LayerNorm (eq. 12); then the [CLS] row through the
+    head (pooler and classifier, eq. 13) to each token's part of each logit (eq. 14). Each bias is shared among
+    the tokens by AbsDot (eq. 5) or ``bias_decomposition`` (:data:`BIAS_SHARES`), so the parts sum to the logit.
+    The map: the target's column (``explain="logit"``; minus the foil's with ``logit_difference``), [CLS] and
+    [SEP] included, padding 0. Options (defaults: the reference's demo configuration): ``include_biases``
+    (``False``: the paper's NoBias), ``ffn_approximation`` (:data:`FFN_APPROXIMATIONS`, ``gelu_zo``),
+    ``head_approximation`` (``zo``). The reference beyond the paper: the tangent (``*_la``) and ReLU options,
+    whose intercepts are shared even under NoBias; ``1e-12`` added to the slopes' and the shares' denominators.
+    Not implemented: its ``include_bias_token``, ``abssim`` / ``dot`` shares and norm-based ``rollout``.
     """
 
     tags = ("decomposition", OPT_IN)

@@ -9,8 +9,9 @@ reads it (``decompx_last_layer_outputs.classifier``).
 Two steps, two environments:
     python generate.py models                   # the project's Python: tiny seeded stock models -> models/
     /venv-with-transformers-4.18/bin/python generate.py goldens /path/to/DecompX   # the reference -> goldens.pt
-(the second venv: ``python -m venv --system-site-packages`` and ``pip install --no-deps transformers==4.18.0``, the version
-the reference's Colab demo installs). The weights are read from ``models/`` by key into the reference's classes.
+(the second venv: ``python -m venv --system-site-packages``, then ``pip install --no-deps transformers==4.18.0``,
+the version the reference's Colab demo installs). The weights are read from ``models/`` by key into the reference's
+classes.
 """
 import json
 import sys
