@@ -15,6 +15,7 @@ import torch
 
 import methods.decompx as decompx_module
 from methods import MethodUndefinedError, build_method
+from methods.adapters import ActivationRecorder, adapter_for
 from tests import test_method_contract as contract
 from tests.families import FAMILIES
 from tests.families.decompositions import DECOMPX_ROWS
@@ -100,6 +101,22 @@ def test_the_parts_sum_to_the_logit(row):
         torch.testing.assert_close(scores.sum(-1), logits[:, target], rtol=1e-9, atol=1e-9, msg=f"class {target}")
     unshared = build_method("decompx", include_biases=False)(model, inputs, target=0)
     assert (unshared.sum(-1) - logits[:, 0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("row", DECOMPX_ROWS)
+def test_the_head_layers_are_the_models_head(row):
+    """The capability's ``head_layers``: ``last(activation(first(h_0)))`` on the last block's output at position 0
+    gives the model's logits (eval mode: dropout is the identity)."""
+    family = ROWS[row]
+    model = family.build().eval()
+    adapter = adapter_for(model)
+    batch = adapter.prepare_inputs(family.inputs(3))
+    with ActivationRecorder() as rec, torch.no_grad():
+        adapter.record_block_output(rec, adapter.depth - 1, "last")
+        logits = adapter.forward(batch)
+        head = adapter.head_layers()
+        ours = head.last(head.activation(head.first(rec["last"][:, 0])))
+    torch.testing.assert_close(ours, logits, rtol=0, atol=1e-12)
 
 
 def test_the_goldens_conserve_the_logits_too(goldens):
