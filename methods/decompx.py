@@ -274,7 +274,7 @@ class DecompX(AttributionMethod):
         with ActivationRecorder() as rec, torch.no_grad():
             propagation.record(rec)
             logits = adapter.forward(inputs, grad_from_block=adapter.depth)
-        contributions = propagation.head(rec)                                                 # [B, N, C]
+            contributions = propagation.head(rec)                                             # [B, N, C]
         target = resolve_target(logits, target).to(contributions.device)
         rows = torch.arange(inputs.batch_size, device=contributions.device)
         scores = contributions[rows, :, target]
