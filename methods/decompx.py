@@ -36,6 +36,9 @@ DECOMPX_EXPLAINED = ("logit", "logit_difference")
 SHIFT = 1e-12
 #: the elements of one chunk of output rows of the MLP's ``[B, r, N, F]`` vectors (formed, reduced, dropped in turn)
 CHUNK_ELEMENTS = 1 << 20
+#: the elements of one chunk of output rows of the attention's ``[B, r, N, D]`` vectors (each chunk reads the
+#: value-projected parts of every token once)
+ATTENTION_CHUNK_ELEMENTS = 1 << 23
 
 
 # ------------------------------------------------------------------------------------------ pieces
@@ -89,6 +92,17 @@ def through_activation(vectors: Tensor, pre: Tensor, post: Tensor, approximation
     slope, intercept = gelu_tangent(pre, post) if approximation == "gelu_la" else \
         activation_tangent(activation, pre, post)
     return share_bias(vectors * slope[:, :, None], intercept, share)
+
+
+def value_projected(state: Tensor, value: Any, heads: int) -> Tensor:
+    """Every token's parts ``[B, S, J, D]`` through the value projection's weight (no bias), head by head:
+    ``[B, H, S, J * Dh]``, laid out for one matrix product with each head's attention rows."""
+    weight = linear_weight(value)                                                          # [H * Dh, D]
+    batch, n, parts, _ = state.shape
+    out = state.new_empty(batch, heads, n, parts, weight.shape[0] // heads)
+    for head, rows in enumerate(weight.chunk(heads, 0)):
+        out[:, head] = torch.matmul(state, rows.t())
+    return out.flatten(-2)
 
 
 def through_linear(vectors: Tensor, layer: Any, include_biases: bool, share: str) -> Tensor:
@@ -164,29 +178,33 @@ class _Propagation:
         else:
             value = linears.v
             assert value is not None  # the text encoders have separate projections
-            # every token's parts through the value projection (its bias is shared below), heads split
-            moved = torch.einsum("bsjd,ed->bsje", state, linear_weight(value)).unflatten(-1, (heads, -1))
+            # every token's parts through the value projection (its bias is shared below)
+            mixable = value_projected(state, value, heads)                              # [B, H, S, J * Dh]
             bias = out_bias(out_proj, state)
             value_bias = getattr(value, "bias", None)
             if value_bias is not None:
                 bias = bias + linear_weight(out_proj) @ value_bias.to(bias)
         out_weight = linear_weight(out_proj).unflatten(1, (heads, -1))                     # [D, H, Dh]
         rows_total = 1 if layer == self.adapter.depth - 1 else n
-        width = max(pieces["residual"].shape[-1], pieces["pre"].shape[-1])
-        step = max(1, CHUNK_ELEMENTS // (batch * n * width))
-        # the new rows overwrite the old ones, which only their own rows' residual reads once ``moved`` is formed
+        width = pieces["residual"].shape[-1]
+        mlp_step = max(1, CHUNK_ELEMENTS // (batch * n * max(width, pieces["pre"].shape[-1])))
+        attention_step = max(mlp_step, ATTENTION_CHUNK_ELEMENTS // (batch * n * width))
+        # the new rows overwrite the old ones, which only their own rows' residual reads once ``mixable`` is formed
         # (the read-out row of the last block goes to a tensor of its own)
-        result = pieces["residual"].new_empty(batch, n, n, pieces["residual"].shape[-1]) \
-            if state is None or rows_total < n else state
-        for start in range(0, rows_total, step):
-            rows = slice(start, min(rows_total, start + step))
+        result = pieces["residual"].new_empty(batch, n, n, width) if state is None or rows_total < n else state
+        for start in range(0, rows_total, attention_step):
+            stop = min(rows_total, start + attention_step)
             if state is None:
-                vectors = torch.einsum("bhij,bhjd->bijd", attention[:, :, rows], moved)
-                vectors.diagonal(offset=start, dim1=1, dim2=2).add_(pieces["x"][:, rows].transpose(1, 2))
+                vectors = torch.einsum("bhij,bhjd->bijd", attention[:, :, start:stop], moved)
+                vectors.diagonal(offset=start, dim1=1, dim2=2).add_(pieces["x"][:, start:stop].transpose(1, 2))
             else:
-                mixed = torch.einsum("bhis,bsjhz->bijhz", attention[:, :, rows], moved)
-                vectors = torch.einsum("bijhz,dhz->bijd", mixed, out_weight) + state[:, rows]
-            result[:, rows] = self.rows_after_attention(layer, vectors, bias, pieces, rows)
+                mixed = torch.matmul(attention[:, :, start:stop], mixable).unflatten(-1, (n, -1))
+                vectors = torch.einsum("bhijz,dhz->bijd", mixed, out_weight) + state[:, start:stop]
+                del mixed
+            for first in range(start, stop, mlp_step):
+                last = min(stop, first + mlp_step)
+                result[:, first:last] = self.rows_after_attention(
+                    layer, vectors[:, first - start:last - start], bias, pieces, slice(first, last))
         return result[:, :rows_total]
 
     def rows_after_attention(self, layer: int, vectors: Tensor, bias: Tensor, pieces: Dict[str, Tensor],

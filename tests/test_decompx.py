@@ -81,8 +81,10 @@ def test_batched_padded_call_equals_the_authors_outputs(goldens, kind, config, d
 
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
 def test_rows_formed_in_chunks_give_the_same_maps(goldens, kind, monkeypatch):
-    """One output row at a time (the chunks of a long sequence) equals the authors' outputs too."""
+    """One output row at a time (the chunks of a long sequence; each block's rows overwrite the previous
+    block's in place) equals the authors' outputs too."""
     monkeypatch.setattr(decompx_module, "CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(decompx_module, "ATTENTION_CHUNK_ELEMENTS", 1)
     test_batched_padded_call_equals_the_authors_outputs(goldens, kind, "default", torch.float64, 1e-6)
 
 
