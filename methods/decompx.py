@@ -38,7 +38,7 @@ SHIFT = 1e-12
 CHUNK_ELEMENTS = 1 << 20
 #: the elements of one chunk of output rows of the attention's ``[B, r, N, D]`` vectors (each chunk reads the
 #: value-projected parts of every token once)
-ATTENTION_CHUNK_ELEMENTS = 1 << 23
+ATTENTION_CHUNK_ELEMENTS = 1 << 22
 
 
 # ------------------------------------------------------------------------------------------ pieces
@@ -191,7 +191,8 @@ class _Propagation:
         attention_step = max(mlp_step, ATTENTION_CHUNK_ELEMENTS // (batch * n * width))
         # the new rows overwrite the old ones, which only their own rows' residual reads once ``mixable`` is formed
         # (the read-out row of the last block goes to a tensor of its own)
-        result = pieces["residual"].new_empty(batch, n, n, width) if state is None or rows_total < n else state
+        result = pieces["residual"].new_empty(batch, rows_total, n, width) if state is None or rows_total < n \
+            else state
         for start in range(0, rows_total, attention_step):
             stop = min(rows_total, start + attention_step)
             if state is None:
@@ -205,7 +206,7 @@ class _Propagation:
                 last = min(stop, first + mlp_step)
                 result[:, first:last] = self.rows_after_attention(
                     layer, vectors[:, first - start:last - start], bias, pieces, slice(first, last))
-        return result[:, :rows_total]
+        return result
 
     def rows_after_attention(self, layer: int, vectors: Tensor, bias: Tensor, pieces: Dict[str, Tensor],
                              rows: slice) -> Tensor:
