@@ -3,8 +3,7 @@
 Modarressi, Fayyaz, Aghazadeh, Yaghoobzadeh & Pilehvar 2023, "DecompX: Explaining Transformers Decisions by
 Propagating Token Decomposition" (ACL; reference ``mohsenfayyaz/DecompX``, its forks of transformers' BERT and
 RoBERTa). The pieces come from the adapter's ``decomposes_blocks`` and ``decomposes_network`` capabilities; the
-conventions, and where the reference departs from the paper, are in :class:`DecompX`'s docstring and
-``docs/decompx_notes.md``.
+conventions, and where the reference departs from the paper, are in :class:`DecompX`'s docstring.
 """
 from __future__ import annotations
 
@@ -49,7 +48,7 @@ def share_bias(vectors: Tensor, bias: Tensor, kind: str) -> Tensor:
     share but under ``cls``."""
     b = bias.view(1, 1, 1, -1) if bias.dim() == 1 else bias[:, :, None, :]
     if kind == "absdot":
-        weights = (vectors * b).sum(-1).abs()
+        weights = (vectors @ bias if bias.dim() == 1 else torch.einsum("brjd,brd->brj", vectors, bias)).abs()
     elif kind == "norm":
         weights = vectors.norm(dim=-1)
     elif kind == "equal":
