@@ -14,6 +14,7 @@ from . import (
     attention_methods,  # noqa: F401,E402
     attnlrp,  # noqa: F401,E402
     beyond_intuition,  # noqa: F401,E402
+    decompx,  # noqa: F401,E402
     families,  # noqa: F401,E402
     grad_sam,  # noqa: F401,E402
     gradient_baselines,  # noqa: F401,E402

@@ -13,6 +13,7 @@ from .base import (  # noqa: F401
     READOUT_KINDS,
     WEIGHTED_READOUTS,
     AttentionLinears,
+    HeadLayers,
     Layout,
     MethodUndefinedError,
     ModelAdapter,

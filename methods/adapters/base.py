@@ -327,6 +327,17 @@ class AttentionLinears:
     kv: Optional[Projection] = None
 
 
+@dataclass(frozen=True)
+class HeadLayers:
+    """A classifier head as DecompX decomposes it: ``last(activation(first(h_0)))`` on the read-out token's hidden
+    state ``h_0`` (position 0; dropout between, identity in eval): two linear layers (read weights with
+    :func:`linear_weight`) and the element-wise ``activation`` between them (BERT's pooler: ``tanh``)."""
+
+    first: Projection
+    activation: Callable[[Tensor], Tensor]
+    last: Projection
+
+
 # ------------------------------------------------------------------------------------------ interface
 class RuleMap:
     """Where AttnLRP / CP-LRP (:mod:`methods.attnlrp`; Achtibat et al. 2024, rules placed by layer type) put their
@@ -687,6 +698,17 @@ class ModelAdapter(abc.ABC):
     #: ALTI-Logit's capability: the head is linear after :meth:`final_norm` at the read-out position (a decoder's
     #: LM or score head), so a logit is a sum of the final norm's per-token terms (a CLIP tower's cosine is not)
     linear_head: bool = False
+    # ---- decomposes_network (issue 37: DecompX)
+    #: capability: :meth:`head_layers`, with :attr:`decomposes_blocks`: every piece from the first block's input to
+    #: the logits is one DecompX propagates per input token: post-norm blocks whose MLP is
+    #: ``down(act(up(x)))`` with an element-wise activation (:meth:`mlp_linears`; no gate), a read-out at position
+    #: 0 and a head of two linear layers around an element-wise activation
+    decomposes_network: bool = False
+
+    def head_layers(self) -> HeadLayers:
+        """Only where :attr:`decomposes_network`: the head from the read-out token to the logits
+        (:class:`HeadLayers`)."""
+        raise NotImplementedError(f"{self.family} does not name its head as two linear layers and an activation")
 
     # ---- lens_logits (issue 37)
     #: capability: :meth:`lens_logits` (the family's own final norm and head read at every position: LeGrad's

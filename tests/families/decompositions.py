@@ -1,5 +1,6 @@
-"""Issue 37's ALTI cells of the conformance matrix: the rows where ``alti`` and ``alti_logit`` run, every other
-row refusing them by name (``methods/alti.py``; the adapters' ``decomposes_blocks`` capability)."""
+"""Issue 37's decomposition cells of the conformance matrix: the rows where ``alti``, ``alti_logit`` and ``decompx``
+run, every other row refusing them by name (``methods/alti.py``, ``methods/decompx.py``; the adapters'
+``decomposes_blocks`` and ``decomposes_network`` capabilities)."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -32,14 +33,20 @@ NONLINEAR_HEAD_ROWS = ("hf_clip_text", "hf_clip_text_special", "open_clip_text",
                        "open_clip_text_eos_linear_proj_layerscale", "hf_siglip_text", "hf_siglip_text_masked",
                        "hf_gemma3_left")
 NO_DECOMPOSITION = "does not decompose its blocks (decomposes_blocks"
+#: DecompX: the post-norm BERT-family encoders with an element-wise MLP and a dense-activation-dense head at [CLS]
+DECOMPX_ROWS = ("hf_bert", "hf_bert_types_special", "hf_roberta_types", "hf_distilbert_special", "hf_electra_types")
+NO_NETWORK_DECOMPOSITION = "does not decompose its whole network (decomposes_network"
 NOT_A_DECODER = "needs a pre-norm decoder read out at a position"
 ATTENTION_POOL = "reads out through an attention pooling head"
 NONLINEAR_HEAD = "has a head that is not linear after its final norm"
 
 
 def add_alti_cells(families: Iterable[Family]) -> None:
-    """Each row's ``undefined`` entries for ``alti`` and ``alti_logit`` (the reasons their errors give)."""
+    """Each row's ``undefined`` entries for ``alti``, ``alti_logit`` and ``decompx`` (the reasons their errors
+    give)."""
     for family in families:
+        if family.name not in DECOMPX_ROWS:
+            family.undefined.setdefault("decompx", NO_NETWORK_DECOMPOSITION)
         if family.name in ALTI_POOL_ROWS:
             family.undefined.setdefault("alti", ATTENTION_POOL)
             family.undefined.setdefault("alti_logit", NOT_A_DECODER)

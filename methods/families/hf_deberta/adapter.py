@@ -118,6 +118,10 @@ class HFDebertaV2Adapter(HFTextAdapter):
         (:func:`~methods.families.hf_deberta.score_edit.deberta_score_edit`), hooks removed on exit."""
         return deberta_score_edit([block.attention.self for block in self.blocks], edit)
 
+    # ---- decomposes_network (issue 37: DecompX)
+    #: DecompX (issue 37) is not carried to this family: its reference decomposes BERT and RoBERTa only
+    decomposes_network = False
+
     # ---- decomposes_blocks (issue 37)
     def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
                             transform: Optional[Callable[[Tensor], Any]] = None) -> None:

@@ -206,6 +206,10 @@ class HFModernBertAdapter(HFTextAdapter):
         mlp = self.blocks[layer].mlp
         return mlp.Wi, mlp.Wo
 
+    # ---- decomposes_network (issue 37: DecompX)
+    #: DecompX (issue 37): pre-norm blocks and a gated MLP (GLU), outside the reference's decomposition
+    decomposes_network = False
+
     # ---- decomposes_blocks (issue 37)
     def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
         """Pre-norm: ``attn_norm`` (block 0: an ``nn.Identity``, whose values are the embeddings' own), ``mlp_norm``."""

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from ...adapters.base import (
     AttentionLinears,
+    HeadLayers,
     ModelInputs,
     RawInputs,
     SampleIds,
@@ -226,6 +227,17 @@ class HFTextAdapter(ProjectionValueEdits, HFBaseBlocks):
         """The input of the attention's LayerNorm: ``x + dense(context)``."""
         rec.input(self.block_norms(layer)[0], key)
 
+    # ---- decomposes_network (issue 37: DecompX)
+    decomposes_network = True
+
+    def head_activation_function(self) -> Callable[[Tensor], Tensor]:
+        """The element-wise activation between the head's two linear layers (:meth:`head_linears`)."""
+        raise NotImplementedError
+
+    def head_layers(self) -> HeadLayers:
+        first, last = self.head_linears()
+        return HeadLayers(first=first, activation=self.head_activation_function(), last=last)
+
 
 @register_adapter
 class HFBertAdapter(HFTextAdapter):
@@ -252,6 +264,9 @@ class HFBertAdapter(HFTextAdapter):
     def head_linears(self) -> Tuple[nn.Linear, ...]:
         return self.base.pooler.dense, self.model.classifier
 
+    def head_activation_function(self) -> Callable[[Tensor], Tensor]:
+        return self.base.pooler.activation
+
 
 class _DenseHeadOnFirstToken(HFTextAdapter):
     """A classifier whose head (``model.classifier``) reads position 0 as RoBERTa's and ELECTRA's do: dropout,
@@ -270,6 +285,9 @@ class _DenseHeadOnFirstToken(HFTextAdapter):
 
     def head_linears(self) -> Tuple[nn.Linear, ...]:
         return self.model.classifier.dense, self.model.classifier.out_proj
+
+    def head_activation_function(self) -> Callable[[Tensor], Tensor]:
+        return self.head_activation
 
 
 @register_adapter
@@ -335,6 +353,9 @@ class HFDistilBertAdapter(HFTextAdapter):
 
     def head_linears(self) -> Tuple[nn.Linear, ...]:
         return self.model.pre_classifier, self.model.classifier
+
+    def head_activation_function(self) -> Callable[[Tensor], Tensor]:
+        return nn.functional.relu
 
     # ---- decomposes_blocks (issue 37)
     def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
