@@ -15,9 +15,19 @@ Both perturb an image's [0, 1] pixels (every channel), per sample from ``(seed, 
   for every class setting. Re-explanations: ``sensitivity_runs`` E per sample and method (per class setting for a
   class-specific one), counted in ``robustness/reexplanations``; forwards in ``robustness/forwards``.
 
-Lower is better for both. Texts, decoders and CLIP's text tower are **refused**: their perturbation lives in the
-embedding space, and the evaluation module's text classifiers and methods read token ids, not embeddings.
-Results: ``robustness/<method>/<setting>/<infidelity|max_sensitivity>``.
+Texts, decoders (the answer-token classifier) and CLIP's text tower: both perturb the **input embedding** (the
+adapter's ``input_embedding()`` output, word embeddings only), per sample ``[N, D]``
+(:mod:`evaluation.embedding_offset`): padding never, special tokens only with ``perturb_special_tokens`` (default
+off, as the removal curves keep them). ``embedding_scale``: ``relative`` (default; ``noise_std`` and ``radius``
+times the sample's ``mean_t ‖e_t‖ / √D``, so the image defaults' "a few percent of the input's range" carries over
+to models whose embedding scales differ by orders of magnitude) or ``absolute`` (embedding units). Infidelity: the
+token map broadcast over the width, a_I = Σ_t a_t Σ_d I_td; f(x) and the R f(x − I) run through the adapter's
+forward from the embedding (:func:`methods.input_points.logits_at`), batched at the classifier's width
+(``(infidelity_runs + 1)`` F per sample). Max-sensitivity: each perturbed copy re-explained with the offset added by a
+hook on the input embedding while the method runs (``explain(..., embedding_offset=...)``: every forward of the
+method sees it), one ``explain`` call per run; Frobenius norms of the token maps on the real tokens.
+
+Lower is better for both. Results: ``robustness/<method>/<setting>/<infidelity|max_sensitivity>``.
 """
 from __future__ import annotations
 
@@ -29,7 +39,7 @@ from torch import Tensor
 from evaluation.embedding_offset import SCALES as EMBEDDING_SCALES
 from evaluation.embedding_offset import embedding_noise, embedding_scale
 from evaluation.map_units import image_units
-from evaluation.metric_cards import MetricCard
+from evaluation.metric_cards import MODALITIES, MetricCard
 from evaluation.robustness import infidelity, max_sensitivity, sample_noise
 from methods.adapters import adapter_for
 from methods.input_points import logits_at, point_values, resolve_point, select_rows
@@ -43,30 +53,34 @@ COUNTS = ("forwards", "reexplanations")
 
 
 class RobustnessTest(SampleScoreTest):
-    """Infidelity and max-sensitivity of every method's map on images (module docstring).
+    """Infidelity and max-sensitivity of every method's map on images and texts (module docstring).
 
     Args:
         methods: method names (default: every method of the module's outputs).
         class_settings: explained classes (default ``predicted``).
         infidelity_runs: Gaussian perturbations per sample (Captum's default 10).
-        noise_std: their standard deviation in [0, 1] pixel units.
+        noise_std: their standard deviation in [0, 1] pixel units (texts: see ``embedding_scale``).
         normalize: infidelity with Captum's optimal β-scaling of the map.
         score: ``logit`` (Captum's forward) or ``probability`` of the explained class.
         sensitivity_runs: uniform perturbations (re-explanations) per sample (Captum's default 10).
-        radius: their half-width in [0, 1] pixel units (Captum's default 0.02).
+        radius: their half-width in [0, 1] pixel units (Captum's default 0.02; texts: see ``embedding_scale``).
         seed: the perturbations' seed (with each sample's dataset index).
+        embedding_scale: texts: ``relative`` (``noise_std`` / ``radius`` times each sample's mean embedding norm
+            / √D) or ``absolute`` (embedding units).
+        perturb_special_tokens: texts: perturb the special tokens' embeddings too (padding never).
     """
 
     counters = COUNTS
     PREFIX = "robustness"
     metric_cards = (
-        MetricCard("infidelity", "mean over Gaussian pixel perturbations I of "
-                   "(beta * sum(I * a) - (f(x) - f(x - I)))^2, beta the optimal scale (Captum normalize)",
+        MetricCard("infidelity", "mean over Gaussian perturbations I of the pixels (texts: the input embeddings, "
+                   "std relative to the embedding scale by default) of (beta * sum(I * a) - (f(x) - f(x - I)))^2, "
+                   "beta the optimal scale (Captum normalize)",
                    "Yeh et al. 2019 (NeurIPS), eq. 2; Captum infidelity",
-                   "R F (R = infidelity_runs)", False, ("image", "clip_image")),
-        MetricCard("max_sensitivity", "max over uniform pixel perturbations of |map(x + d) - map(x)|_F / |map(x)|_F",
-                   "Yeh et al. 2019 (NeurIPS), eq. 5; Captum sensitivity_max", "R E (R = sensitivity_runs)", False,
-                   ("image", "clip_image")),
+                   "R F images, (R + 1) F texts (R = infidelity_runs)", False, MODALITIES),
+        MetricCard("max_sensitivity", "max over uniform perturbations of the pixels (texts: the input embeddings) of "
+                   "|map(x + d) - map(x)|_F / |map(x)|_F", "Yeh et al. 2019 (NeurIPS), eq. 5; Captum sensitivity_max",
+                   "R E (R = sensitivity_runs)", False, MODALITIES),
     )
 
     def __init__(self, methods: Optional[Sequence[str]] = None, class_settings: Sequence[str] = ("predicted",),

@@ -1,4 +1,4 @@
-"""Infidelity and max-sensitivity on texts, in embedding space (callbacks/robustness.py, evaluation/embedding_offset.py):
+"""Infidelity and max-sensitivity on texts, in embedding space (callbacks/robustness.py, evaluation/embedding_offset):
 parity with Captum 0.9.0's ``infidelity`` (``normalize`` both ways) and ``sensitivity_max`` on a tiny BERT and a
 tiny Llama LM (answer-token classifier), given a forward over the input embeddings (the model's own forward with the
 word embeddings' output replaced) and the same draws; batched == alone with padding; the relative scale and the
@@ -6,17 +6,20 @@ special-token option; the offset reaching every forward of a method (AtMan regro
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 
 import numpy as np
 import pytest
 import torch
-from tests.families.base import _token_batch
-from tests.families.text import _tiny_bert
 
 from callbacks.robustness import RobustnessTest
 from evaluation.embedding_offset import embedding_noise, embedding_scale, offset_embeddings
 from lightning_modules.evaluation import AttributionEvaluationModule
 from methods.adapters import adapter_for
+from tests.families.base import _token_batch
+from tests.families.text import _tiny_bert
+from tests.gloo import gloo_group, run_on_two_processes
 
 torch.set_num_threads(1)
 RUNS = 3
@@ -159,7 +162,7 @@ def test_text_batched_equals_alone_and_special_tokens_option(tmp_path):
         alone = {k: v[i:i + 1, :length] if v.dim() == 2 else v[i:i + 1] for k, v in batch.items()}
         cb, _ = _run(module, alone)
         cb.compute()
-        for key, (index, values) in cb.per_sample_scores().items():
+        for key, (_index, values) in cb.per_sample_scores().items():
             row = int((full[key][0] == int(batch["index"][i])).nonzero())
             assert abs(float(values[0]) - float(full[key][1][row])) <= 1e-9 * max(1.0, abs(float(values[0]))), key
     special, _ = _run(module, batch, perturb_special_tokens=True)
@@ -186,3 +189,63 @@ def test_offset_reaches_regrouped_rows_and_leaves_other_ids_alone():
         layer(torch.tensor([[1, 2, 3]]))
     with pytest.raises(ValueError, match="does not fit"), contextlib.ExitStack() as stack:
         stack.enter_context(offset_embeddings(layer, ids, offset[:, :2]))
+
+
+def _text_batches(module, n=4):
+    """``n`` padded batches of 3 texts (content ids shifted per batch) with the module's outputs."""
+    out = []
+    for k in range(n):
+        inputs = _token_batch(3, True, True)
+        content = inputs["special_tokens_mask"] == 0
+        inputs["input_ids"] = torch.where(content, (inputs["input_ids"] + 5 * k - 3) % 37 + 3, inputs["input_ids"])
+        batch = dict(inputs, label=torch.tensor([0, 1, 2]), index=torch.arange(3 * k, 3 * k + 3) + 20)
+        with torch.enable_grad():
+            out.append((module.test_step(dict(batch), 0), batch))
+    return out
+
+
+def _robustness(batches):
+    cb = RobustnessTest(infidelity_runs=2, sensitivity_runs=2, class_settings=["predicted", "target"])
+    for outputs, batch in batches:
+        cb.update(outputs, batch)
+    return cb
+
+
+def test_text_resumed_from_a_progress_state_equals_one_run(tmp_path):
+    module, _ = _module("bert", tmp_path, methods=("input_x_gradient", "rollout"))
+    module.add_class_settings(["target"])
+    batches = _text_batches(module)
+    one = _robustness(batches).compute()
+    assert one["robustness/reexplanations"] == 2 * 12 * 2 + 2 * 12       # rollout: class-agnostic, once
+    saved = io.BytesIO()
+    torch.save(_robustness(batches[:2]).progress_state(), saved)
+    saved.seek(0)
+    resumed = RobustnessTest(infidelity_runs=2, sensitivity_runs=2, class_settings=["predicted", "target"])
+    resumed.build_from_progress(torch.load(saved, weights_only=True))
+    for outputs, batch in batches[2:]:
+        resumed.update(outputs, batch)
+    again = resumed.compute()
+    assert again.keys() == one.keys() and all(np.array_equal(again[k], one[k]) for k in one)
+
+
+def _gloo_worker(rank: int, world: int, port: int, folder: str, path: str) -> None:
+    torch.set_num_threads(1)
+    with gloo_group(rank, world, port):
+        module = AttributionEvaluationModule(classifier=f"hf:{folder}", methods=["input_x_gradient", "rollout"])
+        module.model.double()
+        module.add_class_settings(["target"])
+        results = _robustness(_text_batches(module)[rank::world]).compute()
+        if rank == 0:
+            with open(path, "w") as f:
+                json.dump(results, f)
+
+
+@pytest.mark.slow
+def test_text_two_gloo_processes_equal_one_process(tmp_path):
+    module, _ = _module("bert", tmp_path, methods=("input_x_gradient", "rollout"))
+    module.add_class_settings(["target"])
+    one = _robustness(_text_batches(module)).compute()
+    run_on_two_processes(_gloo_worker, str(tmp_path / "bert"), str(tmp_path / "two.json"), base_port=29700)
+    two = json.loads((tmp_path / "two.json").read_text())
+    assert two.keys() == one.keys() and len(one) > 6
+    assert all(np.array_equal(two[k], one[k]) for k in one), {k: (one[k], two[k]) for k in one}
