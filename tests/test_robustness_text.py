@@ -13,10 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from callbacks.robustness import RobustnessTest
+from callbacks.robustness import RobustnessTest, embedding_logits
+from evaluation.classifier import TextClassifier
 from evaluation.embedding_offset import embedding_noise, embedding_scale, offset_embeddings
 from lightning_modules.evaluation import AttributionEvaluationModule
+from methods import build_method
 from methods.adapters import adapter_for
+from methods.input_points import point_values
+from models.clip import PromptScorer
 from tests.families.base import _token_batch
 from tests.families.text import _tiny_bert
 from tests.gloo import gloo_group, run_on_two_processes
@@ -249,3 +253,44 @@ def test_text_two_gloo_processes_equal_one_process(tmp_path):
     two = json.loads((tmp_path / "two.json").read_text())
     assert two.keys() == one.keys() and len(one) > 6
     assert all(np.array_equal(two[k], one[k]) for k in one), {k: (one[k], two[k]) for k in one}
+
+
+def test_clip_text_tower_through_the_prompt_scorer():
+    """CLIP's text tower (a tiny random CLIP's PromptScorer, texts -> fixed images as classes): the forward from the
+    embedding gives the text classifier's logits exactly at zero noise, and both metrics run with their counts."""
+    from transformers import CLIPConfig, CLIPModel
+
+    torch.manual_seed(0)
+    clip = CLIPModel(CLIPConfig(text_config=dict(vocab_size=30, hidden_size=16, intermediate_size=32,
+                                                 num_hidden_layers=1, num_attention_heads=2,
+                                                 max_position_embeddings=10, eos_token_id=29, bos_token_id=28,
+                                                 pad_token_id=0),
+                                vision_config=dict(image_size=16, patch_size=4, hidden_size=16, intermediate_size=32,
+                                                   num_hidden_layers=1, num_attention_heads=2),
+                                projection_dim=8)).eval()
+    scorer = PromptScorer(clip, torch.randn(3, 3, 16, 16))
+    classifier = TextClassifier(scorer, pad_token_id=0, batch_size=7)
+    ids = torch.tensor([[28, 5, 6, 7, 8, 29, 0, 0], [28, 9, 10, 11, 12, 13, 14, 29]])
+    mask, special = (ids > 0).long(), ((ids == 28) | (ids == 29) | (ids == 0)).long()
+    batch = {"input_ids": ids, "attention_mask": mask, "special_tokens_mask": special, "label": torch.tensor([0, 2]),
+             "index": torch.tensor([0, 1])}
+    logits = classifier.logits({"input_ids": ids, "attention_mask": mask})
+    adapter, method = adapter_for(scorer), build_method("input_x_gradient")
+    inputs = classifier.model_inputs(batch)
+    prepared = adapter.prepare_inputs(inputs)
+    clean = point_values(adapter, prepared, "embedding")
+    assert torch.equal(embedding_logits(adapter, classifier, prepared, clean, 7, 3), logits)
+
+    def explain(name, inputs, target, sample_ids, embedding_offset=None):
+        with offset_embeddings(adapter.rule_map.input_embedding(), inputs["input_ids"], embedding_offset):
+            return method(scorer, inputs, target=target).detach()
+
+    pred = logits.argmax(-1)
+    outputs = {"relevance": {"ixg": {"predicted": method(scorer, inputs, target=pred).detach()}},
+               "targets": {"predicted": pred}, "logits": logits, "classifier": classifier, "explain": explain,
+               "model": scorer, "class_specific": {"ixg": True}}
+    cb = RobustnessTest(infidelity_runs=3, sensitivity_runs=2)
+    cb.update(outputs, batch)
+    res = cb.compute()
+    assert res["robustness/forwards"] == 4 * 2 and res["robustness/reexplanations"] == 2 * 2
+    assert res["robustness/ixg/predicted/max_sensitivity"] > 0 and res["robustness/ixg/predicted/infidelity"] > 0
