@@ -1,7 +1,8 @@
 """Infidelity and max-sensitivity (evaluation/robustness.py, callbacks/robustness.py): parity with Captum 0.9.0's
 ``infidelity`` (``normalize`` both ways) and ``sensitivity_max`` given the same perturbations (within 1e-6), the
 counted forwards and re-explanations, class-agnostic methods re-explained once, per-sample perturbations that do
-not depend on the batch, the refusal of a batch of neither images nor tokens, and the evaluation module's ``explain`` entry point."""
+not depend on the batch, the refusal of a batch of neither images nor tokens, and the evaluation module's
+``explain`` entry point (texts: tests/test_robustness_text.py)."""
 from __future__ import annotations
 
 import json
