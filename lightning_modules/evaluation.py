@@ -36,7 +36,8 @@ sets it); the classifier's parameters are frozen (methods differentiate activati
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Union
+import contextlib
+from typing import Any, ContextManager, Dict, List, Optional, Sequence, Union
 
 import pytorch_lightning as pl
 import torch
@@ -45,6 +46,7 @@ from torch import Tensor, nn
 
 from evaluation.class_sets import data_class_names, label_translation, model_num_classes
 from evaluation.classifier import classifier_for
+from evaluation.embedding_offset import offset_embeddings
 from evaluation.method_specs import CLASS_SETTINGS, IF_DEFINED, MethodsSpec, check_class_settings, method_specs
 from methods import MethodUndefinedError, build_method
 from methods.adapters import adapter_for
@@ -209,11 +211,14 @@ class AttributionEvaluationModule(pl.LightningModule):
 
     def _attribute(self, method, inputs: Union[Tensor, Dict[str, Tensor]], target: Optional[Tensor],
                    sample_ids: Optional[Tensor], width: Optional[int] = None,
-                   model: Optional[torch.nn.Module] = None) -> Tensor:
+                   model: Optional[torch.nn.Module] = None, embedding_offset: Optional[Tensor] = None) -> Tensor:
         """The method's maps of ``inputs``, ``method_batch_size`` samples per call (default: all), on ``model``
         (default: the module's). With ``width`` (:meth:`_call_width`) every call runs at exactly ``width``
-        samples: a shorter chunk is padded with copies of its last sample, whose maps are dropped."""
+        samples: a shorter chunk is padded with copies of its last sample, whose maps are dropped.
+        ``embedding_offset`` ``[M, N, D]``: added to the input embedding's output of each chunk's rows while the
+        method runs (:func:`evaluation.embedding_offset.offset_embeddings`)."""
         model = self.model if model is None else model
+        embedding = None if embedding_offset is None else adapter_for(model).rule_map.input_embedding()
         size = self.classifier.num_samples(inputs)
         step = width or self.hparams.method_batch_size or size
         parts = []
@@ -225,24 +230,36 @@ class AttributionEvaluationModule(pl.LightningModule):
             chunk = self.classifier.take(inputs, index)
             targets = None if target is None else self.classifier.method_targets(target[index])
             ids = None if sample_ids is None else sample_ids[index]
-            parts.append(method(model, chunk, target=targets, sample_ids=ids)[:stop - start])
+            offset: ContextManager[Any] = contextlib.nullcontext()
+            if embedding is not None and embedding_offset is not None:
+                offset = offset_embeddings(embedding, chunk["input_ids"], embedding_offset[index])
+            with offset:
+                parts.append(method(model, chunk, target=targets, sample_ids=ids)[:stop - start])
         return torch.cat(parts)
 
     def explain(self, method: str, inputs: Union[Tensor, Dict[str, Tensor]], target: Optional[Tensor],
-                sample_ids: Optional[Tensor] = None, model: Optional[torch.nn.Module] = None) -> Tensor:
+                sample_ids: Optional[Tensor] = None, model: Optional[torch.nn.Module] = None,
+                embedding_offset: Optional[Tensor] = None) -> Tensor:
         """The entry point of the tests that re-explain perturbed copies of a batch (``outputs["explain"]``; e.g.
         :class:`callbacks.robustness.RobustnessTest`): method ``method``'s maps of ``inputs`` (what
         :meth:`model_inputs` returns: normalised images, token tensors) for the classes ``target`` ``[M]`` (ignored
         by a class-agnostic method), at the test loop's call width (:meth:`_call_width`), with autograd on whatever
         the caller has; detached. ``model``: explain with another model of the same architecture instead of the
         module's (the randomised copies of :class:`callbacks.sanity.RandomisationTest`; default: the module's).
-        A method the run does not have is a ``KeyError`` naming those it has."""
+        ``embedding_offset`` ``[M, N, D]`` (token inputs only): the method explains the inputs whose input
+        embeddings (the adapter's ``input_embedding()`` output) are shifted by it, every forward of the method
+        included (:func:`evaluation.embedding_offset.offset_embeddings`; the embedding-space perturbations of
+        :class:`callbacks.robustness.RobustnessTest`). A method the run does not have is a ``KeyError`` naming
+        those it has."""
         if method not in self.methods:
             raise KeyError(f"explain: no method {method!r} in this run; it has {sorted(self.methods)}")
+        if embedding_offset is not None and not isinstance(inputs, dict):
+            raise ValueError("explain: embedding_offset shifts token embeddings; these inputs are images (perturb "
+                             "their pixels instead)")
         chosen = self.methods[method]
         with torch.enable_grad():
             maps = self._attribute(chosen, inputs, target if chosen.class_specific else None, sample_ids,
-                                   self._call_width(), model)
+                                   self._call_width(), model, embedding_offset)
         return maps.detach()
 
     def _loader_batch_size(self) -> Optional[int]:

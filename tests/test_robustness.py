@@ -1,7 +1,8 @@
 """Infidelity and max-sensitivity (evaluation/robustness.py, callbacks/robustness.py): parity with Captum 0.9.0's
 ``infidelity`` (``normalize`` both ways) and ``sensitivity_max`` given the same perturbations (within 1e-6), the
 counted forwards and re-explanations, class-agnostic methods re-explained once, per-sample perturbations that do
-not depend on the batch, the refusal on texts, and the evaluation module's ``explain`` entry point."""
+not depend on the batch, the refusal of a batch of neither images nor tokens, and the evaluation module's
+``explain`` entry point (texts: tests/test_robustness_text.py)."""
 from __future__ import annotations
 
 import json
@@ -143,9 +144,8 @@ def test_measures_by_hand_and_refusals():
     assert sample_noise([1], (2,), 3, 0, "sensitivity", 0.5).abs().max() <= 0.5
     assert not torch.equal(sample_noise([1], (4,), 1, 0, "infidelity", 1.0), sample_noise([2], (4,), 1, 0,
                                                                                           "infidelity", 1.0))
-    text = {"input_ids": torch.ones(1, 4, dtype=torch.long), "index": torch.tensor([0])}
-    with pytest.raises(ValueError, match="embedding space"):
-        RobustnessTest().update({"relevance": {}}, text)
+    with pytest.raises(ValueError, match="neither 'image' nor 'input_ids'"):
+        RobustnessTest().update({"relevance": {}}, {"pixels": torch.ones(1, 4), "index": torch.tensor([0])})
     _, _, batches, _ = _setup()
     outputs, batch = batches[0]
     with pytest.raises(KeyError, match="'explain'"):
