@@ -110,10 +110,10 @@ class RobustnessTest(SampleScoreTest):
             ("perturb_special_tokens", False))]
 
     def conventions(self) -> Dict[str, Any]:
-        return {"space": "[0, 1] pixels, every channel", "infidelity_runs": self.infidelity_runs,
+        return {"space": "images: [0, 1] pixels, every channel", "infidelity_runs": self.infidelity_runs,
                 "noise": f"N(0, {self.noise_std}^2)", "normalize": self.normalize, "score": self.score,
                 "sensitivity_runs": self.sensitivity_runs, "radius": self.radius, "norm": "Frobenius",
-                "seed": self.seed, "text_space": "input embedding (word embeddings), padding never perturbed",
+                "seed": self.seed, "text_space": "texts: the word embeddings, padding never perturbed",
                 "embedding_scale": self.embedding_scale, "perturb_special_tokens": self.perturb_special_tokens}
 
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
