@@ -27,8 +27,7 @@ Results: ``eraser/<method>/<setting>/comprehensiveness@<q>``, ``.../sufficiency@
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -40,7 +39,8 @@ from evaluation.ranking import TIES, removal_counts, removal_masks, removal_rank
 from evaluation.result_keys import ResultKey
 from methods.config_values import PlainDict
 
-from .base import EvaluationCallback, OncePerMap, Result, relevance_for, tie_scores
+from .base import EvaluationCallback
+from .removal_curves import Curve, RemovalCurveTest
 
 PREFIX = "eraser"
 #: ERASER's AOPC bins (fractions of the tokens)
@@ -59,8 +59,11 @@ class Sufficiency(PerStepMean):
     higher_is_better = False
 
 
-class ERASERFaithfulnessTest(EvaluationCallback):
-    """Comprehensiveness, sufficiency and AOPC per method and class setting (module docstring).
+class ERASERFaithfulnessTest(RemovalCurveTest):
+    """Comprehensiveness, sufficiency and AOPC per method and class setting (module docstring), a definition on
+    the removal-curve mechanism (:class:`callbacks.removal_curves.RemovalCurveTest`): two curves over the bins
+    (the drop of the explained class's probability with ``r_q`` removed, with ``r_q`` alone), kept as sums
+    (:class:`evaluation.metrics.PerStepMean`), each bin's value and their mean (AOPC) read from the mean curve.
 
     Args:
         methods: method names (default: every method of the module's outputs).
@@ -73,11 +76,14 @@ class ERASERFaithfulnessTest(EvaluationCallback):
         forward_batch_size: sequences per forward (default: the classifier's).
     """
 
+    PER_SAMPLE = False        # sums of the drops per bin, as the progress files have always held
+    COUNT_FORWARDS = False    # 2 * len(bins) * B forwards per map: the clean probability is the run's forward
+
     def __init__(self, methods: Optional[Sequence[str]] = None, class_settings: Sequence[str] = ("predicted",),
                  bins: Sequence[float] = ERASER_BINS, masking: str = "delete",
                  masking_options: Optional[PlainDict] = None, ties: str = "random", tie_seed: int = 0,
                  forward_batch_size: Optional[int] = None) -> None:
-        super().__init__()
+        EvaluationCallback.__init__(self)   # the conventions are ERASER's, not RemovalCurveTest's options
         self._select(methods, class_settings)
         bins = [float(q) for q in bins]
         if not bins or any(not 0.0 < q <= 1.0 for q in bins) or sorted(set(bins)) != bins:
@@ -92,22 +98,59 @@ class ERASERFaithfulnessTest(EvaluationCallback):
             raise ValueError(f"masking {masking!r} is not a token removal; choose one of {TokenPerturber.REMOVALS}")
         self.bins, self.masking, self.ties, self.tie_seed = bins, masking, ties, int(tie_seed)
         self.forward_batch_size = forward_batch_size
-        self._metrics: Dict[ResultKey, Metric] = {}
-        self._built_methods: List[str] = []
+        self.score, self.step, self.oracle, self.name, self.owner = "probability", None, False, PREFIX, \
+            "eraser faithfulness"
+        self.CURVES = tuple(Curve(what, "morf", mode, tuple((f"@{q:g}", hib) for q in self.bins) + (("aopc", hib),))
+                            for what, mode, hib in (("comprehensiveness", "delete", Comprehensiveness.higher_is_better),
+                                                    ("sufficiency", "insert", Sufficiency.higher_is_better)))
+        self.reset()
 
-    # -------------------------------------------------------------------------------- metrics
-    @staticmethod
-    def _key(method: str, setting: str, what: str) -> ResultKey:
-        return ResultKey(PREFIX, method, setting, what)
+    @classmethod
+    def wandb_tags(cls, init_args: Mapping[str, Any]) -> List[str]:
+        return []
 
-    def build(self, methods: Sequence[str], device=None) -> None:
-        self._built_methods = list(methods)
-        self._metrics = {}
-        for m in methods:
-            for s in self.class_settings:
-                self._metrics[self._key(m, s, "comprehensiveness")] = Comprehensiveness(len(self.bins))
-                self._metrics[self._key(m, s, "sufficiency")] = Sufficiency(len(self.bins))
-        self._place_metrics(device)
+    def conventions(self) -> Dict[str, Any]:
+        return {}   # the run's config holds them
+
+    # -------------------------------------------------------------------------------- the definition
+    def build(self, methods: Sequence[str], device=None) -> None:  # type: ignore[override]
+        """Comprehensiveness and sufficiency per method and class setting, at the bins."""
+        super().build(methods, self.bins, device)
+
+    def build_for(self, methods: Sequence[str], batch: Mapping[str, Any], device: Any) -> None:
+        self.build(methods, device)
+
+    def curve_metric(self, curve: Curve, num_points: int) -> Metric:
+        return (Comprehensiveness if curve.name == "comprehensiveness" else Sufficiency)(num_points)
+
+    def curve_key(self, method: str, setting: str, curve: str, what: str) -> str:
+        metric = curve if what == "curve" else f"{curve}{what}" if what.startswith("@") else f"{what}_{curve}"
+        return ResultKey(PREFIX, method, setting, metric).format()
+
+    def summary_functions(self) -> Dict[str, Callable[[Tensor, Sequence[float]], Tensor]]:
+        def aopc(mean_curve: Tensor, xs: Sequence[float]) -> Tensor:   # ERASER's mean over the bins
+            values = [float(v) for v in mean_curve[0]]
+            return torch.tensor([sum(values) / len(values)], dtype=torch.float64)
+
+        def at(i: int) -> Callable[[Tensor, Sequence[float]], Tensor]:
+            return lambda mean_curve, xs: mean_curve[:, i]
+
+        return {"aopc": aopc, **{f"@{q:g}": at(i) for i, q in enumerate(self.bins)}}
+
+    def _check_modality(self, batch: Mapping[str, Any]) -> None:
+        return None   # the token perturber reads what it needs
+
+    def _counts(self, batch: Mapping[str, Any]) -> Tensor:
+        return torch.zeros(0, dtype=torch.long)   # _drops counts int(q * n) itself
+
+    def removal_curves(self, outputs: Mapping[str, Any], batch: Mapping[str, Any], scores: Tensor,
+                       ties: Optional[Tensor], classes: Optional[Tensor], counts: Tensor) -> Dict[str, Tensor]:
+        full = torch.softmax(outputs["logits"].detach().double(), dim=-1)
+        p_full = full.gather(1, classes[:, None].to(full.device))[:, 0]
+        return self._drops(dict(batch), scores, classes, p_full, outputs["classifier"], ties)
+
+    def update_curve(self, metric: Metric, batch: Mapping[str, Any], values: Tensor) -> None:
+        metric.update(values)
 
     # -------------------------------------------------------------------------------- update
     def _drops(self, batch: Dict[str, Any], scores: Tensor, classes: Tensor, p_full: Tensor, classifier: Any,
@@ -125,47 +168,3 @@ class ERASERFaithfulnessTest(EvaluationCallback):
             p = probs[torch.arange(steps * b, device=probs.device), classes[rows].to(probs.device)]
             out[what] = (p_full[:, None] - p.reshape(steps, b).T.to(p_full)).to(torch.float64)
         return out
-
-    def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
-        relevance = outputs["relevance"]
-        self._build_at_first_batch(outputs)
-        classifier = outputs["classifier"]
-        full = torch.softmax(outputs["logits"].detach().double(), dim=-1)
-        ties = tie_scores(self.perturber, self.ties, batch, outputs.get("layout"), self.tie_seed, "eraser faithfulness")
-        for method in self._built_methods:
-            once = OncePerMap()   # the same map explaining the same classes: its drops are computed once
-            for setting in self.class_settings:
-                rel = relevance_for(relevance, method, setting, "eraser faithfulness")
-                classes = outputs["targets"][setting]
-
-                def drops(rel=rel, classes=classes):
-                    scores = self.perturber.unit_scores(rel, batch, outputs.get("layout"))
-                    p_full = full.gather(1, classes[:, None].to(full.device))[:, 0]
-                    return self._drops(batch, scores, classes, p_full, classifier, ties)
-
-                reuse = once.get(rel, drops, key=classes)
-                for what, values in reuse.items():
-                    self._metrics[self._key(method, setting, what)].update(values)
-
-    # -------------------------------------------------------------------------------- compute
-    def compute(self) -> Dict[str, Result]:
-        results: Dict[str, Result] = {}
-        for key, metric in self._metrics.items():
-            curve = [float(v) for v in metric.compute()]
-            results[key.format()] = curve
-            for q, value in zip(self.bins, curve):
-                results[replace(key, metric=f"{key.metric}@{q:g}").format()] = value
-            results[replace(key, metric=f"aopc_{key.metric}").format()] = float(sum(curve) / len(curve))
-        return results
-
-    def higher_is_better(self) -> Dict[str, Optional[bool]]:
-        declared: Dict[str, Optional[bool]] = {}
-        for key, metric in self._metrics.items():
-            declared[key.format()] = None
-            for q in self.bins:
-                declared[replace(key, metric=f"{key.metric}@{q:g}").format()] = metric.higher_is_better
-            declared[replace(key, metric=f"aopc_{key.metric}").format()] = metric.higher_is_better
-        return declared
-
-    def curve_x(self) -> Dict[str, List[float]]:
-        return {key.format(): list(self.bins) for key in self._metrics}

@@ -35,24 +35,31 @@ negative: higher is better, as :class:`evaluation.metrics.PositivePerturbationCu
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
 
 from evaluation.auc import AUC_CONVENTIONS, DEFAULT_FRACTIONS, check_fractions, curve_x, perturbation_auc
-from evaluation.metrics import PerturbationCurve, perturbation_curve
+from evaluation.metrics import perturbation_curve
 from evaluation.perturbation import perturbation_correctness
 from evaluation.perturbers import build_perturber
 from evaluation.ranking import DIRECTIONS, TIES
 from evaluation.result_keys import ResultKey
 from methods.config_values import PlainDict
 
-from .base import EvaluationCallback, OncePerMap, Result, relevance_for, tie_scores
+from .base import EvaluationCallback
+from .removal_curves import Curve, RemovalCurveTest
 
 PREFIX = "perturbation"
 
 
-class PerturbationTest(EvaluationCallback):
-    """Positive/negative perturbation curves and AUCs per method and class setting (module docstring).
+class PerturbationTest(RemovalCurveTest):
+    """Positive/negative perturbation curves and AUCs per method and class setting (module docstring), a
+    definition on the removal-curve mechanism (:class:`callbacks.removal_curves.RemovalCurveTest`): one curve per
+    direction (accuracy against the label, Chefer's grid, step 0 the clean forward's), kept as sums
+    (:class:`evaluation.metrics.PerturbationCurve`), its ``auc`` read from the mean curve (Chefer's script).
 
     Args:
         methods: method names (default: every method of the module's outputs).
@@ -74,12 +81,18 @@ class PerturbationTest(EvaluationCallback):
         tie_seed: the random baseline's seed of the ``random`` tie convention.
     """
 
+    NAME = PREFIX
+    PER_SAMPLE = False        # sums of correct predictions per step, as the progress files have always held
+    COUNT_FORWARDS = False    # S * B forwards per map and direction, S = len(fractions): the clean step is free
+    #: direction -> the order its units are removed in
+    ORDERS = {"positive": "morf", "negative": "lerf"}
+
     def __init__(self, methods: Optional[Sequence[str]] = None,
                  class_settings: Sequence[str] = ("predicted", "target"),
                  directions: Sequence[str] = DIRECTIONS, fractions: Sequence[float] = DEFAULT_FRACTIONS,
                  auc: str = "chefer", masking: str = "chefer", forward_batch_size: Optional[int] = None,
                  ties: str = "random", tie_seed: int = 0, masking_options: Optional[PlainDict] = None) -> None:
-        super().__init__()
+        EvaluationCallback.__init__(self)   # the conventions are Chefer's, not RemovalCurveTest's options
         self._select(methods, class_settings)
         bad = [d for d in directions if d not in DIRECTIONS]
         if bad or not directions:
@@ -97,73 +110,56 @@ class PerturbationTest(EvaluationCallback):
         self.forward_batch_size = forward_batch_size
         self.ties = ties
         self.tie_seed = int(tie_seed)
-        self._metrics: Dict[ResultKey, PerturbationCurve] = {}
-        self._built_methods: List[str] = []
+        self.score, self.step, self.oracle, self.name, self.owner = "accuracy", None, False, PREFIX, PREFIX
+        self.CURVES = tuple(Curve(d, self.ORDERS[d], "delete", (("auc", perturbation_curve(d, 2).higher_is_better),))
+                            for d in self.directions)
+        self.reset()
 
     @classmethod
     def wandb_tags(cls, init_args: Mapping[str, Any]) -> List[str]:
         return [f"{name}:{init_args.get(name)}" for name in ("auc", "masking", "ties")
                 if init_args.get(name) is not None]
 
-    # -------------------------------------------------------------------------------- metrics
-    @staticmethod
-    def _key(method: str, direction: str, setting: str) -> ResultKey:
-        return ResultKey(PREFIX, method, setting, "auc", direction)
+    def conventions(self) -> Dict[str, Any]:
+        return {}   # the run's config holds them (comparison.configs reads the callback's init args)
 
-    def build(self, methods: Sequence[str], device=None) -> None:
-        """One curve metric per method, direction and class setting."""
-        self._built_methods = list(methods)
-        self._metrics = {
-            self._key(m, d, s): perturbation_curve(d, len(self.fractions) + 1)
-            for m in methods for d in self.directions for s in self.class_settings
-        }
-        self._place_metrics(device)
+    # -------------------------------------------------------------------------------- the definition
+    def cells(self, methods: Sequence[str]) -> List[Tuple[str, str, Curve]]:
+        return [(m, s, c) for m in methods for c in self.CURVES for s in self.class_settings]
 
-    # -------------------------------------------------------------------------------- update
-    def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
-        relevance = outputs["relevance"]
-        self._build_at_first_batch(outputs)
+    def curve_metric(self, curve: Curve, num_points: int) -> Metric:
+        return perturbation_curve(curve.name, num_points)
+
+    def curve_key(self, method: str, setting: str, curve: str, what: str) -> str:
+        return ResultKey(PREFIX, method, setting, what, curve).format()
+
+    def summary_functions(self) -> Dict[str, Callable[[Tensor, Sequence[float]], Tensor]]:
+        def auc(mean_curve: Tensor, xs: Sequence[float]) -> Tensor:
+            value = perturbation_auc([float(v) for v in mean_curve[0]], self.fractions, self.auc)
+            return torch.tensor([value], dtype=torch.float64)
+        return {"auc": auc}
+
+    def _check_modality(self, batch: Mapping[str, Any]) -> None:
+        return None   # the masking convention's perturber reads what it needs (images or tokens)
+
+    def build(self, methods: Sequence[str], device=None) -> None:  # type: ignore[override]
+        """One curve metric per method, direction and class setting, at ``[0] + fractions``."""
+        super().build(methods, curve_x(self.fractions), device)
+
+    def build_for(self, methods: Sequence[str], batch: Mapping[str, Any], device: Any) -> None:
+        self.build(methods, device)
+
+    def _counts(self, batch: Mapping[str, Any]) -> Tensor:
+        return torch.zeros(0, dtype=torch.long)   # perturbation_correctness counts int(p * n) itself
+
+    def removal_curves(self, outputs: Mapping[str, Any], batch: Mapping[str, Any], scores: Tensor,
+                       ties: Optional[Tensor], classes: Optional[Tensor], counts: Tensor) -> Dict[str, Tensor]:
         labels = batch["label"]
-        classifier, layout = outputs["classifier"], outputs.get("layout")
         clean_correct = outputs["logits"].argmax(dim=-1) == labels
-        ties = tie_scores(self.perturber, self.ties, batch, layout, self.tie_seed, "perturbation")
+        return {c.name: perturbation_correctness(self.perturber, batch, scores, labels, clean_correct, self.fractions,
+                                                 c.name, outputs["classifier"], ties, self.forward_batch_size)
+                for c in self.CURVES}
 
-        for method in self._built_methods:
-            once = OncePerMap()   # class-agnostic methods give the same tensor for every setting: test it once
-            for setting in self.class_settings:
-                rel = relevance_for(relevance, method, setting, "perturbation")
+    def update_curve(self, metric: Metric, batch: Mapping[str, Any], values: Tensor) -> None:
+        metric.update(values)
 
-                def correctness(rel=rel):
-                    scores = self.perturber.unit_scores(rel, batch, layout)
-                    return {d: perturbation_correctness(self.perturber, batch, scores, labels, clean_correct,
-                                                        self.fractions, d, classifier, ties,
-                                                        self.forward_batch_size)
-                            for d in self.directions}
-
-                reuse = once.get(rel, correctness)
-                for direction in self.directions:
-                    self._metrics[self._key(method, direction, setting)].update(reuse[direction])
-
-    # -------------------------------------------------------------------------------- compute
-    def compute(self) -> Dict[str, Result]:
-        results: Dict[str, Result] = {}
-        for key, metric in self._metrics.items():
-            curve = [float(v) for v in metric.compute()]  # runs on every rank (torchmetrics syncs the sums)
-            results[key.format()] = perturbation_auc(curve, self.fractions, self.auc)
-            results[_curve(key)] = curve
-        return results
-
-    def higher_is_better(self) -> Dict[str, Optional[bool]]:
-        declared: Dict[str, Optional[bool]] = {}
-        for key, metric in self._metrics.items():
-            declared[key.format()] = metric.higher_is_better
-            declared[_curve(key)] = None   # a curve is read through its area
-        return declared
-
-    def curve_x(self) -> Dict[str, List[float]]:
-        return {_curve(key): curve_x(self.fractions) for key in self._metrics}
-
-
-def _curve(auc: ResultKey) -> str:
-    """The key of the curve whose area is ``auc``."""
-    return replace(auc, metric="curve").format()

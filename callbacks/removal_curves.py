@@ -14,7 +14,12 @@ few lines (its curves, summaries and conventions) plus a config block:
 * :class:`AOPCTest`: AOPC (signed and ``|Delta p|``) and log-odds over AttCAT's levels (Qiang et al., NeurIPS 2022:
   9 levels of ``linspace(0, 1, 10)``), most relevant tokens removed;
 * :class:`ROADTest`: ROAD (Rong et al., ICML 2022): MoRF and LeRF with noisy linear imputation, and their
-  combination ``(LeRF - MoRF) / 2`` (grad-cam's ``ROADCombined``), images only.
+  combination ``(LeRF - MoRF) / 2`` (grad-cam's ``ROADCombined``), images only;
+* on the same mechanism with their own conventions and keys, summaries read from the mean curve (sums kept, not
+  per-sample curves: ``PER_SAMPLE = False``): Chefer's perturbation test (:class:`callbacks.perturbation.
+  PerturbationTest`) and ERASER's comprehensiveness / sufficiency (:class:`callbacks.faithfulness.
+  ERASERFaithfulnessTest`). A subclass declares its curves and may override the hooks :meth:`~RemovalCurveTest.
+  cells`, ``curve_metric``, ``curve_key``, ``summary_functions``, ``removal_curves`` and ``update_curve``.
 
 Every curve is computed per sample (``[B, S]``, the explained class ``outputs["targets"][setting]``; ``accuracy``:
 argmax against the label) and kept with the sample's dataset index (:class:`evaluation.curves.PerSampleCurves`):
@@ -55,7 +60,7 @@ from evaluation.ranking import TIES, removal_counts, removal_masks, removal_rank
 from evaluation.result_keys import ResultKey
 from evaluation.substrates import SUBSTRATES, UNITS, SubstratePerturber
 
-from .base import EvaluationCallback, OncePerMap, Result, relevance_for, tie_scores
+from .base import EvaluationCallback, OncePerMap, Result, outputs_device, relevance_for, tie_scores
 from .sample_scores import ORACLE, with_oracle
 
 SCORES = ("probability", "logit", "accuracy")
@@ -117,6 +122,11 @@ class RemovalCurveTest(EvaluationCallback):
     NAME = "curves"
     #: the curves of the test
     CURVES: Tuple[Curve, ...] = ()
+    #: keep every sample's curve (:class:`PerSampleCurves`); ``False``: the metric of :meth:`curve_metric` keeps
+    #: sums and the summaries are read from the mean curve (:class:`evaluation.curves.CurveEntry`)
+    PER_SAMPLE = True
+    #: count the forwards in ``<name>/forward_passes``
+    COUNT_FORWARDS = True
     #: ``(key metric, function of the areas (a, b), curve a, curve b, higher_is_better)``
     COMBINED: Tuple[Tuple[str, Callable[[Tensor, Tensor], Tensor], str, str, Optional[bool]], ...] = ()
     #: the modalities the test is defined on
@@ -173,10 +183,8 @@ class RemovalCurveTest(EvaluationCallback):
         self.forward_batch_size = forward_batch_size
         self.name = name or self.NAME
         self.klen, self.sigma, self.noise = int(klen), float(sigma), float(noise)
-        self._collection = CurveCollection()
-        self._forwards = ForwardCount()
-        self._built_methods: List[str] = []
-        self._x: Optional[List[float]] = None
+        self.owner = type(self).__name__
+        self.reset()
 
     # -------------------------------------------------------------------------------- declarations
     @classmethod
@@ -212,40 +220,60 @@ class RemovalCurveTest(EvaluationCallback):
         counts = self._counts(batch)
         return [float(c) / float(counts[-1]) for c in counts]
 
-    def build(self, methods: Sequence[str], x: Sequence[float], device=None) -> None:
-        """One curve per method, class setting and curve of :attr:`CURVES`, at ``x``."""
-        self._built_methods, self._x = list(methods), [float(v) for v in x]
-        curves: Dict[str, CurveEntry] = {}
-        combined = {}
+    def summary_functions(self) -> Dict[str, Callable[[Tensor, Sequence[float]], Tensor]]:
+        """Summary name -> function of the curves ``[N, S]`` and x (:mod:`evaluation.curves`)."""
         rule = self.integration
 
         def area(y: Tensor, xs: Sequence[float]) -> Tensor:
             return integrate(y, xs, rule)
 
-        summaries: Dict[str, Callable[[Tensor, Sequence[float]], Tensor]] = {
-            "auc": area, "aopc": lambda y, xs: aopc(y), "aopc_abs": lambda y, xs: aopc_abs(y),
-            "log_odds": lambda y, xs: log_odds(y)}
-        for m in methods:
+        return {"auc": area, "aopc": lambda y, xs: aopc(y), "aopc_abs": lambda y, xs: aopc_abs(y),
+                "log_odds": lambda y, xs: log_odds(y)}
+
+    def cells(self, methods: Sequence[str]) -> List[Tuple[str, str, Curve]]:
+        """``(method, class setting, curve)`` of every curve, in the order of the metrics (and progress files)."""
+        return [(m, s, curve) for m in methods for s in self.class_settings for curve in self.CURVES]
+
+    def curve_metric(self, curve: Curve, num_points: int) -> Metric:
+        """The metric that keeps one curve (default: every sample's, :class:`PerSampleCurves`)."""
+        return PerSampleCurves(num_points)
+
+    def curve_key(self, method: str, setting: str, curve: str, what: str) -> str:
+        """The result key of ``what`` (``curve``, the mean curve, or a summary) of curve ``curve``."""
+        return self._key(method, setting, f"{curve}_{what}")
+
+    def build(self, methods: Sequence[str], x: Sequence[float], device=None) -> None:
+        """One curve per method, class setting and curve of :attr:`CURVES`, at ``x``."""
+        self._built_methods, self._x = list(methods), [float(v) for v in x]
+        curves: Dict[str, CurveEntry] = {}
+        combined = {}
+        summaries = self.summary_functions()
+        for m, s, curve in self.cells(self._built_methods):
+            entry = CurveEntry(self.curve_metric(curve, len(self._x)), list(self._x), per_sample=self.PER_SAMPLE)
+            for summary, hib in curve.summaries:
+                entry.summaries[self.curve_key(m, s, curve.name, summary)] = (summaries[summary], hib)
+            curves[self.curve_key(m, s, curve.name, "curve")] = entry
+        for m in self._built_methods:
             for s in self.class_settings:
-                for curve in self.CURVES:
-                    entry = CurveEntry(PerSampleCurves(len(self._x)), list(self._x))
-                    for summary, hib in curve.summaries:
-                        entry.summaries[self._key(m, s, f"{curve.name}_{summary}")] = (summaries[summary], hib)
-                    curves[self._key(m, s, f"{curve.name}_curve")] = entry
                 for what, fn, a, b, hib in self.COMBINED:
-                    combined[self._key(m, s, what)] = (fn, (self._key(m, s, f"{a}_curve"),
-                                                            self._key(m, s, f"{b}_curve")), area, hib)
+                    combined[self._key(m, s, what)] = (fn, (self.curve_key(m, s, a, "curve"),
+                                                            self.curve_key(m, s, b, "curve")), summaries["auc"], hib)
         self._collection = CurveCollection(curves, combined)
         self._place_metrics(device)
+
+    def build_for(self, methods: Sequence[str], batch: Mapping[str, Any], device: Any) -> None:
+        """``build`` at the first batch: the grid's x values are read from it."""
+        self.build(methods, self._grid_x(batch), device)
 
     def _key(self, method: str, setting: str, metric: str) -> str:
         return ResultKey(self.name, method, setting, metric).format()
 
     def metrics(self) -> List[Metric]:
-        return self._collection.metrics() + [self._forwards]
+        return self._collection.metrics() + ([self._forwards] if self.COUNT_FORWARDS else [])
 
     def reset(self) -> None:
         self._collection, self._forwards, self._built_methods = CurveCollection(), ForwardCount(), []
+        self._x: Optional[List[float]] = None
 
     # -------------------------------------------------------------------------------- update
     def perturber_for(self, curve: Curve) -> Perturber:
@@ -301,46 +329,56 @@ class RemovalCurveTest(EvaluationCallback):
             out[curve.name] = self._scores(logits.reshape(steps, b, -1), classes, batch["label"])
         return out
 
+    def removal_curves(self, outputs: Mapping[str, Any], batch: Mapping[str, Any], scores: Tensor,
+                       ties: Optional[Tensor], classes: Optional[Tensor], counts: Tensor) -> Dict[str, Tensor]:
+        """Curve name -> values ``[B, S]`` of one map's unit scores ``[B, N]`` (default: every curve of
+        :attr:`CURVES` removed on ``counts`` and scored as ``score`` says)."""
+        return self._curves(batch, scores, ties, classes, outputs["classifier"], counts)
+
+    def update_curve(self, metric: Metric, batch: Mapping[str, Any], values: Tensor) -> None:
+        """Add one batch's curves ``[B, S]`` to ``metric`` (default: with the samples' dataset indices)."""
+        metric.update(batch["index"], values)
+
     def update(self, outputs: Dict[str, Any], batch: Dict[str, Any]) -> None:
         self._check_modality(batch)
         if self.oracle:
-            outputs = with_oracle(outputs, batch, self.class_settings, type(self).__name__)
+            outputs = with_oracle(outputs, batch, self.class_settings, self.owner)
         layout = outputs.get("layout")
         if isinstance(self.perturber, SubstratePerturber):
             self.perturber.set_layout(layout, batch)
         if not self._collection.curves:
             methods = list(self.methods) + ([ORACLE] if self.oracle else []) if self.methods is not None else \
                 list(outputs["relevance"])
-            self.build(methods, self._grid_x(batch), outputs["logits"].device)
+            self.build_for(methods, batch, outputs_device(outputs))
+        ties = tie_scores(self.perturber, self.ties, batch, layout, self.tie_seed, self.owner)
         counts = self._counts(batch)
         if self.step is not None and len(counts) != len(self._x or ()):
             raise ValueError(f"{type(self).__name__}: the images changed size during the run")
-        classifier = outputs["classifier"]
-        ties = tie_scores(self.perturber, self.ties, batch, layout, self.tie_seed, type(self).__name__)
-        index = batch["index"]
         for method in self._built_methods:
             once = OncePerMap()
             for setting in self.class_settings:
-                rel = relevance_for(outputs["relevance"], method, setting, type(self).__name__)
-                classes = outputs["targets"][setting]
+                rel = relevance_for(outputs["relevance"], method, setting, self.owner)
+                classes = None if self.score == "accuracy" else outputs["targets"][setting]   # accuracy: the label
 
                 def compute(rel=rel, classes=classes):
                     scores = self.perturber.unit_scores(rel, batch, layout)
-                    return self._curves(batch, scores, ties, classes, classifier, counts)
+                    return self.removal_curves(outputs, batch, scores, ties, classes, counts)
 
                 curves = once.get(rel, compute, key=None if self.score == "accuracy" else classes)
                 for curve_name, values in curves.items():
-                    entry = self._collection.curves[self._key(method, setting, f"{curve_name}_curve")]
-                    entry.metric.update(index, values)
+                    entry = self._collection.curves[self.curve_key(method, setting, curve_name, "curve")]
+                    self.update_curve(entry.metric, batch, values)
 
     # -------------------------------------------------------------------------------- results
     def compute(self) -> Dict[str, Result]:
         results: Dict[str, Result] = dict(self._collection.results())
-        results[ResultKey(self.name, metric="forward_passes").format()] = float(self._forwards.compute())
+        if self.COUNT_FORWARDS:
+            results[ResultKey(self.name, metric="forward_passes").format()] = float(self._forwards.compute())
         return results
 
     def higher_is_better(self) -> Dict[str, Optional[bool]]:
-        return {**self._collection.higher_is_better(), ResultKey(self.name, metric="forward_passes").format(): None}
+        forwards = {ResultKey(self.name, metric="forward_passes").format(): None} if self.COUNT_FORWARDS else {}
+        return {**self._collection.higher_is_better(), **forwards}
 
     def curve_x(self) -> Dict[str, List[float]]:
         return self._collection.curve_x()

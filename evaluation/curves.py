@@ -16,6 +16,9 @@ Summaries of a curve ``y`` (``y[0]`` the start: the clean input, or the all-remo
   y[k]|`` (AttCAT's ``cal_aopc``); ``log_odds``: ``mean_k log(y[k] / y[0])`` (Shrikumar et al. 2017; DIG, AttCAT;
   probabilities only).
 
+A curve may instead keep float64 sums whose ``compute`` is the mean curve (``CurveEntry(per_sample=False)``:
+Chefer's accuracy curves, ERASER's drops): its summaries are then read from the mean curve, as those authors do.
+
 A test (``callbacks.removal_curves``) declares its curves and the summaries it reports; this module knows nothing
 of what was removed.
 """
@@ -100,11 +103,17 @@ Summary = Callable[[Tensor, Sequence[float]], Tensor]
 @dataclass
 class CurveEntry:
     """One curve of the collection: its metric, x values and the summaries reported from it
-    (``{result key: (function, higher_is_better)}``)."""
+    (``{result key: (function, higher_is_better)}``).
 
-    metric: PerSampleCurves
+    ``per_sample`` (default): the metric is a :class:`PerSampleCurves`, each summary is a mean over samples of
+    the per-sample values. Otherwise the metric keeps sums whose ``compute`` is the mean curve ``[S]`` (e.g.
+    :class:`evaluation.metrics.PerturbationCurve`): each summary is read from the mean curve (given as ``[1, S]``,
+    returning ``[1]``: Chefer's AUC of the mean accuracy curve), and the curve has no per-sample rows."""
+
+    metric: Metric
     x: List[float]
     summaries: Dict[str, Tuple[Summary, Optional[bool]]] = field(default_factory=dict)
+    per_sample: bool = True
 
 
 @dataclass
@@ -124,11 +133,15 @@ class CurveCollection:
         """``{key: (indices, values)}`` of every curve, summary and combined summary, rows sorted by index."""
         out: Dict[str, Tuple[Tensor, Tensor]] = {}
         for key, entry in self.curves.items():
+            if not entry.per_sample:
+                continue
             index, values = entry.metric.compute()
             out[key] = (index, values)
             for name, (fn, _) in entry.summaries.items():
                 out[name] = (index, fn(values, entry.x))
         for name, (fn, (a, b), area, _) in self.combined.items():
+            if a not in out or b not in out:
+                raise ValueError(f"{name}: a combined summary needs per-sample curves; {a} or {b} keeps sums only")
             (ia, ya), (ib, yb) = out[a], out[b]
             if not torch.equal(ia, ib):
                 raise RuntimeError(f"{name}: the curves {a} and {b} hold different samples")
@@ -138,6 +151,11 @@ class CurveCollection:
     def results(self) -> Dict[str, Any]:
         """``{key: mean over samples}``: the mean curve (a list) for curve keys, a float for the summaries."""
         results: Dict[str, Any] = {}
+        for key, entry in self.curves.items():
+            if not entry.per_sample:   # a mean curve: its summaries are read from it
+                curve = entry.metric.compute().to(torch.float64)
+                results[key] = [float(v) for v in curve]
+                results.update({name: float(fn(curve[None], entry.x)[0]) for name, (fn, _) in entry.summaries.items()})
         for key, (_, values) in self.per_sample().items():
             if values.dim() == 2:
                 results[key] = [float(v) for v in values.mean(dim=0)] if len(values) else [float("nan")] * \
