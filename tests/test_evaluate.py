@@ -316,15 +316,16 @@ def test_method_options_are_checked_against_the_model_when_the_module_is_built(m
 
 
 def test_methods_selected_by_a_set_leave_out_those_undefined_on_the_model():
-    """``all``, ``null`` and ``tag:`` select methods by set: one the model does not serve (ALTI on a ViT) is left
-    out of the run; asked for by name it is an error naming the model."""
+    """``all``, ``null`` and ``tag:`` select methods by set: one the model does not serve (ALTI-Logit on a ViT: it
+    needs a decoder) is left out of the run while ``alti`` of the same tag stays; asked for by name it is an error
+    naming the model."""
     from lightning_modules.evaluation import AttributionEvaluationModule
     from methods import MethodUndefinedError
 
     kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=4)
     module = AttributionEvaluationModule("timm:vit_tiny_patch16_224", pretrained=False, model_kwargs=kwargs,
                                          methods=["rollout", "tag:alti"])
-    assert set(module.methods) == {"rollout"} and set(module.method_specs) == {"rollout"}
-    with pytest.raises(MethodUndefinedError, match="alti"):
+    assert set(module.methods) == {"rollout", "alti"} and set(module.method_specs) == {"rollout", "alti"}
+    with pytest.raises(MethodUndefinedError, match="alti_logit"):
         AttributionEvaluationModule("timm:vit_tiny_patch16_224", pretrained=False, model_kwargs=kwargs,
-                                    methods=["rollout", "alti"])
+                                    methods=["rollout", "alti_logit"])
