@@ -249,11 +249,13 @@ def anchors_needed(name: str) -> List[str]:
 
 
 def occlusion_windows(method, family: str, size: str, num_tokens: int) -> int:
-    """The windows ``occlusion`` replaces one at a time: the content tokens of a sequence, or the image's windows
-    (the method's ``window`` and ``stride``, default one patch)."""
+    """The windows ``occlusion`` replaces one at a time: the windows of the method's ``window`` and ``stride`` over
+    a sequence's content tokens (default one token) or over the image (default one patch)."""
+    from methods.occlusion import _pair, token_windows, window_corners
+
     if family in TEXT_FAMILIES:
-        return num_tokens
-    from methods.occlusion import _pair, window_corners
+        window = _pair(method.window, (1, 1), "window")[0]
+        return len(token_windows(num_tokens, window, _pair(method.stride, (window, window), "stride")[0]))
 
     if family == "siglip":
         img, patch = SIGLIP_SIZES[size]["image_size"], SIGLIP_SIZES[size]["patch_size"]

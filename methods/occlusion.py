@@ -11,9 +11,13 @@ windows that cover it of ``y(x) - y(x with the window replaced)``, ``y`` the exp
   default, ``"black"``, ``"blur"`` or a tensor, :mod:`methods.input_baselines`); Captum's pixel map reduced to
   ``[B, P]`` by its **mean** over each patch (with the default window and stride each patch's score is exactly
   the drop when that patch is replaced); pixels no window covers score 0.
-* Sequences: each content token (not special, not padding) replaced by the ``baseline`` (``"zero"``: the zero
-  word embedding; ``"pad"`` / ``"mask"`` / ``"unk"`` or an id) with the attention mask kept, unlike
-  ``token_ablation``, which removes it; special tokens and padding score 0.
+* Sequences: windows of ``window`` consecutive content tokens (default 1: each content token alone; special
+  tokens and padding are skipped, never counted) moved by ``stride`` (default: the window) over each sample's
+  content tokens: Captum's ``ceil((M - window) / stride) + 1`` windows for ``M`` content tokens, the last one cut
+  at the sequence's end (one window of all of them where ``M < window``, which Captum refuses), replaced by the
+  ``baseline`` (``"zero"``: the zero word embedding; ``"pad"`` / ``"mask"`` / ``"unk"`` or an id) with the
+  attention mask kept, unlike ``token_ablation``, which removes it; content tokens no window covers (a stride
+  longer than the window), special tokens and padding score 0.
 
 ``batch_size``: perturbed rows per forward. One clean forward plus one per window (token).
 """
@@ -44,6 +48,15 @@ def _pair(value: Size, default: Tuple[int, int], option: str) -> Tuple[int, int]
     return (int(pair[0]), int(pair[1]))
 
 
+def token_windows(count: int, window: int, stride: int) -> Tensor:
+    """``[W, count]`` bool: the windows over ``count`` content tokens (module docstring)."""
+    if count == 0:
+        return torch.zeros(0, 0, dtype=torch.bool)
+    starts = torch.arange(-(-max(count - window, 0) // stride) + 1) * stride
+    index = torch.arange(count)
+    return (index[None, :] >= starts[:, None]) & (index[None, :] < starts[:, None] + window)
+
+
 def window_corners(size: Tuple[int, int], window: Tuple[int, int], stride: Tuple[int, int]) -> Tensor:
     """``[W, 2]`` top-left corners of the windows (Captum's: ``floor((size - window) / stride) + 1`` per axis)."""
     if window[0] > size[0] or window[1] > size[1]:
@@ -56,7 +69,8 @@ def window_corners(size: Tuple[int, int], window: Tuple[int, int], stride: Tuple
 @register_method("occlusion")
 class Occlusion(ReplacementAttribution):
     """Occlusion by replacement (Zeiler & Fergus 2014; Captum ``Occlusion`` / ``FeatureAblation``); options
-    ``window``, ``stride`` (images), ``baseline``, ``batch_size``, ``explain``; see :mod:`methods.occlusion`."""
+    ``window``, ``stride`` (pixels on images, content tokens on sequences), ``baseline``, ``batch_size``,
+    ``explain``; see :mod:`methods.occlusion`."""
 
     tags = ("generic_baseline", "perturbation", "opt_in")
 
@@ -69,8 +83,10 @@ class Occlusion(ReplacementAttribution):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if adapter.modality != "image" and (self.window is not None or self.stride is not None):
-            raise ValueError("occlusion: window and stride are for images; sequences are occluded a token at a time")
+        for option in ("window", "stride"):
+            value = getattr(self, option)
+            if adapter.modality != "image" and value is not None and not isinstance(value, int):
+                raise ValueError(f"occlusion: on a sequence {option} counts content tokens, one int, got {value!r}")
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
         point, x, start = self.replacement_start(adapter, inputs)
@@ -81,12 +97,15 @@ class Occlusion(ReplacementAttribution):
         layout = adapter.layout(inputs)
         if not isinstance(layout, PatchGrid):
             positions = feature_positions(adapter, inputs)
-            coalitions = [~torch.eye(len(p), dtype=torch.bool) for p in positions]
-            dropped = coalition_scores(adapter, inputs, point, x, start, coalitions, target, foil, self.explain,
-                                       self.batch_size)
+            window, stride = _pair(self.window, (1, 1), "window")[0], _pair(self.stride, (0, 0), "stride")[0]
+            hidden = [token_windows(len(p), window, stride or window) for p in positions]
+            dropped = coalition_scores(adapter, inputs, point, x, start, [~h for h in hidden], target, foil,
+                                       self.explain, self.batch_size)
             scores = torch.zeros(inputs.batch_size, layout.num_scores, dtype=x.dtype, device=x.device)
-            for b, (p, d) in enumerate(zip(positions, dropped)):
-                scores[b, p.to(x.device)] = clean[b] - d
+            for b, (p, h, d) in enumerate(zip(positions, hidden, dropped)):
+                covered = h.to(device=x.device, dtype=x.dtype)
+                drops = (clean[b] - d) @ covered / covered.sum(dim=0).clamp(min=1)
+                scores[b, p.to(x.device)] = drops
             return scores
         return self._image_scores(adapter, inputs, layout, x, start, target, foil, clean)
 

@@ -1,5 +1,5 @@
 """KernelSHAP and LIME over content positions: a weighted linear surrogate fitted to the explained output of
-random coalitions of features (content tokens or patches) replaced by a baseline.
+random coalitions of features (content tokens or patches), the absent ones replaced by a baseline or removed.
 
 * ``kernel_shap`` (Lundberg & Lee 2017, "A Unified Approach to Interpreting Model Predictions", Theorem 2;
   Captum 0.9.0 ``KernelShap``): the all-present and the all-absent coalitions, then ``samples - 2`` coalitions
@@ -13,21 +13,26 @@ random coalitions of features (content tokens or patches) replaced by a baseline
   between the sample's input at the point and the perturbed one (real positions only); ``regression="lasso"``
   (Captum's ``SkLearnLasso(alpha=0.01)``) or ``"linear"``.
 
-Features: :mod:`methods.feature_replacement` (content tokens replaced by the ``baseline`` at the word embedding,
-attention kept; patches by the baseline image's pixels); a sample's coefficient is its feature's score (special
-tokens and padding 0); regressions: :mod:`methods.surrogate_regression`. The coalitions come from a CPU generator
+Features: ``mode="replacement"`` (default), :mod:`methods.feature_replacement` (content tokens replaced by the
+``baseline`` at the word embedding, attention kept; patches by the baseline image's pixels); ``mode="removal"``,
+:mod:`methods.feature_removal` (absent features dropped from the sequence by the family's token removal, as
+``token_ablation``; LIME's distance then reads an absent feature as 0 at the input point; no ``baseline``); a
+sample's coefficient is its feature's score (special tokens and padding 0); regressions:
+:mod:`methods.surrogate_regression`. The coalitions come from a CPU generator
 seeded by ``(seed, sample id)`` (:mod:`methods.seeded_draws`), so a sample's map is the same in any batch.
 ``samples``: coalitions per sample (Captum's default 25; papers use 500-2000); ``batch_size``: rows per forward.
-A sample with one feature gets ``y(x) - y(baseline)``, one with none 0. ``explain``: the explained output.
+A sample with one feature gets ``y(x) - y(baseline)``, one with none 0 (``y(baseline)``: the output with every
+feature absent). ``explain``: the explained output.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from .adapters import ModelAdapter, ModelInputs
+from .feature_removal import check_removal, removal_scores
 from .feature_replacement import ReplacementAttribution, coalition_scores, feature_positions, present_elements
 from .input_baselines import IMAGENET_MEAN, IMAGENET_STD
 from .input_points import check_choice, logits_at, real_rows, resolve_point
@@ -40,6 +45,8 @@ from .surrogate_regression import (
 )
 from .targets import TargetType
 
+#: how absent features leave the input: replaced by the baseline, or removed from the sequence
+MODES = ("replacement", "removal")
 #: Captum's finite weight of the all-present and all-absent coalitions (its ``inf_weight``)
 CAPTUM_END_WEIGHT = 1e6
 
@@ -72,11 +79,26 @@ class _Surrogate(ReplacementAttribution):
 
     def __init__(self, samples: int = 25, baseline: Any = "zero", seed: int = 0, batch_size: int = 64,
                  explain: str = "logit", foil: Optional[int] = None, image_mean: Sequence[float] = IMAGENET_MEAN,
-                 image_std: Sequence[float] = IMAGENET_STD, blur_sigma: float = 5.0):
+                 image_std: Sequence[float] = IMAGENET_STD, blur_sigma: float = 5.0, mode: str = "replacement"):
         if not (isinstance(samples, int) and samples >= 2):
             raise ValueError(f"{self.name}: samples must be an int >= 2, got {samples!r}")
         super().__init__(baseline, batch_size, explain, foil, image_mean, image_std, blur_sigma)
         self.samples, self.seed = samples, int(seed)
+        self.mode = check_choice(mode, MODES, "mode", self.name)
+        if self.mode == "removal" and not (isinstance(baseline, str) and baseline == "zero"):
+            raise ValueError(f"{self.name}: baseline={baseline!r} is for mode='replacement'; mode='removal' drops "
+                             "the absent features instead of replacing them")
+
+    def check_adapter(self, adapter: ModelAdapter) -> None:
+        super().check_adapter(adapter)
+        if self.mode == "removal":
+            check_removal(adapter, self.name)
+
+    def start(self, adapter: ModelAdapter, inputs: ModelInputs) -> Tuple[str, Tensor, Tensor]:
+        """``(point, x, start)``: the baseline's values at the point, or zeros (an absent feature in LIME's
+        distance) in removal mode."""
+        point, x, start = self.replacement_start(adapter, inputs)
+        return (point, x, torch.zeros_like(x)) if self.mode == "removal" else (point, x, start)
 
     def coalitions(self, generator: torch.Generator, features: int) -> Tensor:
         raise NotImplementedError
@@ -89,7 +111,7 @@ class _Surrogate(ReplacementAttribution):
         return weighted_linear_regression(present.double(), scores, weights)
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
-        point, x, start = self.replacement_start(adapter, inputs)
+        point, x, start = self.start(adapter, inputs)
         with torch.no_grad():
             target, foil = self.resolve(logits_at(adapter, inputs, point, x), target)
         positions = feature_positions(adapter, inputs)
@@ -101,8 +123,12 @@ class _Surrogate(ReplacementAttribution):
                 coalitions.append(torch.tensor([[True] * m, [False] * m], dtype=torch.bool).reshape(2, m))
             else:
                 coalitions.append(self.coalitions(generator, m))
-        scores = coalition_scores(adapter, inputs, point, x, start, coalitions, target, foil, self.explain,
-                                  self.batch_size)
+        if self.mode == "removal":
+            scores = removal_scores(adapter, inputs, positions, coalitions, target, foil, self.explain,
+                                    self.batch_size)
+        else:
+            scores = coalition_scores(adapter, inputs, point, x, start, coalitions, target, foil, self.explain,
+                                      self.batch_size)
         out = torch.zeros(inputs.batch_size, adapter.layout(inputs).num_scores, dtype=x.dtype, device=x.device)
         for b, (p, present, values) in enumerate(zip(positions, coalitions, scores)):
             if len(p) == 1:
@@ -116,8 +142,8 @@ class _Surrogate(ReplacementAttribution):
 @register_method("kernel_shap")
 class KernelShap(_Surrogate):
     """KernelSHAP (Lundberg & Lee 2017, Theorem 2; Captum ``KernelShap``) over content positions; options
-    ``samples`` (25), ``end_weight`` (``None``: exact efficiency; 1e6: Captum's), ``baseline``, ``seed``,
-    ``batch_size``, ``explain``; see :mod:`methods.surrogate_baselines`."""
+    ``samples`` (25), ``end_weight`` (``None``: exact efficiency; 1e6: Captum's), ``mode`` (``"replacement"``,
+    ``"removal"``), ``baseline``, ``seed``, ``batch_size``, ``explain``; see :mod:`methods.surrogate_baselines`."""
 
     def __init__(self, samples: int = 25, end_weight: Optional[float] = None, **options: Any):
         super().__init__(samples, **options)
@@ -147,8 +173,8 @@ class KernelShap(_Surrogate):
 @register_method("lime")
 class Lime(_Surrogate):
     """LIME (Ribeiro et al. 2016, Eq. 1-3; Captum ``Lime``) over content positions; options ``samples`` (25),
-    ``kernel_width`` (1.0), ``regression`` (``"lasso"``, ``alpha`` 0.01; ``"linear"``), ``baseline``, ``seed``,
-    ``batch_size``, ``explain``; see :mod:`methods.surrogate_baselines`."""
+    ``kernel_width`` (1.0), ``regression`` (``"lasso"``, ``alpha`` 0.01; ``"linear"``), ``mode``, ``baseline``,
+    ``seed``, ``batch_size``, ``explain``; see :mod:`methods.surrogate_baselines`."""
 
     def __init__(self, samples: int = 25, kernel_width: float = 1.0, regression: str = "lasso", alpha: float = 0.01,
                  **options: Any):
