@@ -46,9 +46,12 @@ from models.sources import load_model, load_tokenizer  # noqa: E402
 PROMPTS = ("Review: a gorgeous, witty, seductive movie.\nSentiment:",
            "Review: the plot is nothing but boilerplate clichés from start to finish.\nSentiment:",
            "The capital of France is")
-#: options that keep the run short on a CPU (integration steps)
+#: options that keep the run short and its memory small on a CPU (integration steps; integrated gradients' 50 steps
+#: in forwards of at most 30 rows: all at once, the batch's 150 rows of 21 tokens would hold about 4 GB of float32
+#: activations by a count of the saved tensors, and a run that did so stopped on a 23 GB machine under load)
 COLUMNS = (("bf16_rel", 11), ("bf16_rho", 10), ("f64_rel", 11), ("f64_rho", 10), ("batch_rel", 11))
-FAST_OPTIONS = {"beyond_intuition_head": {"steps": 4}, "beyond_intuition_token": {"steps": 4}}
+FAST_OPTIONS = {"beyond_intuition_head": {"steps": 4}, "beyond_intuition_token": {"steps": 4},
+                "integrated_gradients": {"internal_batch_size": 30}}
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:

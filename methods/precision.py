@@ -13,8 +13,12 @@ epsilon rule's divisions amplify the forward's rounding); ``benchmarks/README.md
 * ``None`` (``"auto"``; every method's default): at least float32, i.e. float32 for bf16 / fp16 models,
   the model's own dtype for float32 and float64 models (those run exactly as before);
 * ``"float32"`` / ``"float64"``: at least that (a float64 model is never narrowed);
-* ``"float64"`` is what deep models want for full ``lrp`` (above; ``benchmarks/precision.py`` measures it); it is
-  not its default because it moves the results of float32 models (the default run's ``lrp`` AUCs by 0.7 points).
+* ``"float64"`` is the setting for real (deep) LMs where a row's map must not depend on its batch: full ``lrp``
+  (above) and the gradient baselines, whose float32 gradients on SmolLM2 differ between a left-padded row and the
+  row alone by float32's rounding of the different shapes, amplified over 30 blocks (``input_x_gradient``
+  1.25e-5 of the largest score, 0 in float64; ``benchmarks/README.md``); ``benchmarks/precision.py
+  --accumulate-dtype float64`` and the slow SmolLM2 test use it. It is no method's default: it moves the results
+  of float32 models (the default run's ``lrp`` AUCs by 0.7 points) and costs a float64 copy of the model per call.
 * ``"model"``: the model's own dtype whatever it is (a bf16 model computes in bf16): the arithmetic before this
   option existed, faster and without the float32 copy, at the losses ``benchmarks/README.md`` measures (its
   precision table's "before" columns).

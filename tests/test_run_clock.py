@@ -29,7 +29,7 @@ def test_a_non_interactive_run_prints_progress_lines_and_its_model_passes(tmp_pa
     steps = {m.group(3) for m in parsed}
     assert steps <= {"starting", "explaining", "explaining: rollout", "explaining: gradcam", "explaining: random",
                      "explaining: beyond_intuition_token", "PerturbationTest", "CleanAccuracyTest",
-                     "SegmentationTest", "ProgressCheckpoint", "ResultsReporter"}, steps
+                     "SegmentationTest", "HeatmapOverlays", "ProgressCheckpoint", "ResultsReporter"}, steps
     meta = json.loads((tmp_path / "run" / "metrics.meta.json").read_text())
     run = meta["run"]
     assert set(run) == {"model_passes", "model_pass_rows", "model_pass_seconds", "wall_seconds", "model_pass_share"}
