@@ -58,11 +58,12 @@ def token_windows(count: int, window: int, stride: int) -> Tensor:
 
 
 def window_corners(size: Tuple[int, int], window: Tuple[int, int], stride: Tuple[int, int]) -> Tensor:
-    """``[W, 2]`` top-left corners of the windows (Captum's: ``floor((size - window) / stride) + 1`` per axis)."""
+    """``[W, 2]`` top-left corners of the windows, Captum's ``ceil((size - window) / stride) + 1`` per axis: where
+    the stride does not divide ``size - window`` the last window starts past ``size - window`` and is cut at the
+    image's edge (as Captum's ``Occlusion`` cuts it), so every pixel is covered."""
     if window[0] > size[0] or window[1] > size[1]:
         raise ValueError(f"occlusion: window {window} is larger than the image {size}")
-    tops = torch.arange(0, size[0] - window[0] + 1, stride[0])
-    lefts = torch.arange(0, size[1] - window[1] + 1, stride[1])
+    tops, lefts = (torch.arange(-(-(n - w) // s) + 1) * s for n, w, s in zip(size, window, stride))
     return torch.cartesian_prod(tops, lefts).reshape(-1, 2)
 
 

@@ -338,8 +338,11 @@ def test_kernel_shap_and_lime_equal_captum_fed_the_same_coalitions(name, kind):
     _close(ours, theirs[0].double())
 
 
-@pytest.mark.parametrize("name", ["timm_vit_cls", "hf_bert_types_special", "hf_gpt2_left", "hf_clip_vision"])
-def test_occlusion_equals_captum(name):
+@pytest.mark.parametrize("name,uneven", [("timm_vit_cls", False), ("timm_vit_cls", True),
+                                         ("hf_bert_types_special", False), ("hf_gpt2_left", False),
+                                         ("hf_clip_vision", False)])
+def test_occlusion_equals_captum(name, uneven):
+    """``uneven``: a stride that does not divide ``size - window``, so the last window is cut at the edge."""
     fam, model, inputs = _golden_inputs(name)
     forward, x, extra = captum_forward(model, inputs)
     adapter = adapter_for(model)
@@ -349,12 +352,13 @@ def test_occlusion_equals_captum(name):
     if point == "pixels":
         rows, cols = layout.grid
         patch = x.shape[-2] // rows
-        ours = build_method("occlusion", window=patch, stride=patch // 2, baseline="black")(model, inputs,
-                                                                                         target=TARGETS)
+        step = patch // 2 + 1 if uneven else patch // 2
+        assert ((x.shape[-2] - patch) % step != 0) == uneven
+        ours = build_method("occlusion", window=patch, stride=step, baseline="black")(model, inputs, target=TARGETS)
         from methods.input_baselines import baseline_images
         with torch.no_grad():
             theirs = captum_attr.Occlusion(forward).attribute(
-                x, sliding_window_shapes=(3, patch, patch), strides=(3, patch // 2, patch // 2),
+                x, sliding_window_shapes=(3, patch, patch), strides=(3, step, step),
                 baselines=baseline_images(x, "black", "t"), target=TARGETS, additional_forward_args=extra)
         theirs = theirs.mean(dim=1).reshape(3, rows, patch, cols, patch).mean(dim=(2, 4)).flatten(1)
     else:
