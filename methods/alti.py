@@ -173,17 +173,19 @@ def contributions_of(terms: Tuple[Tensor, Tensor, Tensor, Tensor], real: Tensor,
     and reduced a chunk of query rows at a time (:data:`CHUNK_ELEMENTS` per sample), so that no block's whole
     ``[B, N, N, D]`` tensor is held."""
     x = terms[2]
-    n, width = x.shape[1], x.shape[2]
+    batch, n, width = x.shape
     step = max(1, CHUNK_ELEMENTS // (n * width))
-    proximity = []
-    for start in range(0, n, step):
-        vectors, resultant = row_vectors(terms, start, min(n, start + step))
-        # ||T - y + eps||_1 = ||T - (y - eps)||_1, in place and element-wise (a sample's numbers never depend on
-        # its batch: a row whose every c_ij is near 0 turns rounding into shares)
-        distance = vectors.sub_((resultant - distance_eps)[:, :, None]).abs_().sum(-1)
-        proximity.append(resultant.abs().sum(-1)[:, :, None] - distance)
-        del vectors
-    contributions = torch.cat(proximity, dim=1).clamp_min(0)
+    proximity = x.new_empty(batch, n, n)
+    for b in range(batch):          # one sample at a time: a chunk stays CHUNK_ELEMENTS whatever the batch
+        sample = tuple(t[b:b + 1] for t in terms)
+        for start in range(0, n, step):
+            vectors, resultant = row_vectors(sample, start, min(n, start + step))
+            # ||T - y + eps||_1 = ||T - (y - eps)||_1, in place and element-wise (a sample's numbers never depend
+            # on its batch: a row whose every c_ij is near 0 turns rounding into shares)
+            distance = vectors.sub_((resultant - distance_eps)[:, :, None]).abs_().sum(-1)
+            proximity[b, start:start + distance.shape[1]] = resultant.abs().sum(-1)[0, :, None] - distance[0]
+            del vectors
+    contributions = proximity.clamp_min(0)
     real_f = real.to(contributions.dtype)
     contributions = contributions * real_f[:, None, :]
     totals = contributions.sum(-1, keepdim=True)
