@@ -177,7 +177,7 @@ def contributions_of(terms: Tuple[Tensor, Tensor, Tensor, Tensor], real: Tensor,
     step = max(1, CHUNK_ELEMENTS // (n * width))
     proximity = x.new_empty(batch, n, n)
     for b in range(batch):          # one sample at a time: a chunk stays CHUNK_ELEMENTS whatever the batch
-        sample = tuple(t[b:b + 1] for t in terms)
+        sample = (terms[0][b:b + 1], terms[1][b:b + 1], terms[2][b:b + 1], terms[3][b:b + 1])
         for start in range(0, n, step):
             vectors, resultant = row_vectors(sample, start, min(n, start + step))
             # ||T - y + eps||_1 = ||T - (y - eps)||_1, in place and element-wise (a sample's numbers never depend

@@ -32,6 +32,7 @@ from ...adapters.base import (
     register_adapter,
     scaled_copies,
 )
+from ...adapters.block_decomposition import PreNormDecomposition
 from ...adapters.gradient_rules import normalized_rule
 from ...adapters.lens import LensImageAdapter
 from ...adapters.library import library_class
@@ -130,7 +131,7 @@ def at_readout_positions(normed: Tensor, context: SequenceContext) -> Tensor:
     return normed[torch.arange(normed.shape[0], device=normed.device), positions]
 
 
-class _HFCLIPTower(ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
+class _HFCLIPTower(PreNormDecomposition, ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
     """Shared machinery of the two CLIP towers (see the module docstring); a subclass names its tower."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -218,19 +219,7 @@ class _HFCLIPTower(ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
         return mlp.fc1, mlp.fc2
 
     # ---- decomposes_blocks (issue 37): pre-norm ``x + out_proj(attention(layer_norm1(x)))``
-    decomposes_blocks = True
-
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        block = self.blocks[layer]
-        return block.layer_norm1, block.layer_norm2
-
-    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
-        rec.output(self.blocks[layer], key, transform=transform)
-
-    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The input of ``layer_norm2``."""
-        rec.input(self.blocks[layer].layer_norm2, key)
+    block_norm_names = ("layer_norm1", "layer_norm2")
 
 
 

@@ -28,6 +28,7 @@ from ...adapters.base import (
     check_sample_ids,
     register_adapter,
 )
+from ...adapters.block_decomposition import PreNormDecomposition
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
@@ -66,7 +67,7 @@ def unmask_padding_queries(mask: Any, attention_mask: Tensor) -> Any:
     return mask
 
 
-class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
+class _HFDecoder(PreNormDecomposition, ProjectionValueEdits, HFBaseBlocks):
     """Shared machinery of the decoder families (see the module docstring); a family subclass names its model
     classes and submodules."""
 
@@ -340,18 +341,7 @@ class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
     #: the LM head (or the score head) is linear after the final norm (ALTI-Logit)
     linear_head = True
 
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        """Pre-norm: the norm entering the attention, then the one entering the MLP."""
-        block = self.blocks[layer]
-        return block.input_layernorm, block.post_attention_layernorm
-
-    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
-        rec.output(self.blocks[layer], key, transform=transform)
-
-    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The input of the MLP's norm: ``x + o_proj(attention)``."""
-        rec.input(self.block_norms(layer)[1], key)
+    block_norm_names = ("input_layernorm", "post_attention_layernorm")
 
 
 class _HFRopeDecoder(_HFDecoder):
@@ -526,6 +516,4 @@ class HFGPT2Adapter(_HFDecoder):
         return mlp.c_fc, mlp.c_proj
 
     # ---- decomposes_blocks (issue 37)
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        block = self.blocks[layer]
-        return block.ln_1, block.ln_2
+    block_norm_names = ("ln_1", "ln_2")

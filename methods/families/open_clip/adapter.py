@@ -29,6 +29,7 @@ from ...adapters.base import (
     check_sample_ids,
     register_adapter,
 )
+from ...adapters.block_decomposition import PreNormDecomposition
 from ...adapters.lens import LensImageAdapter
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_token_inputs
@@ -112,7 +113,7 @@ def _need_weights(_module: nn.Module, args: Tuple[Any, ...], kwargs: dict) -> Tu
     return args, {**kwargs, "need_weights": True, "average_attn_weights": False}
 
 
-class _OpenCLIPTower(_ScorerHead, ModelAdapter):
+class _OpenCLIPTower(PreNormDecomposition, _ScorerHead, ModelAdapter):
     """Shared machinery of the two open_clip towers (see the module docstring); a subclass names its tower."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -261,19 +262,7 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
         return mlp.c_fc, mlp.c_proj
 
     # ---- decomposes_blocks (issue 37): pre-norm ``x + ls_1(out_proj(attention(ln_1(x))))``
-    decomposes_blocks = True
-
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        block = self.blocks[layer]
-        return block.ln_1, block.ln_2
-
-    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
-        rec.output(self.blocks[layer], key, transform=transform)
-
-    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The input of ``ln_2``."""
-        rec.input(self.blocks[layer].ln_2, key)
+    block_norm_names = ("ln_1", "ln_2")
 
     def attention_output_scale(self, layer: int) -> Optional[Tensor]:
         """``ls_1``'s ``gamma`` (``None`` for the identity)."""

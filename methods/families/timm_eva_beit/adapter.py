@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...adapters.base import SequenceContext
+from ...adapters.block_decomposition import PreNormDecomposition
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import edited_values_change, product_change
 from ..timm_vit.adapter import TimmBlocksAdapter
@@ -55,7 +56,7 @@ def attention_width(attn: Any) -> int:
                                       // attn.num_heads)
 
 
-class TimmBeitLikeAdapter(TimmBlocksAdapter):
+class TimmBeitLikeAdapter(PreNormDecomposition, TimmBlocksAdapter):
     """Shared by :class:`~methods.families.timm_eva_beit.eva.TimmEvaAdapter` and
     :class:`~methods.families.timm_eva_beit.beit.TimmBeitAdapter` (see the module docstring). A subclass gives
     :meth:`embed`, :meth:`run_blocks` (with :meth:`key_mask_of`'s masks) and the family checks."""
@@ -148,18 +149,6 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
     @property
     def decomposes_blocks(self) -> bool:  # type: ignore[override]
         return all(getattr(block.attn, "gate", None) is None for block in self.blocks)
-
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        block = self.blocks[layer]
-        return block.norm1, block.norm2
-
-    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
-        rec.output(self.blocks[layer], key, transform=transform)
-
-    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The input of ``norm2``."""
-        rec.input(self.blocks[layer].norm2, key)
 
     def attention_output_scale(self, layer: int) -> Optional[Tensor]:
         """The layer scale ``gamma_1`` (``None`` without one)."""

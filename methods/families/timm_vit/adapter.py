@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ...adapters.base import AttentionLinears, Layout, ModelInputs, SequenceContext, register_adapter
+from ...adapters.block_decomposition import PreNormDecomposition
 from ...adapters.lens import LensImageAdapter
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
@@ -104,7 +105,7 @@ class TimmBlocksAdapter(LensImageAdapter):
 
 
 @register_adapter
-class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
+class TimmViTAdapter(PreNormDecomposition, ProjectionValueEdits, TimmBlocksAdapter):
     """Stock timm ``VisionTransformer``: pre-norm blocks ``x + attn(norm1(x))``, ``h + mlp(norm2(h))`` (with
     layer scale where the model has it), fused ``qkv`` projection. Inputs
     (:class:`~methods.adapters.base.ImageAdapter`): images whose sides are multiples of the patch size.
@@ -258,20 +259,8 @@ class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
         with self.eager_attention(), timm_score_edit(self.blocks, edit):
             yield
 
-    # ---- decomposes_blocks (issue 37): every block timm's pre-norm ``Block`` (decomposition_problem)
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        """Pre-norm: ``norm1`` before the attention, ``norm2`` before the MLP."""
-        block = self.blocks[layer]
-        return block.norm1, block.norm2
-
-    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
-        rec.output(self.blocks[layer], key, transform=transform)
-
-    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The input of ``norm2``: ``x + ls1(proj(attention))``."""
-        rec.input(self.blocks[layer].norm2, key)
-
+    # ---- decomposes_blocks (issue 37): every block timm's pre-norm ``Block`` (decomposition_problem), ``norm1`` and
+    # ``norm2`` (PreNormDecomposition)
     def attention_output_scale(self, layer: int) -> Optional[Tensor]:
         """``ls1``'s ``gamma`` (a ``LayerScale``; ``None`` for the identity)."""
         return getattr(self.blocks[layer].ls1, "gamma", None)
