@@ -60,6 +60,27 @@ def length_of(sample: object) -> int:
     return int(sample.shape[-1]) if isinstance(sample, Tensor) else int(sample["input_ids"].shape[1])
 
 
+def assert_batched_equals_alone(fam: Family, model, method, pool: List[object], label: str,
+                                id_offset: int = 0) -> List[Tensor]:
+    """``method`` on each sample of ``pool`` alone (target ``i % 5``, sample id ``id_offset + i``), then on padded
+    batches of 1, 3 and 16 of them: every row equals its sample alone within 1e-6 of the largest score, padding
+    exactly 0. Returns the rows alone."""
+    alone = [method(model, s, target=i % 5, sample_ids=[id_offset + i]) for i, s in enumerate(pool)]
+    for size in (1, 3, 16):
+        rows = [i % len(pool) for i in range(size)]
+        batch = batch_of(fam, [pool[r] for r in rows])
+        out = method(model, batch, target=torch.tensor([r % 5 for r in rows]),
+                     sample_ids=[id_offset + r for r in rows])
+        for i, r in enumerate(rows):
+            row = unpadded_row(fam, batch, out, i, length_of(pool[r]))
+            torch.testing.assert_close(row, alone[r], rtol=0, atol=1e-6 * max(1.0, float(alone[r].abs().max())),
+                                       msg=f"{label}: row {i} (sample {r}) at batch {size}")
+        padding = fam.padding(batch) if not isinstance(batch, Tensor) else None
+        if padding is not None and padding.any():
+            assert (out[padding] == 0).all(), label
+    return alone
+
+
 def captum_view(model, inputs, point: str = "auto"):
     """``(adapter, batch, point, layout)`` of ``inputs``, for reducing Captum's element-wise maps as ours."""
     adapter = adapter_for(model)

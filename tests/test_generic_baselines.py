@@ -18,12 +18,10 @@ from methods.integrated_gradients import QUADRATURES, quadrature
 from tests.families import FAMILIES
 from tests.generic_baselines_support import (
     GOLDEN_FAMILIES,
-    batch_of,
+    assert_batched_equals_alone,
     family,
-    length_of,
     reduced,
     samples,
-    unpadded_row,
 )
 
 captum_attr = pytest.importorskip("captum.attr")
@@ -165,17 +163,7 @@ def test_batched_equals_alone_at_1_3_16(name):
     pool = samples(fam)
     for method_name, options in GRADIENT_METHODS.items():
         method = build_method(method_name.split("_l2")[0], **options)
-        alone = [method(model, s, target=i % 5, sample_ids=[i]) for i, s in enumerate(pool)]
-        for size in (1, 3, 16):
-            rows = [i % len(pool) for i in range(size)]
-            batch = batch_of(fam, [pool[r] for r in rows])
-            out = method(model, batch, target=torch.tensor([r % 5 for r in rows]), sample_ids=rows)
-            for i, r in enumerate(rows):
-                row = unpadded_row(fam, batch, out, i, length_of(pool[r]))
-                torch.testing.assert_close(row, alone[r], rtol=0, atol=1e-6 * max(1.0, float(alone[r].abs().max())))
-            padding = fam.padding(batch) if not isinstance(batch, torch.Tensor) else None
-            if padding is not None and padding.any():
-                assert (out[padding] == 0).all()
+        assert_batched_equals_alone(fam, model, method, pool, method_name)
 
 
 # ------------------------------------------------------------------------------------------ completeness
@@ -388,20 +376,7 @@ def test_sampling_methods_batched_equal_alone_at_1_3_16(name):
     pool = samples(fam)
     for method_name, options in SAMPLING.items():
         method = build_method(method_name, **options)
-        alone = [method(model, s, target=i % 5, sample_ids=[40 + i]) for i, s in enumerate(pool)]
-        for size in (1, 3, 16):
-            rows = [i % len(pool) for i in range(size)]
-            batch = batch_of(fam, [pool[r] for r in rows])
-            out = method(model, batch, target=torch.tensor([r % 5 for r in rows]),
-                         sample_ids=[40 + r for r in rows])
-            for i, r in enumerate(rows):
-                row = unpadded_row(fam, batch, out, i, length_of(pool[r]))
-                torch.testing.assert_close(row, alone[r], rtol=0,
-                                           atol=1e-6 * max(1.0, float(alone[r].abs().max())),
-                                           msg=f"{method_name}: row {i} (sample {r}) at batch {size}")
-            padding = fam.padding(batch) if not isinstance(batch, torch.Tensor) else None
-            if padding is not None and padding.any():
-                assert (out[padding] == 0).all(), method_name
+        alone = assert_batched_equals_alone(fam, model, method, pool, method_name, id_offset=40)
         other_seed = build_method(method_name, **options)(model, pool[0], target=0, sample_ids=[41])
         if method_name != "occlusion":
             assert not torch.equal(other_seed, alone[0]), f"{method_name}: the sample id changes no draw"

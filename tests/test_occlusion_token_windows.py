@@ -12,7 +12,11 @@ from methods.captum_bridge import captum_forward
 from methods.input_baselines import baseline_values
 from methods.input_points import resolve_point
 from methods.occlusion import token_windows
-from tests.generic_baselines_support import batch_of, family, length_of, samples, unpadded_row
+from tests.generic_baselines_support import (
+    assert_batched_equals_alone,
+    family,
+    samples,
+)
 
 captum_attr = pytest.importorskip("captum.attr")
 
@@ -62,16 +66,7 @@ def test_token_window_occlusion_batched_equals_alone_and_window_1_is_the_default
     model = fam.build().eval()
     pool = samples(fam)
     method = build_method("occlusion", window=3, stride=2, batch_size=5)
-    alone = [method(model, s, target=i % 5) for i, s in enumerate(pool)]
-    for size in (1, 3, 16):
-        rows = [i % len(pool) for i in range(size)]
-        batch = batch_of(fam, [pool[r] for r in rows])
-        out = method(model, batch, target=torch.tensor([r % 5 for r in rows]))
-        for i, r in enumerate(rows):
-            row = unpadded_row(fam, batch, out, i, length_of(pool[r]))
-            torch.testing.assert_close(row, alone[r], rtol=0, atol=1e-6 * max(1.0, float(alone[r].abs().max())))
-        padding = fam.padding(batch)
-        assert (out[padding] == 0).all()
+    assert_batched_equals_alone(fam, model, method, pool, "occlusion")
     inputs = fam.inputs(3)
     torch.testing.assert_close(build_method("occlusion", window=1)(model, inputs, target=1),
                                build_method("occlusion")(model, inputs, target=1), rtol=0, atol=0)

@@ -12,12 +12,10 @@ from methods.adapters import SequenceContext, adapter_for
 from methods.captum_bridge import captum_forward
 from methods.feature_replacement import feature_positions
 from tests.generic_baselines_support import (
-    batch_of,
+    assert_batched_equals_alone,
     captum_view,
     family,
-    length_of,
     samples,
-    unpadded_row,
 )
 
 captum_attr = pytest.importorskip("captum.attr")
@@ -149,20 +147,7 @@ def test_removal_batched_equals_alone_at_1_3_16(name):
     pool = samples(fam)
     for method_name in ("kernel_shap", "lime"):
         method = build_method(method_name, samples=10, mode="removal", batch_size=7)
-        alone = [method(model, s, target=i % 5, sample_ids=[40 + i]) for i, s in enumerate(pool)]
-        for size in (1, 3, 16):
-            rows = [i % len(pool) for i in range(size)]
-            batch = batch_of(fam, [pool[r] for r in rows])
-            out = method(model, batch, target=torch.tensor([r % 5 for r in rows]),
-                         sample_ids=[40 + r for r in rows])
-            for i, r in enumerate(rows):
-                row = unpadded_row(fam, batch, out, i, length_of(pool[r]))
-                torch.testing.assert_close(row, alone[r], rtol=0,
-                                           atol=1e-6 * max(1.0, float(alone[r].abs().max())),
-                                           msg=f"{method_name}: row {i} (sample {r}) at batch {size}")
-            padding = fam.padding(batch) if not isinstance(batch, torch.Tensor) else None
-            if padding is not None and padding.any():
-                assert (out[padding] == 0).all(), method_name
+        assert_batched_equals_alone(fam, model, method, pool, method_name, id_offset=40)
 
 
 @pytest.mark.parametrize("name,reason", [
