@@ -2,19 +2,10 @@
 runs (directions read from metrics.meta.json; class-agnostic methods, counts and curves left out; ties apart)."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from benchmarks.oracle_random import main
-
-
-def _run(folder, values, directions):
-    folder.mkdir()
-    (folder / "metrics.json").write_text(json.dumps(values))
-    meta = {"metrics": {k: {"higher_is_better": directions.get(k)} for k in values}}
-    (folder / "metrics.meta.json").write_text(json.dumps(meta))
-    return str(folder)
+from tests.fake_runs import write_run
 
 
 def test_counts_and_exceptions(tmp_path, capsys):
@@ -25,8 +16,8 @@ def test_counts_and_exceptions(tmp_path, capsys):
     curves = {"rise/a/predicted/deletion_auc": 0.2, "rise/b/predicted/deletion_auc": 0.3,
               "rise/random/predicted/deletion_auc": 0.5, "rise/oracle/predicted/deletion_auc": 0.1,
               "rise/forward_passes": 100.0, "rise/a/predicted/deletion_curve": [1.0, 0.0]}
-    runs = [_run(tmp_path / "loc", loc, {k: True for k in loc}),
-            _run(tmp_path / "curves", curves, {k: False for k in curves if k.endswith("_auc")})]
+    runs = [write_run(tmp_path / "loc", loc, {k: True for k in loc}),
+            write_run(tmp_path / "curves", curves, {k: False for k in curves if k.endswith("_auc")})]
     lines = main(runs + ["--class-agnostic", "rollout"])
     # random: PG a (hit), b (miss: 0.4 < 0.5); deletion a, b (hits, lower is better); rollout left out
     assert lines[0].startswith("- random map worse than every class-specific method: 3 of 4 pairs (75.0 %)")
@@ -38,8 +29,8 @@ def test_counts_and_exceptions(tmp_path, capsys):
     assert per_test == ["  - localisation: random worse 1 of 2; oracle strictly better 3 of 4, tied 1",
                         "  - rise: random worse 2 of 2; oracle strictly better 3 of 3, tied 0"]
     # a key in two runs: the same clean accuracy is one value; a key with two values is an error
-    same = _run(tmp_path / "same", {"accuracy": 0.5, **curves}, {})
-    other = _run(tmp_path / "other", {"accuracy": 0.5, "localisation/a/target/pointing_game": 0.9}, {})
+    same = write_run(tmp_path / "same", {"accuracy": 0.5, **curves}, {})
+    other = write_run(tmp_path / "other", {"accuracy": 0.5, "localisation/a/target/pointing_game": 0.9}, {})
     assert main([same, other]) == []
     with pytest.raises(ValueError, match="more than one of the runs .* different values"):
-        main([runs[0], _run(tmp_path / "changed", {"localisation/a/target/pointing_game": 0.8}, {})])
+        main([runs[0], write_run(tmp_path / "changed", {"localisation/a/target/pointing_game": 0.8}, {})])

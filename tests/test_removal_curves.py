@@ -27,6 +27,7 @@ from evaluation.curves import integrate
 from evaluation.pixel_maps import pixel_maps
 from evaluation.road_imputation import impute
 from evaluation.substrates import blur, gaussian_kernel
+from tests.tiny_clip_text import tiny_clip_text_classifier
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
 
@@ -527,25 +528,8 @@ def test_clip_text_tower_through_the_prompt_scorer():
     classifier): the token curves run on it; the first deletion point is the clean probability of the explained
     image, deleting every content token leaves the start and end tokens, and zeroed input embeddings are read
     through CLIP's own ``get_input_embeddings``."""
-    from transformers import CLIPConfig, CLIPModel
-
-    from models.clip import PromptScorer
-
-    torch.manual_seed(0)
-    clip = CLIPModel(CLIPConfig(text_config=dict(vocab_size=30, hidden_size=16, intermediate_size=32,
-                                                 num_hidden_layers=1, num_attention_heads=2,
-                                                 max_position_embeddings=10, eos_token_id=29, bos_token_id=28,
-                                                 pad_token_id=0),
-                                vision_config=dict(image_size=16, patch_size=4, hidden_size=16, intermediate_size=32,
-                                                   num_hidden_layers=1, num_attention_heads=2),
-                                projection_dim=8)).eval()
-    scorer = PromptScorer(clip, torch.randn(3, 3, 16, 16))
-    clf = TextClassifier(scorer, pad_token_id=0, batch_size=7)
-    ids = torch.tensor([[28, 5, 6, 7, 8, 29, 0, 0], [28, 9, 10, 11, 12, 13, 14, 29]])
-    mask = (ids > 0).long()
-    special = ((ids == 28) | (ids == 29) | (ids == 0)).long()
-    batch = {"input_ids": ids, "attention_mask": mask, "special_tokens_mask": special,
-             "label": torch.tensor([0, 2]), "index": torch.tensor([0, 1])}
+    _, clf, batch = tiny_clip_text_classifier()
+    ids, mask = batch["input_ids"], batch["attention_mask"]
     logits = clf.logits({"input_ids": ids, "attention_mask": mask})
     rel = torch.rand(2, 8, generator=torch.Generator().manual_seed(1))
     outputs = {"relevance": {"m": {"predicted": rel}}, "targets": {"predicted": logits.argmax(-1)},

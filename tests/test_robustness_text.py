@@ -14,16 +14,15 @@ import pytest
 import torch
 
 from callbacks.robustness import RobustnessTest, embedding_logits
-from evaluation.classifier import TextClassifier
 from evaluation.embedding_offset import embedding_noise, embedding_scale, offset_embeddings
 from lightning_modules.evaluation import AttributionEvaluationModule
 from methods import build_method
 from methods.adapters import adapter_for
 from methods.input_points import point_values
-from models.clip import PromptScorer
 from tests.families.base import _token_batch
 from tests.families.text import _tiny_bert
 from tests.gloo import gloo_group, run_on_two_processes
+from tests.tiny_clip_text import tiny_clip_text_classifier
 
 torch.set_num_threads(1)
 RUNS = 3
@@ -259,22 +258,8 @@ def test_text_two_gloo_processes_equal_one_process(tmp_path):
 def test_clip_text_tower_through_the_prompt_scorer():
     """CLIP's text tower (a tiny random CLIP's PromptScorer, texts -> fixed images as classes): the forward from the
     embedding gives the text classifier's logits exactly at zero noise, and both metrics run with their counts."""
-    from transformers import CLIPConfig, CLIPModel
-
-    torch.manual_seed(0)
-    clip = CLIPModel(CLIPConfig(text_config=dict(vocab_size=30, hidden_size=16, intermediate_size=32,
-                                                 num_hidden_layers=1, num_attention_heads=2,
-                                                 max_position_embeddings=10, eos_token_id=29, bos_token_id=28,
-                                                 pad_token_id=0),
-                                vision_config=dict(image_size=16, patch_size=4, hidden_size=16, intermediate_size=32,
-                                                   num_hidden_layers=1, num_attention_heads=2),
-                                projection_dim=8)).eval()
-    scorer = PromptScorer(clip, torch.randn(3, 3, 16, 16))
-    classifier = TextClassifier(scorer, pad_token_id=0, batch_size=7)
-    ids = torch.tensor([[28, 5, 6, 7, 8, 29, 0, 0], [28, 9, 10, 11, 12, 13, 14, 29]])
-    mask, special = (ids > 0).long(), ((ids == 28) | (ids == 29) | (ids == 0)).long()
-    batch = {"input_ids": ids, "attention_mask": mask, "special_tokens_mask": special, "label": torch.tensor([0, 2]),
-             "index": torch.tensor([0, 1])}
+    scorer, classifier, batch = tiny_clip_text_classifier()
+    ids, mask = batch["input_ids"], batch["attention_mask"]
     logits = classifier.logits({"input_ids": ids, "attention_mask": mask})
     adapter, method = adapter_for(scorer), build_method("input_x_gradient")
     inputs = classifier.model_inputs(batch)

@@ -2,19 +2,10 @@
 a fake run (directions read from metrics.meta.json; curves and keys without a direction left out; ties apart)."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from benchmarks.run_tables import main
-
-
-def _run(folder, values, directions):
-    folder.mkdir()
-    (folder / "metrics.json").write_text(json.dumps(values))
-    meta = {"metrics": {k: {"higher_is_better": directions.get(k)} for k in values}}
-    (folder / "metrics.meta.json").write_text(json.dumps(meta))
-    return str(folder)
+from tests.fake_runs import write_run
 
 
 def test_table_and_counts(tmp_path, capsys):
@@ -25,7 +16,7 @@ def test_table_and_counts(tmp_path, capsys):
               "rationale/random/target/token_f1@10": 0.5, "rationale/random/target/token_f1@2": 0.125,
               "rationale/b/target/token_f1@2": 0.0625, "rationale/forward_passes": 12.0}
     directions = {k: (not k.startswith("perturbation")) for k in values if k.endswith(("auc", "@2", "@10"))}
-    lines = main([_run(tmp_path / "run", values, directions), "--first", "b", "--anchors", "random"])
+    lines = main([write_run(tmp_path / "run", values, directions), "--first", "b", "--anchors", "random"])
     assert lines[0] == "run-level: `accuracy` 0.75, `rationale/forward_passes` 12"
     # the one setting of each test is left out of the labels; f1@2 before f1@10; curves left out
     assert lines[2] == "| method | perturbation positive auc ↓ | rationale token_f1@2 ↑ | rationale token_f1@10 ↑ |"
@@ -40,8 +31,8 @@ def test_table_and_counts(tmp_path, capsys):
 
 def test_both_settings_kept_and_no_methods_refused(tmp_path):
     values = {"perturbation/a/positive/target/auc": 20.0, "perturbation/a/positive/predicted/auc": 25.0}
-    lines = main([_run(tmp_path / "run", values, {k: False for k in values})])
+    lines = main([write_run(tmp_path / "run", values, {k: False for k in values})])
     assert lines[2] == "| method | perturbation positive predicted auc ↓ | perturbation positive target auc ↓ |"
     assert len(lines) == 5   # no random map: no counts
     with pytest.raises(ValueError, match="no perturbation results"):
-        main([_run(tmp_path / "bare", {"accuracy": 1.0}, {})])
+        main([write_run(tmp_path / "bare", {"accuracy": 1.0}, {})])
