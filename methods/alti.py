@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from .adapters import ActivationRecorder, MethodUndefinedError, ModelAdapter, ModelInputs, linear_weight
 from .base import AttributionMethod
-from .explanation_targets import check_explain, explained_score, resolve_foil
+from .explanation_targets import ExplainsALogit, explained_score, resolve_foil
 from .readout import read_out
 from .registry import OPT_IN, register_method
 from .rollout import row_times
@@ -25,8 +25,6 @@ from .targets import resolve_target
 #: (the ALTI repository since its 2023-03 fix; the shift cancels, so ``eps`` drops out), ``exact`` the module's
 #: ``1 / sqrt(var(x) + eps)``
 LN_SCALES = ("shifted_std", "exact")
-#: what ALTI-Logit explains: the target's logit, or its difference with a foil's (the paper's contrast)
-ALTI_LOGIT_EXPLAINED = ("logit", "logit_difference")
 
 
 # ------------------------------------------------------------------------------------------ norms
@@ -321,7 +319,7 @@ class Alti(_AltiBase):
 
 
 @register_method("alti_logit")
-class AltiLogit(_AltiBase):
+class AltiLogit(ExplainsALogit, _AltiBase):
     """ALTI-Logit (Ferrando et al. 2023, eq. 6-9; ``mt-upc/logit-explanations`` ``extract_explanations.py``).
 
     Per block ``l``: the logit update of token ``j``'s attention vector at the read-out position ``t``,
@@ -337,14 +335,7 @@ class AltiLogit(_AltiBase):
 
     def __init__(self, explain: str = "logit", layer_norm_scale: str = "exact", distance_eps: float = 1e-6):
         super().__init__(layer_norm_scale, distance_eps)
-        if check_explain(explain) not in ALTI_LOGIT_EXPLAINED:
-            raise ValueError(f"alti_logit explains a logit, linear in the decomposition: explain must be one of "
-                             f"{ALTI_LOGIT_EXPLAINED}, got {explain!r}")
-        self.explain = explain
-
-    @property
-    def reads_foil(self) -> bool:
-        return self.explain == "logit_difference"
+        self.set_logit_explain(explain, "alti_logit")
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)

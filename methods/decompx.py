@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from .adapters import ActivationRecorder, MethodUndefinedError, ModelAdapter, ModelInputs, linear_weight
 from .alti import head_outputs, norm_parts, out_bias
 from .base import AttributionMethod
-from .explanation_targets import check_explain, resolve_foil
+from .explanation_targets import ExplainsALogit, resolve_foil
 from .registry import OPT_IN, register_method
 from .targets import resolve_target
 
@@ -29,8 +29,6 @@ FFN_APPROXIMATIONS = ("gelu_zo", "gelu_la", "relu")
 #: the head activation's approximation (the reference's ``tanh_approx_type``): ``zo`` zero-origin slope, ``la``
 #: the tangent
 HEAD_APPROXIMATIONS = ("zo", "la")
-#: what DecompX explains: a logit (linear in the decomposition), or its difference with a foil's
-DECOMPX_EXPLAINED = ("logit", "logit_difference")
 #: the shift the reference adds to the bias weights' row sums and to the zero-origin slopes' denominators
 SHIFT = 1e-12
 #: the elements of one chunk of output rows of the MLP's ``[B, r, N, F]`` vectors (formed, reduced, dropped in turn)
@@ -236,7 +234,7 @@ class _Propagation:
 
 
 @register_method("decompx")
-class DecompX(AttributionMethod):
+class DecompX(ExplainsALogit, AttributionMethod):
     """DecompX (Modarressi et al. 2023, §3, eq. 2-14; ``mohsenfayyaz/DecompX`` ``src/modeling_bert.py``).
 
     Every hidden state is kept as one vector per input token, ``x_i = sum_k x_i<=k``, from the first block's input
@@ -266,18 +264,11 @@ class DecompX(AttributionMethod):
             raise ValueError(f"ffn_approximation must be one of {FFN_APPROXIMATIONS}, got {ffn_approximation!r}")
         if head_approximation not in HEAD_APPROXIMATIONS:
             raise ValueError(f"head_approximation must be one of {HEAD_APPROXIMATIONS}, got {head_approximation!r}")
-        if check_explain(explain) not in DECOMPX_EXPLAINED:
-            raise ValueError(f"decompx explains a logit, linear in the decomposition: explain must be one of "
-                             f"{DECOMPX_EXPLAINED}, got {explain!r}")
         self.include_biases = include_biases
         self.bias_decomposition = bias_decomposition
         self.ffn_approximation = ffn_approximation
         self.head_approximation = head_approximation
-        self.explain = explain
-
-    @property
-    def reads_foil(self) -> bool:
-        return self.explain == "logit_difference"
+        self.set_logit_explain(explain, "decompx")
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)

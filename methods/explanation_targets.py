@@ -35,6 +35,27 @@ def check_explain(explain: str, option: str = "explain") -> str:
     return explain
 
 
+#: what a decomposition of the logit explains (linear in it): a logit, or its difference with a foil's
+LOGIT_EXPLAINED = ("logit", "logit_difference")
+
+
+class ExplainsALogit:
+    """``explain`` of the methods that decompose a logit (ALTI-Logit, DecompX): :data:`LOGIT_EXPLAINED` only; the
+    foil is read by ``logit_difference``."""
+
+    explain: str = "logit"
+
+    def set_logit_explain(self, explain: str, name: str) -> None:
+        if check_explain(explain) not in LOGIT_EXPLAINED:
+            raise ValueError(f"{name} explains a logit, linear in the decomposition: explain must be one of "
+                             f"{LOGIT_EXPLAINED}, got {explain!r}")
+        self.explain = explain
+
+    @property
+    def reads_foil(self) -> bool:
+        return self.explain == "logit_difference"
+
+
 def resolve_foil(logits: Tensor, foil: TargetType, explain: str) -> Optional[Tensor]:
     """``LongTensor[B]`` foil classes for a contrastive ``explain`` (``ValueError`` when none is given), ``None``
     otherwise (``ValueError`` when one is given: it would be silently ignored)."""
