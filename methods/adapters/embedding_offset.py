@@ -5,11 +5,12 @@ embedding_offset=...)``): row ``b`` shifts the output of the adapter's input emb
 the word embeddings of a text, before the position and token-type shares) for row ``b``. The row helpers
 (``ModelInputs.with_tensors(rows=...)``, ``scaled_copies``, ``methods.input_points.select_rows`` / ``repeat_inputs``)
 take each new row's offset from the row it stems from, and every family's ``embed`` adds it (:func:`offset_added`,
-wrapped around the ``embed`` each adapter class resolves, its own or a mixin's, by
-``ModelAdapter.__init_subclass__``): whatever forwards a
-method runs, regrouped or repeated, they see the offset of their rows and nothing else. A row a method builds from
-scratch (the all-``[PAD]`` ids of a baseline, ``methods.input_baselines.baseline_inputs``; a zero embedding) has
-no offset by construction: it is not a row of the inputs.
+wrapped by ``ModelAdapter.__init_subclass__`` around the ``embed`` each adapter class resolves, its own or a
+mixin's): whatever forwards a method runs, regrouped or repeated, they see the offset of their rows and nothing
+else. A row a method builds from scratch (the all-``[PAD]`` ids of a baseline,
+``methods.input_baselines.baseline_inputs``; a zero embedding) has no offset by construction: it is not a row of
+the inputs. Images: the input embedding is the patch embedding; ``interpolate`` of the image families does not
+carry an offset (refused by ``with_tensors``), and no caller shifts images this way (their pixels are perturbed).
 
 The hook is registered first (``prepend``): the hooks a method puts on the input embedding (a recorder, the
 replaced output of ``methods.input_points.logits_at``, whose values the method read from the shifted embedding)
