@@ -2,13 +2,16 @@
 per method counting the keys on which it is better than the random map of the same run.
 
     python -m benchmarks.run_tables RUN_FOLDER [--first m1 m2 ...] [--anchors transformer_attribution attnlrp random]
+        [--methods-from perturbation] [--tests t1 t2 ...]
 
 Reads the run's ``metrics.json`` and the direction each key declares in ``metrics.meta.json``
-(``higher_is_better``). A key ``<test>/<method>/<rest>`` whose ``<method>`` has a perturbation key in the run is
-a method's result (its column: ``<test> <rest>``, the class setting left out of the label where the test has one
-setting only); the other scalars (accuracy, coverage) are printed above the table. Curves, counts and keys without
-a direction are left out. Rows: ``--first`` in that order, the other methods sorted, then ``--anchors``. Perturbation
-AUCs are printed with 2 decimals, everything else with 4. A method is better than the random map on a key when
+(``higher_is_better``). A key ``<test>/<method>/<rest>`` whose ``<method>`` has a key of the test
+``--methods-from`` (default ``perturbation``) in the run is a method's result (its column: ``<test> <rest>``, the
+class setting left out of the label where the test has one setting only); ``--tests``: only the columns of these
+tests. The other scalars (accuracy, coverage) are printed above the table. Curves, counts and keys without a
+direction are left out. Rows: ``--first`` in that order, the other methods sorted, then ``--anchors``. Perturbation
+AUCs are printed with 2 decimals, values below 1e-3 in magnitude (not 0) with 4 significant digits, everything
+else with 4 decimals. A method is better than the random map on a key when
 strictly better in the key's direction; equal values are counted as ties, and each line names the keys where the
 method is worse or tied (up to six).
 """
@@ -25,13 +28,15 @@ RANDOM = "random"
 ARROWS = {True: " ↑", False: " ↓"}
 
 
-def read_run(folder: Path) -> Tuple[Dict[str, Dict[str, float]], Dict[str, bool], Dict[str, float]]:
-    """``({method: {column: value}}, {column: higher_is_better}, {run-level key: value})`` of a run folder."""
+def read_run(folder: Path, methods_from: str = "perturbation", tests: Optional[Sequence[str]] = None
+             ) -> Tuple[Dict[str, Dict[str, float]], Dict[str, bool], Dict[str, float]]:
+    """``({method: {column: value}}, {column: higher_is_better}, {run-level key: value})`` of a run folder
+    (``tests``: only the columns of these tests)."""
     metrics = json.loads((folder / "metrics.json").read_text())
     meta = json.loads((folder / "metrics.meta.json").read_text())["metrics"]
-    methods = {key.split("/")[1] for key in metrics if key.startswith("perturbation/") and key.count("/") >= 2}
+    methods = {key.split("/")[1] for key in metrics if key.startswith(f"{methods_from}/") and key.count("/") >= 2}
     if not methods:
-        raise ValueError(f"{folder}: no perturbation results, so no method names to read the keys with")
+        raise ValueError(f"{folder}: no {methods_from} results, so no method names to read the keys with")
     table: Dict[str, Dict[str, float]] = {}
     directions: Dict[str, bool] = {}
     run_level: Dict[str, float] = {}
@@ -41,7 +46,7 @@ def read_run(folder: Path) -> Tuple[Dict[str, Dict[str, float]], Dict[str, bool]
         parts = key.split("/")
         if len(parts) > 2 and parts[1] in methods:
             hib = meta.get(key, {}).get("higher_is_better")
-            if hib is None:
+            if hib is None or (tests is not None and parts[0] not in tests):
                 continue
             column = "/".join([parts[0]] + parts[2:])
             table.setdefault(parts[1], {})[column] = float(value)
@@ -73,7 +78,9 @@ def labels(columns: Sequence[str]) -> Dict[str, str]:
 
 
 def number(value: float, column: str) -> str:
-    return f"{value:.2f}" if column.startswith("perturbation/") and column.endswith("auc") else f"{value:.4f}"
+    if column.startswith("perturbation/") and column.endswith("auc"):
+        return f"{value:.2f}"
+    return f"{value:.3e}" if 0 < abs(value) < 1e-3 else f"{value:.4f}"
 
 
 def against_random(values: Dict[str, float], random: Dict[str, float], directions: Dict[str, bool]
@@ -97,9 +104,10 @@ def _named(columns: List[str], label: Dict[str, str]) -> str:
 
 
 def render(folder: Path, first: Sequence[str] = (), anchors: Sequence[str] = ("transformer_attribution", "attnlrp",
-                                                                              RANDOM)) -> List[str]:
+                                                                              RANDOM),
+           methods_from: str = "perturbation", tests: Optional[Sequence[str]] = None) -> List[str]:
     """The lines of the run's markdown: settings and run-level values, the table, the counts against random."""
-    table, directions, run_level = read_run(folder)
+    table, directions, run_level = read_run(folder, methods_from, tests)
     columns = sorted(directions, key=_number_key)
     label = labels(columns)
     rest = sorted(m for m in table if m not in first and m not in anchors)
@@ -134,8 +142,11 @@ def main(argv: Optional[Sequence[str]] = None) -> List[str]:
     parser.add_argument("--first", nargs="*", default=[], help="methods listed first, in this order")
     parser.add_argument("--anchors", nargs="*", default=["transformer_attribution", "attnlrp", RANDOM],
                         help="methods listed last, in this order")
+    parser.add_argument("--methods-from", default="perturbation",
+                        help="the test whose keys name the methods (a run without the perturbation test)")
+    parser.add_argument("--tests", nargs="*", default=None, help="only the columns of these tests")
     args = parser.parse_args(argv)
-    lines = render(args.run, args.first, args.anchors)
+    lines = render(args.run, args.first, args.anchors, args.methods_from, args.tests)
     print("\n".join(lines))
     return lines
 

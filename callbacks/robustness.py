@@ -23,9 +23,10 @@ times the sample's ``mean_t ‖e_t‖ / √D``, so the image defaults' "a few pe
 to models whose embedding scales differ by orders of magnitude) or ``absolute`` (embedding units). Infidelity: the
 token map broadcast over the width, a_I = Σ_t a_t Σ_d I_td; f(x) and the R f(x − I) run through the adapter's
 forward from the embedding (:func:`methods.input_points.logits_at`), batched at the classifier's width
-(``(infidelity_runs + 1)`` F per sample). Max-sensitivity: each perturbed copy re-explained with the offset added by a
-hook on the input embedding while the method runs (``explain(..., embedding_offset=...)``: every forward of the
-method sees it), one ``explain`` call per run; Frobenius norms of the token maps on the real tokens.
+(``(infidelity_runs + 1)`` F per sample). Max-sensitivity: each perturbed copy re-explained with its draw as the
+inputs' embedding offset (``explain(..., embedding_offset=...)``, :mod:`methods.adapters.embedding_offset`: it
+travels with the rows, so every forward of the method sees its own, identical texts included), one ``explain`` call
+per run; Frobenius norms of the token maps on the real tokens.
 
 Lower is better for both. Results: ``robustness/<method>/<setting>/<infidelity|max_sensitivity>``.
 """

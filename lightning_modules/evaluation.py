@@ -36,8 +36,7 @@ sets it); the classifier's parameters are frozen (methods differentiate activati
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Any, ContextManager, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import pytorch_lightning as pl
 import torch
@@ -46,7 +45,6 @@ from torch import Tensor, nn
 
 from evaluation.class_sets import data_class_names, label_translation, model_num_classes
 from evaluation.classifier import classifier_for
-from evaluation.embedding_offset import offset_embeddings
 from evaluation.method_specs import CLASS_SETTINGS, IF_DEFINED, MethodsSpec, check_class_settings, method_specs
 from methods import MethodUndefinedError, build_method
 from methods.adapters import adapter_for
@@ -215,10 +213,9 @@ class AttributionEvaluationModule(pl.LightningModule):
         """The method's maps of ``inputs``, ``method_batch_size`` samples per call (default: all), on ``model``
         (default: the module's). With ``width`` (:meth:`_call_width`) every call runs at exactly ``width``
         samples: a shorter chunk is padded with copies of its last sample, whose maps are dropped.
-        ``embedding_offset`` ``[M, N, D]``: added to the input embedding's output of each chunk's rows while the
-        method runs (:func:`evaluation.embedding_offset.offset_embeddings`)."""
+        ``embedding_offset`` ``[M, N, D]``: each chunk's rows of it go with the chunk into the method call, which
+        adds them to the rows' input embeddings (:mod:`methods.adapters.embedding_offset`)."""
         model = self.model if model is None else model
-        embedding = None if embedding_offset is None else adapter_for(model).rule_map.input_embedding()
         size = self.classifier.num_samples(inputs)
         step = width or self.hparams.method_batch_size or size
         parts = []
@@ -230,11 +227,8 @@ class AttributionEvaluationModule(pl.LightningModule):
             chunk = self.classifier.take(inputs, index)
             targets = None if target is None else self.classifier.method_targets(target[index])
             ids = None if sample_ids is None else sample_ids[index]
-            offset: ContextManager[Any] = contextlib.nullcontext()
-            if embedding is not None and embedding_offset is not None:
-                offset = offset_embeddings(embedding, chunk["input_ids"], embedding_offset[index])
-            with offset:
-                parts.append(method(model, chunk, target=targets, sample_ids=ids)[:stop - start])
+            offset = {} if embedding_offset is None else {"embedding_offset": embedding_offset[index]}
+            parts.append(method(model, chunk, target=targets, sample_ids=ids, **offset)[:stop - start])
         return torch.cat(parts)
 
     def explain(self, method: str, inputs: Union[Tensor, Dict[str, Tensor]], target: Optional[Tensor],
@@ -248,9 +242,9 @@ class AttributionEvaluationModule(pl.LightningModule):
         module's (the randomised copies of :class:`callbacks.sanity.RandomisationTest`; default: the module's).
         ``embedding_offset`` ``[M, N, D]`` (token inputs only): the method explains the inputs whose input
         embeddings (the adapter's ``input_embedding()`` output) are shifted by it, every forward of the method
-        included (:func:`evaluation.embedding_offset.offset_embeddings`; the embedding-space perturbations of
-        :class:`callbacks.robustness.RobustnessTest`). A method the run does not have is a ``KeyError`` naming
-        those it has."""
+        included, the offset carried by the rows (:mod:`methods.adapters.embedding_offset`; the embedding-space
+        perturbations of :class:`callbacks.robustness.RobustnessTest`). A method the run does not have is a
+        ``KeyError`` naming those it has."""
         if method not in self.methods:
             raise KeyError(f"explain: no method {method!r} in this run; it has {sorted(self.methods)}")
         if embedding_offset is not None and not isinstance(inputs, dict):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-from typing import Tuple
+from typing import Optional, Tuple
 
 from torch import Tensor, nn
 
@@ -21,13 +21,16 @@ class AttributionMethod:
     * ``reads_foil``: whether the call reads a ``foil`` (a contrastive explanation target,
       :mod:`methods.explanation_targets`).
 
-    ``__call__(model, inputs, target=None, sample_ids=None, foil=None)``:
+    ``__call__(model, inputs, target=None, sample_ids=None, foil=None, embedding_offset=None)``:
 
     * ``inputs``: a tensor (normalised images ``[B, 3, H, W]``) or a mapping of tensors as a tokenizer or
       processor returns it (``{"pixel_values"}``, ``{"input_ids", "attention_mask", ...}``);
     * ``target``: ``None`` (each sample's predicted class), an ``int`` or a ``LongTensor[B]``;
     * ``sample_ids``: optional per-sample ids (``LongTensor[B]``, e.g. dataset indices), for methods whose
-      output is a function of the sample's identity (the random baseline).
+      output is a function of the sample's identity (the random baseline);
+    * ``embedding_offset``: optional ``[B, N, D]`` shift of each sample's input embedding (the adapter's
+      ``rule_map.input_embedding()`` output; token inputs), seen by every forward the method runs, whatever rows it
+      regroups; rows it builds itself (a baseline) have none (:mod:`methods.adapters.embedding_offset`).
 
     It resolves the model's adapter (once per model), checks the options against it (:meth:`check_adapter`;
     :meth:`check` does the same before any batch), validates the inputs, runs :meth:`attribute` with the
@@ -62,13 +65,16 @@ class AttributionMethod:
     accumulate_dtype: Accumulate = None
 
     def __call__(self, model: nn.Module, inputs: RawInputs, target: TargetType = None,
-                 sample_ids: SampleIds = None, foil: TargetType = None) -> Tensor:
+                 sample_ids: SampleIds = None, foil: TargetType = None,
+                 embedding_offset: Optional[Tensor] = None) -> Tensor:
         if foil is not None and not self.reads_foil:
             raise ValueError(f"{self.name}: foil= is read only by a method built with a contrastive explanation "
                              "target (explain='logit_difference' or 'probability_difference')")
         adapter = adapter_for(model)
         self.check_adapter(adapter)
         batch = adapter.prepare_inputs(inputs, sample_ids=sample_ids)
+        if embedding_offset is not None:
+            batch = batch.offset_by(embedding_offset)
         returned = result_dtype(batch.score_dtype)
         compute = compute_dtype(model, self.accumulate_dtype)
         attention = adapter.eager_attention() if self.reads_attention else contextlib.nullcontext()

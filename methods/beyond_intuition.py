@@ -23,7 +23,7 @@ from .targets import resolve_target
 
 def _sample_slice(inputs: ModelInputs, start: int, stop: int) -> ModelInputs:
     """Samples ``start:stop`` of a batch (every tensor of :class:`ModelInputs` is batch-first)."""
-    return inputs.with_tensors(**{name: t[start:stop] for name, t in inputs.tensors.items()})
+    return inputs.with_tensors(torch.arange(start, stop), **{name: t[start:stop] for name, t in inputs.tensors.items()})
 
 
 def attention_perception_headwise(attn: Tensor, grad: Tensor, positions: Optional[Tensor] = None) -> Tensor:

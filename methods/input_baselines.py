@@ -22,6 +22,7 @@ Images (the normalised image, ``[B, 3, H, W]``):
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence, Union
 
 import torch
@@ -114,15 +115,16 @@ def baseline_images(images: Tensor, baseline: Baseline, name: str, image_mean: S
 def baseline_inputs(adapter: ModelAdapter, inputs: ModelInputs, baseline: Baseline, name: str,
                     **image_options: Any) -> ModelInputs:
     """``inputs`` with their model inputs at the baseline (ids or pixels); not for ``"zero"`` on sequences,
-    which has no ids."""
+    which has no ids. Built, not rows of the inputs: no embedding offset (:mod:`methods.adapters.embedding_offset`)."""
     if adapter.modality == "image":
-        return inputs.with_tensors(pixel_values=baseline_images(inputs["pixel_values"], baseline, name,
-                                                                **image_options))
+        images = baseline_images(inputs["pixel_values"], baseline, name, **image_options)
+        return replace(inputs.with_tensors(pixel_values=images), embedding_offset=None)
     if isinstance(baseline, Tensor) or baseline in IMAGE_BASELINES:
         raise ValueError(f"{name}: baseline={baseline if isinstance(baseline, str) else 'a tensor'!r} is an image "
                          f"baseline; sequences take {SEQUENCE_BASELINES} or a token id")
     assert not isinstance(baseline, Tensor)
-    return inputs.with_tensors(input_ids=baseline_ids(adapter, inputs, named_token_id(adapter, baseline, name)))
+    ids = baseline_ids(adapter, inputs, named_token_id(adapter, baseline, name))
+    return replace(inputs.with_tensors(input_ids=ids), embedding_offset=None)
 
 
 def baseline_values(adapter: ModelAdapter, inputs: ModelInputs, point: str, baseline: Baseline, name: str,

@@ -106,12 +106,13 @@ def repeat_inputs(inputs: ModelInputs, times: int) -> ModelInputs:
     if times == 1:
         return inputs
     repeated = {name: t.repeat((times,) + (1,) * (t.dim() - 1)) for name, t in inputs.tensors.items()}
-    return inputs.with_tensors(**repeated)
+    return inputs.with_tensors(torch.arange(inputs.batch_size).repeat(times), **repeated)
 
 
 def select_rows(inputs: ModelInputs, rows: Tensor) -> ModelInputs:
-    """The rows ``rows`` (``LongTensor``, repeats allowed) of every tensor of ``inputs``."""
-    return inputs.with_tensors(**{name: t[rows.to(t.device)] for name, t in inputs.tensors.items()})
+    """The rows ``rows`` (``LongTensor``, repeats allowed) of every tensor of ``inputs`` (and of its embedding
+    offset)."""
+    return inputs.with_tensors(rows, **{name: t[rows.to(t.device)] for name, t in inputs.tensors.items()})
 
 
 def reduce_scores(adapter: ModelAdapter, inputs: ModelInputs, point: str, values: Tensor,

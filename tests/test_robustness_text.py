@@ -2,10 +2,9 @@
 parity with Captum 0.9.0's ``infidelity`` (``normalize`` both ways) and ``sensitivity_max`` on a tiny BERT and a
 tiny Llama LM (answer-token classifier), given a forward over the input embeddings (the model's own forward with the
 word embeddings' output replaced) and the same draws; batched == alone with padding; the relative scale and the
-special-token option; the offset reaching every forward of a method (AtMan regroups rows)."""
+special-token option (the offset reaching every forward of a method: tests/test_robustness_offset.py)."""
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 from callbacks.robustness import RobustnessTest, embedding_logits
-from evaluation.embedding_offset import embedding_noise, embedding_scale, offset_embeddings
+from evaluation.embedding_offset import embedding_noise, embedding_scale
 from lightning_modules.evaluation import AttributionEvaluationModule
 from methods import build_method
 from methods.adapters import adapter_for
@@ -177,24 +176,6 @@ def test_text_batched_equals_alone_and_special_tokens_option(tmp_path):
         RobustnessTest(embedding_scale="pixels")
 
 
-def test_offset_reaches_regrouped_rows_and_leaves_other_ids_alone():
-    layer = torch.nn.Embedding(10, 2)
-    ids = torch.tensor([[1, 2, 3], [4, 5, 0]])
-    offset = torch.arange(12, dtype=torch.float32).reshape(2, 3, 2)
-    with torch.no_grad(), offset_embeddings(layer, ids, offset):
-        regrouped = layer(torch.tensor([[4, 5, 0], [1, 2, 3], [4, 5, 0], [7, 7, 7]]))
-        copies = layer(ids.repeat(2, 1))
-    with torch.no_grad():
-        plain = layer(torch.tensor([[4, 5, 0], [1, 2, 3], [4, 5, 0], [7, 7, 7]]))
-    torch.testing.assert_close(regrouped - plain, torch.stack([offset[1], offset[0], offset[1], 0 * offset[0]]))
-    torch.testing.assert_close(copies - layer(ids.repeat(2, 1)), offset.repeat(2, 1, 1))
-    clash = torch.stack([offset[0], offset[0] + 1])
-    with pytest.raises(ValueError, match="different perturbations"), offset_embeddings(layer, ids[[0, 0]], clash):
-        layer(torch.tensor([[1, 2, 3]]))
-    with pytest.raises(ValueError, match="does not fit"), contextlib.ExitStack() as stack:
-        stack.enter_context(offset_embeddings(layer, ids, offset[:, :2]))
-
-
 def _text_batches(module, n=4):
     """``n`` padded batches of 3 texts (content ids shifted per batch) with the module's outputs."""
     out = []
@@ -268,8 +249,7 @@ def test_clip_text_tower_through_the_prompt_scorer():
     assert torch.equal(embedding_logits(adapter, classifier, prepared, clean, 7, 3), logits)
 
     def explain(name, inputs, target, sample_ids, embedding_offset=None):
-        with offset_embeddings(adapter.rule_map.input_embedding(), inputs["input_ids"], embedding_offset):
-            return method(scorer, inputs, target=target).detach()
+        return method(scorer, inputs, target=target, embedding_offset=embedding_offset).detach()
 
     pred = logits.argmax(-1)
     outputs = {"relevance": {"ixg": {"predicted": method(scorer, inputs, target=pred).detach()}},

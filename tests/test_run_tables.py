@@ -36,3 +36,18 @@ def test_both_settings_kept_and_no_methods_refused(tmp_path):
     assert len(lines) == 5   # no random map: no counts
     with pytest.raises(ValueError, match="no perturbation results"):
         main([write_run(tmp_path / "bare", {"accuracy": 1.0}, {})])
+
+
+def test_methods_named_by_another_test_only_some_tests_and_small_values(tmp_path):
+    """A run without the perturbation test (the catalogue's non-curve half): the methods named by ``--methods-from``;
+    ``--tests`` keeps those tests' columns; values below 1e-3 keep 4 significant digits."""
+    values = {"localisation/a/target/pointing_game": 1.0, "localisation/random/target/pointing_game": 0.5,
+              "robustness/a/predicted/infidelity": 7.17e-07, "robustness/random/predicted/infidelity": 7.265e-07,
+              "robustness/a/predicted/max_sensitivity": 0.0, "robustness/random/predicted/max_sensitivity": 0.0}
+    run = write_run(tmp_path / "run", values, {k: k.startswith("localisation") for k in values})
+    lines = main([run, "--methods-from", "localisation", "--tests", "robustness", "--anchors", "random"])
+    assert lines[2] == "| method | robustness infidelity ↓ | robustness max_sensitivity ↓ |"
+    assert lines[4:6] == ["| a | 7.170e-07 | 0.0000 |", "| **random** | 7.265e-07 | 0.0000 |"]
+    assert lines[7] == "- `a`: better than the random map on 1 of 2 keys, tied on 1 (robustness max_sensitivity)"
+    with pytest.raises(ValueError, match="no rationale results"):
+        main([run, "--methods-from", "rationale"])

@@ -50,6 +50,7 @@ from typing import (
 import torch
 from torch import Tensor, nn
 
+from .embedding_offset import check_embedding_offset, offset_added
 from .recorder import ActivationRecorder
 
 if TYPE_CHECKING:
@@ -79,7 +80,9 @@ class ModelInputs:
     ``tensors``: the model's input tensors by name (``{"pixel_values": [B, 3, H, W]}`` for images,
     ``{"input_ids", "attention_mask", ...}`` for text), detached. ``sample_ids``: optional per-sample ids
     (``LongTensor[B]``, e.g. dataset indices) given explicitly by the caller. ``score_dtype``: the dtype of the
-    scores a method returns (the images' dtype; the model's floating dtype for token ids).
+    scores a method returns (the images' dtype; the model's floating dtype for token ids). ``embedding_offset``:
+    optional ``[B, N, D]`` shift of each row's input embedding, added by every ``embed``
+    (:mod:`methods.adapters.embedding_offset`).
     """
 
     tensors: Mapping[str, Tensor]
@@ -87,16 +90,34 @@ class ModelInputs:
     score_dtype: torch.dtype
     device: torch.device
     sample_ids: Optional[Tensor] = None
+    embedding_offset: Optional[Tensor] = None
 
     def __getitem__(self, name: str) -> Tensor:
         return self.tensors[name]
 
-    def with_tensors(self, **tensors: Tensor) -> "ModelInputs":
-        """The same batch with some tensors replaced (e.g. scaled pixels); the batch size follows them."""
+    def with_tensors(self, rows: Optional[Tensor] = None, **tensors: Tensor) -> "ModelInputs":
+        """The same batch with some tensors replaced (e.g. scaled pixels); the batch size follows them.
+        ``rows`` (``LongTensor[M]``, the selected, repeated or regrouped rows): row ``j`` stems from row
+        ``rows[j]`` and gets its embedding offset. Without ``rows`` the rows are the same (same batch size: the
+        offset is kept); another batch size with an offset and no ``rows`` is an error (which rows get which
+        offset cannot be guessed). ``sample_ids`` are kept for the same batch size, dropped otherwise."""
         merged = {**self.tensors, **tensors}
-        first = next(iter(tensors.values()))
-        return replace(self, tensors=merged, batch_size=int(first.shape[0]),
-                       sample_ids=self.sample_ids if int(first.shape[0]) == self.batch_size else None)
+        size = int(next(iter(tensors.values())).shape[0])
+        offset = self.embedding_offset
+        if offset is not None and rows is not None:
+            if len(rows) != size:
+                raise ValueError(f"with_tensors: {len(rows)} rows named for tensors of {size} rows")
+            offset = offset[rows.to(offset.device)]
+        elif offset is not None and size != self.batch_size:
+            raise ValueError(f"with_tensors: {size} rows made from a batch of {self.batch_size} that carries an "
+                             "embedding offset; name the row each stems from (rows=...)")
+        return replace(self, tensors=merged, batch_size=size,
+                       sample_ids=self.sample_ids if size == self.batch_size else None, embedding_offset=offset)
+
+    def offset_by(self, offset: Tensor) -> "ModelInputs":
+        """These rows with their input embeddings shifted by ``offset`` ``[B, N, D]`` (checked)."""
+        first = next(iter(self.tensors.values()))
+        return replace(self, embedding_offset=check_embedding_offset(offset, self.batch_size, int(first.shape[1])))
 
 
 def check_sample_ids(sample_ids: SampleIds, batch_size: int) -> Optional[Tensor]:
@@ -120,7 +141,7 @@ def scaled_copies(inputs: ModelInputs, alphas: Tensor, scale_name: str) -> Model
     repeated = {name: t.repeat((steps,) + (1,) * (t.dim() - 1)) for name, t in inputs.tensors.items()
                 if name != scale_name}
     scale = alphas.to(device=inputs.device, dtype=inputs.score_dtype).repeat_interleave(inputs.batch_size)
-    return inputs.with_tensors(**repeated, **{scale_name: scale})
+    return inputs.with_tensors(torch.arange(inputs.batch_size).repeat(steps), **repeated, **{scale_name: scale})
 
 
 # ------------------------------------------------------------------------------------------ layouts
@@ -449,6 +470,12 @@ class ModelAdapter(abc.ABC):
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self._signature = self.signature_of(model)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every family's ``embed`` (its own or a mixin's) adds its inputs' ``embedding_offset``
+        (:func:`offset_added`)."""
+        super().__init_subclass__(**kwargs)
+        cls.embed = offset_added(cls.embed)  # type: ignore[method-assign]
 
     # -------------------------------------------------------------- which models
     @classmethod

@@ -27,6 +27,7 @@ from ...adapters.base import (
     TokenSequence,
     check_sample_ids,
     register_adapter,
+    scaled_copies,
 )
 from ...adapters.block_decomposition import PreNormDecomposition
 from ...adapters.gradient_rules import apply_identity_rule
@@ -275,11 +276,7 @@ class _HFDecoder(PreNormDecomposition, ProjectionValueEdits, HFBaseBlocks):
     def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
         """``S * B`` samples, step-major, whose token embeddings are multiplied by ``alpha`` (before GPT-2's
         position embeddings are added)."""
-        steps = len(alphas)
-        repeated = {name: t.repeat((steps,) + (1,) * (t.dim() - 1)) for name, t in inputs.tensors.items()
-                    if name != TOKEN_EMBEDDING_SCALE}
-        scale = alphas.to(device=inputs.device, dtype=inputs.score_dtype).repeat_interleave(inputs.batch_size)
-        return inputs.with_tensors(**repeated, **{TOKEN_EMBEDDING_SCALE: scale})
+        return scaled_copies(inputs, alphas, TOKEN_EMBEDDING_SCALE)
 
     def input_embedding(self) -> nn.Module:
         """The token embedding (``embed_tokens``; Gemma 3's scales its output by ``sqrt(hidden_size)``: the
