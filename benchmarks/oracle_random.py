@@ -72,22 +72,21 @@ def subset_means(folder: Path, metrics: Dict[str, object], samples: Sequence[int
 
 
 def read_runs(folders: Sequence[Path], samples: Optional[Sequence[int]] = None
-              ) -> Tuple[Dict[str, float], Dict[str, Optional[bool]]]:
-    """The scalar results and declared directions of every run folder, merged. A key in two runs is an error unless
-    it has the same value in both (the clean ``accuracy`` of two runs on the same model and data). With
-    ``samples``, the counted keys are their means over those samples (:func:`subset_means`) and the keys left out
-    are listed under ``"left out"`` of the directions (value ``None``)."""
+              ) -> Tuple[Dict[str, float], Dict[str, Optional[bool]], List[str]]:
+    """The scalar results and declared directions of every run folder, merged, and the keys left out. A key in two
+    runs is an error unless it has the same value in both (the clean ``accuracy`` of two runs on the same model and
+    data). With ``samples``, the counted keys are their means over those samples (:func:`subset_means`)."""
     values: Dict[str, float] = {}
     directions: Dict[str, Optional[bool]] = {}
+    left_out: List[str] = []
     for folder in folders:
         metrics = json.loads((folder / "metrics.json").read_text())
         meta = json.loads((folder / "metrics.meta.json").read_text())["metrics"]
         if samples is not None:
-            means, left_out = subset_means(folder, metrics, samples)
+            means, dropped = subset_means(folder, metrics, samples)
             metrics = {k: v for k, v in metrics.items() if not counted(k) or k in means}
             metrics.update(means)
-            for key in left_out:
-                directions[f"left out/{key}"] = None
+            left_out += dropped
         for key, value in metrics.items():
             if not isinstance(value, (int, float)):
                 continue
@@ -96,7 +95,7 @@ def read_runs(folders: Sequence[Path], samples: Optional[Sequence[int]] = None
                                  f"different values ({values[key]} and {float(value)})")
             values[key] = float(value)
             directions[key] = meta.get(key, {}).get("higher_is_better")
-    return values, directions
+    return values, directions, sorted(left_out)
 
 
 def keyed(values: Dict[str, float], directions: Dict[str, Optional[bool]]
@@ -184,10 +183,9 @@ def main(argv: Optional[Sequence[str]] = None) -> List[str]:
         samples = json.loads(args.samples.read_text())
         if not isinstance(samples, list) or not samples or not all(isinstance(i, int) for i in samples):
             raise ValueError(f"--samples {args.samples}: expected a non-empty JSON list of dataset indices")
-    values, directions = read_runs(args.runs, samples)
+    values, directions, left_out = read_runs(args.runs, samples)
     table = keyed(values, directions)
     lines = report(tally(table, args.class_agnostic))
-    left_out = sorted(k[len("left out/"):] for k in directions if k.startswith("left out/"))
     if samples is not None:
         lines.append(f"- {len(samples)} samples; left out (no plain mean of per-sample values): "
                      + ("; ".join(left_out) or "none"))
