@@ -15,8 +15,8 @@ better than the method (ties are counted apart). Prints the shares and every exc
 
 ``--samples``: a JSON list of dataset indices; each key's value is then the mean of its per-sample values over those
 samples (the run's ``per_sample.npz``) instead of the run's value. A key counts only where the mean over all of its
-samples reproduces the run's value (within 1e-9): a key that is no plain mean of per-sample values (the class-mean
-pointing game) or has none in the sidecar is left out and named.
+samples reproduces the run's value (within 1e-9) and its conventions declare no per-class mean: a key that is no
+plain mean of per-sample values (the class-mean pointing game) or has none in the sidecar is left out and named.
 """
 from __future__ import annotations
 
@@ -41,10 +41,20 @@ def counted(key: str) -> bool:
     return len(parts) == 4 and parts[0] in TESTS
 
 
-def subset_means(folder: Path, metrics: Dict[str, object], samples: Sequence[int]
-                 ) -> Tuple[Dict[str, float], List[str]]:
+def class_mean(meta: Dict[str, object], key: str) -> bool:
+    """Whether ``key``'s conventions in ``metrics.meta.json`` declare a per-class mean (``<metric>_mean``: ``per
+    class, ...``; the pointing game)."""
+    entry = meta.get(key)
+    conventions = entry.get("conventions", {}) if isinstance(entry, dict) else {}
+    rule = conventions.get(f"{key.split('/')[-1]}_mean") if isinstance(conventions, dict) else None
+    return isinstance(rule, str) and rule.startswith("per class")
+
+
+def subset_means(folder: Path, metrics: Dict[str, object], samples: Sequence[int],
+                 meta: Optional[Dict[str, object]] = None) -> Tuple[Dict[str, float], List[str]]:
     """The counted scalar keys of a run as means over the dataset indices ``samples`` of their per-sample values,
-    and the keys left out (no per-sample values, or their mean over every sample is not the run's value)."""
+    and the keys left out (no per-sample values, a per-class mean declared in ``meta``, the run's
+    ``metrics.meta.json`` entries, or a mean over every sample that is not the run's value)."""
     path = folder / "per_sample.npz"
     if not path.is_file():
         raise FileNotFoundError(f"--samples needs each run's per-sample scores: {path} is missing")
@@ -55,7 +65,7 @@ def subset_means(folder: Path, metrics: Dict[str, object], samples: Sequence[int
     for key, value in metrics.items():
         if not counted(key) or not isinstance(value, (int, float)):
             continue
-        if key not in rows or np.asarray(rows[key][1]).ndim != 1:
+        if key not in rows or np.asarray(rows[key][1]).ndim != 1 or class_mean(meta or {}, key):
             left_out.append(key)
             continue
         index, values = np.asarray(rows[key][0]), np.asarray(rows[key][1], dtype=np.float64)
@@ -83,7 +93,7 @@ def read_runs(folders: Sequence[Path], samples: Optional[Sequence[int]] = None
         metrics = json.loads((folder / "metrics.json").read_text())
         meta = json.loads((folder / "metrics.meta.json").read_text())["metrics"]
         if samples is not None:
-            means, dropped = subset_means(folder, metrics, samples)
+            means, dropped = subset_means(folder, metrics, samples, meta)
             metrics = {k: v for k, v in metrics.items() if not counted(k) or k in means}
             metrics.update(means)
             left_out += dropped

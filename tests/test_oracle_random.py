@@ -2,9 +2,12 @@
 runs (directions read from metrics.meta.json; class-agnostic methods, counts and curves left out; ties apart)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks.oracle_random import main
+from evaluation.reporting import write_per_sample
 from tests.fake_runs import write_run
 
 
@@ -39,8 +42,6 @@ def test_counts_and_exceptions(tmp_path, capsys):
 def test_samples_count_the_means_over_a_subset(tmp_path, capsys):
     """``--samples``: each counted key is the mean of its per-sample values over the listed dataset indices; a key
     whose run value is not the mean of its per-sample values (a class-mean) is left out and named."""
-    from evaluation.reporting import write_per_sample
-
     per_sample = {"rise/a/predicted/deletion_auc": [0.1, 0.2, 0.9, 0.9],      # mean 0.525
                   "rise/random/predicted/deletion_auc": [0.5, 0.5, 0.5, 0.5],
                   "rise/oracle/predicted/deletion_auc": [0.3, 0.3, 0.0, 0.0],
@@ -73,3 +74,17 @@ def test_samples_count_the_means_over_a_subset(tmp_path, capsys):
         main([run, "--samples", str(bad)])
     with pytest.raises(FileNotFoundError, match="per_sample.npz is missing"):
         main([write_run(tmp_path / "bare", values, directions), "--samples", str(first)])
+    # a class-mean key whose run value happens to equal its plain mean is left out by its declared convention
+    balanced = dict(values, **{"localisation/a/target/pointing_game": 0.25})
+    declared = write_run(tmp_path / "declared", balanced, directions)
+    meta_path = tmp_path / "declared" / "metrics.meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["metrics"]["localisation/a/target/pointing_game"]["conventions"] = {
+        "pointing_game_mean": "per class, then over classes seen", "unit": "pixel"}
+    meta_path.write_text(json.dumps(meta))
+    write_per_sample({k: ([0, 1, 2, 3], v) for k, v in per_sample.items()}, tmp_path / "declared" / "per_sample.npz")
+    assert main([declared, "--samples", str(first)])[2] == lines[2]
+    undeclared = write_run(tmp_path / "undeclared", balanced, directions)
+    write_per_sample({k: ([0, 1, 2, 3], v) for k, v in per_sample.items()}, tmp_path / "undeclared" / "per_sample.npz")
+    assert main([undeclared, "--samples", str(first)])[2].endswith("left out (no plain mean of per-sample values): "
+                                                                   "localisation/random/target/pointing_game")
