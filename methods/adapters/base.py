@@ -50,6 +50,7 @@ from typing import (
 import torch
 from torch import Tensor, nn
 
+from .capability import Capability, lacking
 from .recorder import ActivationRecorder
 
 if TYPE_CHECKING:
@@ -408,6 +409,21 @@ class RuleMap:
             self.head_epsilon = before
 
 
+class LogitLens(abc.ABC):
+    """The logit lens of a family (LeGrad's capability, ``ModelAdapter.lens``): its own final norm and head read at
+    every position."""
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @abc.abstractmethod
+    def logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """The family's own final norm and head applied to **every** position of ``hidden`` ``[B, N, D]`` (hidden
+        states leaving any block) as if the read-out read that position alone: logits ``[B, N, C]`` (a CLIP /
+        SigLIP / open_clip tower: the scorer's logits of each position's projected embedding; ``pre_logits``: that
+        embedding, or the latent the classifier reads)."""
+
+
 class ModelAdapter(abc.ABC):
     """What a method may know about a model. Subclasses wrap one family of stock models.
 
@@ -710,17 +726,8 @@ class ModelAdapter(abc.ABC):
         (:class:`HeadLayers`)."""
         raise NotImplementedError(f"{self.family} does not name its head as two linear layers and an activation")
 
-    # ---- lens_logits (issue 37)
-    #: capability: :meth:`lens_logits` (the family's own final norm and head read at every position: LeGrad's
-    #: "logit lens")
-    reads_lens: bool = False
-
-    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """Only where :attr:`reads_lens`: the family's own final norm and head applied to **every** position of
-        ``hidden`` ``[B, N, D]`` (hidden states leaving any block) as if the read-out read that position alone:
-        logits ``[B, N, C]`` (a CLIP / SigLIP / open_clip tower: the scorer's logits of each position's
-        projected embedding; ``pre_logits``: that embedding, or the latent the classifier reads)."""
-        raise NotImplementedError(f"{self.family} has no logit lens (its final norm and head at every position)")
+    #: capability: the family's own final norm and head read at every position (:class:`LogitLens`: LeGrad)
+    lens: Capability[Optional[LogitLens]] = Capability(lacking)
 
 
 class ImageAdapter(ModelAdapter):
