@@ -409,6 +409,60 @@ class RuleMap:
             self.head_epsilon = before
 
 
+class BlockDecomposition:
+    """The per-token decomposition of a family's blocks (``ModelAdapter.decomposition``: ALTI, ALTI-Logit, DecompX):
+    the attention sub-layer's output enters the residual stream through linear maps and per-token norms only, so
+    that each block output decomposes per input token. The defaults fit blocks that name their two norms
+    :attr:`norm_names` and whose module output is the residual stream."""
+
+    #: the block's attributes: the attention sub-layer's norm, then the MLP sub-layer's
+    norm_names: Tuple[str, str] = ("norm1", "norm2")
+    #: DecompX's capability (:meth:`head_layers`): every piece from the first block's input to the logits is one
+    #: DecompX propagates per input token: post-norm blocks whose MLP is ``down(act(up(x)))`` with an element-wise
+    #: activation (``mlp_linears``; no gate), a read-out at position 0 and a head of two linear layers around an
+    #: element-wise activation
+    decomposes_network: bool = False
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        """Block ``layer``'s two norm modules in the model's order: the attention sub-layer's (before it in a
+        pre-norm block, after its residual sum in a post-norm one), then the MLP sub-layer's."""
+        block = self.adapter.blocks[layer]
+        return getattr(block, self.norm_names[0]), getattr(block, self.norm_names[1])
+
+    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
+        """Record the residual stream leaving block ``layer`` ``[B, N, D]`` (``transform``: applied to it as
+        :meth:`ActivationRecorder.output` does; it runs once the block's other recorded tensors are there)."""
+        rec.output(self.adapter.blocks[layer], key, transform=transform)
+
+    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """Record block ``layer``'s residual sum after its attention sub-layer, ``x + attn(...)`` ``[B, N, D]``
+        (the output projection's bias and any layer scale included), before any norm that follows it: the input
+        of the MLP's norm (pre-norm) or of the attention's (post-norm)."""
+        rec.input(self.block_norms(layer)[1 if self.adapter.pre_norm else 0], key)
+
+    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
+        """The per-channel layer scale ``[D]`` by which block ``layer`` multiplies its attention sub-layer's
+        output (after the output projection) before the residual sum; ``None``: none."""
+        return None
+
+    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
+        """A per-token norm inside block ``layer``'s attention sub-layer, with where it sits: ``"before_proj"``
+        (on the merged heads' product, before the output projection: EVA-02's sub-LN) or ``"after_proj"`` (on the
+        output projection's output, before the residual sum: Gemma 3's ``post_attention_layernorm``); ``None``:
+        none. Its input is the tensor it normalises (a forward pre-hook on it records it)."""
+        return None
+
+    def head_layers(self) -> HeadLayers:
+        """Only where :attr:`decomposes_network`: the head from the read-out token to the logits
+        (:class:`HeadLayers`)."""
+        raise NotImplementedError(f"{self.adapter.family} does not name its head as two linear layers and an "
+                                  "activation")
+
+
 class LogitLens(abc.ABC):
     """The logit lens of a family (LeGrad's capability, ``ModelAdapter.lens``): its own final norm and head read at
     every position."""
@@ -673,59 +727,15 @@ class ModelAdapter(abc.ABC):
         returns unchanged give exactly the model's own attention. The model is restored on exit."""
         raise NotImplementedError(f"{self.family} does not edit its pre-softmax attention scores")
 
-    # ---- decomposes_blocks (issue 37)
-    #: capability: :meth:`block_norms`, :meth:`final_norm`, :meth:`record_block_output` and
-    #: :meth:`record_post_attention_residual`: the attention sub-layer's output enters the residual stream through
-    #: linear maps and per-token norms only, so that each block output decomposes per input token (ALTI)
-    decomposes_blocks: bool = False
-
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        """Block ``layer``'s two norm modules in the model's order: the attention sub-layer's (before it in a
-        pre-norm block, after its residual sum in a post-norm one), then the MLP sub-layer's."""
-        raise NotImplementedError(f"{self.family} does not name its blocks' norms")
-
     def final_norm(self) -> nn.Module:
         """The norm applied to the last block's output before the head (pre-norm models)."""
         raise NotImplementedError(f"{self.family} does not name a final norm module")
 
-    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
-        """Record the residual stream leaving block ``layer`` ``[B, N, D]`` (``transform``: applied to it as
-        :meth:`ActivationRecorder.output` does; it runs once the block's other recorded tensors are there)."""
-        raise NotImplementedError(f"{self.family} does not record its blocks' outputs")
-
-    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """Record block ``layer``'s residual sum after its attention sub-layer, ``x + attn(...)`` ``[B, N, D]``
-        (the output projection's bias included), before any norm that follows it."""
-        raise NotImplementedError(f"{self.family} does not record its post-attention residual")
-
-    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
-        """The per-channel layer scale ``[D]`` by which block ``layer`` multiplies its attention sub-layer's
-        output (after the output projection) before the residual sum; ``None``: none."""
-        return None
-
-    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
-        """A per-token norm inside block ``layer``'s attention sub-layer, with where it sits: ``"before_proj"``
-        (on the merged heads' product, before the output projection: EVA-02's sub-LN) or ``"after_proj"`` (on the
-        output projection's output, before the residual sum: Gemma 3's ``post_attention_layernorm``); ``None``:
-        none. Its input is the tensor it normalises (a forward pre-hook on it records it)."""
-        return None
-
     #: ALTI-Logit's capability: the head is linear after :meth:`final_norm` at the read-out position (a decoder's
     #: LM or score head), so a logit is a sum of the final norm's per-token terms (a CLIP tower's cosine is not)
     linear_head: bool = False
-    # ---- decomposes_network (issue 37: DecompX)
-    #: capability: :meth:`head_layers`, with :attr:`decomposes_blocks`: every piece from the first block's input to
-    #: the logits is one DecompX propagates per input token: post-norm blocks whose MLP is
-    #: ``down(act(up(x)))`` with an element-wise activation (:meth:`mlp_linears`; no gate), a read-out at position
-    #: 0 and a head of two linear layers around an element-wise activation
-    decomposes_network: bool = False
-
-    def head_layers(self) -> HeadLayers:
-        """Only where :attr:`decomposes_network`: the head from the read-out token to the logits
-        (:class:`HeadLayers`)."""
-        raise NotImplementedError(f"{self.family} does not name its head as two linear layers and an activation")
-
+    #: capability: each block's output decomposes per input token (:class:`BlockDecomposition`: ALTI, DecompX)
+    decomposition: Capability[Optional[BlockDecomposition]] = Capability(lacking)
     #: capability: the family's own final norm and head read at every position (:class:`LogitLens`: LeGrad)
     lens: Capability[Optional[LogitLens]] = Capability(lacking)
 

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ...adapters.base import (
     AttentionLinears,
+    BlockDecomposition,
     Layout,
     ModelInputs,
     RawInputs,
@@ -32,7 +33,7 @@ from ...adapters.base import (
     register_adapter,
     scaled_copies,
 )
-from ...adapters.block_decomposition import PreNormDecomposition
+from ...adapters.capability import Capability
 from ...adapters.gradient_rules import normalized_rule
 from ...adapters.lens import LensImageAdapter
 from ...adapters.library import library_class
@@ -131,7 +132,13 @@ def at_readout_positions(normed: Tensor, context: SequenceContext) -> Tensor:
     return normed[torch.arange(normed.shape[0], device=normed.device), positions]
 
 
-class _HFCLIPTower(PreNormDecomposition, ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
+class CLIPDecomposition(BlockDecomposition):
+    """Pre-norm ``x + out_proj(attention(layer_norm1(x)))``, then ``layer_norm2``."""
+
+    norm_names = ("layer_norm1", "layer_norm2")
+
+
+class _HFCLIPTower(ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
     """Shared machinery of the two CLIP towers (see the module docstring); a subclass names its tower."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -218,8 +225,7 @@ class _HFCLIPTower(PreNormDecomposition, ProjectionValueEdits, _ScorerHead, HFEn
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
 
-    # ---- decomposes_blocks (issue 37): pre-norm ``x + out_proj(attention(layer_norm1(x)))``
-    block_norm_names = ("layer_norm1", "layer_norm2")
+    decomposition = Capability(CLIPDecomposition)
 
 
 

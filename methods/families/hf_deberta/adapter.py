@@ -17,9 +17,10 @@ from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
 from ...adapters.base import AttentionLinears, ModelInputs, SequenceContext, register_adapter
+from ...adapters.capability import Capability
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
-from ..hf_text.adapter import HFTextAdapter
+from ..hf_text.adapter import HFTextAdapter, TextDecomposition
 from .score_edit import deberta_score_edit
 
 
@@ -118,12 +119,16 @@ class HFDebertaV2Adapter(HFTextAdapter):
         (:func:`~methods.families.hf_deberta.score_edit.deberta_score_edit`), hooks removed on exit."""
         return deberta_score_edit([block.attention.self for block in self.blocks], edit)
 
-    # ---- decomposes_network (issue 37: DecompX)
-    #: DecompX (issue 37) is not carried to this family: its reference decomposes BERT and RoBERTa only
+    decomposition = Capability(lambda adapter: DebertaDecomposition(adapter))
+
+
+class DebertaDecomposition(TextDecomposition):
+    """BERT's post-norm decomposition of the blocks; DecompX (issue 37) is not carried to this family: its
+    reference decomposes BERT and RoBERTa only."""
+
     decomposes_network = False
 
-    # ---- decomposes_blocks (issue 37)
     def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
                             transform: Optional[Callable[[Tensor], Any]] = None) -> None:
         """The hidden states of the block's ``(hidden, probabilities)`` output."""
-        rec.output(self.blocks[layer], key, transform=transform, index=0)
+        rec.output(self.adapter.blocks[layer], key, transform=transform, index=0)

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ...adapters.base import (
     AttentionLinears,
+    BlockDecomposition,
     ModelInputs,
     Projection,
     RawInputs,
@@ -28,7 +29,7 @@ from ...adapters.base import (
     check_sample_ids,
     register_adapter,
 )
-from ...adapters.block_decomposition import PreNormDecomposition
+from ...adapters.capability import Capability
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
@@ -67,7 +68,29 @@ def unmask_padding_queries(mask: Any, attention_mask: Tensor) -> Any:
     return mask
 
 
-class _HFDecoder(PreNormDecomposition, ProjectionValueEdits, HFBaseBlocks):
+class DecoderDecomposition(BlockDecomposition):
+    """Pre-norm blocks: ``input_layernorm``, then ``post_attention_layernorm`` (entering the MLP)."""
+
+    norm_names = ("input_layernorm", "post_attention_layernorm")
+
+
+class Gemma3Decomposition(BlockDecomposition):
+    """Sandwich norms: the attention output through its own RMSNorm (``post_attention_layernorm``) before the
+    residual sum, linearised per token with its scale; the MLP entered through ``pre_feedforward_layernorm``."""
+
+    norm_names = ("input_layernorm", "pre_feedforward_layernorm")
+
+    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
+        return self.adapter.blocks[layer].post_attention_layernorm, "after_proj"
+
+
+class GPT2Decomposition(BlockDecomposition):
+    """GPT-2's pre-norm blocks: ``ln_1``, ``ln_2``."""
+
+    norm_names = ("ln_1", "ln_2")
+
+
+class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
     """Shared machinery of the decoder families (see the module docstring); a family subclass names its model
     classes and submodules."""
 
@@ -335,13 +358,10 @@ class _HFDecoder(PreNormDecomposition, ProjectionValueEdits, HFBaseBlocks):
     # ---- edits_values (issue 37): values edited at the projection (ProjectionValueEdits)
     causal_attention = True
 
-    # ---- decomposes_blocks (issue 37)
-    #: Gemma 3 normalises the attention output again before the residual sum (sandwich norms): refused there
-    decomposes_blocks = True
+    decomposition: Capability[Optional[BlockDecomposition]] = Capability(DecoderDecomposition)
     #: the LM head (or the score head) is linear after the final norm (ALTI-Logit)
     linear_head = True
 
-    block_norm_names = ("input_layernorm", "post_attention_layernorm")
 
 
 class _HFRopeDecoder(_HFDecoder):
@@ -424,15 +444,7 @@ class HFGemma3Adapter(_HFRopeDecoder):
         scaled = logits / cap
         return apply_identity_rule(torch.tanh, scaled, self.rule_map.head_epsilon) * cap
 
-    # ---- decomposes_blocks (issue 37): sandwich norms, the attention output through its own RMSNorm
-    # (``post_attention_layernorm``) before the residual sum, linearised per token with its scale
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        """The norm entering the attention, then the one entering the MLP (``pre_feedforward_layernorm``)."""
-        block = self.blocks[layer]
-        return block.input_layernorm, block.pre_feedforward_layernorm
-
-    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
-        return self.blocks[layer].post_attention_layernorm, "after_proj"
+    decomposition = Capability(Gemma3Decomposition)
 
     @property
     def linear_head(self) -> bool:  # type: ignore[override]
@@ -515,5 +527,4 @@ class HFGPT2Adapter(_HFDecoder):
         mlp = self.blocks[layer].mlp
         return mlp.c_fc, mlp.c_proj
 
-    # ---- decomposes_blocks (issue 37)
-    block_norm_names = ("ln_1", "ln_2")
+    decomposition = Capability(GPT2Decomposition)

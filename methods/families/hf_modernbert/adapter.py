@@ -20,12 +20,14 @@ from torch import Tensor, nn
 
 from ...adapters.base import (
     AttentionLinears,
+    BlockDecomposition,
     ModelInputs,
     RawInputs,
     SampleIds,
     SequenceContext,
     register_adapter,
 )
+from ...adapters.capability import Capability
 from ...adapters.recorder import ActivationRecorder
 from ..hf_decoder.adapter import unmask_padding_queries
 from ..hf_text.adapter import HFTextAdapter
@@ -206,16 +208,12 @@ class HFModernBertAdapter(HFTextAdapter):
         mlp = self.blocks[layer].mlp
         return mlp.Wi, mlp.Wo
 
-    # ---- decomposes_network (issue 37: DecompX)
-    #: DecompX (issue 37): pre-norm blocks and a gated MLP (GLU), outside the reference's decomposition
-    decomposes_network = False
+    decomposition = Capability(lambda adapter: ModernBertDecomposition(adapter))
 
-    # ---- decomposes_blocks (issue 37)
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        """Pre-norm: ``attn_norm`` (block 0: an ``nn.Identity``, whose values are the embeddings' own), ``mlp_norm``."""
-        block = self.blocks[layer]
-        return block.attn_norm, block.mlp_norm
 
-    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The input of ``mlp_norm``: ``x + Wo(attention)``."""
-        rec.input(self.block_norms(layer)[1], key)
+class ModernBertDecomposition(BlockDecomposition):
+    """Pre-norm: ``attn_norm`` (block 0: an ``nn.Identity``, whose values are the embeddings' own), ``mlp_norm``
+    (its input ``x + Wo(attention)``); DecompX (issue 37): pre-norm blocks and a gated MLP (GLU), outside the
+    reference's decomposition."""
+
+    norm_names = ("attn_norm", "mlp_norm")

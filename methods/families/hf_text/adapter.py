@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from ...adapters.base import (
     AttentionLinears,
+    BlockDecomposition,
     HeadLayers,
     ModelInputs,
     RawInputs,
@@ -25,6 +26,7 @@ from ...adapters.base import (
     register_adapter,
     scaled_copies,
 )
+from ...adapters.capability import Capability
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
@@ -35,6 +37,30 @@ from .rules import TextRules
 
 #: an extra per-sample tensor set by :meth:`HFBertAdapter.interpolate`: the factor on the embedding output
 EMBEDDING_SCALE = "embedding_scale"
+
+
+class TextDecomposition(BlockDecomposition):
+    """Post-norm blocks: the LayerNorm after the attention's residual sum (its input ``x + dense(context)`` the
+    post-attention residual), then the one after the MLP's; the whole network for DecompX (BERT's pooler head)."""
+
+    adapter: HFTextAdapter
+    decomposes_network = True
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        block = self.adapter.blocks[layer]
+        return block.attention.output.LayerNorm, block.output.LayerNorm
+
+    def head_layers(self) -> HeadLayers:
+        first, last = self.adapter.head_linears()
+        return HeadLayers(first=first, activation=self.adapter.head_activation_function(), last=last)
+
+
+class DistilBertDecomposition(TextDecomposition):
+    """DistilBERT's norms: ``sa_layer_norm`` and ``output_layer_norm``."""
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        block = self.adapter.blocks[layer]
+        return block.sa_layer_norm, block.output_layer_norm
 
 
 class HFTextAdapter(ProjectionValueEdits, HFBaseBlocks):
@@ -211,32 +237,11 @@ class HFTextAdapter(ProjectionValueEdits, HFBaseBlocks):
         return block.intermediate.dense, block.output.dense
 
 
-    # ---- decomposes_blocks (issue 37)
-    decomposes_blocks = True
-
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        """Post-norm: the LayerNorm after the attention's residual sum, then the one after the MLP's."""
-        block = self.blocks[layer]
-        return block.attention.output.LayerNorm, block.output.LayerNorm
-
-    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
-        rec.output(self.blocks[layer], key, transform=transform)
-
-    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The input of the attention's LayerNorm: ``x + dense(context)``."""
-        rec.input(self.block_norms(layer)[0], key)
-
-    # ---- decomposes_network (issue 37: DecompX)
-    decomposes_network = True
+    decomposition: Capability[Optional[BlockDecomposition]] = Capability(TextDecomposition)
 
     def head_activation_function(self) -> Callable[[Tensor], Tensor]:
         """The element-wise activation between the head's two linear layers (:meth:`head_linears`)."""
         raise NotImplementedError
-
-    def head_layers(self) -> HeadLayers:
-        first, last = self.head_linears()
-        return HeadLayers(first=first, activation=self.head_activation_function(), last=last)
 
 
 @register_adapter
@@ -357,10 +362,7 @@ class HFDistilBertAdapter(HFTextAdapter):
     def head_activation_function(self) -> Callable[[Tensor], Tensor]:
         return nn.functional.relu
 
-    # ---- decomposes_blocks (issue 37)
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        block = self.blocks[layer]
-        return block.sa_layer_norm, block.output_layer_norm
+    decomposition = Capability(DistilBertDecomposition)
 
 
 @register_adapter

@@ -14,7 +14,15 @@ from typing import Any, Callable, Hashable, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ...adapters.base import AttentionLinears, Layout, ModelInputs, SequenceContext, register_adapter
+from ...adapters.base import (
+    AttentionLinears,
+    BlockDecomposition,
+    Layout,
+    ModelInputs,
+    SequenceContext,
+    register_adapter,
+)
+from ...adapters.capability import Capability
 from ...adapters.lens import LensImageAdapter
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
@@ -39,6 +47,22 @@ def materialised_attention(module: nn.Module, query: Tensor, key: Tensor, value:
     probs = nn.functional.softmax(scores, dim=-1, dtype=torch.promote_types(query.dtype, torch.float32))
     probs = nn.functional.dropout(probs.to(query.dtype), p=dropout, training=module.training)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
+class ViTLikeDecomposition(BlockDecomposition):
+    """Pre-norm ``x + o_proj(attention(norm(x)))`` (DINOv2: times ``layer_scale1``)."""
+
+    adapter: "HFViTLikeAdapter"
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        """Pre-norm: ``layernorm_before``, ``layernorm_after`` (DINOv2: ``norm1``, ``norm2``)."""
+        block = self.adapter.blocks[layer]
+        return self.adapter.attention_norm(layer), block.norm2 if hasattr(block, "norm2") else block.layernorm_after
+
+    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
+        """DINOv2's ``layer_scale1.lambda1`` (``None`` for ViT and DeiT)."""
+        scale = getattr(self.adapter.blocks[layer], "layer_scale1", None)
+        return None if scale is None else scale.lambda1
 
 
 class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
@@ -172,26 +196,7 @@ class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
         attention :meth:`eager_attention` runs: the softmax in the wider of float32 and the model's dtype)."""
         return score_edited_attention(self.attention_config(), self.blocks, edit, eager=materialised_attention)
 
-    # ---- decomposes_blocks (issue 37): pre-norm ``x + o_proj(attention(norm(x)))``
-    decomposes_blocks = True
-
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        """Pre-norm: ``layernorm_before``, ``layernorm_after`` (DINOv2: ``norm1``, ``norm2``)."""
-        block = self.blocks[layer]
-        return self.attention_norm(layer), block.norm2 if hasattr(block, "norm2") else block.layernorm_after
-
-    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
-        rec.output(self.blocks[layer], key, transform=transform)
-
-    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The input of the MLP's norm: ``x + attention output`` (DINOv2: times ``layer_scale1``)."""
-        rec.input(self.block_norms(layer)[1], key)
-
-    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
-        """DINOv2's ``layer_scale1.lambda1`` (``None`` for ViT and DeiT)."""
-        scale = getattr(self.blocks[layer], "layer_scale1", None)
-        return None if scale is None else scale.lambda1
+    decomposition = Capability(ViTLikeDecomposition)
 
 
 @register_adapter

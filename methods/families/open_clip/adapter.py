@@ -20,6 +20,7 @@ from torch.nn import functional as F
 
 from ...adapters.base import (
     AttentionLinears,
+    BlockDecomposition,
     ModelAdapter,
     ModelInputs,
     RawInputs,
@@ -29,7 +30,7 @@ from ...adapters.base import (
     check_sample_ids,
     register_adapter,
 )
-from ...adapters.block_decomposition import PreNormDecomposition
+from ...adapters.capability import Capability
 from ...adapters.lens import LensImageAdapter
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_token_inputs
@@ -113,7 +114,17 @@ def _need_weights(_module: nn.Module, args: Tuple[Any, ...], kwargs: dict) -> Tu
     return args, {**kwargs, "need_weights": True, "average_attn_weights": False}
 
 
-class _OpenCLIPTower(PreNormDecomposition, _ScorerHead, ModelAdapter):
+class OpenCLIPDecomposition(BlockDecomposition):
+    """Pre-norm ``x + ls_1(out_proj(attention(ln_1(x))))``, then ``ln_2``."""
+
+    norm_names = ("ln_1", "ln_2")
+
+    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
+        """``ls_1``'s ``gamma`` (``None`` for the identity)."""
+        return getattr(self.adapter.blocks[layer].ls_1, "gamma", None)
+
+
+class _OpenCLIPTower(_ScorerHead, ModelAdapter):
     """Shared machinery of the two open_clip towers (see the module docstring); a subclass names its tower."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -261,12 +272,7 @@ class _OpenCLIPTower(PreNormDecomposition, _ScorerHead, ModelAdapter):
         mlp = self.blocks[layer].mlp
         return mlp.c_fc, mlp.c_proj
 
-    # ---- decomposes_blocks (issue 37): pre-norm ``x + ls_1(out_proj(attention(ln_1(x))))``
-    block_norm_names = ("ln_1", "ln_2")
-
-    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
-        """``ls_1``'s ``gamma`` (``None`` for the identity)."""
-        return getattr(self.blocks[layer].ls_1, "gamma", None)
+    decomposition = Capability(OpenCLIPDecomposition)
 
     # ---- edits_values (issue 37)
     edits_values = True

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...adapters.base import SequenceContext
-from ...adapters.block_decomposition import PreNormDecomposition
+from ...adapters.base import BlockDecomposition, SequenceContext
+from ...adapters.capability import Capability
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import edited_values_change, product_change
 from ..timm_vit.adapter import TimmBlocksAdapter
@@ -56,7 +56,7 @@ def attention_width(attn: Any) -> int:
                                       // attn.num_heads)
 
 
-class TimmBeitLikeAdapter(PreNormDecomposition, TimmBlocksAdapter):
+class TimmBeitLikeAdapter(TimmBlocksAdapter):
     """Shared by :class:`~methods.families.timm_eva_beit.eva.TimmEvaAdapter` and
     :class:`~methods.families.timm_eva_beit.beit.TimmBeitAdapter` (see the module docstring). A subclass gives
     :meth:`embed`, :meth:`run_blocks` (with :meth:`key_mask_of`'s masks) and the family checks."""
@@ -144,20 +144,9 @@ class TimmBeitLikeAdapter(PreNormDecomposition, TimmBlocksAdapter):
         mlp = self.blocks[layer].mlp
         return (mlp.fc1_x if hasattr(mlp, "fc1_x") else mlp.fc1), mlp.fc2
 
-    # ---- decomposes_blocks (issue 37): pre-norm ``x + gamma_1 * proj(norm(A v))`` (``norm``: EVA-02's sub-LN or
-    # the identity); an attention gate (``x * sigmoid(gate(x))`` before ``proj``) is not decomposed
-    @property
-    def decomposes_blocks(self) -> bool:  # type: ignore[override]
-        return all(getattr(block.attn, "gate", None) is None for block in self.blocks)
-
-    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
-        """The layer scale ``gamma_1`` (``None`` without one)."""
-        return self.blocks[layer].gamma_1
-
-    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
-        """EVA-02's sub-LN ``attn.norm`` on the merged heads before ``proj`` (``None``: the identity, BEiT)."""
-        norm = getattr(self.blocks[layer].attn, "norm", None)
-        return None if norm is None or isinstance(norm, nn.Identity) else (norm, "before_proj")
+    #: an attention gate (``x * sigmoid(gate(x))`` before ``proj``) is not decomposed
+    decomposition = Capability(lambda adapter: EvaBeitDecomposition(adapter) if all(
+        getattr(block.attn, "gate", None) is None for block in adapter.blocks) else None)
 
     # ---- edits_values (issue 37)
     edits_values = True
@@ -201,3 +190,16 @@ class TimmBeitLikeAdapter(PreNormDecomposition, TimmBlocksAdapter):
             finally:
                 for handle in handles:
                     handle.remove()
+
+
+class EvaBeitDecomposition(BlockDecomposition):
+    """Pre-norm ``x + gamma_1 * proj(norm(A v))`` (``norm``: EVA-02's sub-LN or the identity), ``norm1``, ``norm2``."""
+
+    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
+        """The layer scale ``gamma_1`` (``None`` without one)."""
+        return self.adapter.blocks[layer].gamma_1
+
+    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
+        """EVA-02's sub-LN ``attn.norm`` on the merged heads before ``proj`` (``None``: the identity, BEiT)."""
+        norm = getattr(self.adapter.blocks[layer].attn, "norm", None)
+        return None if norm is None or isinstance(norm, nn.Identity) else (norm, "before_proj")

@@ -8,8 +8,15 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, List, Optional, 
 import torch
 from torch import Tensor, nn
 
-from ...adapters.base import AttentionLinears, Layout, ModelInputs, SequenceContext, register_adapter
-from ...adapters.block_decomposition import PreNormDecomposition
+from ...adapters.base import (
+    AttentionLinears,
+    BlockDecomposition,
+    Layout,
+    ModelInputs,
+    SequenceContext,
+    register_adapter,
+)
+from ...adapters.capability import Capability
 from ...adapters.lens import LensImageAdapter
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
@@ -105,7 +112,7 @@ class TimmBlocksAdapter(LensImageAdapter):
 
 
 @register_adapter
-class TimmViTAdapter(PreNormDecomposition, ProjectionValueEdits, TimmBlocksAdapter):
+class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
     """Stock timm ``VisionTransformer``: pre-norm blocks ``x + attn(norm1(x))``, ``h + mlp(norm2(h))`` (with
     layer scale where the model has it), fused ``qkv`` projection. Inputs
     (:class:`~methods.adapters.base.ImageAdapter`): images whose sides are multiples of the patch size.
@@ -131,8 +138,6 @@ class TimmViTAdapter(PreNormDecomposition, ProjectionValueEdits, TimmBlocksAdapt
         self._readout_cache: Optional[Tuple[weakref.ReferenceType, Tensor]] = None
         # ---- edits_attention_scores (issue 37): only timm's plain Attention in every block
         self.edits_attention_scores = not score_edit_problem(self.blocks)
-        # ---- decomposes_blocks (issue 37): timm's pre-norm Block everywhere
-        self.decomposes_blocks = decomposition_problem(self.blocks) is None
 
     @classmethod
     def supports(cls, model: Any) -> Optional[str]:
@@ -259,11 +264,17 @@ class TimmViTAdapter(PreNormDecomposition, ProjectionValueEdits, TimmBlocksAdapt
         with self.eager_attention(), timm_score_edit(self.blocks, edit):
             yield
 
-    # ---- decomposes_blocks (issue 37): every block timm's pre-norm ``Block`` (decomposition_problem), ``norm1`` and
-    # ``norm2`` (PreNormDecomposition)
+    decomposition = Capability(lambda adapter: TimmDecomposition(adapter)
+                               if decomposition_problem(adapter.blocks) is None else None)
+
+
+class TimmDecomposition(BlockDecomposition):
+    """Every block timm's pre-norm ``Block`` (:func:`decomposition_problem`): ``norm1`` and ``norm2``, the layer
+    scale ``ls1``."""
+
     def attention_output_scale(self, layer: int) -> Optional[Tensor]:
         """``ls1``'s ``gamma`` (a ``LayerScale``; ``None`` for the identity)."""
-        return getattr(self.blocks[layer].ls1, "gamma", None)
+        return getattr(self.adapter.blocks[layer].ls1, "gamma", None)
 
 
 def decomposition_problem(blocks: List[nn.Module]) -> Optional[str]:
