@@ -464,11 +464,11 @@ CLASSIFIERS = {cls.modality: cls for cls in (Classifier, TextClassifier)}
 def classifier_for(model: nn.Module, batch_size: int = 64, verbalizer: Optional[Mapping[str, str]] = None,
                    verbalizer_multi_token: str = "error", **options) -> _ChunkedClassifier:
     """The classifier of ``model``'s modality, built from the model (``from_model``; ``mean`` / ``std``: the
-    normalisation of an image classifier, ignored for texts); a decoder language model (its adapter's ``is_lm``)
+    normalisation of an image classifier, ignored for texts); a decoder language model (its adapter's ``decoder.is_lm``)
     is an :class:`AnswerTokenClassifier` (over the ``verbalizer``'s words when one is given, which only a language
     model takes)."""
     adapter = adapter_for(model)
-    if adapter.is_lm:
+    if adapter.decoder is not None and adapter.decoder.is_lm:
         return AnswerTokenClassifier.from_model(model, batch_size, verbalizer=verbalizer,
                                                 verbalizer_multi_token=verbalizer_multi_token, **options)
     if verbalizer is not None:

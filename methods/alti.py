@@ -222,7 +222,8 @@ class _BlockDecomposition:
                     rec.input(inner[0], ("inner", layer))
                 self.decomposition.record_block_output(rec, layer, ("out", layer), transform=self.folder(rec, layer))
             if head_gradient:
-                rec.output(adapter.final_norm(), "normed", require_grad=True)
+                assert adapter.decoder is not None, "check_adapter refuses a family that is no decoder"
+                rec.output(adapter.decoder.final_norm(), "normed", require_grad=True)
             logits = adapter.forward(inputs, grad_from_block=adapter.depth)
             self.normed = rec.outputs.get("normed")
         return logits
@@ -345,7 +346,7 @@ class AltiLogit(ExplainsALogit, _AltiBase):
         if not adapter.pre_norm or adapter.readout != "position":
             raise MethodUndefinedError(f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) needs a "
                                        "pre-norm decoder read out at a position (its final norm and linear head)")
-        if not adapter.linear_head:
+        if adapter.decoder is None or not adapter.decoder.linear_head:
             raise MethodUndefinedError(f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) has a head "
                                        "that is not linear after its final norm (a CLIP tower's cosine, a soft-capped "
                                        "LM head): its logit is no sum of per-token terms")
@@ -373,7 +374,7 @@ class AltiLogit(ExplainsALogit, _AltiBase):
         # the head's row of the target (minus the foil's): the gradient of the explained logit at the normed state
         gradient, = torch.autograd.grad(explained_score(logits, target, self.explain, foil), blocks.normed)
         direction = gradient[rows, positions.to(gradient.device)].detach()
-        final = adapter.final_norm()
+        final = adapter.decoder.final_norm()
         centred, weight, _, _ = norm_parts(final, self.name)
         last = blocks.last_output[rows, positions.to(blocks.last_output.device)]
         scale = norm_scale(last, final, self.layer_norm_scale, self.name)                        # [B]

@@ -16,7 +16,7 @@ conventions (``convention``), read from the two reference implementations:
   (a zero row divided by 1), and the last block's states read after the model's final norm (Inseq compares the
   model's last hidden state, which Hugging Face decoders return normed; read through the decoder head's
   pre-logits, so decoders only);
-* ``auto`` (default): ``inseq`` on the families with :attr:`~methods.adapters.ModelAdapter.causal_attention`,
+* ``auto`` (default): ``inseq`` on the families with a ``ModelAdapter.decoder``,
   ``authors`` elsewhere.
 
 Padding is never zeroed and never scored (its rows and columns are 0 before the rows are normalised), so a
@@ -54,12 +54,12 @@ def token_distance(moved: Tensor, clean: Tensor, distance: str) -> Tensor:
 
 
 def final_normed(adapter: ModelAdapter, name: str) -> Callable[[Tensor], Tensor]:
-    """A decoder's final norm (:meth:`~methods.adapters.ModelAdapter.final_norm`), applied at every position
+    """A decoder's final norm (``Decoder.final_norm``), applied at every position
     ``[S, N, D]`` (the ``inseq`` convention's last block); ``ValueError`` on the other families."""
-    if not adapter.causal_attention:
+    if adapter.decoder is None:
         raise ValueError(f"{name}: convention='inseq' reads the last block after a decoder's final norm; "
                          f"{type(adapter.model).__name__} ({adapter.family}) is not a decoder")
-    return adapter.final_norm()
+    return adapter.decoder.final_norm()
 
 
 def _zeroing_edit(layer: int, zeroed: Tensor) -> Callable[[int, Tensor], Tensor]:
@@ -143,7 +143,7 @@ class ValueZeroing(AttributionMethod):
 
     def _convention(self, adapter: ModelAdapter) -> str:
         if self.convention == "auto":
-            return "inseq" if adapter.causal_attention else "authors"
+            return "inseq" if adapter.decoder is not None else "authors"
         return self.convention
 
     def matrices(self, adapter: ModelAdapter, inputs: ModelInputs) -> List[Tensor]:
@@ -157,7 +157,7 @@ class ValueZeroing(AttributionMethod):
         real = layout.real_positions(hidden[..., 0]).to(hidden.device)
         columns = real.any(dim=0).nonzero().flatten()
         keep = (real[:, :, None] & real[:, None, :]).to(hidden.dtype)
-        if adapter.causal_attention:
+        if adapter.decoder is not None:
             keep = keep.tril()
         first = last if not self.rollout else 0
         with torch.no_grad():

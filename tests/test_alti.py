@@ -160,10 +160,10 @@ def test_alti_logit_totals_are_the_attention_updates_of_the_logit(row):
         for layer in range(adapter.depth):
             inner = adapter.decomposition.attention_output_norm(layer)
             rec.output(adapter.attention_linears(layer).out if inner is None else inner[0], layer)
-        rec.output(adapter.final_norm(), "normed")
-        rec.input(adapter.final_norm(), "last")
+        rec.output(adapter.decoder.final_norm(), "normed")
+        rec.input(adapter.decoder.final_norm(), "last")
         adapter.forward(batch, grad_from_block=adapter.depth)
-    final = adapter.final_norm()
+    final = adapter.decoder.final_norm()
     last = rec["last"][rows, positions]
     layer_norm = isinstance(final, torch.nn.LayerNorm)
     centred = last - last.mean(-1, keepdim=True) if layer_norm else last

@@ -463,6 +463,31 @@ class BlockDecomposition:
                                   "activation")
 
 
+class Decoder(abc.ABC):
+    """The facts of a decoder family (``ModelAdapter.decoder``): a position attends only to itself and the positions
+    before it (an edit of token ``j``'s values cannot reach an output before ``j``), and the head reads the last
+    block's output after :meth:`final_norm`."""
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @property
+    @abc.abstractmethod
+    def is_lm(self) -> bool:
+        """A causal language model (logits over its vocabulary at the read-out position, a target is a token id)
+        rather than a sequence classifier."""
+
+    @abc.abstractmethod
+    def final_norm(self) -> nn.Module:
+        """The norm applied to the last block's output before the head."""
+
+    @property
+    def linear_head(self) -> bool:
+        """ALTI-Logit's capability: the head is linear after :meth:`final_norm` at the read-out position, so that a
+        logit is a sum of the final norm's per-token terms (a soft-capped LM head is not)."""
+        return True
+
+
 class LogitLens(abc.ABC):
     """The logit lens of a family (LeGrad's capability, ``ModelAdapter.lens``): its own final norm and head read at
     every position."""
@@ -503,8 +528,6 @@ class ModelAdapter(abc.ABC):
     hidden_requires_grad: bool = False
     #: capability: :meth:`recomputed_attention` (the attention probabilities recomputed in the backward pass)
     recomputes_attention: bool = False
-    #: a causal language model: logits over its vocabulary at the read-out position, a target is a token id
-    is_lm: bool = False
     #: where AttnLRP / CP-LRP place their rules in this family's models (the family's ``rules.py``)
     rule_map_class: Type[RuleMap] = RuleMap
     #: the model and its blocks, whose submodules are read by name (torch types those as ``Tensor | Module``)
@@ -702,9 +725,6 @@ class ModelAdapter(abc.ABC):
     # ---- edits_values (issue 37)
     #: capability: :meth:`value_edit` (Value Zeroing's intervention on the value vectors)
     edits_values: bool = False
-    #: a position attends only to itself and the positions before it (the decoder families): an edit of token
-    #: ``j``'s values cannot reach an output before ``j``
-    causal_attention: bool = False
 
     def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
         """Only where :attr:`edits_values`: a context in which every block's value vectors pass through
@@ -727,13 +747,8 @@ class ModelAdapter(abc.ABC):
         returns unchanged give exactly the model's own attention. The model is restored on exit."""
         raise NotImplementedError(f"{self.family} does not edit its pre-softmax attention scores")
 
-    def final_norm(self) -> nn.Module:
-        """The norm applied to the last block's output before the head (pre-norm models)."""
-        raise NotImplementedError(f"{self.family} does not name a final norm module")
-
-    #: ALTI-Logit's capability: the head is linear after :meth:`final_norm` at the read-out position (a decoder's
-    #: LM or score head), so a logit is a sum of the final norm's per-token terms (a CLIP tower's cosine is not)
-    linear_head: bool = False
+    #: capability: a decoder, its attention causal (:class:`Decoder`: Value Zeroing's convention, ALTI-Logit)
+    decoder: Capability[Optional[Decoder]] = Capability(lacking)
     #: capability: each block's output decomposes per input token (:class:`BlockDecomposition`: ALTI, DecompX)
     decomposition: Capability[Optional[BlockDecomposition]] = Capability(lacking)
     #: capability: the family's own final norm and head read at every position (:class:`LogitLens`: LeGrad)

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from ...adapters.base import (
     AttentionLinears,
     BlockDecomposition,
+    Decoder,
     ModelInputs,
     Projection,
     RawInputs,
@@ -88,6 +89,23 @@ class GPT2Decomposition(BlockDecomposition):
     """GPT-2's pre-norm blocks: ``ln_1``, ``ln_2``."""
 
     norm_names = ("ln_1", "ln_2")
+
+
+class HFDecoderFacts(Decoder):
+    """A decoder family's :class:`~methods.adapters.Decoder` facts, read from its adapter."""
+
+    adapter: "_HFDecoder"
+
+    @property
+    def is_lm(self) -> bool:
+        return self.adapter.is_lm
+
+    def final_norm(self) -> nn.Module:
+        return self.adapter.final_norm()
+
+    @property
+    def linear_head(self) -> bool:
+        return self.adapter.head_is_linear()
 
 
 class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
@@ -355,13 +373,12 @@ class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
         mlp = self.blocks[layer].mlp
         return mlp.up_proj, mlp.down_proj
 
-    # ---- edits_values (issue 37): values edited at the projection (ProjectionValueEdits)
-    causal_attention = True
-
     decomposition: Capability[Optional[BlockDecomposition]] = Capability(DecoderDecomposition)
-    #: the LM head (or the score head) is linear after the final norm (ALTI-Logit)
-    linear_head = True
+    decoder = Capability(HFDecoderFacts)
 
+    def head_is_linear(self) -> bool:
+        """The LM head (or the score head) is linear after the final norm (ALTI-Logit)."""
+        return True
 
 
 class _HFRopeDecoder(_HFDecoder):
@@ -446,8 +463,7 @@ class HFGemma3Adapter(_HFRopeDecoder):
 
     decomposition = Capability(Gemma3Decomposition)
 
-    @property
-    def linear_head(self) -> bool:  # type: ignore[override]
+    def head_is_linear(self) -> bool:
         """The LM's final logit soft-capping (``tanh``) makes the head non-linear (ALTI-Logit refuses it)."""
         return not self.is_lm or getattr(self.config, "final_logit_softcapping", None) is None
 
