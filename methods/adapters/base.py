@@ -488,6 +488,21 @@ class Decoder(abc.ABC):
         return True
 
 
+#: an edit of one block's attention tensor: ``edit(layer, tensor) -> tensor`` of the same shape
+Edit = Callable[[int, Tensor], Tensor]
+
+
+class AttentionEdit(abc.ABC):
+    """An edit of a family's attention, applied in a context (``ModelAdapter.value_edit``, ``score_edit``)."""
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @abc.abstractmethod
+    def __call__(self, edit: Edit) -> contextlib.AbstractContextManager[None]:
+        """A context in which every block's tensor passes through ``edit``; the model is restored on exit."""
+
+
 class LogitLens(abc.ABC):
     """The logit lens of a family (LeGrad's capability, ``ModelAdapter.lens``): its own final norm and head read at
     every position."""
@@ -722,31 +737,19 @@ class ModelAdapter(abc.ABC):
         still does below ``lowest`` and without autograd). The model is restored on exit."""
         raise NotImplementedError(f"{self.family} does not recompute its attention in the backward pass")
 
-    # ---- edits_values (issue 37)
-    #: capability: :meth:`value_edit` (Value Zeroing's intervention on the value vectors)
-    edits_values: bool = False
-
-    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """Only where :attr:`edits_values`: a context in which every block's value vectors pass through
-        ``edit(layer, values) -> values`` before the attention product: ``values`` ``[B, N, H, Dh]`` (heads split;
-        grouped-query attention: the key-value heads), bias included, the tensor the block then multiplies by
-        its attention probabilities; the edit returns a tensor of the same shape. Nothing else of the block
-        changes (queries and keys keep the unedited projection). The model is restored on exit."""
-        raise NotImplementedError(f"{self.family} does not edit its value vectors")
-
-    # ---- edits_attention_scores (issue 37)
-    #: capability: :meth:`attention_score_edit` (every block's pre-softmax attention scores pass through an edit)
-    edits_attention_scores: bool = False
-
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """Only where :attr:`edits_attention_scores`: a context in which every block ``l`` of :meth:`forward` (and
-        :meth:`run_blocks`) computes its attention probabilities as ``softmax(edit(l, S_l) + M)`` with eager
-        attention: ``S_l`` ``[B, H, N, N]`` the block's scaled scores ``q k^T / sqrt(d)`` (after a family's
-        soft-capping, before the additive attention mask ``M``: causal, padding, sliding window), query rows by
-        key columns; ``edit`` returns a tensor of the same shape. The edit runs in the scores' dtype; columns it
-        returns unchanged give exactly the model's own attention. The model is restored on exit."""
-        raise NotImplementedError(f"{self.family} does not edit its pre-softmax attention scores")
-
+    #: capability: every block's value vectors edited (:class:`AttentionEdit`: Value Zeroing). In the context
+    #: ``value_edit(edit)`` every block's value vectors pass through ``edit(layer, values) -> values`` before the
+    #: attention product: ``values`` ``[B, N, H, Dh]`` (heads split; grouped-query attention: the key-value heads),
+    #: bias included, the tensor the block then multiplies by its attention probabilities; the edit returns a tensor
+    #: of the same shape. Nothing else of the block changes (queries and keys keep the unedited projection).
+    value_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
+    #: capability: every block's pre-softmax attention scores edited (:class:`AttentionEdit`: AtMan). In the context
+    #: ``score_edit(edit)`` every block ``l`` of :meth:`forward` (and :meth:`run_blocks`) computes its attention
+    #: probabilities as ``softmax(edit(l, S_l) + M)`` with eager attention: ``S_l`` ``[B, H, N, N]`` the block's
+    #: scaled scores ``q k^T / sqrt(d)`` (after a family's soft-capping, before the additive attention mask ``M``:
+    #: causal, padding, sliding window), query rows by key columns; ``edit`` returns a tensor of the same shape. The
+    #: edit runs in the scores' dtype; columns it returns unchanged give exactly the model's own attention.
+    score_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
     #: capability: a decoder, its attention causal (:class:`Decoder`: Value Zeroing's convention, ALTI-Logit)
     decoder: Capability[Optional[Decoder]] = Capability(lacking)
     #: capability: each block's output decomposes per input token (:class:`BlockDecomposition`: ALTI, DecompX)

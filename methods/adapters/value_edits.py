@@ -11,12 +11,13 @@ adds :func:`product_change`, ``A (edit(v) - v)``, to its attention product inste
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, List
+from typing import Any, Callable, Iterator, List, Optional
 
 import torch
 from torch import Tensor, nn
 
-from .base import ModelAdapter, out_features
+from .base import AttentionEdit, ModelAdapter, out_features
+from .capability import Capability
 
 ValueEdit = Callable[[int, Tensor], Tensor]
 
@@ -80,14 +81,15 @@ def product_change(probabilities: Tensor, change: Tensor) -> Tensor:
     return (probabilities @ change.transpose(1, 2).to(probabilities.dtype)).transpose(1, 2).flatten(2)
 
 
+class ProjectionValueEdit(AttentionEdit):
+    """Values edited at the block's value projection (a fused ``qkv``: its last third)."""
+
+    def __call__(self, edit: ValueEdit) -> contextlib.AbstractContextManager[None]:
+        return projection_value_edit(self.adapter, edit)
+
+
 class ProjectionValueEdits:
     """Mixin of the families whose values a hook on the value projection reaches (list it before the family's
-    adapter base): the capability ``edits_values`` given by :func:`projection_value_edit`."""
+    adapter base): the capability ``value_edit`` given by :func:`projection_value_edit`."""
 
-    edits_values = True
-
-    def value_edit(self, edit: ValueEdit) -> contextlib.AbstractContextManager[None]:
-        """Values edited at the block's value projection (a fused ``qkv``: its last third):
-        :func:`projection_value_edit`."""
-        assert isinstance(self, ModelAdapter), "ProjectionValueEdits is a mixin of ModelAdapter subclasses"
-        return projection_value_edit(self, edit)
+    value_edit: Capability[Optional[AttentionEdit]] = Capability(ProjectionValueEdit)

@@ -13,7 +13,8 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 from torch import Tensor
 
-from ..adapters.base import ModelAdapter, SequenceContext
+from ..adapters.base import AttentionEdit, ModelAdapter, SequenceContext
+from ..adapters.capability import Capability
 from .hf_implementation import attention_implementation
 from .hf_score_edit import score_edited_attention
 
@@ -69,17 +70,7 @@ class HFEncoderBlocks(ModelAdapter):
         with attention_implementation(self.attention_config(), "eager"):
             yield
 
-    # ---- edits_attention_scores (issue 37)
-    #: the layers call their attention through ``transformers.AttentionInterface`` (a family whose attention is its
-    #: own code, DeBERTa's disentangled attention, says ``False``)
-    edits_attention_scores = True
-
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """The blocks' scores edited through an attention function registered with ``transformers``
-        (:mod:`methods.families.hf_score_edit`) on :meth:`attention_config`."""
-        if not self.edits_attention_scores:
-            raise NotImplementedError(f"{self.family} does not edit its pre-softmax attention scores")
-        return score_edited_attention(self.attention_config(), self.blocks, edit)
+    score_edit: Capability[Optional[AttentionEdit]] = Capability(lambda adapter: HFScoreEdit(adapter))
 
 
 class HFBaseBlocks(HFEncoderBlocks):
@@ -100,3 +91,15 @@ class HFBaseBlocks(HFEncoderBlocks):
     @classmethod
     def depth_of(cls, model: Any) -> int:
         return len(cls.layers_of(getattr(model, cls.base_attr)))
+
+
+class HFScoreEdit(AttentionEdit):
+    """The blocks call their attention through ``transformers.AttentionInterface``: the scores edited through an
+    attention function registered there (a family whose attention is its own code declares its own edit)."""
+
+    adapter: "HFEncoderBlocks"
+
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """The blocks' scores edited through an attention function registered with ``transformers``
+        (:mod:`methods.families.hf_score_edit`) on :meth:`attention_config`."""
+        return score_edited_attention(self.adapter.attention_config(), self.adapter.blocks, edit)

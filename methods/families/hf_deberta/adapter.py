@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
-from ...adapters.base import AttentionLinears, ModelInputs, SequenceContext, register_adapter
+from ...adapters.base import AttentionEdit, AttentionLinears, ModelInputs, SequenceContext, register_adapter
 from ...adapters.capability import Capability
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
@@ -109,15 +109,7 @@ class HFDebertaV2Adapter(HFTextAdapter):
         own = attention.self
         return AttentionLinears(out=attention.output.dense, q=own.query_proj, k=own.key_proj, v=own.value_proj)
 
-    # ---- edits_attention_scores (issue 37)
-    #: the disentangled attention is DeBERTa's own code: the full score ``c2c + c2p + p2c`` recomputed by a hook
-    #: and the edited probabilities handed on at the attention's dropout (:mod:`.score_edit`)
-    edits_attention_scores = True
-
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """Every block's disentangled attention (``attention.self``) with its scores edited
-        (:func:`~methods.families.hf_deberta.score_edit.deberta_score_edit`), hooks removed on exit."""
-        return deberta_score_edit([block.attention.self for block in self.blocks], edit)
+    score_edit = Capability(lambda adapter: DebertaScoreEdit(adapter))
 
     decomposition = Capability(lambda adapter: DebertaDecomposition(adapter))
 
@@ -132,3 +124,15 @@ class DebertaDecomposition(TextDecomposition):
                             transform: Optional[Callable[[Tensor], Any]] = None) -> None:
         """The hidden states of the block's ``(hidden, probabilities)`` output."""
         rec.output(self.adapter.blocks[layer], key, transform=transform, index=0)
+
+
+class DebertaScoreEdit(AttentionEdit):
+    """The disentangled attention is DeBERTa's own code: the full score ``c2c + c2p + p2c`` recomputed by a hook
+    and the edited probabilities handed on at the attention's dropout (:mod:`.score_edit`)."""
+
+    adapter: "HFDebertaV2Adapter"
+
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """Every block's disentangled attention (``attention.self``) with its scores edited
+        (:func:`~methods.families.hf_deberta.score_edit.deberta_score_edit`), hooks removed on exit."""
+        return deberta_score_edit([block.attention.self for block in self.adapter.blocks], edit)

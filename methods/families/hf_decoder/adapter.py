@@ -36,7 +36,7 @@ from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, last_real_positions, positions_from_mask
 from ...adapters.value_edits import ProjectionValueEdits
-from ..hf_blocks import HFBaseBlocks
+from ..hf_blocks import HFBaseBlocks, HFScoreEdit
 from .recompute import recomputed_attention
 from .rules import DecoderRules, Gemma3Rules, RopeDecoderRules
 
@@ -486,12 +486,14 @@ class HFGPT2Adapter(_HFDecoder):
             return "GPT-2 with cross-attention is not supported"
         return reason
 
+    #: the stock eager path of ``reorder_and_upcast_attn`` is another function: its scores never reach an
+    #: attention function
+    score_edit = Capability(lambda adapter: HFScoreEdit(adapter) if adapter.recomputes_attention else None)
+
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         # the stock eager path of reorder_and_upcast_attn is another function (_upcast_and_reordered_attn)
         self.recomputes_attention = not bool(getattr(self.config, "reorder_and_upcast_attn", False))
-        # ---- edits_attention_scores (issue 37): likewise, that path's scores never reach an attention function
-        self.edits_attention_scores = self.recomputes_attention
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:

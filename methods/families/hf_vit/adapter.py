@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ...adapters.base import (
+    AttentionEdit,
     AttentionLinears,
     BlockDecomposition,
     Layout,
@@ -190,11 +191,7 @@ class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
         with attention_implementation(self.attention_config(), MATERIALISED_ATTENTION, materialised_attention):
             yield
 
-    # ---- edits_attention_scores (issue 37)
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """As :class:`~methods.families.hf_blocks.HFEncoderBlocks`, through :func:`materialised_attention` (the
-        attention :meth:`eager_attention` runs: the softmax in the wider of float32 and the model's dtype)."""
-        return score_edited_attention(self.attention_config(), self.blocks, edit, eager=materialised_attention)
+    score_edit = Capability(lambda adapter: ViTLikeScoreEdit(adapter))
 
     decomposition = Capability(ViTLikeDecomposition)
 
@@ -292,3 +289,15 @@ class HFDinov2WithRegistersAdapter(HFDinov2Adapter):
     @classmethod
     def prefix_tokens_of(cls, config: Any) -> int:
         return 1 + int(config.num_register_tokens)
+
+
+class ViTLikeScoreEdit(AttentionEdit):
+    """The scores edited through the materialised attention."""
+
+    adapter: "HFViTLikeAdapter"
+
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """As :class:`~methods.families.hf_blocks.HFEncoderBlocks`, through :func:`materialised_attention` (the
+        attention :meth:`eager_attention` runs: the softmax in the wider of float32 and the model's dtype)."""
+        return score_edited_attention(self.adapter.attention_config(), self.adapter.blocks, edit,
+                                      eager=materialised_attention)

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ...adapters.base import (
+    AttentionEdit,
     AttentionLinears,
     BlockDecomposition,
     ModelAdapter,
@@ -274,42 +275,9 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
 
     decomposition = Capability(OpenCLIPDecomposition)
 
-    # ---- edits_values (issue 37)
-    edits_values = True
+    value_edit = Capability(lambda adapter: OpenCLIPValueEdit(adapter))
 
-    @contextlib.contextmanager
-    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
-        """``nn.MultiheadAttention`` computes its values functionally from its packed ``in_proj``, so no hook
-        reaches them: within :meth:`eager_attention` (the module returns its probabilities ``A``), each block's
-        attention output gets ``out_proj.weight (A (edit(v) - v))`` added
-        (:func:`~methods.adapters.value_edits.product_change`, ``v`` the last third of ``in_proj`` applied to the
-        module's value input): the output with the edited values."""
-        def correct(layer: int) -> Callable[..., Any]:
-            def hook(module: nn.MultiheadAttention, args: Tuple[Any, ...], kwargs: dict, output: Any) -> Any:
-                out, weights = output
-                value_input = args[2] if len(args) > 2 else kwargs["value"]
-                change = edited_values_change(layer, edit, _value_projection(module, value_input), module.num_heads)
-                return out + F.linear(product_change(weights, change).to(out.dtype), module.out_proj.weight), weights
-            return hook
-
-        with self.eager_attention():
-            handles = [block.attn.register_forward_hook(correct(layer), with_kwargs=True)
-                       for layer, block in enumerate(self.blocks)]
-            try:
-                yield
-            finally:
-                for handle in handles:
-                    handle.remove()
-
-    # ---- edits_attention_scores (issue 37)
-    edits_attention_scores = True
-
-    @contextlib.contextmanager
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
-        """The materialised attention (:meth:`eager_attention`) with each block's float ``attn_mask`` replaced by
-        ``mask + edit(layer, S) - S`` (:mod:`methods.families.open_clip.score_edit`), hooks removed on exit."""
-        with self.eager_attention(), open_clip_score_edit(self.blocks, edit):
-            yield
+    score_edit = Capability(lambda adapter: OpenCLIPScoreEdit(adapter))
 
 @register_adapter
 class OpenCLIPVisionAdapter(LensImageAdapter, _OpenCLIPTower):
@@ -486,3 +454,45 @@ class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
             return None
         return projection.weight if isinstance(projection, nn.Linear) else projection.t()
 
+
+class OpenCLIPValueEdit(AttentionEdit):
+    """The values of ``nn.MultiheadAttention``, computed from its packed ``in_proj``, edited through its output."""
+
+    adapter: "_OpenCLIPTower"
+
+    @contextlib.contextmanager
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """``nn.MultiheadAttention`` computes its values functionally from its packed ``in_proj``, so no hook
+        reaches them: within :meth:`eager_attention` (the module returns its probabilities ``A``), each block's
+        attention output gets ``out_proj.weight (A (edit(v) - v))`` added
+        (:func:`~methods.adapters.value_edits.product_change`, ``v`` the last third of ``in_proj`` applied to the
+        module's value input): the output with the edited values."""
+        def correct(layer: int) -> Callable[..., Any]:
+            def hook(module: nn.MultiheadAttention, args: Tuple[Any, ...], kwargs: dict, output: Any) -> Any:
+                out, weights = output
+                value_input = args[2] if len(args) > 2 else kwargs["value"]
+                change = edited_values_change(layer, edit, _value_projection(module, value_input), module.num_heads)
+                return out + F.linear(product_change(weights, change).to(out.dtype), module.out_proj.weight), weights
+            return hook
+
+        with self.adapter.eager_attention():
+            handles = [block.attn.register_forward_hook(correct(layer), with_kwargs=True)
+                       for layer, block in enumerate(self.adapter.blocks)]
+            try:
+                yield
+            finally:
+                for handle in handles:
+                    handle.remove()
+
+
+class OpenCLIPScoreEdit(AttentionEdit):
+    """open_clip's scores edited through each block's float ``attn_mask``."""
+
+    adapter: "_OpenCLIPTower"
+
+    @contextlib.contextmanager
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """The materialised attention (:meth:`eager_attention`) with each block's float ``attn_mask`` replaced by
+        ``mask + edit(layer, S) - S`` (:mod:`methods.families.open_clip.score_edit`), hooks removed on exit."""
+        with self.adapter.eager_attention(), open_clip_score_edit(self.adapter.blocks, edit):
+            yield

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ...adapters.base import (
+    AttentionEdit,
     AttentionLinears,
     ImageAdapter,
     Layout,
@@ -33,6 +34,7 @@ from ...adapters.base import (
     TokenSpace,
     register_adapter,
 )
+from ...adapters.capability import Capability, lacking
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ..hf_blocks import HFEncoderBlocks
@@ -208,10 +210,9 @@ class SwinAdapter(ImageAdapter):
     def attention_norm(self, layer: int) -> nn.Module:
         raise NotImplementedError
 
-    # ---- edits_attention_scores (issue 37)
     #: a block's scores are per window with the relative position bias and the shift mask added inside the
     #: family's own attention, not a ``[B, H, N, N]`` map over the stage's tokens: no score edit
-    edits_attention_scores = False
+    score_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
 
 
 @register_adapter

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...adapters.base import BlockDecomposition, SequenceContext
+from ...adapters.base import AttentionEdit, BlockDecomposition, SequenceContext
 from ...adapters.capability import Capability
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import edited_values_change, product_change
@@ -148,11 +148,29 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
     decomposition = Capability(lambda adapter: EvaBeitDecomposition(adapter) if all(
         getattr(block.attn, "gate", None) is None for block in adapter.blocks) else None)
 
-    # ---- edits_values (issue 37)
-    edits_values = True
+    value_edit = Capability(lambda adapter: EvaBeitValueEdit(adapter))
+
+
+class EvaBeitDecomposition(BlockDecomposition):
+    """Pre-norm ``x + gamma_1 * proj(norm(A v))`` (``norm``: EVA-02's sub-LN or the identity), ``norm1``, ``norm2``."""
+
+    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
+        """The layer scale ``gamma_1`` (``None`` without one)."""
+        return self.adapter.blocks[layer].gamma_1
+
+    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
+        """EVA-02's sub-LN ``attn.norm`` on the merged heads before ``proj`` (``None``: the identity, BEiT)."""
+        norm = getattr(self.adapter.blocks[layer].attn, "norm", None)
+        return None if norm is None or isinstance(norm, nn.Identity) else (norm, "before_proj")
+
+
+class EvaBeitValueEdit(AttentionEdit):
+    """The values of EVA and BEiT, computed by a functional linear layer, edited through the attention product."""
+
+    adapter: "TimmBeitLikeAdapter"
 
     @contextlib.contextmanager
-    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
         """The attention computes ``q``, ``k``, ``v`` with a functional linear layer, so no hook reaches the
         values: within eager attention (timm's fused attention off), each block's product ``A v`` entering the
         attention's ``norm`` (EVA's sub-LN or identity) or, in BEiT, its ``proj`` gets ``A (edit(v) - v)`` added
@@ -168,8 +186,8 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
 
         def keep_probabilities(layer: int) -> Callable[..., None]:
             def hook(_module: nn.Module, _args: Any, out: Tensor) -> None:
-                change = edited_values_change(layer, edit, self.value_projection(layer, seen.pop(layer)),
-                                              self.num_heads)
+                change = edited_values_change(layer, edit, self.adapter.value_projection(layer, seen.pop(layer)),
+                                              self.adapter.num_heads)
                 seen[-1 - layer] = product_change(out, change)
             return hook
 
@@ -178,9 +196,9 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
                 return (args[0] + seen.pop(-1 - layer).to(args[0].dtype),) + tuple(args[1:])
             return hook
 
-        with self.eager_attention():
+        with self.adapter.eager_attention():
             try:
-                for layer, block in enumerate(self.blocks):
+                for layer, block in enumerate(self.adapter.blocks):
                     attn = block.attn
                     handles.append(attn.register_forward_pre_hook(keep_input(layer)))
                     handles.append(attn.attn_drop.register_forward_hook(keep_probabilities(layer)))
@@ -190,16 +208,3 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
             finally:
                 for handle in handles:
                     handle.remove()
-
-
-class EvaBeitDecomposition(BlockDecomposition):
-    """Pre-norm ``x + gamma_1 * proj(norm(A v))`` (``norm``: EVA-02's sub-LN or the identity), ``norm1``, ``norm2``."""
-
-    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
-        """The layer scale ``gamma_1`` (``None`` without one)."""
-        return self.adapter.blocks[layer].gamma_1
-
-    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
-        """EVA-02's sub-LN ``attn.norm`` on the merged heads before ``proj`` (``None``: the identity, BEiT)."""
-        norm = getattr(self.adapter.blocks[layer].attn, "norm", None)
-        return None if norm is None or isinstance(norm, nn.Identity) else (norm, "before_proj")

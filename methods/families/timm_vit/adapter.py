@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ...adapters.base import (
+    AttentionEdit,
     AttentionLinears,
     BlockDecomposition,
     Layout,
@@ -136,8 +137,6 @@ class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
         super().__init__(model)
         self.readout = READOUT_OF_POOL[model.global_pool]
         self._readout_cache: Optional[Tuple[weakref.ReferenceType, Tensor]] = None
-        # ---- edits_attention_scores (issue 37): only timm's plain Attention in every block
-        self.edits_attention_scores = not score_edit_problem(self.blocks)
 
     @classmethod
     def supports(cls, model: Any) -> Optional[str]:
@@ -254,15 +253,7 @@ class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
 
-    # ---- edits_attention_scores (issue 37)
-    edits_attention_scores = True
-
-    @contextlib.contextmanager
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
-        """Fused attention off and the scores edited through hooks on each block's ``attn``, ``q_norm`` and
-        ``k_norm`` (:mod:`methods.families.timm_vit.score_edit`), all restored on exit."""
-        with self.eager_attention(), timm_score_edit(self.blocks, edit):
-            yield
+    score_edit = Capability(lambda adapter: None if score_edit_problem(adapter.blocks) else TimmScoreEdit(adapter))
 
     decomposition = Capability(lambda adapter: TimmDecomposition(adapter)
                                if decomposition_problem(adapter.blocks) is None else None)
@@ -292,3 +283,16 @@ def decomposition_problem(blocks: List[nn.Module]) -> Optional[str]:
         if not isinstance(block.ls1, (LayerScale, nn.Identity)):
             return f"block {layer}'s ls1 is a {type(block.ls1).__name__}"
     return None
+
+
+class TimmScoreEdit(AttentionEdit):
+    """timm's plain ``Attention``: the scores edited through hooks on each block's ``attn``."""
+
+    adapter: "TimmViTAdapter"
+
+    @contextlib.contextmanager
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """Fused attention off and the scores edited through hooks on each block's ``attn``, ``q_norm`` and
+        ``k_norm`` (:mod:`methods.families.timm_vit.score_edit`), all restored on exit."""
+        with self.adapter.eager_attention(), timm_score_edit(self.adapter.blocks, edit):
+            yield
