@@ -235,7 +235,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
         "    ``token_scale_values``: the value projection ``v`` of the scale is that of the attention input\n"
         "    (``'attention_input'``, default: the BERT and ViT code) or, as BI's CLIP code computes it\n"
         "    (``vproj_cal(ln_1(x))`` after ``x = x + attention(...)``), of the block's first norm applied to the\n"
-        "    post-attention residual stream (``'post_attention'``; adapters with ``records_post_attention_values``:\n"
+        "    post-attention residual stream (``'post_attention'``; adapters with ``post_attention_values``:\n"
         "    the CLIP towers).\n\n    "
         + (_BeyondIntuition.__doc__ or "")
     )
@@ -260,7 +260,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
 
     def check_adapter(self, adapter) -> None:
         super().check_adapter(adapter)
-        if self.token_scale_values == "post_attention" and not adapter.records_post_attention_values:
+        if self.token_scale_values == "post_attention" and adapter.post_attention_values is None:
             raise ValueError(f"{self.name}: token_scale_values='post_attention' (BI's CLIP code) needs a model whose "
                              f"adapter records post-attention values (the CLIP towers); {type(adapter.model).__name__} "
                              f"({adapter.family}) does not")
@@ -270,7 +270,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
         layers = list(range(start, adapter.depth))
         use_attention_input = self.token_scale_denominator == "attention_input"
         record_values = (adapter.record_values if self.token_scale_values == "attention_input"
-                         else adapter.record_post_attention_values)
+                         else adapter.post_attention_values)
         with ActivationRecorder() as rec:
             for layer in layers:
                 adapter.record_block_input(rec, layer, ("z", layer))

@@ -148,7 +148,7 @@ class GenericAttribution(ExplainedOutput):
     which the evaluation evens out by running every batch at the loader's size
     (:meth:`lightning_modules.evaluation.AttributionEvaluationModule._call_width`).
 
-    ``recompute_attention`` (default ``True``): on the models whose adapter can (``recomputes_attention``), each
+    ``recompute_attention`` (default ``True``): on the models whose adapter can (``attention_recompute``), each
     block's probabilities are recomputed in the backward rather than saved by the forward (memory: one block's
     map at a time; time: one more eager attention per block); ``False`` keeps them (same values, bit for bit).
     ``explain`` / ``foil``: the output whose gradient ``∇A`` is (module docstring; default the logit).

@@ -235,7 +235,7 @@ def test_bi_post_attention_values_match_the_reference(bi):
     inputs = adapter.prepare_inputs(bi.image)
     with ActivationRecorder() as rec, torch.no_grad(), adapter.eager_attention():
         for l in range(3):
-            adapter.record_post_attention_values(rec, l, ("v", l))
+            adapter.post_attention_values(rec, l, ("v", l))
             adapter.record_block_input(rec, l, ("z", l))
         adapter.forward(inputs, grad_from_block=3)
     for l in range(3):

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import functools
 import weakref
 from dataclasses import dataclass, replace
 from typing import (
@@ -342,7 +341,7 @@ class HeadLayers:
 # ------------------------------------------------------------------------------------------ interface
 class RuleMap:
     """Where AttnLRP / CP-LRP (:mod:`methods.attnlrp`; Achtibat et al. 2024, rules placed by layer type) put their
-    rules in one family's models: a family declares its subclass as ``ModelAdapter.rule_map_class`` (in its
+    rules in one family's models: a family declares it as ``rule_map = Capability(TheSubclass)`` (in its
     folder's ``rules.py``), which reads the family's modules through :attr:`adapter`. The defaults fit a model
     whose norms and activations are modules inside ``adapter.model``, with no gated MLP, no attention outside the
     blocks and no product the rules cannot hook. :meth:`head_rules` is the one state: the identity rule's
@@ -503,6 +502,37 @@ class AttentionEdit(abc.ABC):
         """A context in which every block's tensor passes through ``edit``; the model is restored on exit."""
 
 
+class AttentionRecompute(abc.ABC):
+    """A family's attention probabilities recomputed in the backward pass (``ModelAdapter.attention_recompute``)."""
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @abc.abstractmethod
+    def __call__(self, consume: Callable[[int, Tensor, Tensor], None],
+                 lowest: int) -> contextlib.AbstractContextManager[Tensor]:
+        """A context in which ``ModelAdapter.forward`` saves no block's attention probabilities for the backward
+        pass; the backward recomputes each block's probabilities ``A_l`` ``[B, H, N, N]`` from its saved ``q``,
+        ``k``, ``v`` (one more eager attention per block) and calls ``consume(l, A_l, dy/dA_l)`` with them, **from
+        the last block down**, for every block from ``lowest`` up that ``forward`` records autograd for; the
+        gradients are those of the eager attention bit for bit. The context yields a scalar ``anchor``:
+        differentiating the target to it runs the backward down to block ``lowest``'s probabilities and no further
+        (its gradient is 0). While the context is in force the attention modules of those blocks return no
+        probabilities (``record_attention`` records nothing there; it still does below ``lowest`` and without
+        autograd). The model is restored on exit."""
+
+
+class ValueRecorder(abc.ABC):
+    """Records a family's value projections where the family says (``ModelAdapter.post_attention_values``)."""
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @abc.abstractmethod
+    def __call__(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """Record block ``layer``'s value projection ``[B, N, D]`` (heads merged, bias included) under ``key``."""
+
+
 class LogitLens(abc.ABC):
     """The logit lens of a family (LeGrad's capability, ``ModelAdapter.lens``): its own final norm and head read at
     every position."""
@@ -537,22 +567,14 @@ class ModelAdapter(abc.ABC):
     pre_norm: bool = True
     modality: str = "image"
     layout_class: Type[Layout] = PatchGrid
-    #: capability: :meth:`record_post_attention_values`
-    records_post_attention_values: bool = False
     #: whether :meth:`forward` makes the hidden states entering ``grad_from_block`` require grad
     hidden_requires_grad: bool = False
-    #: capability: :meth:`recomputed_attention` (the attention probabilities recomputed in the backward pass)
-    recomputes_attention: bool = False
-    #: where AttnLRP / CP-LRP place their rules in this family's models (the family's ``rules.py``)
-    rule_map_class: Type[RuleMap] = RuleMap
+    #: where AttnLRP / CP-LRP place their rules in this family's models (the family's ``rules.py``; one per adapter:
+    #: it holds the head rules' state)
+    rule_map: Capability[RuleMap] = Capability(RuleMap)
     #: the model and its blocks, whose submodules are read by name (torch types those as ``Tensor | Module``)
     model: Any
     blocks: List[Any]
-
-    @functools.cached_property
-    def rule_map(self) -> RuleMap:
-        """This adapter's :class:`RuleMap` (one per adapter: it holds the head rules' state)."""
-        return self.rule_map_class(self)
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -569,9 +591,6 @@ class ModelAdapter(abc.ABC):
         """The structural facts an adapter reads once (read-out, depth, ...): a cached adapter whose model no
         longer has them is resolved again."""
         return ()
-
-    def signature(self) -> tuple:
-        return self._signature
 
     # -------------------------------------------------------------- structure
     @property
@@ -704,12 +723,6 @@ class ModelAdapter(abc.ABC):
         """Record the residual stream entering block ``layer``."""
         rec.input(self.blocks[layer], key, require_grad=require_grad)
 
-    def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """Record the value projection ``[B, N, D]`` of the block's first norm applied to the residual stream
-        after the attention sub-layer (Beyond Intuition's CLIP token scale); only where
-        :attr:`records_post_attention_values`."""
-        raise NotImplementedError(f"{self.family} does not record post-attention values")
-
     @abc.abstractmethod
     def attention_linears(self, layer: int) -> AttentionLinears: ...
 
@@ -724,18 +737,6 @@ class ModelAdapter(abc.ABC):
         """Context in which the attention probabilities are materialised (fused attention switched off),
         restoring the model's setting on exit."""
 
-    def recomputed_attention(self, consume: Callable[[int, Tensor, Tensor], None],
-                             lowest: int) -> contextlib.AbstractContextManager[Tensor]:
-        """Only where :attr:`recomputes_attention`: a context in which :meth:`forward` saves no block's attention
-        probabilities for the backward pass; the backward recomputes each block's probabilities ``A_l``
-        ``[B, H, N, N]`` from its saved ``q``, ``k``, ``v`` (one more eager attention per block) and calls
-        ``consume(l, A_l, dy/dA_l)`` with them, **from the last block down**, for every block from ``lowest`` up
-        that :meth:`forward` records autograd for; the gradients are those of the eager attention bit for bit.
-        The context yields a scalar ``anchor``: differentiating the target to it runs the backward down to block
-        ``lowest``'s probabilities and no further (its gradient is 0). While the context is in force the attention
-        modules of those blocks return no probabilities (:meth:`record_attention` records nothing there; it
-        still does below ``lowest`` and without autograd). The model is restored on exit."""
-        raise NotImplementedError(f"{self.family} does not recompute its attention in the backward pass")
 
     #: capability: every block's value vectors edited (:class:`AttentionEdit`: Value Zeroing). In the context
     #: ``value_edit(edit)`` every block's value vectors pass through ``edit(layer, values) -> values`` before the
@@ -750,6 +751,11 @@ class ModelAdapter(abc.ABC):
     #: causal, padding, sliding window), query rows by key columns; ``edit`` returns a tensor of the same shape. The
     #: edit runs in the scores' dtype; columns it returns unchanged give exactly the model's own attention.
     score_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
+    #: capability: the attention probabilities recomputed in the backward pass (:class:`AttentionRecompute`)
+    attention_recompute: Capability[Optional[AttentionRecompute]] = Capability(lacking)
+    #: capability: the value projection ``[B, N, D]`` of the block's first norm applied to the residual stream after
+    #: the attention sub-layer, recorded (:class:`ValueRecorder`: Beyond Intuition's CLIP token scale)
+    post_attention_values: Capability[Optional[ValueRecorder]] = Capability(lacking)
     #: capability: a decoder, its attention causal (:class:`Decoder`: Value Zeroing's convention, ALTI-Logit)
     decoder: Capability[Optional[Decoder]] = Capability(lacking)
     #: capability: each block's output decomposes per input token (:class:`BlockDecomposition`: ALTI, DecompX)
@@ -827,7 +833,7 @@ def adapter_for(model: nn.Module) -> ModelAdapter:
     ``TypeError`` naming the model class and the supported families (with each family's reason) otherwise.
     """
     cached = _RESOLVED.get(model)
-    if cached is not None and cached.signature() == cached.signature_of(model):
+    if cached is not None and cached._signature == cached.signature_of(model):
         return cached
     reasons: Dict[str, str] = {}
     for adapter_cls in ADAPTERS:

@@ -38,7 +38,7 @@ class Topology:
     capability ignores them): ``mask_value``, the additive mask the Add rule sees at padded keys (families with
     padding masks); ``input_point``, where full LRP stops: one of ``input_points`` (empty: the family has one
     input, e.g. the pixels); ``streamed_attention_from``, on a topology that ``streams_attention`` (its
-    adapter's :meth:`~methods.adapters.ModelAdapter.recomputed_attention`): the first block whose attention map is
+    adapter's ``attention_recompute``): the first block whose attention map is
     not recorded but handed to the engine during the backward (``None``: every map recorded).
     """
 

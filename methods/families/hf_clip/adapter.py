@@ -29,6 +29,7 @@ from ...adapters.base import (
     SampleIds,
     SequenceContext,
     TokenSequence,
+    ValueRecorder,
     check_sample_ids,
     register_adapter,
     scaled_copies,
@@ -79,7 +80,6 @@ class _ScorerHead:
     clip: Any
     tower = "?"
     rule_map: RuleMap
-    records_post_attention_values = True        # Beyond Intuition's CLIP token scale reads every tower's blocks
 
     def embedding(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         """The tower's embedding ``[B, projection_dim]`` (unnormalised) from the last hidden states: final norm,
@@ -203,19 +203,7 @@ class _HFCLIPTower(ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
                                require_grad: bool = False) -> None:
         rec.output(self.blocks[layer].layer_norm1, key, require_grad=require_grad)
 
-    def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """Beyond Intuition's CLIP token scale reads ``v`` of ``layer_norm1`` applied to the residual stream
-        **after** the attention sub-layer (``CLIP/CLIP/clip/model.py``: ``vproj_cal(self.ln_1(x))`` after
-        ``x = x + attention(...)``), not of the attention input: record that ``[B, N, D]`` value projection
-        (heads merged, bias included). Computed from the input of ``layer_norm2`` (the post-attention stream),
-        without changing the forward."""
-        block = self.blocks[layer]
-
-        def hook(_module: nn.Module, args: Tuple[Any, ...]) -> None:
-            with torch.no_grad():
-                rec.outputs[key] = block.self_attn.v_proj(block.layer_norm1(args[0]))
-
-        rec._handles.append(block.layer_norm2.register_forward_pre_hook(hook))
+    post_attention_values = Capability(lambda adapter: CLIPPostAttentionValues(adapter))
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].self_attn
@@ -261,7 +249,7 @@ class HFCLIPVisionAdapter(_HFPatchVision, LensImageAdapter, _HFCLIPTower):
     ``post_layernorm`` and ``visual_projection``. Layout: ``PatchGrid(S/p, S/p, prefix=1)``. Integrated gradients
     scale the normalised pixels (the all-zero normalised image as baseline, BI's ``Interpretor.py``)."""
 
-    rule_map_class = CLIPVisionRules
+    rule_map = Capability(CLIPVisionRules)
 
     family = "transformers CLIPModel vision tower (ZeroShotClassifier)"
     readout = "class_token"
@@ -330,7 +318,7 @@ class HFCLIPTextAdapter(_HFTokenText, _HFCLIPTower):
     Integrated gradients scale the token embeddings before the position embeddings are added (BI's
     ``CLIP.ipynb``: ``encode_text(text, scale)``: ``x = scale * token_embedding(text)``)."""
 
-    rule_map_class = CLIPTextRules
+    rule_map = Capability(CLIPTextRules)
 
     family = "transformers CLIPModel text tower (PromptScorer)"
 
@@ -387,3 +375,23 @@ class HFCLIPTextAdapter(_HFTokenText, _HFCLIPTower):
 
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         return at_readout_positions(self.tower_model.final_layer_norm(hidden), context)
+
+
+class CLIPPostAttentionValues(ValueRecorder):
+    """Beyond Intuition's CLIP token scale reads every CLIP / SigLIP tower's blocks."""
+
+    adapter: "_HFCLIPTower"
+
+    def __call__(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """Beyond Intuition's CLIP token scale reads ``v`` of ``layer_norm1`` applied to the residual stream
+        **after** the attention sub-layer (``CLIP/CLIP/clip/model.py``: ``vproj_cal(self.ln_1(x))`` after
+        ``x = x + attention(...)``), not of the attention input: record that ``[B, N, D]`` value projection
+        (heads merged, bias included). Computed from the input of ``layer_norm2`` (the post-attention stream),
+        without changing the forward."""
+        block = self.adapter.blocks[layer]
+
+        def hook(_module: nn.Module, args: Tuple[Any, ...]) -> None:
+            with torch.no_grad():
+                rec.outputs[key] = block.self_attn.v_proj(block.layer_norm1(args[0]))
+
+        rec._handles.append(block.layer_norm2.register_forward_pre_hook(hook))

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ...adapters.base import (
     AttentionLinears,
+    AttentionRecompute,
     BlockDecomposition,
     Decoder,
     ModelInputs,
@@ -112,7 +113,7 @@ class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
     """Shared machinery of the decoder families (see the module docstring); a family subclass names its model
     classes and submodules."""
 
-    rule_map_class = DecoderRules
+    rule_map = Capability(DecoderRules)
 
     modality = "text"
     readout = "position"
@@ -122,7 +123,6 @@ class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
     model_classes: Tuple[str, ...] = ()
     #: the attribute of the model holding the decoder stack
     base_attr = "model"
-    recomputes_attention = True
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -327,18 +327,8 @@ class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
         scaled output is the input embedding, LXT's ``inputs_embeds``)."""
         return self.base.embed_tokens
 
-    def recomputed_attention(self, consume: Callable[[int, Tensor, Tensor], None],
-                             lowest: int) -> contextlib.AbstractContextManager[Tensor]:
-        """Each block's probabilities recomputed in the backward pass by the family's own eager attention
-        (:func:`methods.families.hf_decoder.recompute.recomputed_attention`; the base class states the contract): the
-        config is switched to that implementation for the duration (the masks built as for the eager attention)
-        and restored on exit."""
-        if not self.recomputes_attention:
-            raise NotImplementedError(f"{self.family}: this model's attention is not recomputed "
-                                      "(GPT-2 with reorder_and_upcast_attn)")
-        weight: Any = self.input_embedding().weight
-        modules = {self.self_attention(i): i for i in range(self.depth)}
-        return recomputed_attention(self.attention_config(), modules, consume, lowest, weight.dtype, weight.device)
+    attention_recompute: Capability[Optional[AttentionRecompute]] = Capability(
+        lambda adapter: DecoderRecompute(adapter))
 
     # ------------------------------------------------------------------ where methods hook
     def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
@@ -385,7 +375,7 @@ class _HFRopeDecoder(_HFDecoder):
     """Llama-like decoders: ``embed_tokens``, RMSNorm, rotary embeddings, (grouped-query) attention with
     ``q_proj``/``k_proj``/``v_proj``/``o_proj``, gated MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
 
-    rule_map_class = RopeDecoderRules
+    rule_map = Capability(RopeDecoderRules)
 
 
 @register_adapter
@@ -437,7 +427,7 @@ class HFGemma3Adapter(_HFRopeDecoder):
     ``head_rules``; LXT leaves it plain). Refused: bidirectional attention; attention-logit soft-capping
     has no relevance rule (``rules.Gemma3Rules.problems``)."""
 
-    rule_map_class = Gemma3Rules
+    rule_map = Capability(Gemma3Rules)
 
     family = "transformers Gemma3ForCausalLM"
     model_classes = ("Gemma3ForCausalLM", "Gemma3TextForSequenceClassification")
@@ -486,14 +476,14 @@ class HFGPT2Adapter(_HFDecoder):
             return "GPT-2 with cross-attention is not supported"
         return reason
 
-    #: the stock eager path of ``reorder_and_upcast_attn`` is another function: its scores never reach an
-    #: attention function
-    score_edit = Capability(lambda adapter: HFScoreEdit(adapter) if adapter.recomputes_attention else None)
+    #: the stock eager path of ``reorder_and_upcast_attn`` is another function (``_upcast_and_reordered_attn``):
+    #: its maps are not recomputed, and its scores never reach an attention function
+    attention_recompute = Capability(lambda adapter: None if adapter.upcasts() else DecoderRecompute(adapter))
+    score_edit = Capability(lambda adapter: None if adapter.upcasts() else HFScoreEdit(adapter))
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
-        # the stock eager path of reorder_and_upcast_attn is another function (_upcast_and_reordered_attn)
-        self.recomputes_attention = not bool(getattr(self.config, "reorder_and_upcast_attn", False))
+    def upcasts(self) -> bool:
+        """Whether the model takes the ``reorder_and_upcast_attn`` path."""
+        return bool(getattr(self.config, "reorder_and_upcast_attn", False))
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:
@@ -546,3 +536,20 @@ class HFGPT2Adapter(_HFDecoder):
         return mlp.c_fc, mlp.c_proj
 
     decomposition = Capability(GPT2Decomposition)
+
+
+class DecoderRecompute(AttentionRecompute):
+    """A decoder's attention probabilities recomputed in the backward pass by the family's own eager attention."""
+
+    adapter: "_HFDecoder"
+
+    def __call__(self, consume: Callable[[int, Tensor, Tensor], None],
+                             lowest: int) -> contextlib.AbstractContextManager[Tensor]:
+        """Each block's probabilities recomputed in the backward pass by the family's own eager attention
+        (:func:`methods.families.hf_decoder.recompute.recomputed_attention`; the base class states the contract): the
+        config is switched to that implementation for the duration (the masks built as for the eager attention)
+        and restored on exit."""
+        weight: Any = self.adapter.input_embedding().weight
+        modules = {self.adapter.self_attention(i): i for i in range(self.adapter.depth)}
+        return recomputed_attention(self.adapter.attention_config(), modules, consume, lowest, weight.dtype,
+                                    weight.device)

@@ -61,7 +61,7 @@ class HFModernBertAdapter(HFTextAdapter):
     model_class = "ModernBertForSequenceClassification"
     base_attr = "model"
     uses_token_types = False
-    rule_map_class = ModernBertRules
+    rule_map = Capability(ModernBertRules)
     pre_norm = True
 
     def __init__(self, model: nn.Module) -> None:

@@ -29,6 +29,7 @@ from ...adapters.base import (
     TokenSequence,
     register_adapter,
 )
+from ...adapters.capability import Capability
 from ...adapters.lens import LensImageAdapter
 from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
@@ -56,7 +57,7 @@ class HFSiglipVisionAdapter(_HFPatchVision, LensImageAdapter, _HFSiglipTower):
     Layout: ``PatchGrid(S/p, S/p, prefix=0)``. Integrated gradients scale the normalised pixels (the all-zero
     normalised image as baseline)."""
 
-    rule_map_class = SiglipVisionRules
+    rule_map = Capability(SiglipVisionRules)
 
     family = "transformers SiglipModel vision tower (ZeroShotClassifier)"
     model_name = "SigLIP"
@@ -133,7 +134,7 @@ class HFSiglipTextAdapter(_HFTokenText, _HFSiglipTower):
     ``[T, N]`` scores, exactly 0 at masked padding. Integrated gradients scale the token embeddings before the
     position embeddings are added (as CLIP's text adapter)."""
 
-    rule_map_class = SiglipTextRules
+    rule_map = Capability(SiglipTextRules)
 
     family = "transformers SiglipModel text tower (PromptScorer)"
 

@@ -73,7 +73,7 @@ class HFTextAdapter(ProjectionValueEdits, HFBaseBlocks):
     ``special_tokens_mask`` when given, else position 0 and each sample's last real token).
     """
 
-    rule_map_class = TextRules
+    rule_map = Capability(TextRules)
 
     pre_norm = False
     modality = "text"

@@ -71,7 +71,7 @@ class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
     names its model class (``model_class``), the attribute of its backbone (``backbone_attr``), its prefix
     tokens and read-out, and its :meth:`head`."""
 
-    rule_map_class = ViTLikeRules
+    rule_map = Capability(ViTLikeRules)
 
     model_class = "?"
     backbone_attr = "?"
@@ -253,7 +253,7 @@ class HFDinov2Adapter(HFViTLikeAdapter):
     read-out ``"weighted"``: the [CLS] row 1/2, the mean patch row 1/2. Any image size that is a multiple of the
     patch size. A SwiGLU MLP (``use_swiglu_ffn``) is a gated MLP for AttnLRP."""
 
-    rule_map_class = Dinov2Rules
+    rule_map = Capability(Dinov2Rules)
 
     family = "transformers Dinov2ForImageClassification"
     model_class = "Dinov2ForImageClassification"

@@ -28,6 +28,7 @@ from ...adapters.base import (
     SampleIds,
     SequenceContext,
     TokenSequence,
+    ValueRecorder,
     check_sample_ids,
     register_adapter,
 )
@@ -251,17 +252,7 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
                                require_grad: bool = False) -> None:
         rec.output(self.blocks[layer].ln_1, key, require_grad=require_grad)
 
-    def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """Beyond Intuition's CLIP token scale: the value projection of ``ln_1`` applied to the residual stream
-        after the attention sub-layer (the input of ``ln_2``), as :meth:`methods.families.hf_clip.adapter._HFCLIPTower.
-        record_post_attention_values`; ``ln_1.forward`` is called directly, so no hook on it fires."""
-        block = self.blocks[layer]
-
-        def hook(_module: nn.Module, args: Tuple[Any, ...]) -> None:
-            with torch.no_grad():
-                rec.outputs[key] = _value_projection(block.attn, block.ln_1.forward(args[0]))
-
-        rec._handles.append(block.ln_2.register_forward_pre_hook(hook))
+    post_attention_values = Capability(lambda adapter: OpenCLIPPostAttentionValues(adapter))
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         """``out_proj`` (its weight; the module applies it functionally) and the attention module itself
@@ -286,7 +277,7 @@ class OpenCLIPVisionAdapter(LensImageAdapter, _OpenCLIPTower):
     as the model's preprocessing does. Read-out: ``"class_token"`` (``pool_type="tok"``) or ``"mean_content"``
     (``"avg"``). Layout: ``PatchGrid(H/p, W/p, prefix=1)``. Integrated gradients scale the normalised pixels."""
 
-    rule_map_class = OpenCLIPVisionRules
+    rule_map = Capability(OpenCLIPVisionRules)
 
     family = "open_clip CLIP vision tower (ZeroShotClassifier)"
     tower = "vision"
@@ -363,7 +354,7 @@ class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
     token embeddings before the positional embedding is added (as :class:`~methods.families.hf_clip.adapter.
     HFCLIPTextAdapter`)."""
 
-    rule_map_class = OpenCLIPTextRules
+    rule_map = Capability(OpenCLIPTextRules)
 
     family = "open_clip CLIP text tower (PromptScorer)"
 
@@ -496,3 +487,22 @@ class OpenCLIPScoreEdit(AttentionEdit):
         ``mask + edit(layer, S) - S`` (:mod:`methods.families.open_clip.score_edit`), hooks removed on exit."""
         with self.adapter.eager_attention(), open_clip_score_edit(self.adapter.blocks, edit):
             yield
+
+
+class OpenCLIPPostAttentionValues(ValueRecorder):
+    """Beyond Intuition's CLIP token scale reads every open_clip tower's blocks."""
+
+    adapter: "_OpenCLIPTower"
+
+    def __call__(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """Beyond Intuition's CLIP token scale: the value projection of ``ln_1`` applied to the residual stream
+        after the attention sub-layer (the input of ``ln_2``), as
+        :class:`methods.families.hf_clip.adapter.CLIPPostAttentionValues`; ``ln_1.forward`` is called directly, so no
+        hook on it fires."""
+        block = self.adapter.blocks[layer]
+
+        def hook(_module: nn.Module, args: Tuple[Any, ...]) -> None:
+            with torch.no_grad():
+                rec.outputs[key] = _value_projection(block.attn, block.ln_1.forward(args[0]))
+
+        rec._handles.append(block.ln_2.register_forward_pre_hook(hook))

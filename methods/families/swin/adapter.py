@@ -59,7 +59,7 @@ class SwinAdapter(ImageAdapter):
 
     readout = "mean_content"
     num_prefix_tokens = 0
-    rule_map_class = SwinRules
+    rule_map = Capability(SwinRules)
     #: per stage: its blocks (a list of modules) and the patch merge entering it (``None`` for the first stage)
     stages: List[Tuple[List[nn.Module], Optional[nn.Module]]]
     #: the patch embedding's patch side (pixels) and the model's image size (rows, cols of pixels)

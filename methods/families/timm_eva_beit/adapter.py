@@ -61,7 +61,7 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
     :class:`~methods.families.timm_eva_beit.beit.TimmBeitAdapter` (see the module docstring). A subclass gives
     :meth:`embed`, :meth:`run_blocks` (with :meth:`key_mask_of`'s masks) and the family checks."""
 
-    rule_map_class = TimmEvaBeitRules
+    rule_map = Capability(TimmEvaBeitRules)
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)

@@ -51,7 +51,7 @@ class TimmBlocksAdapter(LensImageAdapter):
     are ``attn.attn_drop``'s output (materialised with timm's fused attention off), the attention input is
     ``norm1``'s output; the input embedding is ``patch_embed``."""
 
-    rule_map_class = TimmBlocksRules
+    rule_map = Capability(TimmBlocksRules)
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
@@ -129,7 +129,7 @@ class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
     head-mean attention, :meth:`readout_weights`); details in ``NOTES.md`` beside this file.
     """
 
-    rule_map_class = TimmViTRules
+    rule_map = Capability(TimmViTRules)
 
     family = "timm VisionTransformer"
 
