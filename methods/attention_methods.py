@@ -108,7 +108,7 @@ class Rollout(AttributionMethod):
             matrix = means.pop()
             composed.add(matrix, overwrite=True)   # each block's matrix dropped once folded in
             if layer > start:
-                composed.through(adapter.transition(layer, matrix))
+                composed.through(adapter.token_flow.transition(layer, matrix))
             del matrix
         row = carry_to_readout_space(adapter, composed.row(), start)
         return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))

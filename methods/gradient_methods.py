@@ -179,7 +179,7 @@ class GenericAttribution(ExplainedOutput):
                 composed.append(ReadoutResidual(read_out_identity(adapter, inputs, self.readout, layout, update)))
             composed[0].add(update)
             if layer > start:
-                composed[0].through(adapter.transition(layer, update))
+                composed[0].through(adapter.token_flow.transition(layer, update))
 
         stream_attention_gradients(adapter, inputs, target, range(start, adapter.depth), fold, self.explain,
                                    recompute=self.recompute_attention, foil=self.given_foil)

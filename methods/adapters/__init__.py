@@ -30,6 +30,7 @@ from .base import (  # noqa: F401
     RuleMap,
     SampleIds,
     SequenceContext,
+    TokenFlow,
     TokenSequence,
     TokenSpace,
     ValueRecorder,

@@ -264,7 +264,7 @@ class TokenSpace:
     """The tokens one block sees: ``count`` positions (``N``), their ``grid`` (rows, cols) where they form one
     (``None`` for sequences), the hidden ``width`` and the attention ``heads``. Every block of an isotropic model
     shares one (the layout's); a hierarchical model (Swin) has one per stage, joined by transitions
-    (:meth:`ModelAdapter.transition`)."""
+    (``ModelAdapter.token_flow``)."""
 
     count: int
     grid: Optional[Tuple[int, int]]
@@ -533,6 +533,27 @@ class ValueRecorder(abc.ABC):
         """Record block ``layer``'s value projection ``[B, N, D]`` (heads merged, bias included) under ``key``."""
 
 
+class TokenFlow:
+    """How the tokens flow through a family's blocks (``ModelAdapter.token_flow``): each block's token space and the
+    transitions between blocks. The default is an isotropic model's: every block sees the layout's tokens."""
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    def token_space(self, layer: int, layout: Layout) -> TokenSpace:
+        """The token space of block ``layer`` for inputs of ``layout``: the layout's positions, the adapter's width
+        and heads."""
+        grid = layout.grid if isinstance(layout, PatchGrid) else None
+        return TokenSpace(layout.num_positions, grid, self.adapter.width, self.adapter.num_heads)
+
+    def transition(self, layer: int, like: Tensor) -> Optional[Tensor]:
+        """How the tokens entering block ``layer`` are formed from those leaving block ``layer - 1``: a sparse
+        ``[N_layer, N_layer-1]`` map whose row ``t`` holds the share of each earlier token in token ``t`` (rows sum
+        to 1; a 2x2 patch merge: 1/4 at each of its four sources), in ``like``'s dtype and device. ``None``: the
+        identity (the same tokens)."""
+        return None
+
+
 class LogitLens(abc.ABC):
     """The logit lens of a family (LeGrad's capability, ``ModelAdapter.lens``): its own final norm and head read at
     every position."""
@@ -617,19 +638,9 @@ class ModelAdapter(abc.ABC):
         1/2 each); ``"attention_pool"``: the pooling head's attention, mean over its heads."""
         raise NotImplementedError(f"{self.family} reads out with {self.readout!r}, not a weighted mean of positions")
 
-    # -------------------------------------------------------------- token flow
-    def token_space(self, layer: int, layout: Layout) -> TokenSpace:
-        """The token space of block ``layer`` for inputs of ``layout``: the layout's positions, width and heads
-        (every block alike) unless the family says otherwise."""
-        grid = layout.grid if isinstance(layout, PatchGrid) else None
-        return TokenSpace(layout.num_positions, grid, self.width, self.num_heads)
-
-    def transition(self, layer: int, like: Tensor) -> Optional[Tensor]:
-        """How the tokens entering block ``layer`` are formed from those leaving block ``layer - 1``: a sparse
-        ``[N_layer, N_layer-1]`` map whose row ``t`` holds the share of each earlier token in token ``t`` (rows sum
-        to 1; a 2x2 patch merge: 1/4 at each of its four sources), in ``like``'s dtype and device. ``None``: the
-        identity (the same tokens; every family but Swin)."""
-        return None
+    #: how the tokens flow through the blocks (:class:`TokenFlow`; the isotropic default unless the family says
+    #: otherwise)
+    token_flow: Capability[TokenFlow] = Capability(TokenFlow)
 
     # -------------------------------------------------------------- inputs, layout
     @abc.abstractmethod

@@ -31,6 +31,7 @@ from ...adapters.base import (
     MethodUndefinedError,
     ModelInputs,
     SequenceContext,
+    TokenFlow,
     TokenSpace,
     register_adapter,
 )
@@ -53,6 +54,31 @@ def _flat_leaf(x: Tensor, require_grad: bool) -> Tuple[Tensor, Tensor]:
     return flat, flat.view(x.shape)
 
 
+class SwinFlow(TokenFlow):
+    """Per-stage token spaces joined by the patch merges (as sparse 4:1 maps)."""
+
+    adapter: "SwinAdapter"
+
+    def token_space(self, layer: int, layout: Layout) -> TokenSpace:
+        """Block ``layer``'s stage: its grid, width and heads."""
+        rows, cols = self.adapter.grids[layer]
+        return TokenSpace(rows * cols, (rows, cols), self.adapter.width_of(layer), self.adapter.heads_of(layer))
+
+    def transition(self, layer: int, like: Tensor) -> Optional[Tensor]:
+        """The patch merge entering block ``layer``'s stage, ``[N_layer, N_layer-1]`` sparse: merged token
+        ``(i, j)`` takes 1/4 of each of its sources ``(2i + di, 2j + dj)``; ``None`` inside a stage."""
+        if layer not in self.adapter.merge_before:
+            return None
+        (rows, cols), (_, before) = self.adapter.grids[layer], self.adapter.grids[layer - 1]
+        merged = torch.arange(rows * cols, device=like.device)
+        i, j = merged // cols, merged % cols
+        sources = torch.stack([(2 * i + di) * before + 2 * j + dj for di in (0, 1) for dj in (0, 1)], dim=1)
+        indices = torch.stack([merged[:, None].expand_as(sources).flatten(), sources.flatten()])
+        values = torch.full((indices.shape[1],), 0.25, dtype=like.dtype, device=like.device)
+        shape = (rows * cols, self.adapter.grids[layer - 1][0] * before)
+        return torch.sparse_coo_tensor(indices, values, shape, check_invariants=True).coalesce()
+
+
 class SwinAdapter(ImageAdapter):
     """What both libraries' Swin adapters share: the flat list of blocks with their stage, the grid each block
     saw in the last forward, the expansion of windowed maps and the refusals (module docstring)."""
@@ -60,6 +86,7 @@ class SwinAdapter(ImageAdapter):
     readout = "mean_content"
     num_prefix_tokens = 0
     rule_map = Capability(SwinRules)
+    token_flow = Capability(SwinFlow)
     #: per stage: its blocks (a list of modules) and the patch merge entering it (``None`` for the first stage)
     stages: List[Tuple[List[nn.Module], Optional[nn.Module]]]
     #: the patch embedding's patch side (pixels) and the model's image size (rows, cols of pixels)
@@ -98,25 +125,6 @@ class SwinAdapter(ImageAdapter):
     @classmethod
     def stages_of(cls, model: Any) -> List[Tuple[List[nn.Module], Optional[nn.Module]]]:
         raise NotImplementedError
-
-    def token_space(self, layer: int, layout: Layout) -> TokenSpace:
-        """Block ``layer``'s stage: its grid, width and heads."""
-        rows, cols = self.grids[layer]
-        return TokenSpace(rows * cols, (rows, cols), self.width_of(layer), self.heads_of(layer))
-
-    def transition(self, layer: int, like: Tensor) -> Optional[Tensor]:
-        """The patch merge entering block ``layer``'s stage, ``[N_layer, N_layer-1]`` sparse: merged token
-        ``(i, j)`` takes 1/4 of each of its sources ``(2i + di, 2j + dj)``; ``None`` inside a stage."""
-        if layer not in self.merge_before:
-            return None
-        (rows, cols), (_, before) = self.grids[layer], self.grids[layer - 1]
-        merged = torch.arange(rows * cols, device=like.device)
-        i, j = merged // cols, merged % cols
-        sources = torch.stack([(2 * i + di) * before + 2 * j + dj for di in (0, 1) for dj in (0, 1)], dim=1)
-        indices = torch.stack([merged[:, None].expand_as(sources).flatten(), sources.flatten()])
-        values = torch.full((indices.shape[1],), 0.25, dtype=like.dtype, device=like.device)
-        shape = (rows * cols, self.grids[layer - 1][0] * before)
-        return torch.sparse_coo_tensor(indices, values, shape, check_invariants=True).coalesce()
 
     def width_of(self, layer: int) -> int:
         raise NotImplementedError
