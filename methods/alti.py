@@ -213,9 +213,9 @@ class _BlockDecomposition:
         adapter = self.adapter
         with ActivationRecorder() as rec, torch.no_grad():
             for layer in range(adapter.depth):
-                adapter.record_block_input(rec, layer, ("x", layer))
-                adapter.record_attention(rec, layer, ("attention", layer))
-                adapter.record_values(rec, layer, ("values", layer))
+                adapter.recording.block_input(rec, layer, ("x", layer))
+                adapter.recording.attention(rec, layer, ("attention", layer))
+                adapter.recording.values(rec, layer, ("values", layer))
                 self.decomposition.record_post_attention_residual(rec, layer, ("residual", layer))
                 inner = self.decomposition.attention_output_norm(layer)
                 if inner is not None:

@@ -42,7 +42,7 @@ def attention_and_gradients(adapter: ModelAdapter, inputs: ModelInputs, target: 
     check_explain(gradient_of, "gradient_of")
     with ActivationRecorder() as rec:
         for layer in layers:
-            adapter.record_attention(rec, layer, layer, require_grad=True)
+            adapter.recording.attention(rec, layer, layer, require_grad=True)
         logits = adapter.forward(inputs, grad_from_block=min(layers))
         attentions = [rec[layer] for layer in layers]
     target = resolve_target(logits, target)
@@ -76,7 +76,7 @@ def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, targe
         return _stream_recomputed(adapter, inputs, target, layers, consume, gradient_of, foil)
     with ActivationRecorder() as rec:
         for layer in layers:
-            adapter.record_attention(rec, layer, layer, require_grad=True)
+            adapter.recording.attention(rec, layer, layer, require_grad=True)
         logits = adapter.forward(inputs, grad_from_block=layers[0])
         attentions: Dict[int, Tensor] = {layer: rec[layer] for layer in layers}
         rec.outputs.clear()

@@ -347,7 +347,7 @@ class _GradientLRP(ExplainedOutput):
                 rec.output(adapter.rule_map.input_embedding(), "x", require_grad=True)
             if layer_inputs:
                 for l in range(adapter.depth):
-                    adapter.record_block_input(rec, l, ("block", l))
+                    adapter.recording.block_input(rec, l, ("block", l))
             context = adapter.context(inputs)
             logits = adapter.head(adapter.run_blocks(adapter.embed(inputs), context), context)
             x = inputs["pixel_values"] if pixels else rec["x"]

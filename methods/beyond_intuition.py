@@ -161,7 +161,7 @@ class _BeyondIntuition(ExplainedOutput):
             for i in range(0, len(alphas), chunk_steps):
                 chunk = alphas[i:i + chunk_steps]
                 with ActivationRecorder() as rec:
-                    adapter.record_attention(rec, last, "attn", require_grad=True)
+                    adapter.recording.attention(rec, last, "attn", require_grad=True)
                     logits = adapter.forward(adapter.interpolate(part, chunk), grad_from_block=last)
                 part_foil = foil.repeat(len(chunk)) if isinstance(foil, Tensor) and foil.numel() > 1 else foil
                 score = target_score(logits, part_target.repeat(len(chunk)), self.gradient_of, part_foil)
@@ -273,11 +273,11 @@ class BeyondIntuitionToken(_BeyondIntuition):
                          else adapter.post_attention_values)
         with ActivationRecorder() as rec:
             for layer in layers:
-                adapter.record_block_input(rec, layer, ("z", layer))
+                adapter.recording.block_input(rec, layer, ("z", layer))
                 record_values(rec, layer, ("v", layer))
                 if use_attention_input:
-                    adapter.record_attention_input(rec, layer, ("ln", layer))
-                adapter.record_attention(rec, layer, ("a", layer), require_grad=(layer == last))
+                    adapter.recording.attention_input(rec, layer, ("ln", layer))
+                adapter.recording.attention(rec, layer, ("a", layer), require_grad=(layer == last))
             logits = adapter.forward(inputs, grad_from_block=last)
         target = resolve_target(logits, target)
         score = target_score(logits, target, self.gradient_of, self.given_foil)

@@ -139,11 +139,11 @@ class _Propagation:
 
     def record(self, rec: ActivationRecorder) -> None:
         adapter = self.adapter
-        adapter.record_block_input(rec, 0, "x")
-        adapter.record_values(rec, 0, "values")
+        adapter.recording.block_input(rec, 0, "x")
+        adapter.recording.values(rec, 0, "values")
         for layer in range(adapter.depth):
             up, down = adapter.mlp_linears(layer)
-            adapter.record_attention(rec, layer, ("attention", layer))
+            adapter.recording.attention(rec, layer, ("attention", layer))
             self.decomposition.record_post_attention_residual(rec, layer, ("residual", layer))
             rec.output(up, ("pre", layer))
             rec.input(down, ("post", layer))

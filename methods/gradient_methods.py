@@ -235,9 +235,9 @@ class CDAM(ExplainedOutput):
             tokens = "attention_input" if adapter.readout == "class_token" else "block_input"
         with ActivationRecorder() as rec:
             if tokens == "attention_input":
-                adapter.record_attention_input(rec, last, "tokens", require_grad=True)
+                adapter.recording.attention_input(rec, last, "tokens", require_grad=True)
             else:
-                adapter.record_block_input(rec, last, "tokens", require_grad=True)
+                adapter.recording.block_input(rec, last, "tokens", require_grad=True)
             out = adapter.forward(inputs, grad_from_block=last, pre_logits=self.concept is not None)
             hidden = rec["tokens"]
         if self.concept is None:

@@ -93,7 +93,7 @@ class LeGrad(AttributionMethod):
         lens: List[Tensor] = []
         with ActivationRecorder() as rec, torch.enable_grad():
             for layer in layers:
-                adapter.record_attention(rec, layer, layer, require_grad=True)
+                adapter.recording.attention(rec, layer, layer, require_grad=True)
             for layer in layers:
                 # the gradient stops at the block's input: s_l reaches A_l through block l alone
                 hidden = adapter.run_blocks(hidden.detach().requires_grad_(True), context, layer, layer + 1)

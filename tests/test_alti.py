@@ -104,11 +104,11 @@ def test_the_decomposed_vectors_sum_to_the_blocks_own_output(row):
     batch = adapter.prepare_inputs(family.inputs(3))
     layout = adapter.layout(batch)
     real = layout.real_positions(torch.zeros(3, layout.num_positions, dtype=torch.long)).bool()
-    with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
+    with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
         for layer in range(adapter.depth):
-            adapter.record_block_input(rec, layer, ("x", layer))
-            adapter.record_attention(rec, layer, ("a", layer))
-            adapter.record_values(rec, layer, ("v", layer))
+            adapter.recording.block_input(rec, layer, ("x", layer))
+            adapter.recording.attention(rec, layer, ("a", layer))
+            adapter.recording.values(rec, layer, ("v", layer))
             adapter.decomposition.record_post_attention_residual(rec, layer, ("r", layer))
             rec.output(adapter.decomposition.block_norms(layer)[0], ("n", layer))
             if adapter.decomposition.attention_output_norm(layer) is not None:
@@ -156,7 +156,7 @@ def test_alti_logit_totals_are_the_attention_updates_of_the_logit(row):
     batch = adapter.prepare_inputs(inputs)
     positions = adapter.context(batch).readout_positions
     rows = torch.arange(3)
-    with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
+    with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
         for layer in range(adapter.depth):
             inner = adapter.decomposition.attention_output_norm(layer)
             rec.output(adapter.attention_linears(layer).out if inner is None else inner[0], layer)

@@ -67,7 +67,7 @@ def test_methods_equal_the_saved_attention_path(kind, side):
 def test_maps_gradients_and_relevances_are_bit_identical(kind):
     model = _tiny_decoder(kind).eval()
     adapter = adapter_for(model)
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         batch = adapter.prepare_inputs(_decoder_batch(3, "left"))
         attns, grads, logits, _ = attention_and_gradients(adapter, batch, TARGETS, [0, 1, 2])
         seen = []

@@ -45,9 +45,9 @@ def test_windowed_maps_equal_an_eager_recomputation():
     last = adapter.depth - 1
     block = model.layers[-1].blocks[-1]
     assert block.shift_size[0] > 0, "the last block of the tiny model is a shifted one"
-    with ActivationRecorder() as rec, adapter.eager_attention():
-        adapter.record_attention(rec, last, "attn")
-        adapter.record_attention_input(rec, last, "normed")
+    with ActivationRecorder() as rec, adapter.recording.eager_attention():
+        adapter.recording.attention(rec, last, "attn")
+        adapter.recording.attention_input(rec, last, "normed")
         logits = adapter.forward(adapter.prepare_inputs(x), grad_from_block=adapter.depth)
     assert torch.equal(logits, model(x))
     rows, cols = adapter.grids[last]
@@ -77,7 +77,7 @@ def test_gradient_at_the_full_map_is_the_models_gradient_at_its_windows(build):
     adapter = adapter_for(model)
     last = adapter.depth - 1
     inputs = adapter.prepare_inputs(x)
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         maps, grads, logits, target = attention_and_gradients(adapter, inputs, None, [last])
         windowed = {}
         hf = hasattr(model, "swin")
@@ -176,9 +176,9 @@ def test_rollout_composes_through_the_patch_merge(build):
     model = build()
     x = swin_images(2)
     adapter = adapter_for(model)
-    with ActivationRecorder() as rec, torch.no_grad(), adapter.eager_attention():
+    with ActivationRecorder() as rec, torch.no_grad(), adapter.recording.eager_attention():
         for layer in range(adapter.depth):
-            adapter.record_attention(rec, layer, layer, transform=lambda a: a.mean(dim=1))
+            adapter.recording.attention(rec, layer, layer, transform=lambda a: a.mean(dim=1))
         adapter.forward(adapter.prepare_inputs(x), grad_from_block=adapter.depth)
     merge = torch.zeros(64, 256, dtype=torch.float64)
     for i in range(8):

@@ -27,6 +27,7 @@ from .base import (  # noqa: F401
     PatchGrid,
     Projection,
     RawInputs,
+    Recording,
     RuleMap,
     SampleIds,
     SequenceContext,

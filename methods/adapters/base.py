@@ -491,6 +491,41 @@ class Decoder(abc.ABC):
 Edit = Callable[[int, Tensor], Tensor]
 
 
+class Recording(abc.ABC):
+    """Where methods hook in a family's models (``ModelAdapter.recording``): the tensors an
+    :class:`ActivationRecorder` records, and the eager attention that materialises the probabilities."""
+
+    #: whether ``ModelAdapter.forward`` makes the hidden states entering ``grad_from_block`` require grad
+    hidden_requires_grad: bool = False
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @abc.abstractmethod
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """Record block ``layer``'s post-softmax attention ``[B, H, N, N]`` (after dropout: identity in eval), the
+        tensor the references hook; ``require_grad`` makes it differentiable for ``d logit / d A``."""
+
+    @abc.abstractmethod
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """Record block ``layer``'s value projection ``[B, N, D]`` (heads merged, bias included)."""
+
+    @abc.abstractmethod
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False) -> None:
+        """Record the hidden states entering block ``layer``'s attention: the norm output in a pre-norm block,
+        the block input in a post-norm one."""
+
+    def block_input(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False) -> None:
+        """Record the residual stream entering block ``layer``."""
+        rec.input(self.adapter.blocks[layer], key, require_grad=require_grad)
+
+    @abc.abstractmethod
+    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
+        """Context in which the attention probabilities are materialised (fused attention switched off),
+        restoring the model's setting on exit."""
+
+
 class AttentionEdit(abc.ABC):
     """An edit of a family's attention, applied in a context (``ModelAdapter.value_edit``, ``score_edit``)."""
 
@@ -588,8 +623,8 @@ class ModelAdapter(abc.ABC):
     pre_norm: bool = True
     modality: str = "image"
     layout_class: Type[Layout] = PatchGrid
-    #: whether :meth:`forward` makes the hidden states entering ``grad_from_block`` require grad
-    hidden_requires_grad: bool = False
+    #: where methods hook: the family's :class:`Recording`
+    recording: Capability[Recording]
     #: where AttnLRP / CP-LRP place their rules in this family's models (the family's ``rules.py``; one per adapter:
     #: it holds the head rules' state)
     rule_map: Capability[RuleMap] = Capability(RuleMap)
@@ -673,13 +708,13 @@ class ModelAdapter(abc.ABC):
 
         Everything before that block runs under ``torch.no_grad()``: methods that need gradients only down to
         some block pay for no graph below it (``grad_from_block=depth``: no graph at all but the head's). With
-        :attr:`hidden_requires_grad` the hidden states entering that block require grad.
+        the recording's ``hidden_requires_grad`` the hidden states entering that block require grad.
         """
         context = self.context(inputs)
         with torch.no_grad():
             hidden = self.run_blocks(self.embed(inputs), context, 0, grad_from_block)
         with torch.enable_grad():
-            if self.hidden_requires_grad and grad_from_block < self.depth:
+            if self.recording.hidden_requires_grad and grad_from_block < self.depth:
                 hidden = hidden.detach().requires_grad_(True)
             hidden = self.run_blocks(hidden, context, grad_from_block)
             return self.head(hidden, context, pre_logits=pre_logits)
@@ -712,28 +747,6 @@ class ModelAdapter(abc.ABC):
             ids = ids[:, keep.to(ids.device)].flatten(0, 1)
         return shortened, SequenceContext(mask, positions, ids)
 
-    # -------------------------------------------------------------- where methods hook
-    @abc.abstractmethod
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """Record block ``layer``'s post-softmax attention ``[B, H, N, N]`` (after dropout: identity in eval), the
-        tensor the references hook; ``require_grad`` makes it differentiable for ``d logit / d A``."""
-
-    @abc.abstractmethod
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """Record block ``layer``'s value projection ``[B, N, D]`` (heads merged, bias included)."""
-
-    @abc.abstractmethod
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        """Record the hidden states entering block ``layer``'s attention: the norm output in a pre-norm block,
-        the block input in a post-norm one."""
-
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                           require_grad: bool = False) -> None:
-        """Record the residual stream entering block ``layer``."""
-        rec.input(self.blocks[layer], key, require_grad=require_grad)
-
     @abc.abstractmethod
     def attention_linears(self, layer: int) -> AttentionLinears: ...
 
@@ -741,13 +754,6 @@ class ModelAdapter(abc.ABC):
     def mlp_linears(self, layer: int) -> Tuple[Projection, Projection]:
         """The MLP's two linear layers (up-projection, down-projection) of block ``layer`` (a gated MLP:
         ``up_proj`` and ``down_proj``; its gate is the family's own member)."""
-
-    # -------------------------------------------------------------- attention implementation
-    @abc.abstractmethod
-    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
-        """Context in which the attention probabilities are materialised (fused attention switched off),
-        restoring the model's setting on exit."""
-
 
     #: capability: every block's value vectors edited (:class:`AttentionEdit`: Value Zeroing). In the context
     #: ``value_edit(edit)`` every block's value vectors pass through ``edit(layer, values) -> values`` before the

@@ -89,7 +89,7 @@ class Topology:
         streamed = self.streamed_attention_from
         for l in blocks:
             if streamed is None or l < streamed:
-                self.adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
+                self.adapter.recording.attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
             self.record_block(rec, l, layer_outputs)
         self.record_head(rec, layer_outputs)
         if to_input:

@@ -41,7 +41,7 @@ from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs
 from ...adapters.value_edits import ProjectionValueEdits
-from ..hf_blocks import HFEncoderBlocks
+from ..hf_blocks import HFEncoderBlocks, HFRecording
 from .rules import CLIPTextRules, CLIPVisionRules
 
 #: extra per-sample tensors of a text batch set by the adapter: the read-out (EOS) positions and, from
@@ -189,19 +189,7 @@ class _HFCLIPTower(ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
         return self.projection()(self.pooled(hidden, context))
 
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The probabilities returned by ``CLIPAttention`` (``(attn_output, attn_weights)`` in eager mode; after
-        dropout, identity in eval), the tensor MM's and BI's CLIP code hook. ``require_grad`` needs autograd
-        recorded from this block on (see :meth:`forward`)."""
-        rec.output(self.blocks[layer].self_attn, key, transform=transform, index=1, require_grad=require_grad)
-
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        rec.output(self.blocks[layer].self_attn.v_proj, key)
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.output(self.blocks[layer].layer_norm1, key, require_grad=require_grad)
+    recording = Capability(lambda adapter: CLIPRecording(adapter))
 
     post_attention_values = Capability(lambda adapter: CLIPPostAttentionValues(adapter))
 
@@ -395,3 +383,23 @@ class CLIPPostAttentionValues(ValueRecorder):
                 rec.outputs[key] = block.self_attn.v_proj(block.layer_norm1(args[0]))
 
         rec._handles.append(block.layer_norm2.register_forward_pre_hook(hook))
+
+
+class CLIPRecording(HFRecording):
+    """Where methods hook in a CLIP (or SigLIP) tower."""
+
+    adapter: "_HFCLIPTower"
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The probabilities returned by ``CLIPAttention`` (``(attn_output, attn_weights)`` in eager mode; after
+        dropout, identity in eval), the tensor MM's and BI's CLIP code hook. ``require_grad`` needs autograd
+        recorded from this block on (see :meth:`forward`)."""
+        rec.output(self.adapter.blocks[layer].self_attn, key, transform=transform, index=1, require_grad=require_grad)
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        rec.output(self.adapter.blocks[layer].self_attn.v_proj, key)
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        rec.output(self.adapter.blocks[layer].layer_norm1, key, require_grad=require_grad)

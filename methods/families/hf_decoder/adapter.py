@@ -25,6 +25,7 @@ from ...adapters.base import (
     ModelInputs,
     Projection,
     RawInputs,
+    Recording,
     SampleIds,
     SequenceContext,
     TokenSequence,
@@ -37,7 +38,7 @@ from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, last_real_positions, positions_from_mask
 from ...adapters.value_edits import ProjectionValueEdits
-from ..hf_blocks import HFBaseBlocks, HFScoreEdit
+from ..hf_blocks import HFBaseBlocks, HFRecording, HFScoreEdit
 from .recompute import recomputed_attention
 from .rules import DecoderRules, Gemma3Rules, RopeDecoderRules
 
@@ -331,28 +332,7 @@ class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
         lambda adapter: DecoderRecompute(adapter))
 
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The probabilities ``[B, H, N, N]`` returned by the attention module (``(attn_output, attn_weights)``;
-        after dropout, identity in eval; all query heads). ``require_grad`` needs autograd recorded from this
-        block on (see :meth:`forward`). Nothing is recorded for the blocks whose probabilities
-        :meth:`recomputed_attention` recomputes."""
-        rec.output(self.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
-
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """``v_proj``'s output with each key/value head repeated for its query heads: ``[B, N, H * head_dim]``."""
-        attn: Any = self.self_attention(layer)
-        groups = int(attn.num_key_value_groups)
-        kv_heads = self.num_heads // groups
-        rec.output(attn.v_proj, key, transform=lambda v: repeat_heads(v, kv_heads, groups))
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.output(self.attention_norm(layer), key, require_grad=require_grad)
-
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                           require_grad: bool = False) -> None:
-        rec.input(self.blocks[layer], key, require_grad=require_grad)
+    recording: Capability[Recording] = Capability(lambda adapter: DecoderRecording(adapter))
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn: Any = self.self_attention(layer)
@@ -522,11 +502,7 @@ class HFGPT2Adapter(_HFDecoder):
         return self.blocks[layer](hidden, None, mask, None, encoder_attention_mask=None, use_cache=False,
                                   position_ids=position_ids)
 
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The value third of ``c_attn``'s output ``[B, N, D]``."""
-        width = self.width
-        rec.output(self.blocks[layer].attn.c_attn, key, transform=lambda qkv: qkv[..., 2 * width:])
-
+    recording = Capability(lambda adapter: GPT2Recording(adapter))
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].attn
         return AttentionLinears(out=attn.c_proj, qkv=attn.c_attn)
@@ -553,3 +529,43 @@ class DecoderRecompute(AttentionRecompute):
         modules = {self.adapter.self_attention(i): i for i in range(self.adapter.depth)}
         return recomputed_attention(self.adapter.attention_config(), modules, consume, lowest, weight.dtype,
                                     weight.device)
+
+
+class DecoderRecording(HFRecording):
+    """Where methods hook in a decoder."""
+
+    adapter: "_HFDecoder"
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The probabilities ``[B, H, N, N]`` returned by the attention module (``(attn_output, attn_weights)``;
+        after dropout, identity in eval; all query heads). ``require_grad`` needs autograd recorded from this
+        block on (see :meth:`forward`). Nothing is recorded for the blocks whose probabilities
+        :meth:`recomputed_attention` recomputes."""
+        rec.output(self.adapter.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """``v_proj``'s output with each key/value head repeated for its query heads: ``[B, N, H * head_dim]``."""
+        attn: Any = self.adapter.self_attention(layer)
+        groups = int(attn.num_key_value_groups)
+        kv_heads = self.adapter.num_heads // groups
+        rec.output(attn.v_proj, key, transform=lambda v: repeat_heads(v, kv_heads, groups))
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        rec.output(self.adapter.attention_norm(layer), key, require_grad=require_grad)
+
+    def block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                    require_grad: bool = False) -> None:
+        rec.input(self.adapter.blocks[layer], key, require_grad=require_grad)
+
+
+class GPT2Recording(DecoderRecording):
+    """GPT-2's values: the last third of the fused ``c_attn``."""
+
+    adapter: "HFGPT2Adapter"
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The value third of ``c_attn``'s output ``[B, N, D]``."""
+        width = self.adapter.width
+        rec.output(self.adapter.blocks[layer].attn.c_attn, key, transform=lambda qkv: qkv[..., 2 * width:])

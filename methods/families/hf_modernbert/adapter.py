@@ -30,7 +30,7 @@ from ...adapters.base import (
 from ...adapters.capability import Capability
 from ...adapters.recorder import ActivationRecorder
 from ..hf_decoder.adapter import unmask_padding_queries
-from ..hf_text.adapter import HFTextAdapter
+from ..hf_text.adapter import HFTextAdapter, TextRecording
 from .rules import ModernBertRules
 
 #: the position ids a batch carries (``arange(N)``, as the model counts them)
@@ -189,15 +189,7 @@ class HFModernBertAdapter(HFTextAdapter):
         return pooled if pre_logits else self.model.classifier(pooled)
 
     # ------------------------------------------------------------------ where methods hook
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The value third of ``Wqkv``'s output ``[B, N, D]``."""
-        width = self.width
-        rec.output(self.blocks[layer].attn.Wqkv, key, transform=lambda qkv: qkv[..., 2 * width:])
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        """``attn_norm``'s output (block 0: its ``nn.Identity``, the embedding output)."""
-        rec.output(self.blocks[layer].attn_norm, key, require_grad=require_grad)
+    recording = Capability(lambda adapter: ModernBertRecording(adapter))
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].attn
@@ -217,3 +209,19 @@ class ModernBertDecomposition(BlockDecomposition):
     reference's decomposition."""
 
     norm_names = ("attn_norm", "mlp_norm")
+
+
+class ModernBertRecording(TextRecording):
+    """ModernBERT's values (the last third of ``Wqkv``) and pre-norm attention input."""
+
+    adapter: "HFModernBertAdapter"
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The value third of ``Wqkv``'s output ``[B, N, D]``."""
+        width = self.adapter.width
+        rec.output(self.adapter.blocks[layer].attn.Wqkv, key, transform=lambda qkv: qkv[..., 2 * width:])
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        """``attn_norm``'s output (block 0: its ``nn.Identity``, the embedding output)."""
+        rec.output(self.adapter.blocks[layer].attn_norm, key, require_grad=require_grad)

@@ -18,6 +18,7 @@ from ...adapters.base import (
     HeadLayers,
     ModelInputs,
     RawInputs,
+    Recording,
     SampleIds,
     SequenceContext,
     TokenSequence,
@@ -32,7 +33,7 @@ from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, special_positions
 from ...adapters.value_edits import ProjectionValueEdits
-from ..hf_blocks import HFBaseBlocks
+from ..hf_blocks import HFBaseBlocks, HFRecording
 from .rules import TextRules
 
 #: an extra per-sample tensor set by :meth:`HFBertAdapter.interpolate`: the factor on the embedding output
@@ -211,21 +212,7 @@ class HFTextAdapter(ProjectionValueEdits, HFBaseBlocks):
         return scaled_copies(inputs, alphas, EMBEDDING_SCALE)
 
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The probabilities returned by ``BertSelfAttention`` (``(attn_output, attn_weights)`` in eager mode;
-        after dropout, identity in eval). ``require_grad`` needs autograd recorded from this block on (see
-        :meth:`forward`)."""
-        rec.output(self.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
-
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        value = self.attention_linears(layer).v
-        assert value is not None  # text families have separate projections
-        rec.output(value, key)
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.input(self.blocks[layer], key, require_grad=require_grad)   # post-norm: the block input
+    recording: Capability[Recording] = Capability(lambda adapter: TextRecording(adapter))
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attention = self.blocks[layer].attention
@@ -382,3 +369,25 @@ class HFElectraAdapter(_DenseHeadOnFirstToken):
 
     def head_activation(self, x: Tensor) -> Tensor:
         return self.model.classifier.activation(x)
+
+
+class TextRecording(HFRecording):
+    """Where methods hook in a post-norm text encoder."""
+
+    adapter: "HFTextAdapter"
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The probabilities returned by ``BertSelfAttention`` (``(attn_output, attn_weights)`` in eager mode;
+        after dropout, identity in eval). ``require_grad`` needs autograd recorded from this block on (see
+        :meth:`forward`)."""
+        rec.output(self.adapter.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        value = self.adapter.attention_linears(layer).v
+        assert value is not None  # text families have separate projections
+        rec.output(value, key)
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        rec.input(self.adapter.blocks[layer], key, require_grad=require_grad)   # post-norm: the block input

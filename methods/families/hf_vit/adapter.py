@@ -28,7 +28,7 @@ from ...adapters.lens import LensImageAdapter
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import ProjectionValueEdits
-from ..hf_blocks import HFEncoderBlocks
+from ..hf_blocks import HFEncoderBlocks, HFRecording
 from ..hf_implementation import attention_implementation
 from ..hf_score_edit import eager_scores, score_edited_attention
 from .rules import Dinov2Rules, ViTLikeRules
@@ -157,22 +157,11 @@ class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
         return pooled if pre_logits else self.model.classifier(pooled)
 
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The probabilities the attention module returns (``(output, weights)`` in eager mode; after dropout,
-        identity in eval). ``require_grad`` needs autograd recorded from this block on (see :meth:`forward`)."""
-        rec.output(self.blocks[layer].attention, key, transform=transform, index=1, require_grad=require_grad)
-
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        rec.output(self.blocks[layer].attention.v_proj, key)
+    recording = Capability(lambda adapter: ViTLikeRecording(adapter))
 
     def attention_norm(self, layer: int) -> nn.Module:
         """The norm before block ``layer``'s attention."""
         return self.blocks[layer].layernorm_before
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.output(self.attention_norm(layer), key, require_grad=require_grad)
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].attention
@@ -185,11 +174,6 @@ class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
         return mlp.fc1, mlp.fc2
 
     # ------------------------------------------------------------------ attention implementation
-    @contextlib.contextmanager
-    def eager_attention(self) -> Iterator[None]:
-        """``_attn_implementation = MATERIALISED_ATTENTION`` on the config (module docstring), restored on exit."""
-        with attention_implementation(self.attention_config(), MATERIALISED_ATTENTION, materialised_attention):
-            yield
 
     score_edit = Capability(lambda adapter: ViTLikeScoreEdit(adapter))
 
@@ -301,3 +285,28 @@ class ViTLikeScoreEdit(AttentionEdit):
         attention :meth:`eager_attention` runs: the softmax in the wider of float32 and the model's dtype)."""
         return score_edited_attention(self.adapter.attention_config(), self.adapter.blocks, edit,
                                       eager=materialised_attention)
+
+
+class ViTLikeRecording(HFRecording):
+    """Where methods hook in a transformers ViT, DeiT or DINOv2."""
+
+    adapter: "HFViTLikeAdapter"
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The probabilities the attention module returns (``(output, weights)`` in eager mode; after dropout,
+        identity in eval). ``require_grad`` needs autograd recorded from this block on (see :meth:`forward`)."""
+        rec.output(self.adapter.blocks[layer].attention, key, transform=transform, index=1, require_grad=require_grad)
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        rec.output(self.adapter.blocks[layer].attention.v_proj, key)
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        rec.output(self.adapter.attention_norm(layer), key, require_grad=require_grad)
+
+    @contextlib.contextmanager
+    def eager_attention(self) -> Iterator[None]:
+        """``_attn_implementation = MATERIALISED_ATTENTION`` on the config (module docstring), restored on exit."""
+        with attention_implementation(self.adapter.attention_config(), MATERIALISED_ATTENTION, materialised_attention):
+            yield

@@ -25,6 +25,7 @@ from ...adapters.base import (
     ModelAdapter,
     ModelInputs,
     RawInputs,
+    Recording,
     SampleIds,
     SequenceContext,
     TokenSequence,
@@ -199,58 +200,8 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
         """Read-out and final norm (:meth:`pooled`), then :meth:`project`."""
         return self.project(self.pooled(hidden, context))
 
-    @contextlib.contextmanager
-    def eager_attention(self) -> Iterator[None]:
-        """Within it every block's attention module is called with ``need_weights=True,
-        average_attn_weights=False`` (a forward pre-hook on its keyword arguments, removed on exit): torch's
-        explicit softmax, whose probabilities ``[B, H, N, N]`` the module returns. The model itself is not
-        changed."""
-        handles = [block.attn.register_forward_pre_hook(_need_weights, with_kwargs=True) for block in self.blocks]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
+    recording = Capability(lambda adapter: OpenCLIPRecording(adapter))
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The probabilities ``[B, H, N, N]`` the attention module returns under :meth:`eager_attention` (after
-        dropout: identity in eval). ``require_grad``: they become a leaf joined to the attention output, so that
-        ``d logit / d A`` is the gradient of ``A v`` (module docstring); autograd must be recorded from this
-        block on."""
-        attn = self.blocks[layer].attn
-
-        def hook(module: nn.MultiheadAttention, args: Tuple[Any, ...], kwargs: dict, output: Any) -> Any:
-            out, weights = output
-            if weights is None:
-                raise RuntimeError(f"{self.family}: the attention probabilities of block {layer} are materialised "
-                                   "only under adapter.eager_attention()")
-            if require_grad:
-                value_input = args[2] if len(args) > 2 else kwargs["value"]
-                with torch.no_grad():
-                    values = _value_projection(module, value_input)
-                weights = weights.detach().requires_grad_(True)
-                out = _AttentionGradient.apply(out, weights, values, module.out_proj.weight.detach())
-            rec.outputs[key] = weights if transform is None else transform(weights)
-            return (out, weights) if require_grad else None
-
-        rec._handles.append(attn.register_forward_hook(hook, with_kwargs=True))
-
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The value projection ``[B, N, D]`` of the attention input (``ln_1``'s output), computed from the
-        module's ``in_proj_weight`` (no gradient)."""
-        block = self.blocks[layer]
-
-        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
-            with torch.no_grad():
-                rec.outputs[key] = _value_projection(block.attn, out)
-
-        rec._handles.append(block.ln_1.register_forward_hook(hook))
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.output(self.blocks[layer].ln_1, key, require_grad=require_grad)
 
     post_attention_values = Capability(lambda adapter: OpenCLIPPostAttentionValues(adapter))
 
@@ -466,7 +417,7 @@ class OpenCLIPValueEdit(AttentionEdit):
                 return out + F.linear(product_change(weights, change).to(out.dtype), module.out_proj.weight), weights
             return hook
 
-        with self.adapter.eager_attention():
+        with self.adapter.recording.eager_attention():
             handles = [block.attn.register_forward_hook(correct(layer), with_kwargs=True)
                        for layer, block in enumerate(self.adapter.blocks)]
             try:
@@ -485,7 +436,7 @@ class OpenCLIPScoreEdit(AttentionEdit):
     def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
         """The materialised attention (:meth:`eager_attention`) with each block's float ``attn_mask`` replaced by
         ``mask + edit(layer, S) - S`` (:mod:`methods.families.open_clip.score_edit`), hooks removed on exit."""
-        with self.adapter.eager_attention(), open_clip_score_edit(self.adapter.blocks, edit):
+        with self.adapter.recording.eager_attention(), open_clip_score_edit(self.adapter.blocks, edit):
             yield
 
 
@@ -506,3 +457,62 @@ class OpenCLIPPostAttentionValues(ValueRecorder):
                 rec.outputs[key] = _value_projection(block.attn, block.ln_1.forward(args[0]))
 
         rec._handles.append(block.ln_2.register_forward_pre_hook(hook))
+
+
+class OpenCLIPRecording(Recording):
+    """Where methods hook in an open_clip tower."""
+
+    adapter: "_OpenCLIPTower"
+
+    @contextlib.contextmanager
+    def eager_attention(self) -> Iterator[None]:
+        """Within it every block's attention module is called with ``need_weights=True,
+        average_attn_weights=False`` (a forward pre-hook on its keyword arguments, removed on exit): torch's
+        explicit softmax, whose probabilities ``[B, H, N, N]`` the module returns. The model itself is not
+        changed."""
+        handles = [block.attn.register_forward_pre_hook(_need_weights, with_kwargs=True)
+                   for block in self.adapter.blocks]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The probabilities ``[B, H, N, N]`` the attention module returns under :meth:`eager_attention` (after
+        dropout: identity in eval). ``require_grad``: they become a leaf joined to the attention output, so that
+        ``d logit / d A`` is the gradient of ``A v`` (module docstring); autograd must be recorded from this
+        block on."""
+        attn = self.adapter.blocks[layer].attn
+
+        def hook(module: nn.MultiheadAttention, args: Tuple[Any, ...], kwargs: dict, output: Any) -> Any:
+            out, weights = output
+            if weights is None:
+                raise RuntimeError(f"{self.adapter.family}: the attention probabilities of block {layer} are "
+                                   "materialised only under adapter.recording.eager_attention()")
+            if require_grad:
+                value_input = args[2] if len(args) > 2 else kwargs["value"]
+                with torch.no_grad():
+                    values = _value_projection(module, value_input)
+                weights = weights.detach().requires_grad_(True)
+                out = _AttentionGradient.apply(out, weights, values, module.out_proj.weight.detach())
+            rec.outputs[key] = weights if transform is None else transform(weights)
+            return (out, weights) if require_grad else None
+
+        rec._handles.append(attn.register_forward_hook(hook, with_kwargs=True))
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The value projection ``[B, N, D]`` of the attention input (``ln_1``'s output), computed from the
+        module's ``in_proj_weight`` (no gradient)."""
+        block = self.adapter.blocks[layer]
+
+        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
+            with torch.no_grad():
+                rec.outputs[key] = _value_projection(block.attn, out)
+
+        rec._handles.append(block.ln_1.register_forward_hook(hook))
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        rec.output(self.adapter.blocks[layer].ln_1, key, require_grad=require_grad)

@@ -30,6 +30,7 @@ from ...adapters.base import (
     Layout,
     MethodUndefinedError,
     ModelInputs,
+    Recording,
     SequenceContext,
     TokenFlow,
     TokenSpace,
@@ -38,7 +39,7 @@ from ...adapters.base import (
 from ...adapters.capability import Capability, lacking
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
-from ..hf_blocks import HFEncoderBlocks
+from ..hf_blocks import HFEncoderBlocks, HFRecording
 from ..timm_vit.adapter import timm_fused_attention_off
 from .rules import SwinRules
 from .windows import WindowGeometry
@@ -189,31 +190,10 @@ class SwinAdapter(ImageAdapter):
             "occlusion by a baseline token would be another method)")
 
     # ------------------------------------------------------------------ where methods hook
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                           require_grad: bool = False) -> None:
-        """The residual stream entering block ``layer`` (after its stage's merge), as ``[B, N, C]``."""
-        def hook(_module: nn.Module, args: Tuple[Any, ...]) -> Tuple[Any, ...]:
-            flat, x = self._flat_input(layer, args[0], require_grad)
-            rec.outputs[key] = flat
-            return (x,) + tuple(args[1:])
-
-        rec._handles.append(self.blocks[layer].register_forward_pre_hook(hook))
 
     def _flat_input(self, layer: int, x: Tensor, require_grad: bool) -> Tuple[Tensor, Tensor]:
         """The block input as ``[B, N, C]`` and what the block goes on with."""
         raise NotImplementedError
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        """The output of block ``layer``'s first norm, ``[B, N, C]`` (grid positions, before the shift)."""
-        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> Tensor:
-            flat = out.reshape(out.shape[0], -1, out.shape[-1])
-            if require_grad and not flat.requires_grad:
-                flat = flat.detach().requires_grad_(True)
-            rec.outputs[key] = flat
-            return flat.view(out.shape)
-
-        rec._handles.append(self.attention_norm(layer).register_forward_hook(hook))
 
     def attention_norm(self, layer: int) -> nn.Module:
         raise NotImplementedError
@@ -298,27 +278,7 @@ class TimmSwinAdapter(SwinAdapter):
     def attention_norm(self, layer: int) -> nn.Module:
         return self.blocks[layer].norm1
 
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The full map ``[B, H, N, N]`` of block ``layer``'s stage (module docstring); ``require_grad``: the model
-        goes on with the windows gathered back from it (the same values)."""
-
-        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> Optional[Tensor]:
-            full, windows = self._expanded(layer, out, require_grad)
-            rec.outputs[key] = full if transform is None else transform(full)
-            return windows if require_grad else None
-
-        rec._handles.append(self.blocks[layer].attn.attn_drop.register_forward_hook(hook))
-
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The value projection ``[B, N, C]`` at the grid positions (heads merged, bias included)."""
-        dim = int(self.blocks[layer].attn.qkv.in_features)
-
-        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
-            rec.outputs[key] = self.geometry(layer).tokens(out[..., 2 * dim:3 * dim])
-
-        rec._handles.append(self.blocks[layer].attn.qkv.register_forward_hook(hook))
-
+    recording = Capability(lambda adapter: TimmSwinRecording(adapter))
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].attn
         return AttentionLinears(out=attn.proj, qkv=attn.qkv)
@@ -326,10 +286,6 @@ class TimmSwinAdapter(SwinAdapter):
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
-
-    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
-        """timm's fused attention off (it never materialises the probabilities), restored on exit."""
-        return timm_fused_attention_off(block.attn for block in self.blocks)
 
     def patch_projection(self) -> nn.Module:
         """The patch embedding's convolution (its output ``[B, C, rows, cols]``)."""
@@ -345,7 +301,7 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
     with ``require_grad`` the module's output is joined to the full map (NOTES.md)."""
 
     family = "transformers SwinForImageClassification"
-    hidden_requires_grad = True
+    recording = Capability(lambda adapter: HFSwinRecording(adapter))
 
     def __init__(self, model: Any) -> None:
         config = model.config
@@ -423,42 +379,6 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
     def attention_norm(self, layer: int) -> nn.Module:
         return self.blocks[layer].layernorm_before
 
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The full map ``[B, H, N, N]`` of block ``layer``'s stage. ``require_grad`` (autograd recorded from this
-        block on): the module's output plus ``o_proj((gather(full) - A) v)``, exactly 0, so that the logits are
-        unchanged and ``d logit / d full`` is the gradient at each window entry."""
-        attention = self.blocks[layer].attention
-        values: Dict[str, Tensor] = {}
-
-        def keep_values(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
-            values["v"] = out
-
-        def hook(_module: nn.Module, _args: Tuple[Any, ...], output: Any) -> Any:
-            out, weights = output
-            if weights is None:
-                raise RuntimeError(f"{self.family}: the attention probabilities of block {layer} are materialised "
-                                   "only under adapter.eager_attention()")
-            full, windows = self._expanded(layer, weights, require_grad)
-            rec.outputs[key] = full if transform is None else transform(full)
-            if not require_grad:
-                return None
-            v = values.pop("v")
-            v = v.reshape(v.shape[0], v.shape[1], -1, attention.head_dim).transpose(1, 2)
-            delta = ((windows - weights) @ v).transpose(1, 2).reshape(out.shape)
-            return out + nn.functional.linear(delta, attention.o_proj.weight), weights
-
-        rec._handles.append(attention.v_proj.register_forward_hook(keep_values))
-        rec._handles.append(attention.register_forward_hook(hook))
-
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The value projection ``[B, N, C]`` at the grid positions (heads merged, bias included)."""
-
-        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
-            rec.outputs[key] = self.geometry(layer).tokens(out)
-
-        rec._handles.append(self.blocks[layer].attention.v_proj.register_forward_hook(hook))
-
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].attention
         return AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
@@ -470,3 +390,106 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
     def patch_projection(self) -> nn.Module:
         """The patch embedding's convolution (its output ``[B, C, rows, cols]``)."""
         return self.model.swin.embeddings.patch_embeddings.projection
+
+
+class SwinRecording(Recording):
+    """What both libraries' Swin recordings share: the block input and the attention input."""
+
+    adapter: "SwinAdapter"
+
+    def block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                    require_grad: bool = False) -> None:
+        """The residual stream entering block ``layer`` (after its stage's merge), as ``[B, N, C]``."""
+        def hook(_module: nn.Module, args: Tuple[Any, ...]) -> Tuple[Any, ...]:
+            flat, x = self.adapter._flat_input(layer, args[0], require_grad)
+            rec.outputs[key] = flat
+            return (x,) + tuple(args[1:])
+
+        rec._handles.append(self.adapter.blocks[layer].register_forward_pre_hook(hook))
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        """The output of block ``layer``'s first norm, ``[B, N, C]`` (grid positions, before the shift)."""
+        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> Tensor:
+            flat = out.reshape(out.shape[0], -1, out.shape[-1])
+            if require_grad and not flat.requires_grad:
+                flat = flat.detach().requires_grad_(True)
+            rec.outputs[key] = flat
+            return flat.view(out.shape)
+
+        rec._handles.append(self.adapter.attention_norm(layer).register_forward_hook(hook))
+
+
+class TimmSwinRecording(SwinRecording):
+    """Where methods hook in a timm Swin."""
+
+    adapter: "TimmSwinAdapter"
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The full map ``[B, H, N, N]`` of block ``layer``'s stage (module docstring); ``require_grad``: the model
+        goes on with the windows gathered back from it (the same values)."""
+
+        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> Optional[Tensor]:
+            full, windows = self.adapter._expanded(layer, out, require_grad)
+            rec.outputs[key] = full if transform is None else transform(full)
+            return windows if require_grad else None
+
+        rec._handles.append(self.adapter.blocks[layer].attn.attn_drop.register_forward_hook(hook))
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The value projection ``[B, N, C]`` at the grid positions (heads merged, bias included)."""
+        dim = int(self.adapter.blocks[layer].attn.qkv.in_features)
+
+        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
+            rec.outputs[key] = self.adapter.geometry(layer).tokens(out[..., 2 * dim:3 * dim])
+
+        rec._handles.append(self.adapter.blocks[layer].attn.qkv.register_forward_hook(hook))
+
+    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
+        """timm's fused attention off (it never materialises the probabilities), restored on exit."""
+        return timm_fused_attention_off(block.attn for block in self.adapter.blocks)
+
+
+class HFSwinRecording(SwinRecording, HFRecording):
+    """Where methods hook in a transformers Swin."""
+
+    adapter: "HFSwinAdapter"
+
+    hidden_requires_grad = True
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The full map ``[B, H, N, N]`` of block ``layer``'s stage. ``require_grad`` (autograd recorded from this
+        block on): the module's output plus ``o_proj((gather(full) - A) v)``, exactly 0, so that the logits are
+        unchanged and ``d logit / d full`` is the gradient at each window entry."""
+        attention = self.adapter.blocks[layer].attention
+        values: Dict[str, Tensor] = {}
+
+        def keep_values(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
+            values["v"] = out
+
+        def hook(_module: nn.Module, _args: Tuple[Any, ...], output: Any) -> Any:
+            out, weights = output
+            if weights is None:
+                raise RuntimeError(f"{self.adapter.family}: the attention probabilities of block {layer} are "
+                                   "materialised only under adapter.recording.eager_attention()")
+            full, windows = self.adapter._expanded(layer, weights, require_grad)
+            rec.outputs[key] = full if transform is None else transform(full)
+            if not require_grad:
+                return None
+            v = values.pop("v")
+            v = v.reshape(v.shape[0], v.shape[1], -1, attention.head_dim).transpose(1, 2)
+            delta = ((windows - weights) @ v).transpose(1, 2).reshape(out.shape)
+            return out + nn.functional.linear(delta, attention.o_proj.weight), weights
+
+        rec._handles.append(attention.v_proj.register_forward_hook(keep_values))
+        rec._handles.append(attention.register_forward_hook(hook))
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The value projection ``[B, N, C]`` at the grid positions (heads merged, bias included)."""
+
+        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
+            rec.outputs[key] = self.adapter.geometry(layer).tokens(out)
+
+        rec._handles.append(self.adapter.blocks[layer].attention.v_proj.register_forward_hook(hook))

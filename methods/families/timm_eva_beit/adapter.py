@@ -22,7 +22,7 @@ from ...adapters.base import AttentionEdit, BlockDecomposition, SequenceContext
 from ...adapters.capability import Capability
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import edited_values_change, product_change
-from ..timm_vit.adapter import TimmBlocksAdapter
+from ..timm_vit.adapter import TimmBlocksAdapter, TimmRecording
 from .rules import TimmEvaBeitRules
 
 SUPPORTED_POOLS = ("token", "avg")
@@ -135,9 +135,7 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
         width = attention_width(attn)
         return qkv_projection(attn, x)[..., 2 * width:3 * width]
 
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        rec.output(self.blocks[layer].norm1, key, transform=lambda x: self.value_projection(layer, x))
-
+    recording = Capability(lambda adapter: EvaBeitRecording(adapter))
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         """``fc1`` and ``fc2`` (timm ``SwiGLU``: ``fc1_x`` and ``fc2``, the gate ``fc1_g``; ``GluMlp``: the packed
         ``fc1`` whose halves are gate and input)."""
@@ -196,7 +194,7 @@ class EvaBeitValueEdit(AttentionEdit):
                 return (args[0] + seen.pop(-1 - layer).to(args[0].dtype),) + tuple(args[1:])
             return hook
 
-        with self.adapter.eager_attention():
+        with self.adapter.recording.eager_attention():
             try:
                 for layer, block in enumerate(self.adapter.blocks):
                     attn = block.attn
@@ -208,3 +206,12 @@ class EvaBeitValueEdit(AttentionEdit):
             finally:
                 for handle in handles:
                     handle.remove()
+
+
+class EvaBeitRecording(TimmRecording):
+    """EVA's and BEiT's values, recomputed from the attention input."""
+
+    adapter: "TimmBeitLikeAdapter"
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        rec.output(self.adapter.blocks[layer].norm1, key, transform=lambda x: self.adapter.value_projection(layer, x))

@@ -83,5 +83,6 @@ class BeitScoreEdit(AttentionEdit):
         """Fused attention off; each block's scores recomputed from its attention input and the edit handed to
         the attention through ``shared_rel_pos_bias`` (the relative position biases inside ``S``)
         (:mod:`methods.families.timm_eva_beit.score_edit`), hooks removed on exit."""
-        with self.adapter.eager_attention(), eva_beit_score_edit(self.adapter.blocks, edit, "shared_rel_pos_bias"):
+        with self.adapter.recording.eager_attention(), eva_beit_score_edit(self.adapter.blocks, edit,
+                                                                           "shared_rel_pos_bias"):
             yield

@@ -110,5 +110,5 @@ class EvaScoreEdit(AttentionEdit):
         """Fused attention off; each block's scores recomputed from its attention input and the edit handed to
         the attention through ``attn_mask`` (rotary ``q``, ``k`` recomputed)
         (:mod:`methods.families.timm_eva_beit.score_edit`), hooks removed on exit."""
-        with self.adapter.eager_attention(), eva_beit_score_edit(self.adapter.blocks, edit, "attn_mask"):
+        with self.adapter.recording.eager_attention(), eva_beit_score_edit(self.adapter.blocks, edit, "attn_mask"):
             yield

@@ -14,6 +14,7 @@ from ...adapters.base import (
     BlockDecomposition,
     Layout,
     ModelInputs,
+    Recording,
     SequenceContext,
     register_adapter,
 )
@@ -67,21 +68,9 @@ class TimmBlocksAdapter(LensImageAdapter):
     def width(self) -> int:
         return int(self.model.embed_dim)
 
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        rec.output(self.blocks[layer].attn.attn_drop, key, require_grad=require_grad, transform=transform)
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.output(self.blocks[layer].norm1, key, require_grad=require_grad)
-
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].attn
         return AttentionLinears(out=attn.proj, qkv=attn.qkv)
-
-    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
-        """Switch timm's fused attention off (it never materialises the attention matrix) and restore it."""
-        return timm_fused_attention_off(block.attn for block in self.blocks)
 
     # ------------------------------------------------------------------ modules the LRP topologies read
     def classifier(self) -> Any:
@@ -245,9 +234,7 @@ class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
         return weights
 
     # ------------------------------------------------------------------ where methods hook
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        dim = self.width
-        rec.output(self.blocks[layer].attn.qkv, key, transform=lambda out: out[..., 2 * dim:3 * dim])
+    recording = Capability(lambda adapter: TimmViTRecording(adapter))
 
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         mlp = self.blocks[layer].mlp
@@ -294,5 +281,34 @@ class TimmScoreEdit(AttentionEdit):
     def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
         """Fused attention off and the scores edited through hooks on each block's ``attn``, ``q_norm`` and
         ``k_norm`` (:mod:`methods.families.timm_vit.score_edit`), all restored on exit."""
-        with self.adapter.eager_attention(), timm_score_edit(self.adapter.blocks, edit):
+        with self.adapter.recording.eager_attention(), timm_score_edit(self.adapter.blocks, edit):
             yield
+
+
+class TimmRecording(Recording):
+    """Where methods hook in timm's ViT-like models: ``attn.attn_drop``'s output (materialised with timm's fused
+    attention off), ``norm1``'s output."""
+
+    adapter: "TimmBlocksAdapter"
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        rec.output(self.adapter.blocks[layer].attn.attn_drop, key, require_grad=require_grad, transform=transform)
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        rec.output(self.adapter.blocks[layer].norm1, key, require_grad=require_grad)
+
+    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
+        """Switch timm's fused attention off (it never materialises the attention matrix) and restore it."""
+        return timm_fused_attention_off(block.attn for block in self.adapter.blocks)
+
+
+class TimmViTRecording(TimmRecording):
+    """timm ViT's values: the last third of the fused ``qkv``."""
+
+    adapter: "TimmViTAdapter"
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        dim = self.adapter.width
+        rec.output(self.adapter.blocks[layer].attn.qkv, key, transform=lambda out: out[..., 2 * dim:3 * dim])
