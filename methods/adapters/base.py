@@ -3,7 +3,7 @@
 An adapter never re-implements a model: it calls the model's own submodules in the order of the model's own
 ``forward`` (so its logits are bit-identical to ``model(...)``) and says where the tensors that methods read
 live. Methods only ever talk to a :class:`ModelAdapter`; a new family (Hugging Face text classifiers, CLIP
-towers) is one new file in this package, registered with :func:`register_adapter`.
+towers) is one folder of :mod:`methods.families`, registered with :func:`register_adapter`.
 
 Vocabulary
 ----------
@@ -613,8 +613,9 @@ class ModelAdapter(abc.ABC):
     token ids), which says how an evaluation feeds and perturbs its inputs (``evaluation.classifier``);
     ``layout_class``: the class of :meth:`layout`'s answers.
 
-    Optional capabilities are members with a flag (default ``False``); a method whose options need one checks
-    the flag before any batch (``AttributionMethod.check``) and names the model and the option.
+    What only some methods need is a capability object, declared as ``name = Capability(build)``
+    (:mod:`methods.adapters.capability`; ``None`` where the family lacks it): a method whose options need one checks
+    it before any batch (``AttributionMethod.check``) and names the model and the option.
     """
 
     #: a human-readable name of the family, used in error messages
