@@ -269,7 +269,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
         last = adapter.depth - 1
         layers = list(range(start, adapter.depth))
         use_attention_input = self.token_scale_denominator == "attention_input"
-        record_values = (adapter.record_values if self.token_scale_values == "attention_input"
+        record_values = (adapter.recording.values if self.token_scale_values == "attention_input"
                          else adapter.post_attention_values)
         with ActivationRecorder() as rec:
             for layer in layers:

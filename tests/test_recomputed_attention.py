@@ -192,18 +192,18 @@ def test_relevance_methods_without_gradients_stream_the_maps_too(name):
     adapter = adapter_for(model)
     inputs = _decoder_batch(3, "right")
     recorded = []
-    original = type(adapter).record_attention
+    original = type(adapter.recording).attention
 
     def counting(self, rec, layer, key, *args, **kwargs):
         recorded.append(layer)
         return original(self, rec, layer, key, *args, **kwargs)
 
-    type(adapter).record_attention = counting
+    type(adapter.recording).attention = counting
     try:
         streamed = build_method(name)(model, inputs, target=TARGETS)
         assert recorded == []
         kept = build_method(name, recompute_attention=False)(model, inputs, target=TARGETS)
         assert sorted(recorded) == list(range(adapter.depth))
     finally:
-        type(adapter).record_attention = original
+        type(adapter.recording).attention = original
     assert torch.equal(streamed, kept)

@@ -144,7 +144,7 @@ class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
         return create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=None)
 
     def final_norm(self) -> nn.Module:
-        """The backbone's ``layernorm`` after the last block (the ``ModelAdapter.final_norm`` capability's form)."""
+        """The backbone's ``layernorm`` after the last block."""
         return self.backbone.layernorm
 
     def classifiers(self) -> List[nn.Module]:

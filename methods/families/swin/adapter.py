@@ -7,8 +7,8 @@ adapters run the stock blocks and merges in the model's own order (logits bit-id
 
 * **layout**: the last stage's token grid (what the average-pooling read-out reads), as a ``PatchGrid`` without
   prefix tokens; a score covers ``patch * 2^(stages - 1)`` pixels a side (:attr:`patch_size`);
-* **token flow**: each stage's token space (:meth:`SwinAdapter.token_space`) and the 2x2 patch merge entering a
-  stage as a sparse 4:1 transition (:meth:`SwinAdapter.transition`), through which rollout and Generic Attribution
+* **token flow**: each stage's token space (:meth:`SwinFlow.token_space`) and the 2x2 patch merge entering a
+  stage as a sparse 4:1 transition (:meth:`SwinFlow.transition`), through which rollout and Generic Attribution
   compose; a method that reads one block's map at the read-out row reads the last stage only;
 * **attention maps**: a block's windowed (and shifted-window) probabilities ``[B * nW, H, a, a]`` expanded to its
   stage's ``[B, H, N, N]`` map (:class:`~.windows.WindowGeometry`);
