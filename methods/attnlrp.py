@@ -322,9 +322,9 @@ class _GradientLRP(ExplainedOutput):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if self.level in IMAGE_LEVELS and adapter.modality != "image":
+        if self.level in IMAGE_LEVELS and adapter.layout_class.modality != "image":
             raise ValueError(f"{self.name}: level={self.level!r} needs an image model; {type(adapter.model).__name__} "
-                             f"({adapter.family}) reads {adapter.modality}")
+                             f"({adapter.family}) reads {adapter.layout_class.modality}")
         problems = adapter.rule_map.problems() + rule_scope_problems(adapter) if self.rules else []
         if problems:
             raise MethodUndefinedError(f"{self.name}: no relevance rule for parts of this "

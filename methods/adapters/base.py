@@ -137,6 +137,8 @@ class PatchGrid:
     cols: int
     prefix: int
 
+    #: what the model reads (pixel values), which says how an evaluation feeds and perturbs its inputs
+    modality = "image"
     #: whose reference code the methods' per-modality defaults follow (the authors' ViT code)
     reference = "vit"
     #: whether some positions of a sample can be padding (left out of per-sample statistics)
@@ -207,7 +209,8 @@ class TokenSequence:
     attention_mask: Tensor
     content_mask: Tensor
 
-    #: the authors' BERT code
+    #: token ids; the authors' BERT code
+    modality = "text"
     reference = "bert"
     has_padding = True
     reports_class_token = True
@@ -609,9 +612,9 @@ class ModelAdapter(abc.ABC):
 
     Structure: ``depth`` blocks of ``num_heads`` attention heads and hidden width ``width``; ``readout`` (one of
     :data:`READOUT_KINDS`); ``pre_norm`` (``True``: a block computes ``x + attn(norm(x))``; ``False``, post-norm
-    as in BERT: ``norm(x + attn(x))``). ``modality``: what the model reads (``image``: pixel values; ``text``:
-    token ids), which says how an evaluation feeds and perturbs its inputs (``evaluation.classifier``);
-    ``layout_class``: the class of :meth:`layout`'s answers.
+    as in BERT: ``norm(x + attn(x))``). ``layout_class``: the class of :meth:`layout`'s answers, whose ``modality``
+    says what the model reads (``image``: pixel values; ``text``: token ids) and so how an evaluation feeds and
+    perturbs its inputs (``evaluation.classifier``).
 
     What only some methods need is a capability object, declared as ``name = Capability(build)``
     (:mod:`methods.adapters.capability`; ``None`` where the family lacks it): a method whose options need one checks
@@ -622,7 +625,6 @@ class ModelAdapter(abc.ABC):
     family: str = "?"
     readout: str = "class_token"
     pre_norm: bool = True
-    modality: str = "image"
     layout_class: Type[Layout] = PatchGrid
     #: where methods hook: the family's :class:`Recording`
     recording: Capability[Recording]

@@ -115,7 +115,6 @@ class _ScaledTokenText:
     subclass's bases."""
 
     tower = "text"
-    modality = "text"
     readout = "position"
     layout_class: Type[Layout] = TokenSequence
 

@@ -116,7 +116,6 @@ class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
 
     rule_map = Capability(DecoderRules)
 
-    modality = "text"
     readout = "position"
     pre_norm = True
     layout_class = TokenSequence

@@ -77,7 +77,6 @@ class HFTextAdapter(ProjectionValueEdits, HFBaseBlocks):
     rule_map = Capability(TextRules)
 
     pre_norm = False
-    modality = "text"
     readout = "class_token"
     layout_class = TokenSequence
     #: the model class (a name in ``transformers``); ``base_attr`` (:class:`HFBaseBlocks`) holds its encoder
