@@ -231,7 +231,7 @@ class _BlockDecomposition:
     def terms(self, layer: int, pieces: Dict[str, Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         """:func:`decomposition_terms` of block ``layer`` from its recorded ``pieces``."""
         adapter, method = self.adapter, self.method
-        post_norm = None if adapter.pre_norm else self.decomposition.block_norms(layer)[0]
+        post_norm = None if self.decomposition.pre_norm else self.decomposition.block_norms(layer)[0]
         where = self.decomposition.attention_output_norm(layer)
         inner = None if where is None else (where[0], where[1], pieces["inner"])
         return decomposition_terms(pieces["x"], pieces["attention"], pieces["values"],
@@ -343,7 +343,8 @@ class AltiLogit(ExplainsALogit, _AltiBase):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if not adapter.pre_norm or adapter.readout != "position":
+        decomposition = adapter.decomposition
+        if decomposition is None or not decomposition.pre_norm or adapter.readout != "position":
             raise MethodUndefinedError(f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) needs a "
                                        "pre-norm decoder read out at a position (its final norm and linear head)")
         if adapter.decoder is None or not adapter.decoder.linear_head:

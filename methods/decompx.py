@@ -274,7 +274,8 @@ class DecompX(ExplainsALogit, AttributionMethod):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if adapter.decomposition is None or not adapter.decomposition.decomposes_network or adapter.pre_norm:
+        decomposition = adapter.decomposition
+        if decomposition is None or not decomposition.decomposes_network or decomposition.pre_norm:
             raise MethodUndefinedError(
                 f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) does not decompose its whole network "
                 "(decomposes_network: post-norm blocks with an element-wise MLP, a head of two linear layers read "

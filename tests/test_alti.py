@@ -117,14 +117,14 @@ def test_the_decomposed_vectors_sum_to_the_blocks_own_output(row):
         adapter.forward(batch, grad_from_block=adapter.depth)
     inner_norms = 0
     for layer in range(adapter.depth):
-        post_norm = None if adapter.pre_norm else adapter.decomposition.block_norms(layer)[0]
+        post_norm = None if adapter.decomposition.pre_norm else adapter.decomposition.block_norms(layer)[0]
         where = adapter.decomposition.attention_output_norm(layer)
         inner = None if where is None else (*where, rec[("inner", layer)])
         inner_norms += inner is not None
         _, resultant = decomposed_vectors(rec[("x", layer)], rec[("a", layer)], rec[("v", layer)],
                                           adapter.attention_linears(layer).out, post_norm, rec[("r", layer)],
                                           "exact", "test", adapter.decomposition.attention_output_scale(layer), inner)
-        expected = rec[("r", layer)] if adapter.pre_norm else rec[("n", layer)]
+        expected = rec[("r", layer)] if adapter.decomposition.pre_norm else rec[("n", layer)]
         # Gemma3RMSNorm computes in float32 whatever the model's dtype (``x.float()``), so its own output carries
         # float32 rounding; every other row: float64
         tolerance = 1e-5 if row == "hf_gemma3_left" else 1e-10

@@ -417,6 +417,8 @@ class BlockDecomposition:
     that each block output decomposes per input token. The defaults fit blocks that name their two norms
     :attr:`norm_names` and whose module output is the residual stream."""
 
+    #: ``True``: a block computes ``x + attn(norm(x))``; ``False``, post-norm as in BERT: ``norm(x + attn(x))``
+    pre_norm: bool = True
     #: the block's attributes: the attention sub-layer's norm, then the MLP sub-layer's
     norm_names: Tuple[str, str] = ("norm1", "norm2")
     #: DecompX's capability (:meth:`head_layers`): every piece from the first block's input to the logits is one
@@ -444,7 +446,7 @@ class BlockDecomposition:
         """Record block ``layer``'s residual sum after its attention sub-layer, ``x + attn(...)`` ``[B, N, D]``
         (the output projection's bias and any layer scale included), before any norm that follows it: the input
         of the MLP's norm (pre-norm) or of the attention's (post-norm)."""
-        rec.input(self.block_norms(layer)[1 if self.adapter.pre_norm else 0], key)
+        rec.input(self.block_norms(layer)[1 if self.pre_norm else 0], key)
 
     def attention_output_scale(self, layer: int) -> Optional[Tensor]:
         """The per-channel layer scale ``[D]`` by which block ``layer`` multiplies its attention sub-layer's
@@ -611,8 +613,7 @@ class ModelAdapter(abc.ABC):
     """What a method may know about a model. Subclasses wrap one family of stock models.
 
     Structure: ``depth`` blocks of ``num_heads`` attention heads and hidden width ``width``; ``readout`` (one of
-    :data:`READOUT_KINDS`); ``pre_norm`` (``True``: a block computes ``x + attn(norm(x))``; ``False``, post-norm
-    as in BERT: ``norm(x + attn(x))``). ``layout_class``: the class of :meth:`layout`'s answers, whose ``modality``
+    :data:`READOUT_KINDS`). ``layout_class``: the class of :meth:`layout`'s answers, whose ``modality``
     says what the model reads (``image``: pixel values; ``text``: token ids) and so how an evaluation feeds and
     perturbs its inputs (``evaluation.classifier``).
 
@@ -624,7 +625,6 @@ class ModelAdapter(abc.ABC):
     #: a human-readable name of the family, used in error messages
     family: str = "?"
     readout: str = "class_token"
-    pre_norm: bool = True
     layout_class: Type[Layout] = PatchGrid
     #: where methods hook: the family's :class:`Recording`
     recording: Capability[Recording]

@@ -117,7 +117,6 @@ class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
     rule_map = Capability(DecoderRules)
 
     readout = "position"
-    pre_norm = True
     layout_class = TokenSequence
     #: the ``transformers`` classes (names) of the family: causal LMs and sequence classifiers
     model_classes: Tuple[str, ...] = ()

@@ -62,7 +62,6 @@ class HFModernBertAdapter(HFTextAdapter):
     base_attr = "model"
     uses_token_types = False
     rule_map = Capability(ModernBertRules)
-    pre_norm = True
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)

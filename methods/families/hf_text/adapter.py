@@ -45,6 +45,7 @@ class TextDecomposition(BlockDecomposition):
     post-attention residual), then the one after the MLP's; the whole network for DecompX (BERT's pooler head)."""
 
     adapter: HFTextAdapter
+    pre_norm = False
     decomposes_network = True
 
     def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
@@ -76,7 +77,6 @@ class HFTextAdapter(ProjectionValueEdits, HFBaseBlocks):
 
     rule_map = Capability(TextRules)
 
-    pre_norm = False
     readout = "class_token"
     layout_class = TokenSequence
     #: the model class (a name in ``transformers``); ``base_attr`` (:class:`HFBaseBlocks`) holds its encoder

@@ -75,7 +75,6 @@ class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
 
     model_class = "?"
     backbone_attr = "?"
-    pre_norm = True
     readout = "class_token"
     #: whether the model refuses images of another size than its config's ``image_size``
     fixed_image_size = True
