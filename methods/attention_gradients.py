@@ -72,7 +72,7 @@ def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, targe
     if not layers:
         raise ValueError("stream_attention_gradients needs at least one layer")
     check_explain(gradient_of, "gradient_of")
-    if recompute and adapter.attention_recompute is not None:
+    if recompute and adapter.recording.attention_recompute is not None:
         return _stream_recomputed(adapter, inputs, target, layers, consume, gradient_of, foil)
     with ActivationRecorder() as rec:
         for layer in layers:
@@ -123,8 +123,8 @@ def _stream_recomputed(adapter: ModelAdapter, inputs: ModelInputs, target: Targe
             delivered.append(layer)
             consume(layer, attn, grad)
 
-    assert adapter.attention_recompute is not None, "only reached where the adapter recomputes its attention"
-    with adapter.attention_recompute(receive, layers[0]) as anchor:
+    assert adapter.recording.attention_recompute is not None, "only reached where the adapter recomputes its attention"
+    with adapter.recording.attention_recompute(receive, layers[0]) as anchor:
         logits = adapter.forward(inputs, grad_from_block=layers[0])
         resolved = resolve_target(logits, target)
         torch.autograd.grad(target_score(logits, resolved, gradient_of, foil), [anchor])

@@ -260,7 +260,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
 
     def check_adapter(self, adapter) -> None:
         super().check_adapter(adapter)
-        if self.token_scale_values == "post_attention" and adapter.post_attention_values is None:
+        if self.token_scale_values == "post_attention" and adapter.recording.post_attention_values is None:
             raise ValueError(f"{self.name}: token_scale_values='post_attention' (BI's CLIP code) needs a model whose "
                              f"adapter records post-attention values (the CLIP towers); {type(adapter.model).__name__} "
                              f"({adapter.family}) does not")
@@ -270,7 +270,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
         layers = list(range(start, adapter.depth))
         use_attention_input = self.token_scale_denominator == "attention_input"
         record_values = (adapter.recording.values if self.token_scale_values == "attention_input"
-                         else adapter.post_attention_values)
+                         else adapter.recording.post_attention_values)
         with ActivationRecorder() as rec:
             for layer in layers:
                 adapter.recording.block_input(rec, layer, ("z", layer))

@@ -235,7 +235,7 @@ def test_bi_post_attention_values_match_the_reference(bi):
     inputs = adapter.prepare_inputs(bi.image)
     with ActivationRecorder() as rec, torch.no_grad(), adapter.recording.eager_attention():
         for l in range(3):
-            adapter.post_attention_values(rec, l, ("v", l))
+            adapter.recording.post_attention_values(rec, l, ("v", l))
             adapter.recording.block_input(rec, l, ("z", l))
         adapter.forward(inputs, grad_from_block=3)
     for l in range(3):

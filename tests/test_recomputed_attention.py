@@ -33,11 +33,11 @@ METHODS = [("generic_attribution", {}), ("generic_attribution", {"start_layer": 
 @contextlib.contextmanager
 def saved_attention_path(adapter):
     """The adapter as if it had no recomputation: each block's eager map recorded and saved by the graph."""
-    adapter.attention_recompute = None
+    adapter.recording.attention_recompute = None
     try:
         yield
     finally:
-        del adapter.attention_recompute
+        del adapter.recording.attention_recompute
 
 
 def _hooks(model):
@@ -49,7 +49,7 @@ def _hooks(model):
 def test_methods_equal_the_saved_attention_path(kind, side):
     model = _tiny_decoder(kind).eval()
     adapter = adapter_for(model)
-    assert adapter.attention_recompute is not None
+    assert adapter.recording.attention_recompute is not None
     inputs = _decoder_batch(3, side)
     before = model.config._attn_implementation
     for name, options in METHODS:
@@ -145,7 +145,7 @@ def test_consumer_errors_leave_the_model_unchanged():
     assert model.config._attn_implementation == before != RECOMPUTED_ATTENTION
     assert _hooks(model) == 0 and not _ACTIVE
     with pytest.raises(RuntimeError, match="nested"):
-        with adapter.attention_recompute(consume, 0), adapter.attention_recompute(consume, 0):
+        with adapter.recording.attention_recompute(consume, 0), adapter.recording.attention_recompute(consume, 0):
             pass
     assert model.config._attn_implementation == before and not _ACTIVE
 
@@ -164,11 +164,11 @@ def test_attention_dropout_in_training_mode_is_refused():
 def test_families_without_the_capability_keep_the_saved_path():
     gpt2 = _tiny_decoder("gpt2")
     gpt2.config.reorder_and_upcast_attn = True        # its eager path is another function: not recomputed
-    assert adapter_for(gpt2).attention_recompute is None
+    assert adapter_for(gpt2).recording.attention_recompute is None
     out = build_method("generic_attribution")(gpt2.eval(), _decoder_batch(2, "left"), target=TARGETS[:2])
     assert torch.isfinite(out).all()
     bert = adapter_for(_tiny_text("bert").eval())
-    assert bert.attention_recompute is None
+    assert bert.recording.attention_recompute is None
 
 
 @pytest.mark.parametrize("name", ["generic_attribution", "transformer_attribution"])

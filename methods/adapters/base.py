@@ -496,41 +496,6 @@ class Decoder(abc.ABC):
 Edit = Callable[[int, Tensor], Tensor]
 
 
-class Recording(abc.ABC):
-    """Where methods hook in a family's models (``ModelAdapter.recording``): the tensors an
-    :class:`ActivationRecorder` records, and the eager attention that materialises the probabilities."""
-
-    #: whether ``ModelAdapter.forward`` makes the hidden states entering ``grad_from_block`` require grad
-    hidden_requires_grad: bool = False
-
-    def __init__(self, adapter: "ModelAdapter") -> None:
-        self.adapter = adapter
-
-    @abc.abstractmethod
-    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """Record block ``layer``'s post-softmax attention ``[B, H, N, N]`` (after dropout: identity in eval), the
-        tensor the references hook; ``require_grad`` makes it differentiable for ``d logit / d A``."""
-
-    @abc.abstractmethod
-    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """Record block ``layer``'s value projection ``[B, N, D]`` (heads merged, bias included)."""
-
-    @abc.abstractmethod
-    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False) -> None:
-        """Record the hidden states entering block ``layer``'s attention: the norm output in a pre-norm block,
-        the block input in a post-norm one."""
-
-    def block_input(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False) -> None:
-        """Record the residual stream entering block ``layer``."""
-        rec.input(self.adapter.blocks[layer], key, require_grad=require_grad)
-
-    @abc.abstractmethod
-    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
-        """Context in which the attention probabilities are materialised (fused attention switched off),
-        restoring the model's setting on exit."""
-
-
 class AttentionEdit(abc.ABC):
     """An edit of a family's attention, applied in a context (``ModelAdapter.value_edit``, ``score_edit``)."""
 
@@ -543,7 +508,7 @@ class AttentionEdit(abc.ABC):
 
 
 class AttentionRecompute(abc.ABC):
-    """A family's attention probabilities recomputed in the backward pass (``ModelAdapter.attention_recompute``)."""
+    """A family's attention probabilities recomputed in the backward pass (``Recording.attention_recompute``)."""
 
     def __init__(self, adapter: "ModelAdapter") -> None:
         self.adapter = adapter
@@ -563,7 +528,7 @@ class AttentionRecompute(abc.ABC):
 
 
 class ValueRecorder(abc.ABC):
-    """Records a family's value projections where the family says (``ModelAdapter.post_attention_values``)."""
+    """Records a family's value projections where the family says (``Recording.post_attention_values``)."""
 
     def __init__(self, adapter: "ModelAdapter") -> None:
         self.adapter = adapter
@@ -592,6 +557,46 @@ class TokenFlow:
         to 1; a 2x2 patch merge: 1/4 at each of its four sources), in ``like``'s dtype and device. ``None``: the
         identity (the same tokens)."""
         return None
+
+
+class Recording(abc.ABC):
+    """Where methods hook in a family's models (``ModelAdapter.recording``): the tensors an
+    :class:`ActivationRecorder` records, and the eager attention that materialises the probabilities."""
+
+    #: whether ``ModelAdapter.forward`` makes the hidden states entering ``grad_from_block`` require grad
+    hidden_requires_grad: bool = False
+    #: capability: the attention probabilities recomputed in the backward pass (:class:`AttentionRecompute`)
+    attention_recompute: Capability[Optional[AttentionRecompute]] = Capability(lacking)
+    #: capability: the value projection ``[B, N, D]`` of the block's first norm applied to the residual stream after
+    #: the attention sub-layer, recorded (:class:`ValueRecorder`: Beyond Intuition's CLIP token scale)
+    post_attention_values: Capability[Optional[ValueRecorder]] = Capability(lacking)
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @abc.abstractmethod
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """Record block ``layer``'s post-softmax attention ``[B, H, N, N]`` (after dropout: identity in eval), the
+        tensor the references hook; ``require_grad`` makes it differentiable for ``d logit / d A``."""
+
+    @abc.abstractmethod
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """Record block ``layer``'s value projection ``[B, N, D]`` (heads merged, bias included)."""
+
+    @abc.abstractmethod
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False) -> None:
+        """Record the hidden states entering block ``layer``'s attention: the norm output in a pre-norm block,
+        the block input in a post-norm one."""
+
+    def block_input(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False) -> None:
+        """Record the residual stream entering block ``layer``."""
+        rec.input(self.adapter.blocks[layer], key, require_grad=require_grad)
+
+    @abc.abstractmethod
+    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
+        """Context in which the attention probabilities are materialised (fused attention switched off),
+        restoring the model's setting on exit."""
 
 
 class LogitLens(abc.ABC):
@@ -771,11 +776,6 @@ class ModelAdapter(abc.ABC):
     #: causal, padding, sliding window), query rows by key columns; ``edit`` returns a tensor of the same shape. The
     #: edit runs in the scores' dtype; columns it returns unchanged give exactly the model's own attention.
     score_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
-    #: capability: the attention probabilities recomputed in the backward pass (:class:`AttentionRecompute`)
-    attention_recompute: Capability[Optional[AttentionRecompute]] = Capability(lacking)
-    #: capability: the value projection ``[B, N, D]`` of the block's first norm applied to the residual stream after
-    #: the attention sub-layer, recorded (:class:`ValueRecorder`: Beyond Intuition's CLIP token scale)
-    post_attention_values: Capability[Optional[ValueRecorder]] = Capability(lacking)
     #: capability: a decoder, its attention causal (:class:`Decoder`: Value Zeroing's convention, ALTI-Logit)
     decoder: Capability[Optional[Decoder]] = Capability(lacking)
     #: capability: each block's output decomposes per input token (:class:`BlockDecomposition`: ALTI, DecompX)

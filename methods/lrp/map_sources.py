@@ -149,8 +149,9 @@ class RecomputedMaps(StreamedMaps):
         self.received: List[int] = []
 
     def forward_context(self, adapter: ModelAdapter) -> contextlib.AbstractContextManager[Optional[Tensor]]:
-        assert adapter.attention_recompute is not None, "only built where the adapter recomputes its attention"
-        return adapter.attention_recompute(self.receive, self.stream[0])
+        recompute = adapter.recording.attention_recompute
+        assert recompute is not None, "only built where the adapter recomputes its attention"
+        return recompute(self.receive, self.stream[0])
 
     def receive(self, layer: int, attn: Tensor, grad: Tensor) -> None:
         """A block's recomputed map and its gradient, during the backward: kept until the pass goes through the

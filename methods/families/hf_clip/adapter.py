@@ -190,7 +190,6 @@ class _HFCLIPTower(ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
     # ------------------------------------------------------------------ where methods hook
     recording = Capability(lambda adapter: CLIPRecording(adapter))
 
-    post_attention_values = Capability(lambda adapter: CLIPPostAttentionValues(adapter))
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].self_attn
@@ -388,6 +387,7 @@ class CLIPRecording(HFRecording):
     """Where methods hook in a CLIP (or SigLIP) tower."""
 
     adapter: "_HFCLIPTower"
+    post_attention_values = Capability(lambda recording: CLIPPostAttentionValues(recording.adapter))
 
     def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                   transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:

@@ -97,6 +97,8 @@ class HFDecoderFacts(Decoder):
     """A decoder family's :class:`~methods.adapters.Decoder` facts, read from its adapter."""
 
     adapter: "_HFDecoder"
+    attention_recompute: Capability[Optional[AttentionRecompute]] = Capability(
+        lambda recording: DecoderRecompute(recording.adapter))
 
     @property
     def is_lm(self) -> bool:
@@ -326,8 +328,6 @@ class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
         scaled output is the input embedding, LXT's ``inputs_embeds``)."""
         return self.base.embed_tokens
 
-    attention_recompute: Capability[Optional[AttentionRecompute]] = Capability(
-        lambda adapter: DecoderRecompute(adapter))
 
     # ------------------------------------------------------------------ where methods hook
     recording: Capability[Recording] = Capability(lambda adapter: DecoderRecording(adapter))
@@ -456,7 +456,6 @@ class HFGPT2Adapter(_HFDecoder):
 
     #: the stock eager path of ``reorder_and_upcast_attn`` is another function (``_upcast_and_reordered_attn``):
     #: its maps are not recomputed, and its scores never reach an attention function
-    attention_recompute = Capability(lambda adapter: None if adapter.upcasts() else DecoderRecompute(adapter))
     score_edit = Capability(lambda adapter: None if adapter.upcasts() else HFScoreEdit(adapter))
 
     def upcasts(self) -> bool:
@@ -562,6 +561,9 @@ class GPT2Recording(DecoderRecording):
     """GPT-2's values: the last third of the fused ``c_attn``."""
 
     adapter: "HFGPT2Adapter"
+    #: not on the ``reorder_and_upcast_attn`` path (another function)
+    attention_recompute = Capability(
+        lambda recording: None if recording.adapter.upcasts() else DecoderRecompute(recording.adapter))
 
     def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """The value third of ``c_attn``'s output ``[B, N, D]``."""

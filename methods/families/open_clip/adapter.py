@@ -203,7 +203,6 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
     recording = Capability(lambda adapter: OpenCLIPRecording(adapter))
     # ------------------------------------------------------------------ where methods hook
 
-    post_attention_values = Capability(lambda adapter: OpenCLIPPostAttentionValues(adapter))
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         """``out_proj`` (its weight; the module applies it functionally) and the attention module itself
@@ -463,6 +462,7 @@ class OpenCLIPRecording(Recording):
     """Where methods hook in an open_clip tower."""
 
     adapter: "_OpenCLIPTower"
+    post_attention_values = Capability(lambda recording: OpenCLIPPostAttentionValues(recording.adapter))
 
     @contextlib.contextmanager
     def eager_attention(self) -> Iterator[None]:
