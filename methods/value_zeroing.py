@@ -1,7 +1,7 @@
 """Value Zeroing (Mohebbi, Zuidema, Chrupała & Alishahi, "Quantifying Context Mixing in Transformers", EACL 2023).
 
 For block ``l`` and token ``j`` the block is run again on its own input ``x^{l}`` with token ``j``'s value vectors
-set to 0 in every head (``ModelAdapter.value_edit``), and every output moves:
+set to 0 in every head (``Recording.value_edit``), and every output moves:
 ``C^l_{ij} = d(x~^{l+1}_i(¬j), x^{l+1}_i)``, ``d`` the cosine distance (default) or the Euclidean distance;
 each row ``i`` is then divided by its sum. Every block reuses its own clean input, so the whole map costs one
 forward (the clean states, block by block) plus ``N`` single-block runs per block: ``N + 1`` forwards in all,
@@ -78,14 +78,14 @@ def zeroing_distances(adapter: ModelAdapter, hidden: Tensor, clean: Tensor, cont
     positions ``j`` in ``columns`` (0 elsewhere); ``chunk`` zeroed positions per pass; ``after``: applied to both
     outputs before the distance (the final norm of Inseq's last block)."""
     batch, n = hidden.shape[:2]
-    assert adapter.value_edit is not None, "check_adapter refuses a family without a value edit"
+    assert adapter.recording.value_edit is not None, "check_adapter refuses a family without a value edit"
     matrix = hidden.new_zeros(batch, n, n)
     reference = clean if after is None else after(clean)
     for part in columns.split(chunk):
         copies = len(part)
         zeroed = torch.zeros(copies, n, dtype=torch.bool, device=hidden.device)
         zeroed[torch.arange(copies, device=hidden.device), part.to(hidden.device)] = True
-        with adapter.value_edit(_zeroing_edit(layer, zeroed.repeat_interleave(batch, dim=0))):
+        with adapter.recording.value_edit(_zeroing_edit(layer, zeroed.repeat_interleave(batch, dim=0))):
             moved = adapter.run_blocks(hidden.repeat(copies, 1, 1), context.repeat(copies), layer, layer + 1)
         if after is not None:
             moved = after(moved)
@@ -134,7 +134,7 @@ class ValueZeroing(AttributionMethod):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if adapter.value_edit is None:
+        if adapter.recording.value_edit is None:
             raise MethodUndefinedError(
                 f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) gives no edit of its value vectors "
                 "(ModelAdapter.edits_values): its attention computes the values where no hook reaches them, or "

@@ -113,14 +113,14 @@ def test_score_edit_reaches_every_block_before_the_softmax(row):
     inputs = adapter.prepare_inputs(family.inputs(3))
     with torch.no_grad(), adapter.recording.eager_attention():
         own = adapter.forward(inputs)
-        with adapter.score_edit(lambda layer, s: s):
+        with adapter.recording.score_edit(lambda layer, s: s):
             same = adapter.forward(inputs)
         rec = ActivationRecorder()
         for layer in range(adapter.depth):
             adapter.recording.attention(rec, layer, layer)
         seen = []
         try:
-            with adapter.score_edit(lambda layer, s: seen.append(layer) or torch.zeros_like(s)):
+            with adapter.recording.score_edit(lambda layer, s: seen.append(layer) or torch.zeros_like(s)):
                 adapter.forward(inputs)
         finally:
             rec.remove()
@@ -228,7 +228,7 @@ def test_recomputed_scores_are_each_blocks_own(row):
         with torch.no_grad(), adapter.recording.eager_attention(), ActivationRecorder() as rec:
             for layer in range(adapter.depth):
                 adapter.recording.attention(rec, layer, layer)
-            with adapter.score_edit(edit):
+            with adapter.recording.score_edit(edit):
                 adapter.forward(inputs)
         for layer in range(adapter.depth):
             expected = torch.softmax(edit(layer, seen[layer]), dim=-1)
@@ -249,9 +249,9 @@ def test_eva_beit_edit_keeps_a_key_mask(row):
     with torch.no_grad(), adapter.recording.eager_attention():
         hidden, context = adapter.drop_positions(adapter.embed(inputs), adapter.context(inputs), removed)
         own = adapter.run_blocks(hidden, context)
-        with adapter.score_edit(lambda layer, s: s):
+        with adapter.recording.score_edit(lambda layer, s: s):
             same = adapter.run_blocks(hidden, context)
-        with ActivationRecorder() as rec, adapter.score_edit(lambda layer, s: torch.zeros_like(s)):
+        with ActivationRecorder() as rec, adapter.recording.score_edit(lambda layer, s: torch.zeros_like(s)):
             adapter.recording.attention(rec, 0, "a")
             adapter.run_blocks(hidden, context)
     torch.testing.assert_close(same, own, rtol=0, atol=0)

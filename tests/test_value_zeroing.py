@@ -193,7 +193,7 @@ def _zeroed_block_output(adapter, hidden, context, layer, position):
         if at == layer:
             values[:, position] = 0
         return values
-    with adapter.value_edit(edit):
+    with adapter.recording.value_edit(edit):
         return adapter.run_blocks(hidden, context, layer, layer + 1)
 
 

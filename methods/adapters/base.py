@@ -497,7 +497,7 @@ Edit = Callable[[int, Tensor], Tensor]
 
 
 class AttentionEdit(abc.ABC):
-    """An edit of a family's attention, applied in a context (``ModelAdapter.value_edit``, ``score_edit``)."""
+    """An edit of a family's attention, applied in a context (``Recording.value_edit``, ``score_edit``)."""
 
     def __init__(self, adapter: "ModelAdapter") -> None:
         self.adapter = adapter
@@ -561,7 +561,8 @@ class TokenFlow:
 
 class Recording(abc.ABC):
     """Where methods hook in a family's models (``ModelAdapter.recording``): the tensors an
-    :class:`ActivationRecorder` records, and the eager attention that materialises the probabilities."""
+    :class:`ActivationRecorder` records, the eager attention that materialises the probabilities, and the
+    capabilities that hook the attention (recomputed in the backward, its values or scores edited)."""
 
     #: whether ``ModelAdapter.forward`` makes the hidden states entering ``grad_from_block`` require grad
     hidden_requires_grad: bool = False
@@ -570,6 +571,19 @@ class Recording(abc.ABC):
     #: capability: the value projection ``[B, N, D]`` of the block's first norm applied to the residual stream after
     #: the attention sub-layer, recorded (:class:`ValueRecorder`: Beyond Intuition's CLIP token scale)
     post_attention_values: Capability[Optional[ValueRecorder]] = Capability(lacking)
+    #: capability: every block's value vectors edited (:class:`AttentionEdit`: Value Zeroing). In the context
+    #: ``value_edit(edit)`` every block's value vectors pass through ``edit(layer, values) -> values`` before the
+    #: attention product: ``values`` ``[B, N, H, Dh]`` (heads split; grouped-query attention: the key-value heads),
+    #: bias included, the tensor the block then multiplies by its attention probabilities; the edit returns a tensor
+    #: of the same shape. Nothing else of the block changes (queries and keys keep the unedited projection).
+    value_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
+    #: capability: every block's pre-softmax attention scores edited (:class:`AttentionEdit`: AtMan). In the context
+    #: ``score_edit(edit)`` every block ``l`` of ``ModelAdapter.forward`` (and ``run_blocks``) computes its attention
+    #: probabilities as ``softmax(edit(l, S_l) + M)`` with eager attention: ``S_l`` ``[B, H, N, N]`` the block's
+    #: scaled scores ``q k^T / sqrt(d)`` (after a family's soft-capping, before the additive attention mask ``M``:
+    #: causal, padding, sliding window), query rows by key columns; ``edit`` returns a tensor of the same shape. The
+    #: edit runs in the scores' dtype; columns it returns unchanged give exactly the model's own attention.
+    score_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
 
     def __init__(self, adapter: "ModelAdapter") -> None:
         self.adapter = adapter
@@ -763,19 +777,6 @@ class ModelAdapter(abc.ABC):
         """The MLP's two linear layers (up-projection, down-projection) of block ``layer`` (a gated MLP:
         ``up_proj`` and ``down_proj``; its gate is the family's own member)."""
 
-    #: capability: every block's value vectors edited (:class:`AttentionEdit`: Value Zeroing). In the context
-    #: ``value_edit(edit)`` every block's value vectors pass through ``edit(layer, values) -> values`` before the
-    #: attention product: ``values`` ``[B, N, H, Dh]`` (heads split; grouped-query attention: the key-value heads),
-    #: bias included, the tensor the block then multiplies by its attention probabilities; the edit returns a tensor
-    #: of the same shape. Nothing else of the block changes (queries and keys keep the unedited projection).
-    value_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
-    #: capability: every block's pre-softmax attention scores edited (:class:`AttentionEdit`: AtMan). In the context
-    #: ``score_edit(edit)`` every block ``l`` of :meth:`forward` (and :meth:`run_blocks`) computes its attention
-    #: probabilities as ``softmax(edit(l, S_l) + M)`` with eager attention: ``S_l`` ``[B, H, N, N]`` the block's
-    #: scaled scores ``q k^T / sqrt(d)`` (after a family's soft-capping, before the additive attention mask ``M``:
-    #: causal, padding, sliding window), query rows by key columns; ``edit`` returns a tensor of the same shape. The
-    #: edit runs in the scores' dtype; columns it returns unchanged give exactly the model's own attention.
-    score_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
     #: capability: a decoder, its attention causal (:class:`Decoder`: Value Zeroing's convention, ALTI-Logit)
     decoder: Capability[Optional[Decoder]] = Capability(lacking)
     #: capability: each block's output decomposes per input token (:class:`BlockDecomposition`: ALTI, DecompX)

@@ -1,4 +1,4 @@
-"""Editing the value vectors of every block at the projection that makes them (``ModelAdapter.value_edit``).
+"""Editing the value vectors of every block at the projection that makes them (``Recording.value_edit``).
 
 A family whose attention computes its values with a projection module that a forward hook can reach (a separate
 ``v`` projection, or a fused ``[q | k | v]`` projection whose last third is the values) gives the capability
@@ -11,13 +11,12 @@ adds :func:`product_change`, ``A (edit(v) - v)``, to its attention product inste
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List
 
 import torch
 from torch import Tensor, nn
 
 from .base import AttentionEdit, ModelAdapter, out_features
-from .capability import Capability
 
 ValueEdit = Callable[[int, Tensor], Tensor]
 
@@ -40,7 +39,7 @@ def _value_hook(layer: int, start: int, heads: int, edit: ValueEdit) -> Callable
 
 @contextlib.contextmanager
 def projection_value_edit(adapter: ModelAdapter, edit: ValueEdit) -> Iterator[None]:
-    """``adapter.value_edit(edit)`` for a family whose :meth:`~ModelAdapter.attention_linears` name a value
+    """``adapter.recording.value_edit(edit)`` for a family whose :meth:`~ModelAdapter.attention_linears` name a value
     projection ``v`` (its output the values, ``out_features(v) / head_dim`` heads, ``head_dim`` read from ``q``:
     grouped-query attention keeps its key-value heads) or a fused ``qkv`` projection (the last third, ``H``
     heads)."""
@@ -86,10 +85,3 @@ class ProjectionValueEdit(AttentionEdit):
 
     def __call__(self, edit: ValueEdit) -> contextlib.AbstractContextManager[None]:
         return projection_value_edit(self.adapter, edit)
-
-
-class ProjectionValueEdits:
-    """Mixin of the families whose values a hook on the value projection reaches (list it before the family's
-    adapter base): the capability ``value_edit`` given by :func:`projection_value_edit`."""
-
-    value_edit: Capability[Optional[AttentionEdit]] = Capability(ProjectionValueEdit)

@@ -62,7 +62,6 @@ class HFEncoderBlocks(ModelAdapter):
             hidden = block(hidden, mask, **kwargs)
         return hidden
 
-    score_edit: Capability[Optional[AttentionEdit]] = Capability(lambda adapter: HFScoreEdit(adapter))
 
 
 class HFBaseBlocks(HFEncoderBlocks):
@@ -104,6 +103,7 @@ class HFRecording(Recording):
     Each family names its modules."""
 
     adapter: "HFEncoderBlocks"
+    score_edit: Capability[Optional[AttentionEdit]] = Capability(lambda recording: HFScoreEdit(recording.adapter))
 
     hidden_requires_grad = True
 

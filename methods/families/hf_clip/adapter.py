@@ -40,7 +40,7 @@ from ...adapters.lens import LensImageAdapter
 from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs
-from ...adapters.value_edits import ProjectionValueEdits
+from ...adapters.value_edits import ProjectionValueEdit
 from ..hf_blocks import HFEncoderBlocks, HFRecording
 from .rules import CLIPTextRules, CLIPVisionRules
 
@@ -137,7 +137,7 @@ class CLIPDecomposition(BlockDecomposition):
     norm_names = ("layer_norm1", "layer_norm2")
 
 
-class _HFCLIPTower(ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
+class _HFCLIPTower(_ScorerHead, HFEncoderBlocks):
     """Shared machinery of the two CLIP towers (see the module docstring); a subclass names its tower."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -387,6 +387,7 @@ class CLIPRecording(HFRecording):
     """Where methods hook in a CLIP (or SigLIP) tower."""
 
     adapter: "_HFCLIPTower"
+    value_edit = Capability(lambda recording: ProjectionValueEdit(recording.adapter))
     post_attention_values = Capability(lambda recording: CLIPPostAttentionValues(recording.adapter))
 
     def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,

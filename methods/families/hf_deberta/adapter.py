@@ -20,7 +20,7 @@ from ...adapters.base import AttentionEdit, AttentionLinears, ModelInputs, Seque
 from ...adapters.capability import Capability
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
-from ..hf_text.adapter import HFTextAdapter, TextDecomposition
+from ..hf_text.adapter import HFTextAdapter, TextDecomposition, TextRecording
 from .score_edit import deberta_score_edit
 
 
@@ -109,7 +109,7 @@ class HFDebertaV2Adapter(HFTextAdapter):
         own = attention.self
         return AttentionLinears(out=attention.output.dense, q=own.query_proj, k=own.key_proj, v=own.value_proj)
 
-    score_edit = Capability(lambda adapter: DebertaScoreEdit(adapter))
+    recording = Capability(lambda adapter: DebertaRecording(adapter))
 
     decomposition = Capability(lambda adapter: DebertaDecomposition(adapter))
 
@@ -136,3 +136,10 @@ class DebertaScoreEdit(AttentionEdit):
         """Every block's disentangled attention (``attention.self``) with its scores edited
         (:func:`~methods.families.hf_deberta.score_edit.deberta_score_edit`), hooks removed on exit."""
         return deberta_score_edit([block.attention.self for block in self.adapter.blocks], edit)
+
+
+class DebertaRecording(TextRecording):
+    """A text encoder's recording whose scores are edited in DeBERTa's own attention."""
+
+    adapter: "HFDebertaV2Adapter"
+    score_edit = Capability(lambda recording: DebertaScoreEdit(recording.adapter))

@@ -37,7 +37,7 @@ from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, last_real_positions, positions_from_mask
-from ...adapters.value_edits import ProjectionValueEdits
+from ...adapters.value_edits import ProjectionValueEdit
 from ..hf_blocks import HFBaseBlocks, HFRecording, HFScoreEdit
 from .recompute import recomputed_attention
 from .rules import DecoderRules, Gemma3Rules, RopeDecoderRules
@@ -112,7 +112,7 @@ class HFDecoderFacts(Decoder):
         return self.adapter.head_is_linear()
 
 
-class _HFDecoder(ProjectionValueEdits, HFBaseBlocks):
+class _HFDecoder(HFBaseBlocks):
     """Shared machinery of the decoder families (see the module docstring); a family subclass names its model
     classes and submodules."""
 
@@ -456,7 +456,6 @@ class HFGPT2Adapter(_HFDecoder):
 
     #: the stock eager path of ``reorder_and_upcast_attn`` is another function (``_upcast_and_reordered_attn``):
     #: its maps are not recomputed, and its scores never reach an attention function
-    score_edit = Capability(lambda adapter: None if adapter.upcasts() else HFScoreEdit(adapter))
 
     def upcasts(self) -> bool:
         """Whether the model takes the ``reorder_and_upcast_attn`` path."""
@@ -532,6 +531,7 @@ class DecoderRecording(HFRecording):
     """Where methods hook in a decoder."""
 
     adapter: "_HFDecoder"
+    value_edit = Capability(lambda recording: ProjectionValueEdit(recording.adapter))
 
     def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                   transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
@@ -561,6 +561,7 @@ class GPT2Recording(DecoderRecording):
     """GPT-2's values: the last third of the fused ``c_attn``."""
 
     adapter: "HFGPT2Adapter"
+    score_edit = Capability(lambda recording: None if recording.adapter.upcasts() else HFScoreEdit(recording.adapter))
     #: not on the ``reorder_and_upcast_attn`` path (another function)
     attention_recompute = Capability(
         lambda recording: None if recording.adapter.upcasts() else DecoderRecompute(recording.adapter))

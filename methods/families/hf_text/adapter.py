@@ -32,7 +32,7 @@ from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, special_positions
-from ...adapters.value_edits import ProjectionValueEdits
+from ...adapters.value_edits import ProjectionValueEdit
 from ..hf_blocks import HFBaseBlocks, HFRecording
 from .rules import TextRules
 
@@ -65,7 +65,7 @@ class DistilBertDecomposition(TextDecomposition):
         return block.sa_layer_norm, block.output_layer_norm
 
 
-class HFTextAdapter(ProjectionValueEdits, HFBaseBlocks):
+class HFTextAdapter(HFBaseBlocks):
     """Shared machinery of stock ``transformers`` encoder classifiers read at position 0 ([CLS] / ``<s>``) with
     post-norm blocks and separate query/key/value projections; a family subclass names its submodules.
 
@@ -374,6 +374,7 @@ class TextRecording(HFRecording):
     """Where methods hook in a post-norm text encoder."""
 
     adapter: "HFTextAdapter"
+    value_edit = Capability(lambda recording: ProjectionValueEdit(recording.adapter))
 
     def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                   transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:

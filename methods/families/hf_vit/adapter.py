@@ -27,7 +27,7 @@ from ...adapters.capability import Capability
 from ...adapters.lens import LensImageAdapter
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
-from ...adapters.value_edits import ProjectionValueEdits
+from ...adapters.value_edits import ProjectionValueEdit
 from ..hf_blocks import HFEncoderBlocks, HFRecording
 from ..hf_implementation import attention_implementation
 from ..hf_score_edit import eager_scores, score_edited_attention
@@ -66,7 +66,7 @@ class ViTLikeDecomposition(BlockDecomposition):
         return None if scale is None else scale.lambda1
 
 
-class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
+class HFViTLikeAdapter(LensImageAdapter, HFEncoderBlocks):
     """Shared machinery of the Hugging Face ViT-like image classifiers (see the module docstring). A subclass
     names its model class (``model_class``), the attribute of its backbone (``backbone_attr``), its prefix
     tokens and read-out, and its :meth:`head`."""
@@ -174,7 +174,6 @@ class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
 
     # ------------------------------------------------------------------ attention implementation
 
-    score_edit = Capability(lambda adapter: ViTLikeScoreEdit(adapter))
 
     decomposition = Capability(ViTLikeDecomposition)
 
@@ -290,6 +289,8 @@ class ViTLikeRecording(HFRecording):
     """Where methods hook in a transformers ViT, DeiT or DINOv2."""
 
     adapter: "HFViTLikeAdapter"
+    value_edit = Capability(lambda recording: ProjectionValueEdit(recording.adapter))
+    score_edit = Capability(lambda recording: ViTLikeScoreEdit(recording.adapter))
 
     def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                   transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:

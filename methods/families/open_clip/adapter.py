@@ -216,9 +216,7 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
 
     decomposition = Capability(OpenCLIPDecomposition)
 
-    value_edit = Capability(lambda adapter: OpenCLIPValueEdit(adapter))
 
-    score_edit = Capability(lambda adapter: OpenCLIPScoreEdit(adapter))
 
 @register_adapter
 class OpenCLIPVisionAdapter(LensImageAdapter, _OpenCLIPTower):
@@ -462,6 +460,8 @@ class OpenCLIPRecording(Recording):
     """Where methods hook in an open_clip tower."""
 
     adapter: "_OpenCLIPTower"
+    value_edit = Capability(lambda recording: OpenCLIPValueEdit(recording.adapter))
+    score_edit = Capability(lambda recording: OpenCLIPScoreEdit(recording.adapter))
     post_attention_values = Capability(lambda recording: OpenCLIPPostAttentionValues(recording.adapter))
 
     @contextlib.contextmanager

@@ -198,9 +198,6 @@ class SwinAdapter(ImageAdapter):
     def attention_norm(self, layer: int) -> nn.Module:
         raise NotImplementedError
 
-    #: a block's scores are per window with the relative position bias and the shift mask added inside the
-    #: family's own attention, not a ``[B, H, N, N]`` map over the stage's tokens: no score edit
-    score_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
 
 
 @register_adapter
@@ -396,6 +393,9 @@ class SwinRecording(Recording):
     """What both libraries' Swin recordings share: the block input and the attention input."""
 
     adapter: "SwinAdapter"
+    #: a block's scores are per window with the relative position bias and the shift mask added inside the
+    #: family's own attention, not a ``[B, H, N, N]`` map over the stage's tokens: no score edit
+    score_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
 
     def block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
                     require_grad: bool = False) -> None:

@@ -146,7 +146,6 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
     decomposition = Capability(lambda adapter: EvaBeitDecomposition(adapter) if all(
         getattr(block.attn, "gate", None) is None for block in adapter.blocks) else None)
 
-    value_edit = Capability(lambda adapter: EvaBeitValueEdit(adapter))
 
 
 class EvaBeitDecomposition(BlockDecomposition):
@@ -212,6 +211,7 @@ class EvaBeitRecording(TimmRecording):
     """EVA's and BEiT's values, recomputed from the attention input."""
 
     adapter: "TimmBeitLikeAdapter"
+    value_edit = Capability(lambda recording: EvaBeitValueEdit(recording.adapter))
 
     def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         rec.output(self.adapter.blocks[layer].norm1, key, transform=lambda x: self.adapter.value_projection(layer, x))

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from ...adapters.base import AttentionEdit, ModelInputs, SequenceContext, register_adapter
 from ...adapters.capability import Capability
 from ...adapters.library import class_problem
-from .adapter import TimmBeitLikeAdapter
+from .adapter import EvaBeitRecording, TimmBeitLikeAdapter
 from .score_edit import eva_beit_score_edit
 
 
@@ -30,7 +30,7 @@ class TimmBeitAdapter(TimmBeitLikeAdapter):
 
     family = "timm Beit"
 
-    score_edit = Capability(lambda adapter: BeitScoreEdit(adapter))
+    recording = Capability(lambda adapter: BeitRecording(adapter))
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
@@ -86,3 +86,10 @@ class BeitScoreEdit(AttentionEdit):
         with self.adapter.recording.eager_attention(), eva_beit_score_edit(self.adapter.blocks, edit,
                                                                            "shared_rel_pos_bias"):
             yield
+
+
+class BeitRecording(EvaBeitRecording):
+    """BEiT's recording, its scores edited through its attention."""
+
+    adapter: "TimmBeitAdapter"
+    score_edit = Capability(lambda recording: BeitScoreEdit(recording.adapter))

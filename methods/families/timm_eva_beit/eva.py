@@ -20,7 +20,7 @@ from torch import Tensor
 from ...adapters.base import AttentionEdit, AttentionLinears, ModelInputs, SequenceContext, register_adapter
 from ...adapters.capability import Capability
 from ...adapters.library import class_problem
-from .adapter import TimmBeitLikeAdapter, attention_width, qkv_projection
+from .adapter import EvaBeitRecording, TimmBeitLikeAdapter, attention_width, qkv_projection
 from .score_edit import eva_beit_score_edit
 
 
@@ -32,7 +32,7 @@ class TimmEvaAdapter(TimmBeitLikeAdapter):
 
     family = "timm Eva"
 
-    score_edit = Capability(lambda adapter: EvaScoreEdit(adapter))
+    recording = Capability(lambda adapter: EvaRecording(adapter))
 
     @classmethod
     def supports(cls, model: Any) -> Optional[str]:
@@ -112,3 +112,10 @@ class EvaScoreEdit(AttentionEdit):
         (:mod:`methods.families.timm_eva_beit.score_edit`), hooks removed on exit."""
         with self.adapter.recording.eager_attention(), eva_beit_score_edit(self.adapter.blocks, edit, "attn_mask"):
             yield
+
+
+class EvaRecording(EvaBeitRecording):
+    """EVA's recording, its scores edited through its attention."""
+
+    adapter: "TimmEvaAdapter"
+    score_edit = Capability(lambda recording: EvaScoreEdit(recording.adapter))

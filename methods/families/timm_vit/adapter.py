@@ -22,7 +22,7 @@ from ...adapters.capability import Capability
 from ...adapters.lens import LensImageAdapter
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
-from ...adapters.value_edits import ProjectionValueEdits
+from ...adapters.value_edits import ProjectionValueEdit
 from .rules import TimmBlocksRules, TimmViTRules
 from .score_edit import score_edit_problem, timm_score_edit
 
@@ -102,7 +102,7 @@ class TimmBlocksAdapter(LensImageAdapter):
 
 
 @register_adapter
-class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
+class TimmViTAdapter(TimmBlocksAdapter):
     """Stock timm ``VisionTransformer``: pre-norm blocks ``x + attn(norm1(x))``, ``h + mlp(norm2(h))`` (with
     layer scale where the model has it), fused ``qkv`` projection. Inputs
     (:class:`~methods.adapters.base.ImageAdapter`): images whose sides are multiples of the patch size.
@@ -240,7 +240,6 @@ class TimmViTAdapter(ProjectionValueEdits, TimmBlocksAdapter):
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
 
-    score_edit = Capability(lambda adapter: None if score_edit_problem(adapter.blocks) else TimmScoreEdit(adapter))
 
     decomposition = Capability(lambda adapter: TimmDecomposition(adapter)
                                if decomposition_problem(adapter.blocks) is None else None)
@@ -308,6 +307,9 @@ class TimmViTRecording(TimmRecording):
     """timm ViT's values: the last third of the fused ``qkv``."""
 
     adapter: "TimmViTAdapter"
+    value_edit = Capability(lambda recording: ProjectionValueEdit(recording.adapter))
+    score_edit = Capability(lambda recording: None if score_edit_problem(recording.adapter.blocks)
+                            else TimmScoreEdit(recording.adapter))
 
     def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         dim = self.adapter.width
