@@ -62,7 +62,7 @@ class HFDebertaV2Adapter(HFTextAdapter):
     def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
                    stop: Optional[int] = None) -> Tensor:
         """Blocks ``start:stop`` with the encoder's own mask, relative positions and relative embeddings; each
-        block returns its attention probabilities too (:meth:`record_attention` reads them)."""
+        block returns its attention probabilities too (``recording.attention`` reads them)."""
         blocks = self.blocks[start:stop]
         if not blocks:
             return hidden

@@ -538,7 +538,7 @@ class DecoderRecording(HFRecording):
         """The probabilities ``[B, H, N, N]`` returned by the attention module (``(attn_output, attn_weights)``;
         after dropout, identity in eval; all query heads). ``require_grad`` needs autograd recorded from this
         block on (see :meth:`forward`). Nothing is recorded for the blocks whose probabilities
-        :meth:`recomputed_attention` recomputes."""
+        ``recording.attention_recompute`` recomputes."""
         rec.output(self.adapter.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
 
     def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:

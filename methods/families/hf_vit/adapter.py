@@ -280,7 +280,7 @@ class ViTLikeScoreEdit(AttentionEdit):
 
     def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
         """As :class:`~methods.families.hf_blocks.HFEncoderBlocks`, through :func:`materialised_attention` (the
-        attention :meth:`eager_attention` runs: the softmax in the wider of float32 and the model's dtype)."""
+        attention ``recording.eager_attention()`` runs: the softmax in the wider of float32 and the model's dtype)."""
         return score_edited_attention(self.adapter.attention_config(), self.adapter.blocks, edit,
                                       eager=materialised_attention)
 

@@ -402,7 +402,7 @@ class OpenCLIPValueEdit(AttentionEdit):
     @contextlib.contextmanager
     def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
         """``nn.MultiheadAttention`` computes its values functionally from its packed ``in_proj``, so no hook
-        reaches them: within :meth:`eager_attention` (the module returns its probabilities ``A``), each block's
+        reaches them: within ``recording.eager_attention()`` (the module returns its probabilities ``A``), each block's
         attention output gets ``out_proj.weight (A (edit(v) - v))`` added
         (:func:`~methods.adapters.value_edits.product_change`, ``v`` the last third of ``in_proj`` applied to the
         module's value input): the output with the edited values."""
@@ -431,8 +431,9 @@ class OpenCLIPScoreEdit(AttentionEdit):
 
     @contextlib.contextmanager
     def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
-        """The materialised attention (:meth:`eager_attention`) with each block's float ``attn_mask`` replaced by
-        ``mask + edit(layer, S) - S`` (:mod:`methods.families.open_clip.score_edit`), hooks removed on exit."""
+        """The materialised attention (``recording.eager_attention()``) with each block's float ``attn_mask``
+        replaced by ``mask + edit(layer, S) - S`` (:mod:`methods.families.open_clip.score_edit`), hooks removed on
+        exit."""
         with self.adapter.recording.eager_attention(), open_clip_score_edit(self.adapter.blocks, edit):
             yield
 
@@ -480,7 +481,7 @@ class OpenCLIPRecording(Recording):
 
     def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                   transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The probabilities ``[B, H, N, N]`` the attention module returns under :meth:`eager_attention` (after
+        """The probabilities ``[B, H, N, N]`` the attention module returns under ``recording.eager_attention()`` (after
         dropout: identity in eval). ``require_grad``: they become a leaf joined to the attention output, so that
         ``d logit / d A`` is the gradient of ``A v`` (module docstring); autograd must be recorded from this
         block on."""
