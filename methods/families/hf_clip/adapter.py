@@ -366,8 +366,6 @@ class HFCLIPTextAdapter(_HFTokenText, _HFCLIPTower):
 class CLIPPostAttentionValues(ValueRecorder):
     """Beyond Intuition's CLIP token scale reads every CLIP / SigLIP tower's blocks."""
 
-    adapter: "_HFCLIPTower"
-
     def __call__(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """Beyond Intuition's CLIP token scale reads ``v`` of ``layer_norm1`` applied to the residual stream
         **after** the attention sub-layer (``CLIP/CLIP/clip/model.py``: ``vproj_cal(self.ln_1(x))`` after
@@ -386,7 +384,6 @@ class CLIPPostAttentionValues(ValueRecorder):
 class CLIPRecording(HFRecording):
     """Where methods hook in a CLIP (or SigLIP) tower."""
 
-    adapter: "_HFCLIPTower"
     value_edit = Capability(lambda recording: ProjectionValueEdit(recording.adapter))
     post_attention_values = Capability(lambda recording: CLIPPostAttentionValues(recording.adapter))
 

@@ -130,8 +130,6 @@ class DebertaScoreEdit(AttentionEdit):
     """The disentangled attention is DeBERTa's own code: the full score ``c2c + c2p + p2c`` recomputed by a hook
     and the edited probabilities handed on at the attention's dropout (:mod:`.score_edit`)."""
 
-    adapter: "HFDebertaV2Adapter"
-
     def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
         """Every block's disentangled attention (``attention.self``) with its scores edited
         (:func:`~methods.families.hf_deberta.score_edit.deberta_score_edit`), hooks removed on exit."""
@@ -141,5 +139,4 @@ class DebertaScoreEdit(AttentionEdit):
 class DebertaRecording(TextRecording):
     """A text encoder's recording whose scores are edited in DeBERTa's own attention."""
 
-    adapter: "HFDebertaV2Adapter"
     score_edit = Capability(lambda recording: DebertaScoreEdit(recording.adapter))

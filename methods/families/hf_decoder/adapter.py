@@ -560,7 +560,6 @@ class DecoderRecording(HFRecording):
 class GPT2Recording(DecoderRecording):
     """GPT-2's values: the last third of the fused ``c_attn``."""
 
-    adapter: "HFGPT2Adapter"
     score_edit = Capability(lambda recording: None if recording.adapter.upcasts() else HFScoreEdit(recording.adapter))
     #: not on the ``reorder_and_upcast_attn`` path (another function)
     attention_recompute = Capability(

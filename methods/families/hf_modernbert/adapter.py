@@ -213,8 +213,6 @@ class ModernBertDecomposition(BlockDecomposition):
 class ModernBertRecording(TextRecording):
     """ModernBERT's values (the last third of ``Wqkv``) and pre-norm attention input."""
 
-    adapter: "HFModernBertAdapter"
-
     def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """The value third of ``Wqkv``'s output ``[B, N, D]``."""
         width = self.adapter.width

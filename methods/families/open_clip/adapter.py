@@ -397,8 +397,6 @@ class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
 class OpenCLIPValueEdit(AttentionEdit):
     """The values of ``nn.MultiheadAttention``, computed from its packed ``in_proj``, edited through its output."""
 
-    adapter: "_OpenCLIPTower"
-
     @contextlib.contextmanager
     def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
         """``nn.MultiheadAttention`` computes its values functionally from its packed ``in_proj``, so no hook
@@ -427,8 +425,6 @@ class OpenCLIPValueEdit(AttentionEdit):
 class OpenCLIPScoreEdit(AttentionEdit):
     """open_clip's scores edited through each block's float ``attn_mask``."""
 
-    adapter: "_OpenCLIPTower"
-
     @contextlib.contextmanager
     def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
         """The materialised attention (``recording.eager_attention()``) with each block's float ``attn_mask``
@@ -440,8 +436,6 @@ class OpenCLIPScoreEdit(AttentionEdit):
 
 class OpenCLIPPostAttentionValues(ValueRecorder):
     """Beyond Intuition's CLIP token scale reads every open_clip tower's blocks."""
-
-    adapter: "_OpenCLIPTower"
 
     def __call__(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """Beyond Intuition's CLIP token scale: the value projection of ``ln_1`` applied to the residual stream
@@ -460,7 +454,6 @@ class OpenCLIPPostAttentionValues(ValueRecorder):
 class OpenCLIPRecording(Recording):
     """Where methods hook in an open_clip tower."""
 
-    adapter: "_OpenCLIPTower"
     value_edit = Capability(lambda recording: OpenCLIPValueEdit(recording.adapter))
     score_edit = Capability(lambda recording: OpenCLIPScoreEdit(recording.adapter))
     post_attention_values = Capability(lambda recording: OpenCLIPPostAttentionValues(recording.adapter))

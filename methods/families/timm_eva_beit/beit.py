@@ -76,8 +76,6 @@ class TimmBeitAdapter(TimmBeitLikeAdapter):
 class BeitScoreEdit(AttentionEdit):
     """BEiT's scores recomputed and the edit handed to its attention through ``shared_rel_pos_bias``."""
 
-    adapter: "TimmBeitAdapter"
-
     @contextlib.contextmanager
     def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
         """Fused attention off; each block's scores recomputed from its attention input and the edit handed to
@@ -91,5 +89,4 @@ class BeitScoreEdit(AttentionEdit):
 class BeitRecording(EvaBeitRecording):
     """BEiT's recording, its scores edited through its attention."""
 
-    adapter: "TimmBeitAdapter"
     score_edit = Capability(lambda recording: BeitScoreEdit(recording.adapter))

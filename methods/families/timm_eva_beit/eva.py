@@ -103,8 +103,6 @@ class TimmEvaAdapter(TimmBeitLikeAdapter):
 class EvaScoreEdit(AttentionEdit):
     """EVA's scores recomputed and the edit handed to its attention through ``attn_mask``."""
 
-    adapter: "TimmEvaAdapter"
-
     @contextlib.contextmanager
     def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
         """Fused attention off; each block's scores recomputed from its attention input and the edit handed to
@@ -117,5 +115,4 @@ class EvaScoreEdit(AttentionEdit):
 class EvaRecording(EvaBeitRecording):
     """EVA's recording, its scores edited through its attention."""
 
-    adapter: "TimmEvaAdapter"
     score_edit = Capability(lambda recording: EvaScoreEdit(recording.adapter))

@@ -274,8 +274,6 @@ def decomposition_problem(blocks: List[nn.Module]) -> Optional[str]:
 class TimmScoreEdit(AttentionEdit):
     """timm's plain ``Attention``: the scores edited through hooks on each block's ``attn``."""
 
-    adapter: "TimmViTAdapter"
-
     @contextlib.contextmanager
     def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
         """Fused attention off and the scores edited through hooks on each block's ``attn``, ``q_norm`` and
@@ -287,8 +285,6 @@ class TimmScoreEdit(AttentionEdit):
 class TimmRecording(Recording):
     """Where methods hook in timm's ViT-like models: ``attn.attn_drop``'s output (materialised with timm's fused
     attention off), ``norm1``'s output."""
-
-    adapter: "TimmBlocksAdapter"
 
     def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                   transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
@@ -306,7 +302,6 @@ class TimmRecording(Recording):
 class TimmViTRecording(TimmRecording):
     """timm ViT's values: the last third of the fused ``qkv``."""
 
-    adapter: "TimmViTAdapter"
     value_edit = Capability(lambda recording: ProjectionValueEdit(recording.adapter))
     score_edit = Capability(lambda recording: None if score_edit_problem(recording.adapter.blocks)
                             else TimmScoreEdit(recording.adapter))
