@@ -97,8 +97,6 @@ class HFDecoderFacts(Decoder):
     """A decoder family's :class:`~methods.adapters.Decoder` facts, read from its adapter."""
 
     adapter: "_HFDecoder"
-    attention_recompute: Capability[Optional[AttentionRecompute]] = Capability(
-        lambda recording: DecoderRecompute(recording.adapter))
 
     @property
     def is_lm(self) -> bool:
@@ -532,6 +530,8 @@ class DecoderRecording(HFRecording):
 
     adapter: "_HFDecoder"
     value_edit = Capability(lambda recording: ProjectionValueEdit(recording.adapter))
+    attention_recompute: Capability[Optional[AttentionRecompute]] = Capability(
+        lambda recording: DecoderRecompute(recording.adapter))
 
     def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
                   transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
