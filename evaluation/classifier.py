@@ -2,13 +2,13 @@
 :class:`TextClassifier` (token sequences).
 
 The evaluation module builds one from its model (:func:`classifier_for`: the class of the model's modality, its
-adapter's ``modality``) and hands it to the callbacks in every ``test_step`` output (``outputs["classifier"]``);
-a callback never calls the module itself. Both have the same three calls on the inputs their perturbers produce,
-``logits``, ``predict`` and ``probabilities`` (``batch_size`` inputs per forward; gradients never recorded).
-They also answer, for the evaluation module, what differs between the modalities: ``data_config()`` (what the
-data must know of the model), ``model_inputs(batch)`` (what the model and the methods read of a batch),
-``forward(inputs)`` (logits with autograd), ``num_samples(inputs)`` and ``take(inputs, index)`` (a part of the
-samples).
+adapter's ``layout_class.modality``) and hands it to the callbacks in every ``test_step`` output
+(``outputs["classifier"]``); a callback never calls the module itself. Both have the same three calls on the inputs
+their perturbers produce, ``logits``, ``predict`` and ``probabilities`` (``batch_size`` inputs per forward;
+gradients never recorded). They also answer, for the evaluation module, what differs between the modalities:
+``data_config()`` (what the data must know of the model), ``model_inputs(batch)`` (what the model and the methods
+read of a batch), ``forward(inputs)`` (logits with autograd), ``num_samples(inputs)`` and ``take(inputs, index)`` (a
+part of the samples).
 """
 from __future__ import annotations
 
@@ -457,21 +457,21 @@ class AnswerTokenClassifier(TextClassifier):
                 f"pad_token_id={self.pad_token_id}, batch_size={self.batch_size})")
 
 
-#: the classifier of each modality an adapter declares (``ModelAdapter.modality``)
+#: the classifier of each modality an adapter declares (``ModelAdapter.layout_class.modality``)
 CLASSIFIERS = {cls.modality: cls for cls in (Classifier, TextClassifier)}
 
 
 def classifier_for(model: nn.Module, batch_size: int = 64, verbalizer: Optional[Mapping[str, str]] = None,
                    verbalizer_multi_token: str = "error", **options) -> _ChunkedClassifier:
     """The classifier of ``model``'s modality, built from the model (``from_model``; ``mean`` / ``std``: the
-    normalisation of an image classifier, ignored for texts); a decoder language model (its adapter's ``is_lm``)
+    normalisation of an image classifier, ignored for texts); a decoder language model (its adapter's ``decoder.is_lm``)
     is an :class:`AnswerTokenClassifier` (over the ``verbalizer``'s words when one is given, which only a language
     model takes)."""
     adapter = adapter_for(model)
-    if adapter.is_lm:
+    if adapter.decoder is not None and adapter.decoder.is_lm:
         return AnswerTokenClassifier.from_model(model, batch_size, verbalizer=verbalizer,
                                                 verbalizer_multi_token=verbalizer_multi_token, **options)
     if verbalizer is not None:
         raise ValueError(f"a verbalizer names the answer tokens of a causal language model (*ForCausalLM); "
                          f"{type(model).__name__} is a classifier with its own classes: leave model.verbalizer unset")
-    return CLASSIFIERS[adapter.modality].from_model(model, batch_size, **options)
+    return CLASSIFIERS[adapter.layout_class.modality].from_model(model, batch_size, **options)

@@ -3,7 +3,7 @@
 Ferrando, Gallego & Costa-jussa 2022, "Measuring the Mixing of Contextual Information in the Transformer" (EMNLP;
 reference ``mt-upc/transformer-contributions``) and Ferrando, Gallego, Tsiamas & Costa-jussa 2023, "Explaining How
 Transformers Use Context to Build Predictions" (ACL; reference ``mt-upc/logit-explanations``). The block pieces
-come from the adapter's ``decomposes_blocks`` capability; conventions and the references' departures from the
+come from the adapter's ``decomposition`` capability; conventions and the references' departures from the
 papers are listed in each class and in ``docs/alti_notes.md``.
 """
 from __future__ import annotations
@@ -80,7 +80,7 @@ CHUNK_ELEMENTS = 1 << 21
 
 
 #: a norm inside the attention sub-layer: ``(module, where, its input states [B, N, width])`` (where:
-#: ``ModelAdapter.attention_output_norm``'s ``"before_proj"`` or ``"after_proj"``)
+#: ``BlockDecomposition.attention_output_norm``'s ``"before_proj"`` or ``"after_proj"``)
 InnerNorm = Tuple[nn.Module, str, Tensor]
 
 
@@ -200,6 +200,8 @@ class _BlockDecomposition:
     def __init__(self, method: "_AltiBase", adapter: ModelAdapter, real: Tensor,
                  also: Optional[Callable[[int, Dict[str, Tensor]], Tensor]] = None, rows: Optional[Tensor] = None):
         self.method, self.adapter, self.real, self.also, self.rows = method, adapter, real, also, rows
+        assert adapter.decomposition is not None, "check_adapter refuses a family that does not decompose its blocks"
+        self.decomposition = adapter.decomposition
         self.contributions: List[Tensor] = []
         self.extra: List[Tensor] = []
         self.last_output: Optional[Tensor] = None
@@ -211,16 +213,17 @@ class _BlockDecomposition:
         adapter = self.adapter
         with ActivationRecorder() as rec, torch.no_grad():
             for layer in range(adapter.depth):
-                adapter.record_block_input(rec, layer, ("x", layer))
-                adapter.record_attention(rec, layer, ("attention", layer))
-                adapter.record_values(rec, layer, ("values", layer))
-                adapter.record_post_attention_residual(rec, layer, ("residual", layer))
-                inner = adapter.attention_output_norm(layer)
+                adapter.recording.block_input(rec, layer, ("x", layer))
+                adapter.recording.attention(rec, layer, ("attention", layer))
+                adapter.recording.values(rec, layer, ("values", layer))
+                self.decomposition.record_post_attention_residual(rec, layer, ("residual", layer))
+                inner = self.decomposition.attention_output_norm(layer)
                 if inner is not None:
                     rec.input(inner[0], ("inner", layer))
-                adapter.record_block_output(rec, layer, ("out", layer), transform=self.folder(rec, layer))
+                self.decomposition.record_block_output(rec, layer, ("out", layer), transform=self.folder(rec, layer))
             if head_gradient:
-                rec.output(adapter.final_norm(), "normed", require_grad=True)
+                assert adapter.decoder is not None, "check_adapter refuses a family that is no decoder"
+                rec.output(adapter.decoder.final_norm(), "normed", require_grad=True)
             logits = adapter.forward(inputs, grad_from_block=adapter.depth)
             self.normed = rec.outputs.get("normed")
         return logits
@@ -228,12 +231,13 @@ class _BlockDecomposition:
     def terms(self, layer: int, pieces: Dict[str, Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         """:func:`decomposition_terms` of block ``layer`` from its recorded ``pieces``."""
         adapter, method = self.adapter, self.method
-        post_norm = None if adapter.pre_norm else adapter.block_norms(layer)[0]
-        where = adapter.attention_output_norm(layer)
+        post_norm = None if self.decomposition.pre_norm else self.decomposition.block_norms(layer)[0]
+        where = self.decomposition.attention_output_norm(layer)
         inner = None if where is None else (where[0], where[1], pieces["inner"])
         return decomposition_terms(pieces["x"], pieces["attention"], pieces["values"],
                                    adapter.attention_linears(layer).out, post_norm, pieces["residual"],
-                                   method.layer_norm_scale, method.name, adapter.attention_output_scale(layer), inner)
+                                   method.layer_norm_scale, method.name,
+                                   self.decomposition.attention_output_scale(layer), inner)
 
     def folder(self, rec: ActivationRecorder, layer: int) -> Callable[[Tensor], None]:
         def fold(output: Tensor) -> None:
@@ -262,7 +266,7 @@ class _AltiBase(AttributionMethod):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if not adapter.decomposes_blocks:
+        if adapter.decomposition is None:
             raise MethodUndefinedError(
                 f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) does not decompose its blocks "
                 "(decomposes_blocks: the attention output must reach the residual stream through linear maps and "
@@ -339,10 +343,11 @@ class AltiLogit(ExplainsALogit, _AltiBase):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if not adapter.pre_norm or adapter.readout != "position":
+        decomposition = adapter.decomposition
+        if decomposition is None or not decomposition.pre_norm or adapter.readout != "position":
             raise MethodUndefinedError(f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) needs a "
                                        "pre-norm decoder read out at a position (its final norm and linear head)")
-        if not adapter.linear_head:
+        if adapter.decoder is None or not adapter.decoder.linear_head:
             raise MethodUndefinedError(f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) has a head "
                                        "that is not linear after its final norm (a CLIP tower's cosine, a soft-capped "
                                        "LM head): its logit is no sum of per-token terms")
@@ -370,7 +375,7 @@ class AltiLogit(ExplainsALogit, _AltiBase):
         # the head's row of the target (minus the foil's): the gradient of the explained logit at the normed state
         gradient, = torch.autograd.grad(explained_score(logits, target, self.explain, foil), blocks.normed)
         direction = gradient[rows, positions.to(gradient.device)].detach()
-        final = adapter.final_norm()
+        final = adapter.decoder.final_norm()
         centred, weight, _, _ = norm_parts(final, self.name)
         last = blocks.last_output[rows, positions.to(blocks.last_output.device)]
         scale = norm_scale(last, final, self.layer_norm_scale, self.name)                        # [B]

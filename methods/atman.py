@@ -81,7 +81,7 @@ class AtMan(ExplainedOutput):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if not adapter.edits_attention_scores:
+        if adapter.recording.score_edit is None:
             raise MethodUndefinedError(f"atman: {adapter.family} has no pre-softmax attention-score edit "
                                        "(edits_attention_scores)")
         if self.conceptual_threshold is not None:
@@ -146,7 +146,8 @@ class AtMan(ExplainedOutput):
             def edit(_layer: int, s: Tensor, f: Tensor = chunk_factors, k: Tensor = chunk_keys) -> Tensor:
                 return suppressed_scores(s, f, k)
 
-            with torch.no_grad(), adapter.attention_score_edit(edit):
+            assert adapter.recording.score_edit is not None, "check_adapter refuses a family without a score edit"
+            with torch.no_grad(), adapter.recording.score_edit(edit):
                 out = _logits(adapter, select_rows(inputs, rows))
             rows = rows.to(clean.device)
             values = explained_scores(out, target[rows], self.explain, None if foil is None else foil[rows])

@@ -74,8 +74,8 @@ class AttCAT(ExplainedOutput):
         received: Dict[int, Tensor] = {}
         with ActivationRecorder() as rec:
             for layer in layers:
-                adapter.record_block_input(rec, layer, ("h", layer), require_grad=True)
-                adapter.record_attention(rec, layer, ("a", layer),
+                adapter.recording.block_input(rec, layer, ("h", layer), require_grad=True)
+                adapter.recording.attention(rec, layer, ("a", layer),
                                          transform=lambda a: mean_over_query_rows(a.detach().mean(dim=1), rows))
             logits = adapter.forward(inputs, grad_from_block=start)
             hidden = [rec[("h", layer)] for layer in layers]

@@ -3,7 +3,7 @@
 :func:`attention_and_gradients` returns every layer's map and gradient at once (``2 L`` maps of ``[B, H, N, N]``);
 :func:`stream_attention_gradients` hands each layer's map and gradient to a function during the backward pass
 itself, from the last layer down, and keeps neither; on a model whose adapter recomputes its attention in the
-backward (``recomputes_attention``: the decoder LMs) the forward keeps no map either, so one layer's map is held
+backward (``attention_recompute``: the decoder LMs) the forward keeps no map either, so one layer's map is held
 at a time.
 
 Gradients are taken of the *sum over the batch* of each sample's explained output with ``torch.autograd.grad``
@@ -42,7 +42,7 @@ def attention_and_gradients(adapter: ModelAdapter, inputs: ModelInputs, target: 
     check_explain(gradient_of, "gradient_of")
     with ActivationRecorder() as rec:
         for layer in layers:
-            adapter.record_attention(rec, layer, layer, require_grad=True)
+            adapter.recording.attention(rec, layer, layer, require_grad=True)
         logits = adapter.forward(inputs, grad_from_block=min(layers))
         attentions = [rec[layer] for layer in layers]
     target = resolve_target(logits, target)
@@ -63,7 +63,7 @@ def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, targe
     gradient in place (autograd passes it on to the layers below) nor the map (saved by the graph); both are
     detached. Returns the logits (detached) and the resolved targets.
 
-    Where the adapter ``recomputes_attention`` (:meth:`~methods.adapters.ModelAdapter.recomputed_attention`) the
+    Where the adapter has an ``attention_recompute`` (:class:`~methods.adapters.AttentionRecompute`) the
     forward saves no map: each layer's map is recomputed in the backward from its saved ``q``, ``k``, ``v`` (one
     more eager attention per layer) and handed over at once, then dropped; the maps and gradients are the same
     bit for bit, and one layer's map is held at a time. ``recompute=False`` keeps the saved maps instead (no
@@ -72,11 +72,11 @@ def stream_attention_gradients(adapter: ModelAdapter, inputs: ModelInputs, targe
     if not layers:
         raise ValueError("stream_attention_gradients needs at least one layer")
     check_explain(gradient_of, "gradient_of")
-    if recompute and adapter.recomputes_attention:
+    if recompute and adapter.recording.attention_recompute is not None:
         return _stream_recomputed(adapter, inputs, target, layers, consume, gradient_of, foil)
     with ActivationRecorder() as rec:
         for layer in layers:
-            adapter.record_attention(rec, layer, layer, require_grad=True)
+            adapter.recording.attention(rec, layer, layer, require_grad=True)
         logits = adapter.forward(inputs, grad_from_block=layers[0])
         attentions: Dict[int, Tensor] = {layer: rec[layer] for layer in layers}
         rec.outputs.clear()
@@ -123,7 +123,8 @@ def _stream_recomputed(adapter: ModelAdapter, inputs: ModelInputs, target: Targe
             delivered.append(layer)
             consume(layer, attn, grad)
 
-    with adapter.recomputed_attention(receive, layers[0]) as anchor:
+    assert adapter.recording.attention_recompute is not None, "only reached where the adapter recomputes its attention"
+    with adapter.recording.attention_recompute(receive, layers[0]) as anchor:
         logits = adapter.forward(inputs, grad_from_block=layers[0])
         resolved = resolve_target(logits, target)
         torch.autograd.grad(target_score(logits, resolved, gradient_of, foil), [anchor])

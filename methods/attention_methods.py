@@ -46,7 +46,7 @@ class RawAttention(AttributionMethod):
         layer = check_start_layer(self.layer, adapter, self.name, "layer")
         check_readout_space(adapter, layer, inputs, self.name)
         with ActivationRecorder() as rec, torch.no_grad():
-            adapter.record_attention(rec, layer, "attn")
+            adapter.recording.attention(rec, layer, "attn")
             adapter.forward(inputs, grad_from_block=adapter.depth)
             attention = rec["attn"].mean(dim=1)
         layout = adapter.layout(inputs)
@@ -90,7 +90,7 @@ class Rollout(AttributionMethod):
         layers = range(start, adapter.depth)
         with ActivationRecorder() as rec, torch.no_grad():
             for layer in layers:
-                adapter.record_attention(rec, layer, layer, transform=lambda a: a.mean(dim=1))
+                adapter.recording.attention(rec, layer, layer, transform=lambda a: a.mean(dim=1))
             adapter.forward(inputs, grad_from_block=adapter.depth)
             return [rec.outputs.pop(layer) for layer in layers]
 
@@ -108,7 +108,7 @@ class Rollout(AttributionMethod):
             matrix = means.pop()
             composed.add(matrix, overwrite=True)   # each block's matrix dropped once folded in
             if layer > start:
-                composed.through(adapter.transition(layer, matrix))
+                composed.through(adapter.token_flow.transition(layer, matrix))
             del matrix
         row = carry_to_readout_space(adapter, composed.row(), start)
         return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))

@@ -322,9 +322,9 @@ class _GradientLRP(ExplainedOutput):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if self.level in IMAGE_LEVELS and adapter.modality != "image":
+        if self.level in IMAGE_LEVELS and adapter.layout_class.modality != "image":
             raise ValueError(f"{self.name}: level={self.level!r} needs an image model; {type(adapter.model).__name__} "
-                             f"({adapter.family}) reads {adapter.modality}")
+                             f"({adapter.family}) reads {adapter.layout_class.modality}")
         problems = adapter.rule_map.problems() + rule_scope_problems(adapter) if self.rules else []
         if problems:
             raise MethodUndefinedError(f"{self.name}: no relevance rule for parts of this "
@@ -347,7 +347,7 @@ class _GradientLRP(ExplainedOutput):
                 rec.output(adapter.rule_map.input_embedding(), "x", require_grad=True)
             if layer_inputs:
                 for l in range(adapter.depth):
-                    adapter.record_block_input(rec, l, ("block", l))
+                    adapter.recording.block_input(rec, l, ("block", l))
             context = adapter.context(inputs)
             logits = adapter.head(adapter.run_blocks(adapter.embed(inputs), context), context)
             x = inputs["pixel_values"] if pixels else rec["x"]

@@ -77,7 +77,7 @@ class AttributionMethod:
             batch = batch.offset_by(embedding_offset)
         returned = result_dtype(batch.score_dtype)
         compute = compute_dtype(model, self.accumulate_dtype)
-        attention = adapter.eager_attention() if self.reads_attention else contextlib.nullcontext()
+        attention = adapter.recording.eager_attention() if self.reads_attention else contextlib.nullcontext()
         self.call_foil = foil
         try:
             with preserved_model_state(model), computed_in(model, compute), attention:

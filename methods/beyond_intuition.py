@@ -161,7 +161,7 @@ class _BeyondIntuition(ExplainedOutput):
             for i in range(0, len(alphas), chunk_steps):
                 chunk = alphas[i:i + chunk_steps]
                 with ActivationRecorder() as rec:
-                    adapter.record_attention(rec, last, "attn", require_grad=True)
+                    adapter.recording.attention(rec, last, "attn", require_grad=True)
                     logits = adapter.forward(adapter.interpolate(part, chunk), grad_from_block=last)
                 part_foil = foil.repeat(len(chunk)) if isinstance(foil, Tensor) and foil.numel() > 1 else foil
                 score = target_score(logits, part_target.repeat(len(chunk)), self.gradient_of, part_foil)
@@ -235,7 +235,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
         "    ``token_scale_values``: the value projection ``v`` of the scale is that of the attention input\n"
         "    (``'attention_input'``, default: the BERT and ViT code) or, as BI's CLIP code computes it\n"
         "    (``vproj_cal(ln_1(x))`` after ``x = x + attention(...)``), of the block's first norm applied to the\n"
-        "    post-attention residual stream (``'post_attention'``; adapters with ``records_post_attention_values``:\n"
+        "    post-attention residual stream (``'post_attention'``; adapters with ``post_attention_values``:\n"
         "    the CLIP towers).\n\n    "
         + (_BeyondIntuition.__doc__ or "")
     )
@@ -260,7 +260,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
 
     def check_adapter(self, adapter) -> None:
         super().check_adapter(adapter)
-        if self.token_scale_values == "post_attention" and not adapter.records_post_attention_values:
+        if self.token_scale_values == "post_attention" and adapter.recording.post_attention_values is None:
             raise ValueError(f"{self.name}: token_scale_values='post_attention' (BI's CLIP code) needs a model whose "
                              f"adapter records post-attention values (the CLIP towers); {type(adapter.model).__name__} "
                              f"({adapter.family}) does not")
@@ -269,15 +269,15 @@ class BeyondIntuitionToken(_BeyondIntuition):
         last = adapter.depth - 1
         layers = list(range(start, adapter.depth))
         use_attention_input = self.token_scale_denominator == "attention_input"
-        record_values = (adapter.record_values if self.token_scale_values == "attention_input"
-                         else adapter.record_post_attention_values)
+        record_values = (adapter.recording.values if self.token_scale_values == "attention_input"
+                         else adapter.recording.post_attention_values)
         with ActivationRecorder() as rec:
             for layer in layers:
-                adapter.record_block_input(rec, layer, ("z", layer))
+                adapter.recording.block_input(rec, layer, ("z", layer))
                 record_values(rec, layer, ("v", layer))
                 if use_attention_input:
-                    adapter.record_attention_input(rec, layer, ("ln", layer))
-                adapter.record_attention(rec, layer, ("a", layer), require_grad=(layer == last))
+                    adapter.recording.attention_input(rec, layer, ("ln", layer))
+                adapter.recording.attention(rec, layer, ("a", layer), require_grad=(layer == last))
             logits = adapter.forward(inputs, grad_from_block=last)
         target = resolve_target(logits, target)
         score = target_score(logits, target, self.gradient_of, self.given_foil)

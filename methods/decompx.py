@@ -2,7 +2,7 @@
 
 Modarressi, Fayyaz, Aghazadeh, Yaghoobzadeh & Pilehvar 2023, "DecompX: Explaining Transformers Decisions by
 Propagating Token Decomposition" (ACL; reference ``mohsenfayyaz/DecompX``, its forks of transformers' BERT and
-RoBERTa). The pieces come from the adapter's ``decomposes_blocks`` and ``decomposes_network`` capabilities; the
+RoBERTa). The pieces come from the adapter's ``decomposition`` capability (with ``decomposes_network``); the
 conventions, and where the reference departs from the paper, are in :class:`DecompX`'s docstring.
 """
 from __future__ import annotations
@@ -133,21 +133,23 @@ class _Propagation:
 
     def __init__(self, method: "DecompX", adapter: ModelAdapter):
         self.method, self.adapter = method, adapter
+        assert adapter.decomposition is not None, "check_adapter refuses a family that does not decompose its blocks"
+        self.decomposition = adapter.decomposition
         self.state: Optional[Tensor] = None
 
     def record(self, rec: ActivationRecorder) -> None:
         adapter = self.adapter
-        adapter.record_block_input(rec, 0, "x")
-        adapter.record_values(rec, 0, "values")
+        adapter.recording.block_input(rec, 0, "x")
+        adapter.recording.values(rec, 0, "values")
         for layer in range(adapter.depth):
             up, down = adapter.mlp_linears(layer)
-            adapter.record_attention(rec, layer, ("attention", layer))
-            adapter.record_post_attention_residual(rec, layer, ("residual", layer))
+            adapter.recording.attention(rec, layer, ("attention", layer))
+            self.decomposition.record_post_attention_residual(rec, layer, ("residual", layer))
             rec.output(up, ("pre", layer))
             rec.input(down, ("post", layer))
-            rec.input(adapter.block_norms(layer)[1], ("ln2", layer))
-            adapter.record_block_output(rec, layer, ("out", layer), transform=self.folder(rec, layer))
-        head = adapter.head_layers()
+            rec.input(self.decomposition.block_norms(layer)[1], ("ln2", layer))
+            self.decomposition.record_block_output(rec, layer, ("out", layer), transform=self.folder(rec, layer))
+        head = self.decomposition.head_layers()
         rec.output(head.first, "head_pre")
         rec.input(head.last, "head_post")
 
@@ -211,7 +213,7 @@ class _Propagation:
         share, biases = method.bias_decomposition, method.include_biases
         if biases:
             vectors = share_bias(vectors, bias, share)
-        first_norm, second_norm = adapter.block_norms(layer)
+        first_norm, second_norm = self.decomposition.block_norms(layer)
         vectors = through_layer_norm(vectors, pieces["residual"][:, rows], first_norm, biases, share, method.name)
         up, down = adapter.mlp_linears(layer)
         hidden = through_linear(vectors, up, biases, share)
@@ -225,7 +227,7 @@ class _Propagation:
         each logit."""
         method = self.method
         assert self.state is not None, "the blocks have run"
-        layers = self.adapter.head_layers()
+        layers = self.decomposition.head_layers()
         share, biases = method.bias_decomposition, method.include_biases
         vectors = through_linear(self.state, layers.first, biases, share)                     # [B, 1, N, D']
         vectors = through_activation(vectors, rec["head_pre"][:, None], rec["head_post"][:, None],
@@ -272,7 +274,8 @@ class DecompX(ExplainsALogit, AttributionMethod):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if not (adapter.decomposes_blocks and adapter.decomposes_network) or adapter.pre_norm:
+        decomposition = adapter.decomposition
+        if decomposition is None or not decomposition.decomposes_network or decomposition.pre_norm:
             raise MethodUndefinedError(
                 f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) does not decompose its whole network "
                 "(decomposes_network: post-norm blocks with an element-wise MLP, a head of two linear layers read "

@@ -148,7 +148,7 @@ class GenericAttribution(ExplainedOutput):
     which the evaluation evens out by running every batch at the loader's size
     (:meth:`lightning_modules.evaluation.AttributionEvaluationModule._call_width`).
 
-    ``recompute_attention`` (default ``True``): on the models whose adapter can (``recomputes_attention``), each
+    ``recompute_attention`` (default ``True``): on the models whose adapter can (``attention_recompute``), each
     block's probabilities are recomputed in the backward rather than saved by the forward (memory: one block's
     map at a time; time: one more eager attention per block); ``False`` keeps them (same values, bit for bit).
     ``explain`` / ``foil``: the output whose gradient ``∇A`` is (module docstring; default the logit).
@@ -179,7 +179,7 @@ class GenericAttribution(ExplainedOutput):
                 composed.append(ReadoutResidual(read_out_identity(adapter, inputs, self.readout, layout, update)))
             composed[0].add(update)
             if layer > start:
-                composed[0].through(adapter.transition(layer, update))
+                composed[0].through(adapter.token_flow.transition(layer, update))
 
         stream_attention_gradients(adapter, inputs, target, range(start, adapter.depth), fold, self.explain,
                                    recompute=self.recompute_attention, foil=self.given_foil)
@@ -235,9 +235,9 @@ class CDAM(ExplainedOutput):
             tokens = "attention_input" if adapter.readout == "class_token" else "block_input"
         with ActivationRecorder() as rec:
             if tokens == "attention_input":
-                adapter.record_attention_input(rec, last, "tokens", require_grad=True)
+                adapter.recording.attention_input(rec, last, "tokens", require_grad=True)
             else:
-                adapter.record_block_input(rec, last, "tokens", require_grad=True)
+                adapter.recording.block_input(rec, last, "tokens", require_grad=True)
             out = adapter.forward(inputs, grad_from_block=last, pre_logits=self.concept is not None)
             hidden = rec["tokens"]
         if self.concept is None:

@@ -43,10 +43,10 @@ def resolve_point(adapter: ModelAdapter, point: str, name: str) -> str:
     embedding."""
     check_choice(point, POINTS, "point", name)
     if point == "auto":
-        point = "pixels" if adapter.modality == "image" else "embedding"
-    if point == "pixels" and adapter.modality != "image":
+        point = "pixels" if adapter.layout_class.modality == "image" else "embedding"
+    if point == "pixels" and adapter.layout_class.modality != "image":
         raise ValueError(f"{name}: point='pixels' needs an image model; {type(adapter.model).__name__} "
-                         f"({adapter.family}) reads {adapter.modality}")
+                         f"({adapter.family}) reads {adapter.layout_class.modality}")
     if point == "embedding":
         try:
             adapter.rule_map.input_embedding()

@@ -41,7 +41,7 @@ def minmax_rows(scores: Tensor) -> Tensor:
 class LeGrad(AttributionMethod):
     """LeGrad (Bousselham et al., ICCV 2025, Sec. 3): for each chosen block ``l``, the lens score
     ``s_l = lens(pool(z_l))[c]`` of its output tokens ``z_l`` (the family's own final norm and head,
-    :meth:`~methods.adapters.ModelAdapter.lens_logits`; CLIP / SigLIP / open_clip: the scorer's logit, a positive
+    ``ModelAdapter.lens``; CLIP / SigLIP / open_clip: the scorer's logit, a positive
     multiple of the reference's cosine plus a constant); ``E_l = mean_h mean_q ReLU(ds_l / dA_l)`` over the heads
     and every query row, [CLS] included (the reference's ``grad.mean(dim=1).mean(dim=1)``), at the patch columns;
     the map ``sum_l E_l``, min-max normalised per sample (``minmax=True``; a constant map gives 0s, not 0 / 0).
@@ -51,7 +51,7 @@ class LeGrad(AttributionMethod):
     ``ln_post(mean(z_l)) @ proj``) or ``"readout"`` (the model's own read-out). Departures, named: the reference's
     SigLIP / CoCa code differentiates the attention *pool* instead and subtracts an "empty prompt" map (not
     implemented); its pixel upsampling is :func:`methods.tokens_to_map`'s, which commutes with the min-max.
-    Defined on the ``reads_lens`` families (timm ViT / DeiT / EVA / BEiT, transformers ViT-like, CLIP / SigLIP /
+    Defined on the families with a ``lens`` (timm ViT / DeiT / EVA / BEiT, transformers ViT-like, CLIP / SigLIP /
     open_clip vision towers); refused by name elsewhere."""
 
     tags = (OPT_IN,)
@@ -65,7 +65,7 @@ class LeGrad(AttributionMethod):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if not adapter.reads_lens:
+        if adapter.lens is None:
             raise MethodUndefinedError(f"legrad: {adapter.family}: no logit lens (reads_lens: the final norm and "
                                        "head read at any block's output); LeGrad is defined on ViT, CLIP and SigLIP "
                                        "image towers")
@@ -81,7 +81,8 @@ class LeGrad(AttributionMethod):
         """The lens logits ``[B, C]`` of one block's output ``[B, N, D]``."""
         if self.pool == "readout":
             return adapter.head(hidden, context)
-        return adapter.lens_logits(hidden.mean(dim=1, keepdim=True), context)[:, 0]
+        assert adapter.lens is not None, "check_adapter refuses a family without a lens"
+        return adapter.lens.logits(hidden.mean(dim=1, keepdim=True), context)[:, 0]
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
         layers = self.chosen_layers(adapter)
@@ -92,7 +93,7 @@ class LeGrad(AttributionMethod):
         lens: List[Tensor] = []
         with ActivationRecorder() as rec, torch.enable_grad():
             for layer in layers:
-                adapter.record_attention(rec, layer, layer, require_grad=True)
+                adapter.recording.attention(rec, layer, layer, require_grad=True)
             for layer in layers:
                 # the gradient stops at the block's input: s_l reaches A_l through block l alone
                 hidden = adapter.run_blocks(hidden.detach().requires_grad_(True), context, layer, layer + 1)

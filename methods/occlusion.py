@@ -86,7 +86,7 @@ class Occlusion(ReplacementAttribution):
         super().check_adapter(adapter)
         for option in ("window", "stride"):
             value = getattr(self, option)
-            if adapter.modality != "image" and value is not None and not isinstance(value, int):
+            if adapter.layout_class.modality != "image" and value is not None and not isinstance(value, int):
                 raise ValueError(f"occlusion: on a sequence {option} counts content tokens, one int, got {value!r}")
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:

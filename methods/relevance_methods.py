@@ -34,7 +34,7 @@ class _LRPMethod(AttributionMethod):
     the default, is the model's own read-out: the [CLS] row, or the mean over the patch rows of an
     average-pooled model) and, for sequences, ``class_token_score``
     (:func:`methods.readout.set_class_token_score`; ``auto``: what TE's BERT code does for the method).
-    ``recompute_attention`` (default ``True``): where the adapter ``recomputes_attention`` (the decoder LMs) and
+    ``recompute_attention`` (default ``True``): where the adapter has an ``attention_recompute`` (the decoder LMs) and
     the relevance pass goes through more than one block, each block's attention map is recomputed in a backward
     pass and held one at a time (:meth:`methods.lrp.LRPEngine.run`); ``False`` keeps every map from the forward
     (faster, same values bit for bit)."""
@@ -187,7 +187,7 @@ class TransformerAttribution(_LRPMethod, ExplainedOutput):
     the last block down, and each block's ``Abar_l`` is folded into the row as soon as its ``R_A`` and gradient
     are known and then dropped: at most two blocks' gradients, one block's ``R_A`` and no ``[B, N, N]`` per
     block are held; each block's recorded attention (saved by the graph and read by the relevance pass) is
-    released as the pass goes through it. On the decoder LMs (adapters with ``recomputes_attention``) no block's
+    released as the pass goes through it. On the decoder LMs (adapters with an ``attention_recompute``) no block's
     attention is recorded or saved by the forward: the backward recomputes each block's probabilities from its
     saved ``q``, ``k``, ``v`` (one more eager attention per block) and the relevance pass goes through the block
     as soon as its backward is done, so one block's map is held at a time; the values are the same bit for bit.

@@ -8,7 +8,7 @@
 They agree in exact arithmetic without row normalisation; each keeps the reference's own float order.
 
 Token flow (a hierarchical model, Swin): where the tokens entering block ``l`` are formed from those leaving block
-``l - 1`` by a transition ``T_l`` (``[N_l, N_{l-1}]``, :meth:`~methods.adapters.ModelAdapter.transition`; ``None``
+``l - 1`` by a transition ``T_l`` (``[N_l, N_{l-1}]``, :meth:`~methods.adapters.TokenFlow.transition`; ``None``
 is the identity, every isotropic family), the streaming composers pull their row through it (``through``:
 ``r <- r T_l``, rows of ``T_l`` summing to 1, so a row-stochastic product stays one), and the finished row, in the
 first composed block's token space, is carried up to the read-out's by summing each token's sources
@@ -77,7 +77,7 @@ def carry_to_readout_space(adapter: ModelAdapter, row: Tensor, first: int) -> Te
     blocks above to the last block's tokens: each token gets the sum of its sources' entries (the support of
     ``T_l``). Unchanged where every transition is the identity."""
     for layer in range(first + 1, adapter.depth):
-        transition = adapter.transition(layer, row)
+        transition = adapter.token_flow.transition(layer, row)
         if transition is not None:
             transition = transition.coalesce()
             support = torch.sparse_coo_tensor(transition.indices(), torch.ones_like(transition.values()),

@@ -60,7 +60,7 @@ class TransitionAttentionMaps(_BeyondIntuition):
         layers = range(start, adapter.depth)
         with ActivationRecorder() as rec:
             for layer in layers:
-                adapter.record_attention(rec, layer, layer, require_grad=layer == last)
+                adapter.recording.attention(rec, layer, layer, require_grad=layer == last)
             logits = adapter.forward(inputs, grad_from_block=last)
         target = resolve_target(logits, target)
         last_attention = rec[last]

@@ -1,7 +1,7 @@
 """Value Zeroing (Mohebbi, Zuidema, Chrupała & Alishahi, "Quantifying Context Mixing in Transformers", EACL 2023).
 
 For block ``l`` and token ``j`` the block is run again on its own input ``x^{l}`` with token ``j``'s value vectors
-set to 0 in every head (:meth:`~methods.adapters.ModelAdapter.value_edit`), and every output moves:
+set to 0 in every head (``Recording.value_edit``), and every output moves:
 ``C^l_{ij} = d(x~^{l+1}_i(¬j), x^{l+1}_i)``, ``d`` the cosine distance (default) or the Euclidean distance;
 each row ``i`` is then divided by its sum. Every block reuses its own clean input, so the whole map costs one
 forward (the clean states, block by block) plus ``N`` single-block runs per block: ``N + 1`` forwards in all,
@@ -16,7 +16,7 @@ conventions (``convention``), read from the two reference implementations:
   (a zero row divided by 1), and the last block's states read after the model's final norm (Inseq compares the
   model's last hidden state, which Hugging Face decoders return normed; read through the decoder head's
   pre-logits, so decoders only);
-* ``auto`` (default): ``inseq`` on the families with :attr:`~methods.adapters.ModelAdapter.causal_attention`,
+* ``auto`` (default): ``inseq`` on the families with a ``ModelAdapter.decoder``,
   ``authors`` elsewhere.
 
 Padding is never zeroed and never scored (its rows and columns are 0 before the rows are normalised), so a
@@ -54,12 +54,12 @@ def token_distance(moved: Tensor, clean: Tensor, distance: str) -> Tensor:
 
 
 def final_normed(adapter: ModelAdapter, name: str) -> Callable[[Tensor], Tensor]:
-    """A decoder's final norm (:meth:`~methods.adapters.ModelAdapter.final_norm`), applied at every position
+    """A decoder's final norm (``Decoder.final_norm``), applied at every position
     ``[S, N, D]`` (the ``inseq`` convention's last block); ``ValueError`` on the other families."""
-    if not adapter.causal_attention:
+    if adapter.decoder is None:
         raise ValueError(f"{name}: convention='inseq' reads the last block after a decoder's final norm; "
                          f"{type(adapter.model).__name__} ({adapter.family}) is not a decoder")
-    return adapter.final_norm()
+    return adapter.decoder.final_norm()
 
 
 def _zeroing_edit(layer: int, zeroed: Tensor) -> Callable[[int, Tensor], Tensor]:
@@ -78,13 +78,14 @@ def zeroing_distances(adapter: ModelAdapter, hidden: Tensor, clean: Tensor, cont
     positions ``j`` in ``columns`` (0 elsewhere); ``chunk`` zeroed positions per pass; ``after``: applied to both
     outputs before the distance (the final norm of Inseq's last block)."""
     batch, n = hidden.shape[:2]
+    assert adapter.recording.value_edit is not None, "check_adapter refuses a family without a value edit"
     matrix = hidden.new_zeros(batch, n, n)
     reference = clean if after is None else after(clean)
     for part in columns.split(chunk):
         copies = len(part)
         zeroed = torch.zeros(copies, n, dtype=torch.bool, device=hidden.device)
         zeroed[torch.arange(copies, device=hidden.device), part.to(hidden.device)] = True
-        with adapter.value_edit(_zeroing_edit(layer, zeroed.repeat_interleave(batch, dim=0))):
+        with adapter.recording.value_edit(_zeroing_edit(layer, zeroed.repeat_interleave(batch, dim=0))):
             moved = adapter.run_blocks(hidden.repeat(copies, 1, 1), context.repeat(copies), layer, layer + 1)
         if after is not None:
             moved = after(moved)
@@ -133,7 +134,7 @@ class ValueZeroing(AttributionMethod):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if not adapter.edits_values:
+        if adapter.recording.value_edit is None:
             raise MethodUndefinedError(
                 f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) gives no edit of its value vectors "
                 "(ModelAdapter.edits_values): its attention computes the values where no hook reaches them, or "
@@ -143,7 +144,7 @@ class ValueZeroing(AttributionMethod):
 
     def _convention(self, adapter: ModelAdapter) -> str:
         if self.convention == "auto":
-            return "inseq" if adapter.causal_attention else "authors"
+            return "inseq" if adapter.decoder is not None else "authors"
         return self.convention
 
     def matrices(self, adapter: ModelAdapter, inputs: ModelInputs) -> List[Tensor]:
@@ -157,7 +158,7 @@ class ValueZeroing(AttributionMethod):
         real = layout.real_positions(hidden[..., 0]).to(hidden.device)
         columns = real.any(dim=0).nonzero().flatten()
         keep = (real[:, :, None] & real[:, None, :]).to(hidden.dtype)
-        if adapter.causal_attention:
+        if adapter.decoder is not None:
             keep = keep.tril()
         first = last if not self.rollout else 0
         with torch.no_grad():

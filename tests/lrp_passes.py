@@ -30,7 +30,7 @@ def head_relevance(model, inputs, target_index: int = 1, readout_positions: bool
     prepared = adapter.prepare_inputs(inputs)
     engine = LRPEngine("ours")
     topology = engine.topology(adapter)
-    with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
+    with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
         topology.record(rec, range(adapter.depth), True, layer_outputs=True)
         logits = adapter.forward(prepared, grad_from_block=adapter.depth)
     acts = dict(rec.outputs)

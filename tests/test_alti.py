@@ -97,34 +97,34 @@ DECOMPOSED = ("hf_bert", "hf_distilbert_special", "hf_deberta_v3", "hf_modernber
 def test_the_decomposed_vectors_sum_to_the_blocks_own_output(row):
     """With the exact LayerNorm scale, ``y_i = sum_j T_i(x_j) + biases`` is the block's own tensor: the attention's
     LayerNorm output in a post-norm block, the residual sum after the attention in a pre-norm one (the
-    adapter's ``record_post_attention_residual``; its norms by ``block_norms``)."""
+    adapter's ``decomposition.record_post_attention_residual``; its norms by its ``block_norms``)."""
     family = ROWS[row]
     model = family.build().eval()
     adapter = adapter_for(model)
     batch = adapter.prepare_inputs(family.inputs(3))
     layout = adapter.layout(batch)
     real = layout.real_positions(torch.zeros(3, layout.num_positions, dtype=torch.long)).bool()
-    with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
+    with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
         for layer in range(adapter.depth):
-            adapter.record_block_input(rec, layer, ("x", layer))
-            adapter.record_attention(rec, layer, ("a", layer))
-            adapter.record_values(rec, layer, ("v", layer))
-            adapter.record_post_attention_residual(rec, layer, ("r", layer))
-            rec.output(adapter.block_norms(layer)[0], ("n", layer))
-            if adapter.attention_output_norm(layer) is not None:
-                rec.input(adapter.attention_output_norm(layer)[0], ("inner", layer))
-            adapter.record_block_output(rec, layer, ("out", layer))
+            adapter.recording.block_input(rec, layer, ("x", layer))
+            adapter.recording.attention(rec, layer, ("a", layer))
+            adapter.recording.values(rec, layer, ("v", layer))
+            adapter.decomposition.record_post_attention_residual(rec, layer, ("r", layer))
+            rec.output(adapter.decomposition.block_norms(layer)[0], ("n", layer))
+            if adapter.decomposition.attention_output_norm(layer) is not None:
+                rec.input(adapter.decomposition.attention_output_norm(layer)[0], ("inner", layer))
+            adapter.decomposition.record_block_output(rec, layer, ("out", layer))
         adapter.forward(batch, grad_from_block=adapter.depth)
     inner_norms = 0
     for layer in range(adapter.depth):
-        post_norm = None if adapter.pre_norm else adapter.block_norms(layer)[0]
-        where = adapter.attention_output_norm(layer)
+        post_norm = None if adapter.decomposition.pre_norm else adapter.decomposition.block_norms(layer)[0]
+        where = adapter.decomposition.attention_output_norm(layer)
         inner = None if where is None else (*where, rec[("inner", layer)])
         inner_norms += inner is not None
         _, resultant = decomposed_vectors(rec[("x", layer)], rec[("a", layer)], rec[("v", layer)],
                                           adapter.attention_linears(layer).out, post_norm, rec[("r", layer)],
-                                          "exact", "test", adapter.attention_output_scale(layer), inner)
-        expected = rec[("r", layer)] if adapter.pre_norm else rec[("n", layer)]
+                                          "exact", "test", adapter.decomposition.attention_output_scale(layer), inner)
+        expected = rec[("r", layer)] if adapter.decomposition.pre_norm else rec[("n", layer)]
         # Gemma3RMSNorm computes in float32 whatever the model's dtype (``x.float()``), so its own output carries
         # float32 rounding; every other row: float64
         tolerance = 1e-5 if row == "hf_gemma3_left" else 1e-10
@@ -156,14 +156,14 @@ def test_alti_logit_totals_are_the_attention_updates_of_the_logit(row):
     batch = adapter.prepare_inputs(inputs)
     positions = adapter.context(batch).readout_positions
     rows = torch.arange(3)
-    with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
+    with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
         for layer in range(adapter.depth):
-            inner = adapter.attention_output_norm(layer)
+            inner = adapter.decomposition.attention_output_norm(layer)
             rec.output(adapter.attention_linears(layer).out if inner is None else inner[0], layer)
-        rec.output(adapter.final_norm(), "normed")
-        rec.input(adapter.final_norm(), "last")
+        rec.output(adapter.decoder.final_norm(), "normed")
+        rec.input(adapter.decoder.final_norm(), "last")
         adapter.forward(batch, grad_from_block=adapter.depth)
-    final = adapter.final_norm()
+    final = adapter.decoder.final_norm()
     last = rec["last"][rows, positions]
     layer_norm = isinstance(final, torch.nn.LayerNorm)
     centred = last - last.mean(-1, keepdim=True) if layer_norm else last
@@ -176,8 +176,8 @@ def test_alti_logit_totals_are_the_attention_updates_of_the_logit(row):
     total = torch.zeros(3, dtype=torch.float64)
     for layer in range(adapter.depth):
         out = adapter.attention_linears(layer).out
-        update = rec[layer][rows, positions] - (0 if out.bias is None or adapter.attention_output_norm(layer) else
-                                                out.bias)
+        inner = adapter.decomposition.attention_output_norm(layer)
+        update = rec[layer][rows, positions] - (0 if out.bias is None or inner else out.bias)
         total += (update * direction).sum(-1) * scale
     total = total.detach()   # the output projection's bias is a parameter
     tolerance = 1e-5 if row == "hf_gemma3_left" else 1e-9    # Gemma3RMSNorm's own float32 outputs

@@ -111,16 +111,16 @@ def test_score_edit_reaches_every_block_before_the_softmax(row):
     model = family.build().eval()
     adapter = adapter_for(model)
     inputs = adapter.prepare_inputs(family.inputs(3))
-    with torch.no_grad(), adapter.eager_attention():
+    with torch.no_grad(), adapter.recording.eager_attention():
         own = adapter.forward(inputs)
-        with adapter.attention_score_edit(lambda layer, s: s):
+        with adapter.recording.score_edit(lambda layer, s: s):
             same = adapter.forward(inputs)
         rec = ActivationRecorder()
         for layer in range(adapter.depth):
-            adapter.record_attention(rec, layer, layer)
+            adapter.recording.attention(rec, layer, layer)
         seen = []
         try:
-            with adapter.attention_score_edit(lambda layer, s: seen.append(layer) or torch.zeros_like(s)):
+            with adapter.recording.score_edit(lambda layer, s: seen.append(layer) or torch.zeros_like(s)):
                 adapter.forward(inputs)
         finally:
             rec.remove()
@@ -225,10 +225,10 @@ def test_recomputed_scores_are_each_blocks_own(row):
 
     for edit in (keep, scale_column):
         seen.clear()
-        with torch.no_grad(), adapter.eager_attention(), ActivationRecorder() as rec:
+        with torch.no_grad(), adapter.recording.eager_attention(), ActivationRecorder() as rec:
             for layer in range(adapter.depth):
-                adapter.record_attention(rec, layer, layer)
-            with adapter.attention_score_edit(edit):
+                adapter.recording.attention(rec, layer, layer)
+            with adapter.recording.score_edit(edit):
                 adapter.forward(inputs)
         for layer in range(adapter.depth):
             expected = torch.softmax(edit(layer, seen[layer]), dim=-1)
@@ -246,13 +246,13 @@ def test_eva_beit_edit_keeps_a_key_mask(row):
     adapter = adapter_for(model)
     inputs = adapter.prepare_inputs(family.inputs(1))
     removed = torch.tensor([3, 7])
-    with torch.no_grad(), adapter.eager_attention():
+    with torch.no_grad(), adapter.recording.eager_attention():
         hidden, context = adapter.drop_positions(adapter.embed(inputs), adapter.context(inputs), removed)
         own = adapter.run_blocks(hidden, context)
-        with adapter.attention_score_edit(lambda layer, s: s):
+        with adapter.recording.score_edit(lambda layer, s: s):
             same = adapter.run_blocks(hidden, context)
-        with ActivationRecorder() as rec, adapter.attention_score_edit(lambda layer, s: torch.zeros_like(s)):
-            adapter.record_attention(rec, 0, "a")
+        with ActivationRecorder() as rec, adapter.recording.score_edit(lambda layer, s: torch.zeros_like(s)):
+            adapter.recording.attention(rec, 0, "a")
             adapter.run_blocks(hidden, context)
     torch.testing.assert_close(same, own, rtol=0, atol=0)
     probs = rec.outputs["a"]                                       # [2, H, N, N]: position 3, then 7 removed

@@ -134,7 +134,7 @@ def test_grad_sam_is_its_equation(name):
     ours = build_method("grad_sam")(model, inputs, target=targets)
     adapter = adapter_for(model)
     batch = adapter.prepare_inputs(inputs)
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         attns, grads, _, _ = attention_and_gradients(adapter, batch, targets, range(adapter.depth))
     layout = adapter.layout(batch)
     rows = layout.real_positions(torch.empty(3, layout.num_positions)).double()

@@ -322,7 +322,7 @@ def test_rollout_rows_sum_to_one():
     from methods.adapters import adapter_for
 
     adapter = adapter_for(model)
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         joint = method.rollout_matrix(adapter, adapter.prepare_inputs(_images(3)))
     torch.testing.assert_close(joint.sum(-1), torch.ones(joint.shape[:2]))
     assert (joint >= 0).all()

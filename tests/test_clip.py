@@ -137,7 +137,7 @@ def test_golden_model_and_logits(mm):
             torch.testing.assert_close(adapter.forward(prepared, grad_from_block=adapter.depth), reference,
                                        rtol=0, atol=0)
             before = clip.config._attn_implementation
-            with adapter.eager_attention():
+            with adapter.recording.eager_attention():
                 assert adapter.config._attn_implementation == "eager"
                 other = clip.text_model if adapter.tower == "vision" else clip.vision_model
                 assert other.config._attn_implementation == before
@@ -233,10 +233,10 @@ def test_bi_post_attention_values_match_the_reference(bi):
     """The recorded post-attention values times ``W_o^T`` are BI's ``vproj``; the block inputs are theirs."""
     adapter = adapter_for(bi.classifier)
     inputs = adapter.prepare_inputs(bi.image)
-    with ActivationRecorder() as rec, torch.no_grad(), adapter.eager_attention():
+    with ActivationRecorder() as rec, torch.no_grad(), adapter.recording.eager_attention():
         for l in range(3):
-            adapter.record_post_attention_values(rec, l, ("v", l))
-            adapter.record_block_input(rec, l, ("z", l))
+            adapter.recording.post_attention_values(rec, l, ("v", l))
+            adapter.recording.block_input(rec, l, ("z", l))
         adapter.forward(inputs, grad_from_block=3)
     for l in range(3):
         vproj = rec[("v", l)][0] @ adapter.attention_linears(l).out.weight.detach().t()

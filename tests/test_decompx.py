@@ -114,9 +114,9 @@ def test_the_head_layers_are_the_models_head(row):
     adapter = adapter_for(model)
     batch = adapter.prepare_inputs(family.inputs(3))
     with ActivationRecorder() as rec, torch.no_grad():
-        adapter.record_block_output(rec, adapter.depth - 1, "last")
+        adapter.decomposition.record_block_output(rec, adapter.depth - 1, "last")
         logits = adapter.forward(batch)
-        head = adapter.head_layers()
+        head = adapter.decomposition.head_layers()
         ours = head.last(head.activation(head.first(rec["last"][:, 0])))
     torch.testing.assert_close(ours, logits, rtol=0, atol=1e-12)
 

@@ -108,7 +108,7 @@ def test_attention_gradients_of_a_probability_follow_the_chain_rule(name):
     adapter = adapter_for(model)
     batch = adapter.prepare_inputs(inputs)
     layers = list(range(adapter.depth))
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         per_class = [attention_and_gradients(adapter, batch, c, layers)[1] for c in range(p.shape[-1])]
         for explain in ("probability", "logit_difference"):
             foil = FOIL if explain == "logit_difference" else None
@@ -134,7 +134,7 @@ def test_transformer_attribution_starts_its_relevance_and_gradients_from_the_exp
     batch = adapter.prepare_inputs(inputs)
     layers = list(range(adapter.depth))
     engine = LRPEngine("ours")
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         diff = engine.run(adapter, batch, 0, cam_layers=layers, grad_layers=layers,
                           explained=build_method("transformer_attribution", explain="logit_difference",
                                                  foil=1).explained())

@@ -95,9 +95,9 @@ def test_record_values_repeat_the_key_value_heads():
     model = _tiny_decoder("llama").eval()
     adapter = adapter_for(model)
     batch = adapter.prepare_inputs(_decoder_batch(2, "right"))
-    with adapter.eager_attention(), ActivationRecorder() as rec:
-        adapter.record_values(rec, 1, "v")
-        adapter.record_attention(rec, 1, "a")
+    with adapter.recording.eager_attention(), ActivationRecorder() as rec:
+        adapter.recording.values(rec, 1, "v")
+        adapter.recording.attention(rec, 1, "a")
         vproj = ActivationRecorder()
         vproj.output(adapter.blocks[1].self_attn.v_proj, "raw")
         adapter.forward(batch)

@@ -41,7 +41,7 @@ def test_adapter_logits_are_the_models_and_padded_equals_alone(pooling):
     torch.testing.assert_close(logits[2:3], alone, rtol=0, atol=1e-12)
     full = {k: v[:2] for k, v in inputs.items()}
     model.set_attn_implementation("eager")
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         eager = adapter.forward(adapter.prepare_inputs(full))
     torch.testing.assert_close(eager, _logits(model, full), rtol=0, atol=1e-12)
     assert torch.isfinite(adapter.forward(adapter.prepare_inputs(inputs))).all()

@@ -103,7 +103,7 @@ def test_gradients_stop_at_each_block():
 
 
 def test_the_lens_of_the_last_block_is_the_models_own_head():
-    """``lens_logits`` reads each position through the family's head: the [CLS] position of the last hidden states
+    """``adapter.lens`` reads each position through the family's head: the [CLS] position of the last hidden states
     gives the model's logits ([CLS] read-out), and so does the mean of the patches of an average-pooled ViT."""
     for pool, positions in (("token", slice(0, 1)), ("avg", slice(1, None))):
         model = _tiny_vit(pool).eval()
@@ -112,9 +112,9 @@ def test_the_lens_of_the_last_block_is_the_models_own_head():
         context = adapter.context(inputs)
         with torch.no_grad():
             hidden = adapter.run_blocks(adapter.embed(inputs), context)
-            lens = adapter.lens_logits(hidden[:, positions].mean(dim=1, keepdim=True), context)[:, 0]
+            lens = adapter.lens.logits(hidden[:, positions].mean(dim=1, keepdim=True), context)[:, 0]
             torch.testing.assert_close(lens, model(_images(2)), rtol=1e-9, atol=1e-12)
-            assert adapter.lens_logits(hidden, context).shape == (2, hidden.shape[1], model.num_classes)
+            assert adapter.lens.logits(hidden, context).shape == (2, hidden.shape[1], model.num_classes)
 
 
 def test_options_and_refusals_are_named():

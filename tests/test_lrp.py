@@ -127,7 +127,7 @@ def test_shapes_and_kinds(golden_run):
 def test_recorded_forward_reproduces_logits(golden_run):
     dtype, z, model, images, targets, _ = golden_run
     adapter = TimmViTAdapter(model)
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         res = LRPEngine("ours").run(adapter, adapter.prepare_inputs(images), targets, cam_layers=[3], grad_layers=[3])
         with torch.no_grad():
             ref = model(images)
@@ -184,7 +184,7 @@ def test_ours_relevance_conserved_through_network():
     from methods.adapters import ActivationRecorder
     from methods.lrp import topology_for
     walk = topology_for(adapter)
-    with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
+    with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
         walk.record(rec, range(3), to_input=True)
         logits = model(x)
     acts = rec.outputs
@@ -384,7 +384,7 @@ def test_engine_reduces_each_attention_map_as_it_goes():
         seen.append(layer)
         return (grad * cam).sum(dim=1)
 
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         inputs = adapter.prepare_inputs(x)
         dense = LRPEngine("ours").run(adapter, inputs, 3, cam_layers=[1, 2], grad_layers=[0, 1, 2])
         reduced = LRPEngine("ours").run(adapter, inputs, 3, cam_layers=[1, 2], grad_layers=[0, 1, 2],

@@ -57,8 +57,8 @@ def test_attention_and_its_gradient_equal_an_explicit_attention(tower):
     adapter = adapter_for(model)
     prepared = adapter.prepare_inputs(inputs)
     layer, target = 1, torch.tensor([1, 4, 0])
-    with adapter.eager_attention(), ActivationRecorder() as rec:
-        adapter.record_attention(rec, layer, "a", require_grad=True)
+    with adapter.recording.eager_attention(), ActivationRecorder() as rec:
+        adapter.recording.attention(rec, layer, "a", require_grad=True)
         logits = adapter.forward(prepared, grad_from_block=layer)
         (grad,) = torch.autograd.grad(logits.gather(1, target[:, None]).sum(), rec["a"])
     with torch.enable_grad():
@@ -83,7 +83,7 @@ def test_eager_attention_leaves_no_hook_and_does_not_change_the_logits():
     adapter = adapter_for(model)
     with torch.no_grad():
         fused = adapter.forward(adapter.prepare_inputs(x))
-        with adapter.eager_attention():
+        with adapter.recording.eager_attention():
             eager = adapter.forward(adapter.prepare_inputs(x))
     torch.testing.assert_close(eager, fused, rtol=1e-12, atol=1e-12)
     assert sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules()) == 0

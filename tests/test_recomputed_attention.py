@@ -33,11 +33,11 @@ METHODS = [("generic_attribution", {}), ("generic_attribution", {"start_layer": 
 @contextlib.contextmanager
 def saved_attention_path(adapter):
     """The adapter as if it had no recomputation: each block's eager map recorded and saved by the graph."""
-    adapter.recomputes_attention = False
+    adapter.recording.attention_recompute = None
     try:
         yield
     finally:
-        del adapter.recomputes_attention
+        del adapter.recording.attention_recompute
 
 
 def _hooks(model):
@@ -49,7 +49,7 @@ def _hooks(model):
 def test_methods_equal_the_saved_attention_path(kind, side):
     model = _tiny_decoder(kind).eval()
     adapter = adapter_for(model)
-    assert adapter.recomputes_attention
+    assert adapter.recording.attention_recompute is not None
     inputs = _decoder_batch(3, side)
     before = model.config._attn_implementation
     for name, options in METHODS:
@@ -67,7 +67,7 @@ def test_methods_equal_the_saved_attention_path(kind, side):
 def test_maps_gradients_and_relevances_are_bit_identical(kind):
     model = _tiny_decoder(kind).eval()
     adapter = adapter_for(model)
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         batch = adapter.prepare_inputs(_decoder_batch(3, "left"))
         attns, grads, logits, _ = attention_and_gradients(adapter, batch, TARGETS, [0, 1, 2])
         seen = []
@@ -145,7 +145,7 @@ def test_consumer_errors_leave_the_model_unchanged():
     assert model.config._attn_implementation == before != RECOMPUTED_ATTENTION
     assert _hooks(model) == 0 and not _ACTIVE
     with pytest.raises(RuntimeError, match="nested"):
-        with adapter.recomputed_attention(consume, 0), adapter.recomputed_attention(consume, 0):
+        with adapter.recording.attention_recompute(consume, 0), adapter.recording.attention_recompute(consume, 0):
             pass
     assert model.config._attn_implementation == before and not _ACTIVE
 
@@ -164,13 +164,11 @@ def test_attention_dropout_in_training_mode_is_refused():
 def test_families_without_the_capability_keep_the_saved_path():
     gpt2 = _tiny_decoder("gpt2")
     gpt2.config.reorder_and_upcast_attn = True        # its eager path is another function: not recomputed
-    assert not adapter_for(gpt2).recomputes_attention
+    assert adapter_for(gpt2).recording.attention_recompute is None
     out = build_method("generic_attribution")(gpt2.eval(), _decoder_batch(2, "left"), target=TARGETS[:2])
     assert torch.isfinite(out).all()
     bert = adapter_for(_tiny_text("bert").eval())
-    assert not bert.recomputes_attention
-    with pytest.raises(NotImplementedError, match="recompute"):
-        bert.recomputed_attention(lambda *args: None, 0)
+    assert bert.recording.attention_recompute is None
 
 
 @pytest.mark.parametrize("name", ["generic_attribution", "transformer_attribution"])
@@ -194,18 +192,18 @@ def test_relevance_methods_without_gradients_stream_the_maps_too(name):
     adapter = adapter_for(model)
     inputs = _decoder_batch(3, "right")
     recorded = []
-    original = type(adapter).record_attention
+    original = type(adapter.recording).attention
 
     def counting(self, rec, layer, key, *args, **kwargs):
         recorded.append(layer)
         return original(self, rec, layer, key, *args, **kwargs)
 
-    type(adapter).record_attention = counting
+    type(adapter.recording).attention = counting
     try:
         streamed = build_method(name)(model, inputs, target=TARGETS)
         assert recorded == []
         kept = build_method(name, recompute_attention=False)(model, inputs, target=TARGETS)
         assert sorted(recorded) == list(range(adapter.depth))
     finally:
-        type(adapter).record_attention = original
+        type(adapter.recording).attention = original
     assert torch.equal(streamed, kept)

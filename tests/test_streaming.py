@@ -95,7 +95,7 @@ def test_streamed_rows_equal_the_full_matrix_computation(model_id, model, inputs
             continue
         method = build_method(name, **{**options, **extra})
         ours = method(model, inputs, target=targets)
-        with adapter.eager_attention():
+        with adapter.recording.eager_attention():
             batch = adapter.prepare_inputs(inputs)
             layout = adapter.layout(batch)
             matrix, auto = _full_matrix(name, method, adapter, batch, targets)
@@ -173,7 +173,7 @@ def test_streamed_gradients_arrive_top_down_and_equal_the_plain_ones(model_id):
     _, model, inputs, targets, _ = next(m for m in MODELS if m[0] == model_id)
     adapter = adapter_for(model)
     seen = []
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         batch = adapter.prepare_inputs(inputs)
         attns, grads, logits, _ = attention_and_gradients(adapter, batch, targets, [0, 1, 2])
 
@@ -191,7 +191,7 @@ def test_engine_relevance_is_the_same_inside_the_backward_pass():
     without gradients and the gradients to a plain ``autograd.grad``."""
     model, images, targets = _vit("token"), MODELS[0][2], MODELS[0][3]
     adapter = adapter_for(model)
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         batch = adapter.prepare_inputs(images)
         plain = LRPEngine("ours").run(adapter, batch, targets, cam_layers=[0, 1, 2])
         streamed = LRPEngine("ours").run(adapter, batch, targets, cam_layers=[0, 1, 2], grad_layers=[0, 1, 2])

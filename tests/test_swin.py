@@ -45,9 +45,9 @@ def test_windowed_maps_equal_an_eager_recomputation():
     last = adapter.depth - 1
     block = model.layers[-1].blocks[-1]
     assert block.shift_size[0] > 0, "the last block of the tiny model is a shifted one"
-    with ActivationRecorder() as rec, adapter.eager_attention():
-        adapter.record_attention(rec, last, "attn")
-        adapter.record_attention_input(rec, last, "normed")
+    with ActivationRecorder() as rec, adapter.recording.eager_attention():
+        adapter.recording.attention(rec, last, "attn")
+        adapter.recording.attention_input(rec, last, "normed")
         logits = adapter.forward(adapter.prepare_inputs(x), grad_from_block=adapter.depth)
     assert torch.equal(logits, model(x))
     rows, cols = adapter.grids[last]
@@ -77,7 +77,7 @@ def test_gradient_at_the_full_map_is_the_models_gradient_at_its_windows(build):
     adapter = adapter_for(model)
     last = adapter.depth - 1
     inputs = adapter.prepare_inputs(x)
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         maps, grads, logits, target = attention_and_gradients(adapter, inputs, None, [last])
         windowed = {}
         hf = hasattr(model, "swin")
@@ -176,9 +176,9 @@ def test_rollout_composes_through_the_patch_merge(build):
     model = build()
     x = swin_images(2)
     adapter = adapter_for(model)
-    with ActivationRecorder() as rec, torch.no_grad(), adapter.eager_attention():
+    with ActivationRecorder() as rec, torch.no_grad(), adapter.recording.eager_attention():
         for layer in range(adapter.depth):
-            adapter.record_attention(rec, layer, layer, transform=lambda a: a.mean(dim=1))
+            adapter.recording.attention(rec, layer, layer, transform=lambda a: a.mean(dim=1))
         adapter.forward(adapter.prepare_inputs(x), grad_from_block=adapter.depth)
     merge = torch.zeros(64, 256, dtype=torch.float64)
     for i in range(8):
@@ -207,12 +207,13 @@ def test_token_spaces_and_transitions():
     model = tiny_timm_swin()
     adapter = adapter_for(model)
     layout = adapter.layout(swin_images(1))
-    spaces = [adapter.token_space(layer, layout) for layer in range(adapter.depth)]
+    spaces = [adapter.token_flow.token_space(layer, layout) for layer in range(adapter.depth)]
     expected = [(256, (16, 16), 16, 2)] * 2 + [(64, (8, 8), 32, 4)] * 2
     assert [(s.count, s.grid, s.width, s.heads) for s in spaces] == expected
     like = torch.empty(0, dtype=torch.float64)
-    assert [adapter.transition(layer, like) is None for layer in range(adapter.depth)] == [True, True, False, True]
-    merge = adapter.transition(2, like).to_dense()
+    flow = adapter.token_flow
+    assert [flow.transition(layer, like) is None for layer in range(adapter.depth)] == [True, True, False, True]
+    merge = adapter.token_flow.transition(2, like).to_dense()
     assert merge.shape == (64, 256) and torch.equal(merge.sum(dim=1), torch.ones(64, dtype=torch.float64))
     assert torch.equal((merge > 0).sum(dim=0), torch.ones(256, dtype=torch.long))   # each source in one merge
     assert merge[8 + 1, 2 * 16 + 2] == 0.25 and merge[8 + 1, 3 * 16 + 3] == 0.25     # token (1, 1): rows 2-3, cols 2-3
@@ -223,7 +224,7 @@ def test_token_spaces_and_transitions():
         inputs = other.prepare_inputs(family.inputs(2))
         other_layout = other.layout(inputs)
         for layer in range(other.depth):
-            assert other.transition(layer, like) is None, family.name
-            space = other.token_space(layer, other_layout)
+            assert other.token_flow.transition(layer, like) is None, family.name
+            space = other.token_flow.token_space(layer, other_layout)
             assert (space.count, space.width, space.heads) == (other_layout.num_positions, other.width,
                                                                other.num_heads), family.name

@@ -174,7 +174,7 @@ def test_lrp_mask_value_does_not_reach_the_relevance(te64):
     adapter = adapter_for(te64.model)
     inputs = adapter.prepare_inputs(te64.batch)
     layers = [0, 1, 2]
-    with adapter.eager_attention():
+    with adapter.recording.eager_attention():
         runs = [LRPEngine(rules, mask_value=value).run(adapter, inputs, te64.targets, cam_layers=layers,
                                                        grad_layers=layers, to_input=True)
                 for rules in ("ours", "orig") for value in ("dtype_min", "transformers_3")]
@@ -251,10 +251,10 @@ def test_bi_bert_tokenwise_scale_and_feedback_intermediates(bi32):
 
     adapter = adapter_for(bi32.model)
     inputs = adapter.prepare_inputs(bi32.single)
-    with ActivationRecorder() as rec, torch.no_grad(), adapter.eager_attention():
+    with ActivationRecorder() as rec, torch.no_grad(), adapter.recording.eager_attention():
         for l in range(3):
-            adapter.record_block_input(rec, l, ("z", l))
-            adapter.record_values(rec, l, ("v", l))
+            adapter.recording.block_input(rec, l, ("z", l))
+            adapter.recording.values(rec, l, ("v", l))
         adapter.forward(inputs, grad_from_block=3)
     z = bi32.z
     for l in range(3):
@@ -298,7 +298,7 @@ def test_adapter_logits_are_the_models(te64):
     inputs = adapter.prepare_inputs(te64.single)
     with torch.no_grad():
         reference = te64.model(**te64.single).logits
-        with adapter.eager_attention():
+        with adapter.recording.eager_attention():
             eager = adapter.forward(inputs, grad_from_block=3)
     assert te64.model.config._attn_implementation != "eager"      # restored
     torch.testing.assert_close(eager, reference, rtol=1e-12, atol=1e-12)
@@ -440,7 +440,7 @@ def test_adapter_logits_equal_the_models_for_each_family(kind):
     with torch.no_grad():
         reference = model(**batch).logits
         ours = adapter.forward(inputs, grad_from_block=adapter.depth)
-        with adapter.eager_attention():
+        with adapter.recording.eager_attention():
             eager = adapter.forward(inputs, grad_from_block=adapter.depth)
             eager_model = model(**batch).logits
     torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-12)

@@ -107,7 +107,7 @@ def test_ours_lrp_conserves_through_every_block(row):
     adapter = adapter_for(model)
     walk = topology_for(adapter)
     rules = LRPEngine("ours").rules
-    with adapter.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
+    with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
         walk.record(rec, range(3), to_input=True)
         model(_images(2))
     acts = dict(rec.outputs)

@@ -28,7 +28,7 @@ FAMILY = {f.name: f for f in FAMILIES}
 def _matrices(method, model, inputs):
     adapter = adapter_for(model)
     batch = adapter.prepare_inputs(inputs)
-    with adapter.eager_attention(), torch.no_grad():
+    with adapter.recording.eager_attention(), torch.no_grad():
         return torch.stack(method.matrices(adapter, batch))   # [L, B, N, N]
 
 
@@ -99,7 +99,7 @@ def _authors_loop(model, ids, distance):
     inputs = adapter.prepare_inputs({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
     context = adapter.context(inputs)
     n = ids.shape[1]
-    with adapter.eager_attention(), torch.no_grad():
+    with adapter.recording.eager_attention(), torch.no_grad():
         hidden = [adapter.embed(inputs)]
         for layer in range(adapter.depth):
             hidden.append(adapter.run_blocks(hidden[-1], context, layer, layer + 1))
@@ -193,7 +193,7 @@ def _zeroed_block_output(adapter, hidden, context, layer, position):
         if at == layer:
             values[:, position] = 0
         return values
-    with adapter.value_edit(edit):
+    with adapter.recording.value_edit(edit):
         return adapter.run_blocks(hidden, context, layer, layer + 1)
 
 
@@ -207,7 +207,7 @@ def test_value_edit_equals_a_zeroed_attention_column(name):
     inputs = adapter.prepare_inputs(FAMILY[name].inputs(2))
     context = adapter.context(inputs)
     layer, position = 1, 3
-    with adapter.eager_attention(), torch.no_grad():
+    with adapter.recording.eager_attention(), torch.no_grad():
         hidden = adapter.run_blocks(adapter.embed(inputs), context, 0, layer)
         ours = _zeroed_block_output(adapter, hidden, context, layer, position)
 
@@ -236,7 +236,7 @@ def test_open_clip_value_edit_equals_a_value_input_with_zero_values():
     attn = adapter.blocks[layer].attn
     dim = attn.embed_dim
     null_input = torch.linalg.solve(attn.in_proj_weight[2 * dim:], -attn.in_proj_bias[2 * dim:])
-    with adapter.eager_attention(), torch.no_grad():
+    with adapter.recording.eager_attention(), torch.no_grad():
         hidden = adapter.run_blocks(adapter.embed(inputs), context, 0, layer)
         ours = _zeroed_block_output(adapter, hidden, context, layer, position)
 

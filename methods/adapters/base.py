@@ -3,7 +3,7 @@
 An adapter never re-implements a model: it calls the model's own submodules in the order of the model's own
 ``forward`` (so its logits are bit-identical to ``model(...)``) and says where the tensors that methods read
 live. Methods only ever talk to a :class:`ModelAdapter`; a new family (Hugging Face text classifiers, CLIP
-towers) is one new file in this package, registered with :func:`register_adapter`.
+towers) is one folder of :mod:`methods.families`, registered with :func:`register_adapter`.
 
 Vocabulary
 ----------
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import functools
 import weakref
 from dataclasses import dataclass, replace
 from typing import (
@@ -50,6 +49,7 @@ from typing import (
 import torch
 from torch import Tensor, nn
 
+from .capability import Capability, lacking
 from .embedding_offset import check_embedding_offset, offset_added
 from .recorder import ActivationRecorder
 
@@ -158,6 +158,8 @@ class PatchGrid:
     cols: int
     prefix: int
 
+    #: what the model reads (pixel values), which says how an evaluation feeds and perturbs its inputs
+    modality = "image"
     #: whose reference code the methods' per-modality defaults follow (the authors' ViT code)
     reference = "vit"
     #: whether some positions of a sample can be padding (left out of per-sample statistics)
@@ -228,7 +230,8 @@ class TokenSequence:
     attention_mask: Tensor
     content_mask: Tensor
 
-    #: the authors' BERT code
+    #: token ids; the authors' BERT code
+    modality = "text"
     reference = "bert"
     has_padding = True
     reports_class_token = True
@@ -285,7 +288,7 @@ class TokenSpace:
     """The tokens one block sees: ``count`` positions (``N``), their ``grid`` (rows, cols) where they form one
     (``None`` for sequences), the hidden ``width`` and the attention ``heads``. Every block of an isotropic model
     shares one (the layout's); a hierarchical model (Swin) has one per stage, joined by transitions
-    (:meth:`ModelAdapter.transition`)."""
+    (``ModelAdapter.token_flow``)."""
 
     count: int
     grid: Optional[Tuple[int, int]]
@@ -362,7 +365,7 @@ class HeadLayers:
 # ------------------------------------------------------------------------------------------ interface
 class RuleMap:
     """Where AttnLRP / CP-LRP (:mod:`methods.attnlrp`; Achtibat et al. 2024, rules placed by layer type) put their
-    rules in one family's models: a family declares its subclass as ``ModelAdapter.rule_map_class`` (in its
+    rules in one family's models: a family declares it as ``rule_map = Capability(TheSubclass)`` (in its
     folder's ``rules.py``), which reads the family's modules through :attr:`adapter`. The defaults fit a model
     whose norms and activations are modules inside ``adapter.model``, with no gated MLP, no attention outside the
     blocks and no product the rules cannot hook. :meth:`head_rules` is the one state: the identity rule's
@@ -429,43 +432,248 @@ class RuleMap:
             self.head_epsilon = before
 
 
+class BlockDecomposition:
+    """The per-token decomposition of a family's blocks (``ModelAdapter.decomposition``: ALTI, ALTI-Logit, DecompX):
+    the attention sub-layer's output enters the residual stream through linear maps and per-token norms only, so
+    that each block output decomposes per input token. The defaults fit blocks that name their two norms
+    :attr:`norm_names` and whose module output is the residual stream."""
+
+    #: ``True``: a block computes ``x + attn(norm(x))``; ``False``, post-norm as in BERT: ``norm(x + attn(x))``
+    pre_norm: bool = True
+    #: the block's attributes: the attention sub-layer's norm, then the MLP sub-layer's
+    norm_names: Tuple[str, str] = ("norm1", "norm2")
+    #: DecompX's capability (:meth:`head_layers`): every piece from the first block's input to the logits is one
+    #: DecompX propagates per input token: post-norm blocks whose MLP is ``down(act(up(x)))`` with an element-wise
+    #: activation (``mlp_linears``; no gate), a read-out at position 0 and a head of two linear layers around an
+    #: element-wise activation
+    decomposes_network: bool = False
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        """Block ``layer``'s two norm modules in the model's order: the attention sub-layer's (before it in a
+        pre-norm block, after its residual sum in a post-norm one), then the MLP sub-layer's."""
+        block = self.adapter.blocks[layer]
+        return getattr(block, self.norm_names[0]), getattr(block, self.norm_names[1])
+
+    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
+        """Record the residual stream leaving block ``layer`` ``[B, N, D]`` (``transform``: applied to it as
+        :meth:`ActivationRecorder.output` does; it runs once the block's other recorded tensors are there)."""
+        rec.output(self.adapter.blocks[layer], key, transform=transform)
+
+    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """Record block ``layer``'s residual sum after its attention sub-layer, ``x + attn(...)`` ``[B, N, D]``
+        (the output projection's bias and any layer scale included), before any norm that follows it: the input
+        of the MLP's norm (pre-norm) or of the attention's (post-norm)."""
+        rec.input(self.block_norms(layer)[1 if self.pre_norm else 0], key)
+
+    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
+        """The per-channel layer scale ``[D]`` by which block ``layer`` multiplies its attention sub-layer's
+        output (after the output projection) before the residual sum; ``None``: none."""
+        return None
+
+    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
+        """A per-token norm inside block ``layer``'s attention sub-layer, with where it sits: ``"before_proj"``
+        (on the merged heads' product, before the output projection: EVA-02's sub-LN) or ``"after_proj"`` (on the
+        output projection's output, before the residual sum: Gemma 3's ``post_attention_layernorm``); ``None``:
+        none. Its input is the tensor it normalises (a forward pre-hook on it records it)."""
+        return None
+
+    def head_layers(self) -> HeadLayers:
+        """Only where :attr:`decomposes_network`: the head from the read-out token to the logits
+        (:class:`HeadLayers`)."""
+        raise NotImplementedError(f"{self.adapter.family} does not name its head as two linear layers and an "
+                                  "activation")
+
+
+class Decoder(abc.ABC):
+    """The facts of a decoder family (``ModelAdapter.decoder``): a position attends only to itself and the positions
+    before it (an edit of token ``j``'s values cannot reach an output before ``j``), and the head reads the last
+    block's output after :meth:`final_norm`."""
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @property
+    @abc.abstractmethod
+    def is_lm(self) -> bool:
+        """A causal language model (logits over its vocabulary at the read-out position, a target is a token id)
+        rather than a sequence classifier."""
+
+    @abc.abstractmethod
+    def final_norm(self) -> nn.Module:
+        """The norm applied to the last block's output before the head."""
+
+    @property
+    def linear_head(self) -> bool:
+        """ALTI-Logit's capability: the head is linear after :meth:`final_norm` at the read-out position, so that a
+        logit is a sum of the final norm's per-token terms (a soft-capped LM head is not)."""
+        return True
+
+
+#: an edit of one block's attention tensor: ``edit(layer, tensor) -> tensor`` of the same shape
+Edit = Callable[[int, Tensor], Tensor]
+
+
+class AttentionEdit(abc.ABC):
+    """An edit of a family's attention, applied in a context (``Recording.value_edit``, ``score_edit``)."""
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @abc.abstractmethod
+    def __call__(self, edit: Edit) -> contextlib.AbstractContextManager[None]:
+        """A context in which every block's tensor passes through ``edit``; the model is restored on exit."""
+
+
+class AttentionRecompute(abc.ABC):
+    """A family's attention probabilities recomputed in the backward pass (``Recording.attention_recompute``)."""
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @abc.abstractmethod
+    def __call__(self, consume: Callable[[int, Tensor, Tensor], None],
+                 lowest: int) -> contextlib.AbstractContextManager[Tensor]:
+        """A context in which ``ModelAdapter.forward`` saves no block's attention probabilities for the backward
+        pass; the backward recomputes each block's probabilities ``A_l`` ``[B, H, N, N]`` from its saved ``q``,
+        ``k``, ``v`` (one more eager attention per block) and calls ``consume(l, A_l, dy/dA_l)`` with them, **from
+        the last block down**, for every block from ``lowest`` up that ``forward`` records autograd for; the
+        gradients are those of the eager attention bit for bit. The context yields a scalar ``anchor``:
+        differentiating the target to it runs the backward down to block ``lowest``'s probabilities and no further
+        (its gradient is 0). While the context is in force the attention modules of those blocks return no
+        probabilities (``record_attention`` records nothing there; it still does below ``lowest`` and without
+        autograd). The model is restored on exit."""
+
+
+class ValueRecorder(abc.ABC):
+    """Records a family's value projections where the family says (``Recording.post_attention_values``)."""
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @abc.abstractmethod
+    def __call__(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """Record block ``layer``'s value projection ``[B, N, D]`` (heads merged, bias included) under ``key``."""
+
+
+class TokenFlow:
+    """How the tokens flow through a family's blocks (``ModelAdapter.token_flow``): each block's token space and the
+    transitions between blocks. The default is an isotropic model's: every block sees the layout's tokens."""
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    def token_space(self, layer: int, layout: Layout) -> TokenSpace:
+        """The token space of block ``layer`` for inputs of ``layout``: the layout's positions, the adapter's width
+        and heads."""
+        grid = layout.grid if isinstance(layout, PatchGrid) else None
+        return TokenSpace(layout.num_positions, grid, self.adapter.width, self.adapter.num_heads)
+
+    def transition(self, layer: int, like: Tensor) -> Optional[Tensor]:
+        """How the tokens entering block ``layer`` are formed from those leaving block ``layer - 1``: a sparse
+        ``[N_layer, N_layer-1]`` map whose row ``t`` holds the share of each earlier token in token ``t`` (rows sum
+        to 1; a 2x2 patch merge: 1/4 at each of its four sources), in ``like``'s dtype and device. ``None``: the
+        identity (the same tokens)."""
+        return None
+
+
+class Recording(abc.ABC):
+    """Where methods hook in a family's models (``ModelAdapter.recording``): the tensors an
+    :class:`ActivationRecorder` records, the eager attention that materialises the probabilities, and the
+    capabilities that hook the attention (recomputed in the backward, its values or scores edited)."""
+
+    #: whether ``ModelAdapter.forward`` makes the hidden states entering ``grad_from_block`` require grad
+    hidden_requires_grad: bool = False
+    #: capability: the attention probabilities recomputed in the backward pass (:class:`AttentionRecompute`)
+    attention_recompute: Capability[Optional[AttentionRecompute]] = Capability(lacking)
+    #: capability: the value projection ``[B, N, D]`` of the block's first norm applied to the residual stream after
+    #: the attention sub-layer, recorded (:class:`ValueRecorder`: Beyond Intuition's CLIP token scale)
+    post_attention_values: Capability[Optional[ValueRecorder]] = Capability(lacking)
+    #: capability: every block's value vectors edited (:class:`AttentionEdit`: Value Zeroing). In the context
+    #: ``value_edit(edit)`` every block's value vectors pass through ``edit(layer, values) -> values`` before the
+    #: attention product: ``values`` ``[B, N, H, Dh]`` (heads split; grouped-query attention: the key-value heads),
+    #: bias included, the tensor the block then multiplies by its attention probabilities; the edit returns a tensor
+    #: of the same shape. Nothing else of the block changes (queries and keys keep the unedited projection).
+    value_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
+    #: capability: every block's pre-softmax attention scores edited (:class:`AttentionEdit`: AtMan). In the context
+    #: ``score_edit(edit)`` every block ``l`` of ``ModelAdapter.forward`` (and ``run_blocks``) computes its attention
+    #: probabilities as ``softmax(edit(l, S_l) + M)`` with eager attention: ``S_l`` ``[B, H, N, N]`` the block's
+    #: scaled scores ``q k^T / sqrt(d)`` (after a family's soft-capping, before the additive attention mask ``M``:
+    #: causal, padding, sliding window), query rows by key columns; ``edit`` returns a tensor of the same shape. The
+    #: edit runs in the scores' dtype; columns it returns unchanged give exactly the model's own attention.
+    score_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @abc.abstractmethod
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """Record block ``layer``'s post-softmax attention ``[B, H, N, N]`` (after dropout: identity in eval), the
+        tensor the references hook; ``require_grad`` makes it differentiable for ``d logit / d A``."""
+
+    @abc.abstractmethod
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """Record block ``layer``'s value projection ``[B, N, D]`` (heads merged, bias included)."""
+
+    @abc.abstractmethod
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False) -> None:
+        """Record the hidden states entering block ``layer``'s attention: the norm output in a pre-norm block,
+        the block input in a post-norm one."""
+
+    def block_input(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False) -> None:
+        """Record the residual stream entering block ``layer``."""
+        rec.input(self.adapter.blocks[layer], key, require_grad=require_grad)
+
+    @abc.abstractmethod
+    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
+        """Context in which the attention probabilities are materialised (fused attention switched off),
+        restoring the model's setting on exit."""
+
+
+class LogitLens(abc.ABC):
+    """The logit lens of a family (LeGrad's capability, ``ModelAdapter.lens``): its own final norm and head read at
+    every position."""
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @abc.abstractmethod
+    def logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        """The family's own final norm and head applied to **every** position of ``hidden`` ``[B, N, D]`` (hidden
+        states leaving any block) as if the read-out read that position alone: logits ``[B, N, C]`` (a CLIP /
+        SigLIP / open_clip tower: the scorer's logits of each position's projected embedding; ``pre_logits``: that
+        embedding, or the latent the classifier reads)."""
+
+
 class ModelAdapter(abc.ABC):
     """What a method may know about a model. Subclasses wrap one family of stock models.
 
     Structure: ``depth`` blocks of ``num_heads`` attention heads and hidden width ``width``; ``readout`` (one of
-    :data:`READOUT_KINDS`); ``pre_norm`` (``True``: a block computes ``x + attn(norm(x))``; ``False``, post-norm
-    as in BERT: ``norm(x + attn(x))``). ``modality``: what the model reads (``image``: pixel values; ``text``:
-    token ids), which says how an evaluation feeds and perturbs its inputs (``evaluation.classifier``);
-    ``layout_class``: the class of :meth:`layout`'s answers.
+    :data:`READOUT_KINDS`). ``layout_class``: the class of :meth:`layout`'s answers, whose ``modality``
+    says what the model reads (``image``: pixel values; ``text``: token ids) and so how an evaluation feeds and
+    perturbs its inputs (``evaluation.classifier``).
 
-    Optional capabilities are members with a flag (default ``False``); a method whose options need one checks
-    the flag before any batch (``AttributionMethod.check``) and names the model and the option.
+    What only some methods need is a capability object, declared as ``name = Capability(build)``
+    (:mod:`methods.adapters.capability`; ``None`` where the family lacks it): a method whose options need one checks
+    it before any batch (``AttributionMethod.check``) and names the model and the option.
     """
 
     #: a human-readable name of the family, used in error messages
     family: str = "?"
     readout: str = "class_token"
-    pre_norm: bool = True
-    modality: str = "image"
     layout_class: Type[Layout] = PatchGrid
-    #: capability: :meth:`record_post_attention_values`
-    records_post_attention_values: bool = False
-    #: whether :meth:`forward` makes the hidden states entering ``grad_from_block`` require grad
-    hidden_requires_grad: bool = False
-    #: capability: :meth:`recomputed_attention` (the attention probabilities recomputed in the backward pass)
-    recomputes_attention: bool = False
-    #: a causal language model: logits over its vocabulary at the read-out position, a target is a token id
-    is_lm: bool = False
-    #: where AttnLRP / CP-LRP place their rules in this family's models (the family's ``rules.py``)
-    rule_map_class: Type[RuleMap] = RuleMap
+    #: where methods hook: the family's :class:`Recording`
+    recording: Capability[Recording]
+    #: where AttnLRP / CP-LRP place their rules in this family's models (the family's ``rules.py``; one per adapter:
+    #: it holds the head rules' state)
+    rule_map: Capability[RuleMap] = Capability(RuleMap)
     #: the model and its blocks, whose submodules are read by name (torch types those as ``Tensor | Module``)
     model: Any
     blocks: List[Any]
-
-    @functools.cached_property
-    def rule_map(self) -> RuleMap:
-        """This adapter's :class:`RuleMap` (one per adapter: it holds the head rules' state)."""
-        return self.rule_map_class(self)
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -488,9 +696,6 @@ class ModelAdapter(abc.ABC):
         """The structural facts an adapter reads once (read-out, depth, ...): a cached adapter whose model no
         longer has them is resolved again."""
         return ()
-
-    def signature(self) -> tuple:
-        return self._signature
 
     # -------------------------------------------------------------- structure
     @property
@@ -517,19 +722,9 @@ class ModelAdapter(abc.ABC):
         1/2 each); ``"attention_pool"``: the pooling head's attention, mean over its heads."""
         raise NotImplementedError(f"{self.family} reads out with {self.readout!r}, not a weighted mean of positions")
 
-    # -------------------------------------------------------------- token flow
-    def token_space(self, layer: int, layout: Layout) -> TokenSpace:
-        """The token space of block ``layer`` for inputs of ``layout``: the layout's positions, width and heads
-        (every block alike) unless the family says otherwise."""
-        grid = layout.grid if isinstance(layout, PatchGrid) else None
-        return TokenSpace(layout.num_positions, grid, self.width, self.num_heads)
-
-    def transition(self, layer: int, like: Tensor) -> Optional[Tensor]:
-        """How the tokens entering block ``layer`` are formed from those leaving block ``layer - 1``: a sparse
-        ``[N_layer, N_layer-1]`` map whose row ``t`` holds the share of each earlier token in token ``t`` (rows sum
-        to 1; a 2x2 patch merge: 1/4 at each of its four sources), in ``like``'s dtype and device. ``None``: the
-        identity (the same tokens; every family but Swin)."""
-        return None
+    #: how the tokens flow through the blocks (:class:`TokenFlow`; the isotropic default unless the family says
+    #: otherwise)
+    token_flow: Capability[TokenFlow] = Capability(TokenFlow)
 
     # -------------------------------------------------------------- inputs, layout
     @abc.abstractmethod
@@ -562,13 +757,13 @@ class ModelAdapter(abc.ABC):
 
         Everything before that block runs under ``torch.no_grad()``: methods that need gradients only down to
         some block pay for no graph below it (``grad_from_block=depth``: no graph at all but the head's). With
-        :attr:`hidden_requires_grad` the hidden states entering that block require grad.
+        the recording's ``hidden_requires_grad`` the hidden states entering that block require grad.
         """
         context = self.context(inputs)
         with torch.no_grad():
             hidden = self.run_blocks(self.embed(inputs), context, 0, grad_from_block)
         with torch.enable_grad():
-            if self.hidden_requires_grad and grad_from_block < self.depth:
+            if self.recording.hidden_requires_grad and grad_from_block < self.depth:
                 hidden = hidden.detach().requires_grad_(True)
             hidden = self.run_blocks(hidden, context, grad_from_block)
             return self.head(hidden, context, pre_logits=pre_logits)
@@ -601,34 +796,6 @@ class ModelAdapter(abc.ABC):
             ids = ids[:, keep.to(ids.device)].flatten(0, 1)
         return shortened, SequenceContext(mask, positions, ids)
 
-    # -------------------------------------------------------------- where methods hook
-    @abc.abstractmethod
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """Record block ``layer``'s post-softmax attention ``[B, H, N, N]`` (after dropout: identity in eval), the
-        tensor the references hook; ``require_grad`` makes it differentiable for ``d logit / d A``."""
-
-    @abc.abstractmethod
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """Record block ``layer``'s value projection ``[B, N, D]`` (heads merged, bias included)."""
-
-    @abc.abstractmethod
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        """Record the hidden states entering block ``layer``'s attention: the norm output in a pre-norm block,
-        the block input in a post-norm one."""
-
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                           require_grad: bool = False) -> None:
-        """Record the residual stream entering block ``layer``."""
-        rec.input(self.blocks[layer], key, require_grad=require_grad)
-
-    def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """Record the value projection ``[B, N, D]`` of the block's first norm applied to the residual stream
-        after the attention sub-layer (Beyond Intuition's CLIP token scale); only where
-        :attr:`records_post_attention_values`."""
-        raise NotImplementedError(f"{self.family} does not record post-attention values")
-
     @abc.abstractmethod
     def attention_linears(self, layer: int) -> AttentionLinears: ...
 
@@ -637,117 +804,12 @@ class ModelAdapter(abc.ABC):
         """The MLP's two linear layers (up-projection, down-projection) of block ``layer`` (a gated MLP:
         ``up_proj`` and ``down_proj``; its gate is the family's own member)."""
 
-    # -------------------------------------------------------------- attention implementation
-    @abc.abstractmethod
-    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
-        """Context in which the attention probabilities are materialised (fused attention switched off),
-        restoring the model's setting on exit."""
-
-    def recomputed_attention(self, consume: Callable[[int, Tensor, Tensor], None],
-                             lowest: int) -> contextlib.AbstractContextManager[Tensor]:
-        """Only where :attr:`recomputes_attention`: a context in which :meth:`forward` saves no block's attention
-        probabilities for the backward pass; the backward recomputes each block's probabilities ``A_l``
-        ``[B, H, N, N]`` from its saved ``q``, ``k``, ``v`` (one more eager attention per block) and calls
-        ``consume(l, A_l, dy/dA_l)`` with them, **from the last block down**, for every block from ``lowest`` up
-        that :meth:`forward` records autograd for; the gradients are those of the eager attention bit for bit.
-        The context yields a scalar ``anchor``: differentiating the target to it runs the backward down to block
-        ``lowest``'s probabilities and no further (its gradient is 0). While the context is in force the attention
-        modules of those blocks return no probabilities (:meth:`record_attention` records nothing there; it
-        still does below ``lowest`` and without autograd). The model is restored on exit."""
-        raise NotImplementedError(f"{self.family} does not recompute its attention in the backward pass")
-
-    # ---- edits_values (issue 37)
-    #: capability: :meth:`value_edit` (Value Zeroing's intervention on the value vectors)
-    edits_values: bool = False
-    #: a position attends only to itself and the positions before it (the decoder families): an edit of token
-    #: ``j``'s values cannot reach an output before ``j``
-    causal_attention: bool = False
-
-    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """Only where :attr:`edits_values`: a context in which every block's value vectors pass through
-        ``edit(layer, values) -> values`` before the attention product: ``values`` ``[B, N, H, Dh]`` (heads split;
-        grouped-query attention: the key-value heads), bias included, the tensor the block then multiplies by
-        its attention probabilities; the edit returns a tensor of the same shape. Nothing else of the block
-        changes (queries and keys keep the unedited projection). The model is restored on exit."""
-        raise NotImplementedError(f"{self.family} does not edit its value vectors")
-
-    # ---- edits_attention_scores (issue 37)
-    #: capability: :meth:`attention_score_edit` (every block's pre-softmax attention scores pass through an edit)
-    edits_attention_scores: bool = False
-
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """Only where :attr:`edits_attention_scores`: a context in which every block ``l`` of :meth:`forward` (and
-        :meth:`run_blocks`) computes its attention probabilities as ``softmax(edit(l, S_l) + M)`` with eager
-        attention: ``S_l`` ``[B, H, N, N]`` the block's scaled scores ``q k^T / sqrt(d)`` (after a family's
-        soft-capping, before the additive attention mask ``M``: causal, padding, sliding window), query rows by
-        key columns; ``edit`` returns a tensor of the same shape. The edit runs in the scores' dtype; columns it
-        returns unchanged give exactly the model's own attention. The model is restored on exit."""
-        raise NotImplementedError(f"{self.family} does not edit its pre-softmax attention scores")
-
-    # ---- decomposes_blocks (issue 37)
-    #: capability: :meth:`block_norms`, :meth:`final_norm`, :meth:`record_block_output` and
-    #: :meth:`record_post_attention_residual`: the attention sub-layer's output enters the residual stream through
-    #: linear maps and per-token norms only, so that each block output decomposes per input token (ALTI)
-    decomposes_blocks: bool = False
-
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        """Block ``layer``'s two norm modules in the model's order: the attention sub-layer's (before it in a
-        pre-norm block, after its residual sum in a post-norm one), then the MLP sub-layer's."""
-        raise NotImplementedError(f"{self.family} does not name its blocks' norms")
-
-    def final_norm(self) -> nn.Module:
-        """The norm applied to the last block's output before the head (pre-norm models)."""
-        raise NotImplementedError(f"{self.family} does not name a final norm module")
-
-    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
-        """Record the residual stream leaving block ``layer`` ``[B, N, D]`` (``transform``: applied to it as
-        :meth:`ActivationRecorder.output` does; it runs once the block's other recorded tensors are there)."""
-        raise NotImplementedError(f"{self.family} does not record its blocks' outputs")
-
-    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """Record block ``layer``'s residual sum after its attention sub-layer, ``x + attn(...)`` ``[B, N, D]``
-        (the output projection's bias included), before any norm that follows it."""
-        raise NotImplementedError(f"{self.family} does not record its post-attention residual")
-
-    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
-        """The per-channel layer scale ``[D]`` by which block ``layer`` multiplies its attention sub-layer's
-        output (after the output projection) before the residual sum; ``None``: none."""
-        return None
-
-    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
-        """A per-token norm inside block ``layer``'s attention sub-layer, with where it sits: ``"before_proj"``
-        (on the merged heads' product, before the output projection: EVA-02's sub-LN) or ``"after_proj"`` (on the
-        output projection's output, before the residual sum: Gemma 3's ``post_attention_layernorm``); ``None``:
-        none. Its input is the tensor it normalises (a forward pre-hook on it records it)."""
-        return None
-
-    #: ALTI-Logit's capability: the head is linear after :meth:`final_norm` at the read-out position (a decoder's
-    #: LM or score head), so a logit is a sum of the final norm's per-token terms (a CLIP tower's cosine is not)
-    linear_head: bool = False
-    # ---- decomposes_network (issue 37: DecompX)
-    #: capability: :meth:`head_layers`, with :attr:`decomposes_blocks`: every piece from the first block's input to
-    #: the logits is one DecompX propagates per input token: post-norm blocks whose MLP is
-    #: ``down(act(up(x)))`` with an element-wise activation (:meth:`mlp_linears`; no gate), a read-out at position
-    #: 0 and a head of two linear layers around an element-wise activation
-    decomposes_network: bool = False
-
-    def head_layers(self) -> HeadLayers:
-        """Only where :attr:`decomposes_network`: the head from the read-out token to the logits
-        (:class:`HeadLayers`)."""
-        raise NotImplementedError(f"{self.family} does not name its head as two linear layers and an activation")
-
-    # ---- lens_logits (issue 37)
-    #: capability: :meth:`lens_logits` (the family's own final norm and head read at every position: LeGrad's
-    #: "logit lens")
-    reads_lens: bool = False
-
-    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        """Only where :attr:`reads_lens`: the family's own final norm and head applied to **every** position of
-        ``hidden`` ``[B, N, D]`` (hidden states leaving any block) as if the read-out read that position alone:
-        logits ``[B, N, C]`` (a CLIP / SigLIP / open_clip tower: the scorer's logits of each position's
-        projected embedding; ``pre_logits``: that embedding, or the latent the classifier reads)."""
-        raise NotImplementedError(f"{self.family} has no logit lens (its final norm and head at every position)")
+    #: capability: a decoder, its attention causal (:class:`Decoder`: Value Zeroing's convention, ALTI-Logit)
+    decoder: Capability[Optional[Decoder]] = Capability(lacking)
+    #: capability: each block's output decomposes per input token (:class:`BlockDecomposition`: ALTI, DecompX)
+    decomposition: Capability[Optional[BlockDecomposition]] = Capability(lacking)
+    #: capability: the family's own final norm and head read at every position (:class:`LogitLens`: LeGrad)
+    lens: Capability[Optional[LogitLens]] = Capability(lacking)
 
 
 class ImageAdapter(ModelAdapter):
@@ -819,7 +881,7 @@ def adapter_for(model: nn.Module) -> ModelAdapter:
     ``TypeError`` naming the model class and the supported families (with each family's reason) otherwise.
     """
     cached = _RESOLVED.get(model)
-    if cached is not None and cached.signature() == cached.signature_of(model):
+    if cached is not None and cached._signature == cached.signature_of(model):
         return cached
     reasons: Dict[str, str] = {}
     for adapter_cls in ADAPTERS:

@@ -1,4 +1,4 @@
-"""The logit lens of an image family through its own head (:meth:`ModelAdapter.lens_logits`, issue 37).
+"""The logit lens of an image family through its own head (``ModelAdapter.lens``, issue 37).
 
 A head reads the hidden states at its read-out (the [CLS] row, the mean of the patch rows, the distillation
 token, an attention pool over the patches, ...) after the final norm. To read **one** position ``t`` through
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .base import ImageAdapter, SequenceContext
+from .base import ImageAdapter, LogitLens, SequenceContext
+from .capability import Capability
 
 
 def lens_through_head(adapter: ImageAdapter, hidden: Tensor, context: SequenceContext,
@@ -31,11 +32,17 @@ def lens_through_head(adapter: ImageAdapter, hidden: Tensor, context: SequenceCo
     return out.reshape(batch, positions, out.shape[-1])
 
 
+class HeadLens(LogitLens):
+    """The logit lens of an image family: its own head reading each position alone (:func:`lens_through_head`)."""
+
+    adapter: ImageAdapter
+
+    def logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
+        return lens_through_head(self.adapter, hidden, context, pre_logits)
+
+
 class LensImageAdapter(ImageAdapter):
-    """An image family whose logit lens is its own head reading each position alone (:func:`lens_through_head`):
-    ``reads_lens``, :meth:`lens_logits` ``[B, N, C]``. The family lists it where it would list ``ImageAdapter``."""
+    """An image family whose logit lens is :class:`HeadLens`. The family lists it where it would list
+    ``ImageAdapter``."""
 
-    reads_lens = True
-
-    def lens_logits(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
-        return lens_through_head(self, hidden, context, pre_logits)
+    lens = Capability(HeadLens)

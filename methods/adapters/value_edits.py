@@ -1,4 +1,4 @@
-"""Editing the value vectors of every block at the projection that makes them (``ModelAdapter.value_edit``).
+"""Editing the value vectors of every block at the projection that makes them (``Recording.value_edit``).
 
 A family whose attention computes its values with a projection module that a forward hook can reach (a separate
 ``v`` projection, or a fused ``[q | k | v]`` projection whose last third is the values) gives the capability
@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, List
 import torch
 from torch import Tensor, nn
 
-from .base import ModelAdapter, out_features
+from .base import AttentionEdit, ModelAdapter, out_features
 
 ValueEdit = Callable[[int, Tensor], Tensor]
 
@@ -39,7 +39,7 @@ def _value_hook(layer: int, start: int, heads: int, edit: ValueEdit) -> Callable
 
 @contextlib.contextmanager
 def projection_value_edit(adapter: ModelAdapter, edit: ValueEdit) -> Iterator[None]:
-    """``adapter.value_edit(edit)`` for a family whose :meth:`~ModelAdapter.attention_linears` name a value
+    """``adapter.recording.value_edit(edit)`` for a family whose :meth:`~ModelAdapter.attention_linears` name a value
     projection ``v`` (its output the values, ``out_features(v) / head_dim`` heads, ``head_dim`` read from ``q``:
     grouped-query attention keeps its key-value heads) or a fused ``qkv`` projection (the last third, ``H``
     heads)."""
@@ -80,14 +80,8 @@ def product_change(probabilities: Tensor, change: Tensor) -> Tensor:
     return (probabilities @ change.transpose(1, 2).to(probabilities.dtype)).transpose(1, 2).flatten(2)
 
 
-class ProjectionValueEdits:
-    """Mixin of the families whose values a hook on the value projection reaches (list it before the family's
-    adapter base): the capability ``edits_values`` given by :func:`projection_value_edit`."""
+class ProjectionValueEdit(AttentionEdit):
+    """Values edited at the block's value projection (a fused ``qkv``: its last third)."""
 
-    edits_values = True
-
-    def value_edit(self, edit: ValueEdit) -> contextlib.AbstractContextManager[None]:
-        """Values edited at the block's value projection (a fused ``qkv``: its last third):
-        :func:`projection_value_edit`."""
-        assert isinstance(self, ModelAdapter), "ProjectionValueEdits is a mixin of ModelAdapter subclasses"
-        return projection_value_edit(self, edit)
+    def __call__(self, edit: ValueEdit) -> contextlib.AbstractContextManager[None]:
+        return projection_value_edit(self.adapter, edit)

@@ -13,7 +13,8 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 from torch import Tensor
 
-from ..adapters.base import ModelAdapter, SequenceContext
+from ..adapters.base import AttentionEdit, ModelAdapter, Recording, SequenceContext
+from ..adapters.capability import Capability
 from .hf_implementation import attention_implementation
 from .hf_score_edit import score_edited_attention
 
@@ -24,7 +25,6 @@ class HFEncoderBlocks(ModelAdapter):
     attention probabilities (an output of ``eager_attention_forward``, not of a module whose output could be
     replaced) are differentiable even when every parameter is frozen."""
 
-    hidden_requires_grad = True
     #: the model's (or tower's) ``PretrainedConfig``
     config: Any
 
@@ -62,24 +62,6 @@ class HFEncoderBlocks(ModelAdapter):
             hidden = block(hidden, mask, **kwargs)
         return hidden
 
-    @contextlib.contextmanager
-    def eager_attention(self) -> Iterator[None]:
-        """``_attn_implementation = "eager"`` on :meth:`attention_config` (SDPA and flash attention never
-        materialise the probabilities), restored on exit; any other config (CLIP's other tower) is left alone."""
-        with attention_implementation(self.attention_config(), "eager"):
-            yield
-
-    # ---- edits_attention_scores (issue 37)
-    #: the layers call their attention through ``transformers.AttentionInterface`` (a family whose attention is its
-    #: own code, DeBERTa's disentangled attention, says ``False``)
-    edits_attention_scores = True
-
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """The blocks' scores edited through an attention function registered with ``transformers``
-        (:mod:`methods.families.hf_score_edit`) on :meth:`attention_config`."""
-        if not self.edits_attention_scores:
-            raise NotImplementedError(f"{self.family} does not edit its pre-softmax attention scores")
-        return score_edited_attention(self.attention_config(), self.blocks, edit)
 
 
 class HFBaseBlocks(HFEncoderBlocks):
@@ -100,3 +82,34 @@ class HFBaseBlocks(HFEncoderBlocks):
     @classmethod
     def depth_of(cls, model: Any) -> int:
         return len(cls.layers_of(getattr(model, cls.base_attr)))
+
+
+class HFScoreEdit(AttentionEdit):
+    """The blocks call their attention through ``transformers.AttentionInterface``: the scores edited through an
+    attention function registered there (a family whose attention is its own code declares its own edit)."""
+
+    adapter: "HFEncoderBlocks"
+
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """The blocks' scores edited through an attention function registered with ``transformers``
+        (:mod:`methods.families.hf_score_edit`) on :meth:`attention_config`."""
+        return score_edited_attention(self.adapter.attention_config(), self.adapter.blocks, edit)
+
+
+class HFRecording(Recording):
+    """Where methods hook in a Hugging Face encoder: the eager attention, and the hidden states entering
+    ``grad_from_block`` require grad (the attention probabilities are an output of ``eager_attention_forward``, not
+    of a module whose output could be replaced, so they are differentiable even when every parameter is frozen).
+    Each family names its modules."""
+
+    adapter: "HFEncoderBlocks"
+    score_edit: Capability[Optional[AttentionEdit]] = Capability(lambda recording: HFScoreEdit(recording.adapter))
+
+    hidden_requires_grad = True
+
+    @contextlib.contextmanager
+    def eager_attention(self) -> Iterator[None]:
+        """``_attn_implementation = "eager"`` on :meth:`attention_config` (SDPA and flash attention never
+        materialise the probabilities), restored on exit; any other config (CLIP's other tower) is left alone."""
+        with attention_implementation(self.adapter.attention_config(), "eager"):
+            yield

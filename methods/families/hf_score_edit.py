@@ -1,5 +1,5 @@
-"""Pre-softmax attention-score edits in the Hugging Face families (the capability ``edits_attention_scores``,
-:meth:`~methods.adapters.base.ModelAdapter.attention_score_edit`).
+"""Pre-softmax attention-score edits in the Hugging Face families (the capability
+``Recording.score_edit``).
 
 Within :func:`score_edited_attention` the config whose ``_attn_implementation`` a model's (or tower's) layers read
 is switched to :data:`SCORE_EDITED_ATTENTION`, registered through ``transformers.AttentionInterface`` (and, for the

@@ -125,7 +125,7 @@ class LRPEngine:
         the topology can: those blocks, or without gradients every block when more than one would be held (a
         backward whose gradients are dropped brings each block's map in turn, instead of the forward recording
         them all). Sets the topology's ``streamed_attention_from``."""
-        capable = recompute and adapter.recomputes_attention and topology.streams_attention
+        capable = recompute and adapter.recording.attention_recompute is not None and topology.streams_attention
         stream = grad_layers or (blocks if capable and len(blocks) > 1 else [])
         recomputed = capable and bool(stream)
         topology.streamed_attention_from = stream[0] if recomputed else None

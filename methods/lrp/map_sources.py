@@ -8,7 +8,7 @@ behind it. A map source says when it may go through a block:
 * :class:`StreamedMaps` (gradients asked for): the pass runs inside the backward pass, from gradient hooks on
   the recorded maps; a block is gone through as soon as the gradient of the map below it arrives (its own
   backward is complete by then), so a caller folding each ``R_A`` with its gradient holds at most two gradients.
-* :class:`RecomputedMaps` (an adapter that ``recomputes_attention``, a topology that ``streams_attention``): no
+* :class:`RecomputedMaps` (an adapter with an ``attention_recompute``, a topology that ``streams_attention``): no
   map is recorded from ``stream[0]`` up; each arrives recomputed with its gradient during the backward and is
   dropped once the pass has gone through its block, which it does when the gradient at the block's q/k/v input
   arrives (before that, the backward may still read the recorded projection outputs). Without gradients asked
@@ -140,7 +140,7 @@ class StreamedMaps(RecordedMaps):
 
 class RecomputedMaps(StreamedMaps):
     """No map of ``stream`` recorded nor saved by the forward: the adapter recomputes each in the backward and
-    hands it over with its gradient (:meth:`~methods.adapters.ModelAdapter.recomputed_attention`); the maps of
+    hands it over with its gradient (:class:`~methods.adapters.AttentionRecompute`); the maps of
     ``grad_layers`` keep their gradients."""
 
     def __init__(self, stream: List[int], grad_layers: Sequence[int]) -> None:
@@ -149,7 +149,9 @@ class RecomputedMaps(StreamedMaps):
         self.received: List[int] = []
 
     def forward_context(self, adapter: ModelAdapter) -> contextlib.AbstractContextManager[Optional[Tensor]]:
-        return adapter.recomputed_attention(self.receive, self.stream[0])
+        recompute = adapter.recording.attention_recompute
+        assert recompute is not None, "only built where the adapter recomputes its attention"
+        return recompute(self.receive, self.stream[0])
 
     def receive(self, layer: int, attn: Tensor, grad: Tensor) -> None:
         """A block's recomputed map and its gradient, during the backward: kept until the pass goes through the

@@ -120,7 +120,7 @@ def record_block(rec, adapter, layer: int, layer_outputs: bool) -> None:
     the output of ``fc1``, which only rule sets whose Linear rule reads outputs need
     (:attr:`RuleSet.linear_uses_output`)."""
     linears = adapter.attention_linears(layer)
-    adapter.record_block_input(rec, layer, ("x", layer))
+    adapter.recording.block_input(rec, layer, ("x", layer))
     if linears.qkv is not None:
         rec.input(linears.qkv, ("qkv_in", layer))
         rec.output(linears.qkv, ("qkv", layer))

@@ -38,7 +38,7 @@ class Topology:
     capability ignores them): ``mask_value``, the additive mask the Add rule sees at padded keys (families with
     padding masks); ``input_point``, where full LRP stops: one of ``input_points`` (empty: the family has one
     input, e.g. the pixels); ``streamed_attention_from``, on a topology that ``streams_attention`` (its
-    adapter's :meth:`~methods.adapters.ModelAdapter.recomputed_attention`): the first block whose attention map is
+    adapter's ``attention_recompute``): the first block whose attention map is
     not recorded but handed to the engine during the backward (``None``: every map recorded).
     """
 
@@ -89,7 +89,7 @@ class Topology:
         streamed = self.streamed_attention_from
         for l in blocks:
             if streamed is None or l < streamed:
-                self.adapter.record_attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
+                self.adapter.recording.attention(rec, l, ("attn", l), require_grad=l in grad_blocks)
             self.record_block(rec, l, layer_outputs)
         self.record_head(rec, layer_outputs)
         if to_input:

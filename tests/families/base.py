@@ -64,7 +64,7 @@ def method_options(family: "Family", name: str) -> dict:
     return {**MATRIX_OPTIONS.get(name, {}), **(family.options or {}).get(name, {})}
 
 
-#: the reason AtMan (issue 37) gives on a family without the ``edits_attention_scores`` capability
+#: the reason AtMan (issue 37) gives on a family without the ``score_edit`` capability
 NO_SCORE_EDIT = {"atman": "has no pre-softmax attention-score edit"}
 
 

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ...adapters.base import (
     AttentionLinears,
+    BlockDecomposition,
     Layout,
     ModelInputs,
     RawInputs,
@@ -28,18 +29,19 @@ from ...adapters.base import (
     SampleIds,
     SequenceContext,
     TokenSequence,
+    ValueRecorder,
     check_sample_ids,
     register_adapter,
     scaled_copies,
 )
-from ...adapters.block_decomposition import PreNormDecomposition
+from ...adapters.capability import Capability
 from ...adapters.gradient_rules import normalized_rule
 from ...adapters.lens import LensImageAdapter
 from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs
-from ...adapters.value_edits import ProjectionValueEdits
-from ..hf_blocks import HFEncoderBlocks
+from ...adapters.value_edits import ProjectionValueEdit
+from ..hf_blocks import HFEncoderBlocks, HFRecording
 from .rules import CLIPTextRules, CLIPVisionRules
 
 #: extra per-sample tensors of a text batch set by the adapter: the read-out (EOS) positions and, from
@@ -78,7 +80,6 @@ class _ScorerHead:
     clip: Any
     tower = "?"
     rule_map: RuleMap
-    records_post_attention_values = True        # Beyond Intuition's CLIP token scale reads every tower's blocks
 
     def embedding(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         """The tower's embedding ``[B, projection_dim]`` (unnormalised) from the last hidden states: final norm,
@@ -114,7 +115,6 @@ class _ScaledTokenText:
     subclass's bases."""
 
     tower = "text"
-    modality = "text"
     readout = "position"
     layout_class: Type[Layout] = TokenSequence
 
@@ -131,7 +131,13 @@ def at_readout_positions(normed: Tensor, context: SequenceContext) -> Tensor:
     return normed[torch.arange(normed.shape[0], device=normed.device), positions]
 
 
-class _HFCLIPTower(PreNormDecomposition, ProjectionValueEdits, _ScorerHead, HFEncoderBlocks):
+class CLIPDecomposition(BlockDecomposition):
+    """Pre-norm ``x + out_proj(attention(layer_norm1(x)))``, then ``layer_norm2``."""
+
+    norm_names = ("layer_norm1", "layer_norm2")
+
+
+class _HFCLIPTower(_ScorerHead, HFEncoderBlocks):
     """Shared machinery of the two CLIP towers (see the module docstring); a subclass names its tower."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -182,33 +188,8 @@ class _HFCLIPTower(PreNormDecomposition, ProjectionValueEdits, _ScorerHead, HFEn
         return self.projection()(self.pooled(hidden, context))
 
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The probabilities returned by ``CLIPAttention`` (``(attn_output, attn_weights)`` in eager mode; after
-        dropout, identity in eval), the tensor MM's and BI's CLIP code hook. ``require_grad`` needs autograd
-        recorded from this block on (see :meth:`forward`)."""
-        rec.output(self.blocks[layer].self_attn, key, transform=transform, index=1, require_grad=require_grad)
+    recording = Capability(lambda adapter: CLIPRecording(adapter))
 
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        rec.output(self.blocks[layer].self_attn.v_proj, key)
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.output(self.blocks[layer].layer_norm1, key, require_grad=require_grad)
-
-    def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """Beyond Intuition's CLIP token scale reads ``v`` of ``layer_norm1`` applied to the residual stream
-        **after** the attention sub-layer (``CLIP/CLIP/clip/model.py``: ``vproj_cal(self.ln_1(x))`` after
-        ``x = x + attention(...)``), not of the attention input: record that ``[B, N, D]`` value projection
-        (heads merged, bias included). Computed from the input of ``layer_norm2`` (the post-attention stream),
-        without changing the forward."""
-        block = self.blocks[layer]
-
-        def hook(_module: nn.Module, args: Tuple[Any, ...]) -> None:
-            with torch.no_grad():
-                rec.outputs[key] = block.self_attn.v_proj(block.layer_norm1(args[0]))
-
-        rec._handles.append(block.layer_norm2.register_forward_pre_hook(hook))
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].self_attn
@@ -218,8 +199,7 @@ class _HFCLIPTower(PreNormDecomposition, ProjectionValueEdits, _ScorerHead, HFEn
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
 
-    # ---- decomposes_blocks (issue 37): pre-norm ``x + out_proj(attention(layer_norm1(x)))``
-    block_norm_names = ("layer_norm1", "layer_norm2")
+    decomposition = Capability(CLIPDecomposition)
 
 
 
@@ -255,7 +235,7 @@ class HFCLIPVisionAdapter(_HFPatchVision, LensImageAdapter, _HFCLIPTower):
     ``post_layernorm`` and ``visual_projection``. Layout: ``PatchGrid(S/p, S/p, prefix=1)``. Integrated gradients
     scale the normalised pixels (the all-zero normalised image as baseline, BI's ``Interpretor.py``)."""
 
-    rule_map_class = CLIPVisionRules
+    rule_map = Capability(CLIPVisionRules)
 
     family = "transformers CLIPModel vision tower (ZeroShotClassifier)"
     readout = "class_token"
@@ -324,7 +304,7 @@ class HFCLIPTextAdapter(_HFTokenText, _HFCLIPTower):
     Integrated gradients scale the token embeddings before the position embeddings are added (BI's
     ``CLIP.ipynb``: ``encode_text(text, scale)``: ``x = scale * token_embedding(text)``)."""
 
-    rule_map_class = CLIPTextRules
+    rule_map = Capability(CLIPTextRules)
 
     family = "transformers CLIPModel text tower (PromptScorer)"
 
@@ -381,3 +361,42 @@ class HFCLIPTextAdapter(_HFTokenText, _HFCLIPTower):
 
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         return at_readout_positions(self.tower_model.final_layer_norm(hidden), context)
+
+
+class CLIPPostAttentionValues(ValueRecorder):
+    """Beyond Intuition's CLIP token scale reads every CLIP / SigLIP tower's blocks."""
+
+    def __call__(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """Beyond Intuition's CLIP token scale reads ``v`` of ``layer_norm1`` applied to the residual stream
+        **after** the attention sub-layer (``CLIP/CLIP/clip/model.py``: ``vproj_cal(self.ln_1(x))`` after
+        ``x = x + attention(...)``), not of the attention input: record that ``[B, N, D]`` value projection
+        (heads merged, bias included). Computed from the input of ``layer_norm2`` (the post-attention stream),
+        without changing the forward."""
+        block = self.adapter.blocks[layer]
+
+        def hook(_module: nn.Module, args: Tuple[Any, ...]) -> None:
+            with torch.no_grad():
+                rec.outputs[key] = block.self_attn.v_proj(block.layer_norm1(args[0]))
+
+        rec._handles.append(block.layer_norm2.register_forward_pre_hook(hook))
+
+
+class CLIPRecording(HFRecording):
+    """Where methods hook in a CLIP (or SigLIP) tower."""
+
+    value_edit = Capability(lambda recording: ProjectionValueEdit(recording.adapter))
+    post_attention_values = Capability(lambda recording: CLIPPostAttentionValues(recording.adapter))
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The probabilities returned by ``CLIPAttention`` (``(attn_output, attn_weights)`` in eager mode; after
+        dropout, identity in eval), the tensor MM's and BI's CLIP code hook. ``require_grad`` needs autograd
+        recorded from this block on (see :meth:`forward`)."""
+        rec.output(self.adapter.blocks[layer].self_attn, key, transform=transform, index=1, require_grad=require_grad)
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        rec.output(self.adapter.blocks[layer].self_attn.v_proj, key)
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        rec.output(self.adapter.blocks[layer].layer_norm1, key, require_grad=require_grad)

@@ -16,10 +16,11 @@ import torch
 from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
-from ...adapters.base import AttentionLinears, ModelInputs, SequenceContext, register_adapter
+from ...adapters.base import AttentionEdit, AttentionLinears, ModelInputs, SequenceContext, register_adapter
+from ...adapters.capability import Capability
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
-from ..hf_text.adapter import HFTextAdapter
+from ..hf_text.adapter import HFTextAdapter, TextDecomposition, TextRecording
 from .score_edit import deberta_score_edit
 
 
@@ -61,7 +62,7 @@ class HFDebertaV2Adapter(HFTextAdapter):
     def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
                    stop: Optional[int] = None) -> Tensor:
         """Blocks ``start:stop`` with the encoder's own mask, relative positions and relative embeddings; each
-        block returns its attention probabilities too (:meth:`record_attention` reads them)."""
+        block returns its attention probabilities too (``recording.attention`` reads them)."""
         blocks = self.blocks[start:stop]
         if not blocks:
             return hidden
@@ -108,22 +109,34 @@ class HFDebertaV2Adapter(HFTextAdapter):
         own = attention.self
         return AttentionLinears(out=attention.output.dense, q=own.query_proj, k=own.key_proj, v=own.value_proj)
 
-    # ---- edits_attention_scores (issue 37)
-    #: the disentangled attention is DeBERTa's own code: the full score ``c2c + c2p + p2c`` recomputed by a hook
-    #: and the edited probabilities handed on at the attention's dropout (:mod:`.score_edit`)
-    edits_attention_scores = True
+    recording = Capability(lambda adapter: DebertaRecording(adapter))
 
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """Every block's disentangled attention (``attention.self``) with its scores edited
-        (:func:`~methods.families.hf_deberta.score_edit.deberta_score_edit`), hooks removed on exit."""
-        return deberta_score_edit([block.attention.self for block in self.blocks], edit)
+    decomposition = Capability(lambda adapter: DebertaDecomposition(adapter))
 
-    # ---- decomposes_network (issue 37: DecompX)
-    #: DecompX (issue 37) is not carried to this family: its reference decomposes BERT and RoBERTa only
+
+class DebertaDecomposition(TextDecomposition):
+    """BERT's post-norm decomposition of the blocks; DecompX (issue 37) is not carried to this family: its
+    reference decomposes BERT and RoBERTa only."""
+
     decomposes_network = False
 
-    # ---- decomposes_blocks (issue 37)
     def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
                             transform: Optional[Callable[[Tensor], Any]] = None) -> None:
         """The hidden states of the block's ``(hidden, probabilities)`` output."""
-        rec.output(self.blocks[layer], key, transform=transform, index=0)
+        rec.output(self.adapter.blocks[layer], key, transform=transform, index=0)
+
+
+class DebertaScoreEdit(AttentionEdit):
+    """The disentangled attention is DeBERTa's own code: the full score ``c2c + c2p + p2c`` recomputed by a hook
+    and the edited probabilities handed on at the attention's dropout (:mod:`.score_edit`)."""
+
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """Every block's disentangled attention (``attention.self``) with its scores edited
+        (:func:`~methods.families.hf_deberta.score_edit.deberta_score_edit`), hooks removed on exit."""
+        return deberta_score_edit([block.attention.self for block in self.adapter.blocks], edit)
+
+
+class DebertaRecording(TextRecording):
+    """A text encoder's recording whose scores are edited in DeBERTa's own attention."""
+
+    score_edit = Capability(lambda recording: DebertaScoreEdit(recording.adapter))

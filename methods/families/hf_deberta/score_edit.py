@@ -1,4 +1,4 @@
-"""Pre-softmax attention-score edits in DeBERTa-v2/v3's disentangled attention (``edits_attention_scores``).
+"""Pre-softmax attention-score edits in DeBERTa-v2/v3's disentangled attention (``Recording.score_edit``).
 
 ``DisentangledSelfAttention`` computes its full pre-softmax score in its own code, ``S = q k^T / sqrt(d * s)`` plus
 the relative terms ``c2p + p2c`` (``disentangled_attention_bias``; ``s`` = 1 + the number of relative terms), fills

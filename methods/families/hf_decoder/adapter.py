@@ -19,9 +19,13 @@ from torch import Tensor, nn
 
 from ...adapters.base import (
     AttentionLinears,
+    AttentionRecompute,
+    BlockDecomposition,
+    Decoder,
     ModelInputs,
     Projection,
     RawInputs,
+    Recording,
     SampleIds,
     SequenceContext,
     TokenSequence,
@@ -29,13 +33,13 @@ from ...adapters.base import (
     register_adapter,
     scaled_copies,
 )
-from ...adapters.block_decomposition import PreNormDecomposition
+from ...adapters.capability import Capability
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, last_real_positions, positions_from_mask
-from ...adapters.value_edits import ProjectionValueEdits
-from ..hf_blocks import HFBaseBlocks
+from ...adapters.value_edits import ProjectionValueEdit
+from ..hf_blocks import HFBaseBlocks, HFRecording, HFScoreEdit
 from .recompute import recomputed_attention
 from .rules import DecoderRules, Gemma3Rules, RopeDecoderRules
 
@@ -68,21 +72,57 @@ def unmask_padding_queries(mask: Any, attention_mask: Tensor) -> Any:
     return mask
 
 
-class _HFDecoder(PreNormDecomposition, ProjectionValueEdits, HFBaseBlocks):
+class DecoderDecomposition(BlockDecomposition):
+    """Pre-norm blocks: ``input_layernorm``, then ``post_attention_layernorm`` (entering the MLP)."""
+
+    norm_names = ("input_layernorm", "post_attention_layernorm")
+
+
+class Gemma3Decomposition(BlockDecomposition):
+    """Sandwich norms: the attention output through its own RMSNorm (``post_attention_layernorm``) before the
+    residual sum, linearised per token with its scale; the MLP entered through ``pre_feedforward_layernorm``."""
+
+    norm_names = ("input_layernorm", "pre_feedforward_layernorm")
+
+    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
+        return self.adapter.blocks[layer].post_attention_layernorm, "after_proj"
+
+
+class GPT2Decomposition(BlockDecomposition):
+    """GPT-2's pre-norm blocks: ``ln_1``, ``ln_2``."""
+
+    norm_names = ("ln_1", "ln_2")
+
+
+class HFDecoderFacts(Decoder):
+    """A decoder family's :class:`~methods.adapters.Decoder` facts, read from its adapter."""
+
+    adapter: "_HFDecoder"
+
+    @property
+    def is_lm(self) -> bool:
+        return self.adapter.is_lm
+
+    def final_norm(self) -> nn.Module:
+        return self.adapter.final_norm()
+
+    @property
+    def linear_head(self) -> bool:
+        return self.adapter.head_is_linear()
+
+
+class _HFDecoder(HFBaseBlocks):
     """Shared machinery of the decoder families (see the module docstring); a family subclass names its model
     classes and submodules."""
 
-    rule_map_class = DecoderRules
+    rule_map = Capability(DecoderRules)
 
-    modality = "text"
     readout = "position"
-    pre_norm = True
     layout_class = TokenSequence
     #: the ``transformers`` classes (names) of the family: causal LMs and sequence classifiers
     model_classes: Tuple[str, ...] = ()
     #: the attribute of the model holding the decoder stack
     base_attr = "model"
-    recomputes_attention = True
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -283,42 +323,9 @@ class _HFDecoder(PreNormDecomposition, ProjectionValueEdits, HFBaseBlocks):
         scaled output is the input embedding, LXT's ``inputs_embeds``)."""
         return self.base.embed_tokens
 
-    def recomputed_attention(self, consume: Callable[[int, Tensor, Tensor], None],
-                             lowest: int) -> contextlib.AbstractContextManager[Tensor]:
-        """Each block's probabilities recomputed in the backward pass by the family's own eager attention
-        (:func:`methods.families.hf_decoder.recompute.recomputed_attention`; the base class states the contract): the
-        config is switched to that implementation for the duration (the masks built as for the eager attention)
-        and restored on exit."""
-        if not self.recomputes_attention:
-            raise NotImplementedError(f"{self.family}: this model's attention is not recomputed "
-                                      "(GPT-2 with reorder_and_upcast_attn)")
-        weight: Any = self.input_embedding().weight
-        modules = {self.self_attention(i): i for i in range(self.depth)}
-        return recomputed_attention(self.attention_config(), modules, consume, lowest, weight.dtype, weight.device)
 
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The probabilities ``[B, H, N, N]`` returned by the attention module (``(attn_output, attn_weights)``;
-        after dropout, identity in eval; all query heads). ``require_grad`` needs autograd recorded from this
-        block on (see :meth:`forward`). Nothing is recorded for the blocks whose probabilities
-        :meth:`recomputed_attention` recomputes."""
-        rec.output(self.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
-
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """``v_proj``'s output with each key/value head repeated for its query heads: ``[B, N, H * head_dim]``."""
-        attn: Any = self.self_attention(layer)
-        groups = int(attn.num_key_value_groups)
-        kv_heads = self.num_heads // groups
-        rec.output(attn.v_proj, key, transform=lambda v: repeat_heads(v, kv_heads, groups))
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.output(self.attention_norm(layer), key, require_grad=require_grad)
-
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                           require_grad: bool = False) -> None:
-        rec.input(self.blocks[layer], key, require_grad=require_grad)
+    recording: Capability[Recording] = Capability(lambda adapter: DecoderRecording(adapter))
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn: Any = self.self_attention(layer)
@@ -329,23 +336,19 @@ class _HFDecoder(PreNormDecomposition, ProjectionValueEdits, HFBaseBlocks):
         mlp = self.blocks[layer].mlp
         return mlp.up_proj, mlp.down_proj
 
-    # ---- edits_values (issue 37): values edited at the projection (ProjectionValueEdits)
-    causal_attention = True
+    decomposition: Capability[Optional[BlockDecomposition]] = Capability(DecoderDecomposition)
+    decoder = Capability(HFDecoderFacts)
 
-    # ---- decomposes_blocks (issue 37)
-    #: Gemma 3 normalises the attention output again before the residual sum (sandwich norms): refused there
-    decomposes_blocks = True
-    #: the LM head (or the score head) is linear after the final norm (ALTI-Logit)
-    linear_head = True
-
-    block_norm_names = ("input_layernorm", "post_attention_layernorm")
+    def head_is_linear(self) -> bool:
+        """The LM head (or the score head) is linear after the final norm (ALTI-Logit)."""
+        return True
 
 
 class _HFRopeDecoder(_HFDecoder):
     """Llama-like decoders: ``embed_tokens``, RMSNorm, rotary embeddings, (grouped-query) attention with
     ``q_proj``/``k_proj``/``v_proj``/``o_proj``, gated MLP ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
 
-    rule_map_class = RopeDecoderRules
+    rule_map = Capability(RopeDecoderRules)
 
 
 @register_adapter
@@ -397,7 +400,7 @@ class HFGemma3Adapter(_HFRopeDecoder):
     ``head_rules``; LXT leaves it plain). Refused: bidirectional attention; attention-logit soft-capping
     has no relevance rule (``rules.Gemma3Rules.problems``)."""
 
-    rule_map_class = Gemma3Rules
+    rule_map = Capability(Gemma3Rules)
 
     family = "transformers Gemma3ForCausalLM"
     model_classes = ("Gemma3ForCausalLM", "Gemma3TextForSequenceClassification")
@@ -421,18 +424,9 @@ class HFGemma3Adapter(_HFRopeDecoder):
         scaled = logits / cap
         return apply_identity_rule(torch.tanh, scaled, self.rule_map.head_epsilon) * cap
 
-    # ---- decomposes_blocks (issue 37): sandwich norms, the attention output through its own RMSNorm
-    # (``post_attention_layernorm``) before the residual sum, linearised per token with its scale
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        """The norm entering the attention, then the one entering the MLP (``pre_feedforward_layernorm``)."""
-        block = self.blocks[layer]
-        return block.input_layernorm, block.pre_feedforward_layernorm
+    decomposition = Capability(Gemma3Decomposition)
 
-    def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
-        return self.blocks[layer].post_attention_layernorm, "after_proj"
-
-    @property
-    def linear_head(self) -> bool:  # type: ignore[override]
+    def head_is_linear(self) -> bool:
         """The LM's final logit soft-capping (``tanh``) makes the head non-linear (ALTI-Logit refuses it)."""
         return not self.is_lm or getattr(self.config, "final_logit_softcapping", None) is None
 
@@ -455,12 +449,12 @@ class HFGPT2Adapter(_HFDecoder):
             return "GPT-2 with cross-attention is not supported"
         return reason
 
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__(model)
-        # the stock eager path of reorder_and_upcast_attn is another function (_upcast_and_reordered_attn)
-        self.recomputes_attention = not bool(getattr(self.config, "reorder_and_upcast_attn", False))
-        # ---- edits_attention_scores (issue 37): likewise, that path's scores never reach an attention function
-        self.edits_attention_scores = self.recomputes_attention
+    #: the stock eager path of ``reorder_and_upcast_attn`` is another function (``_upcast_and_reordered_attn``):
+    #: its maps are not recomputed, and its scores never reach an attention function
+
+    def upcasts(self) -> bool:
+        """Whether the model takes the ``reorder_and_upcast_attn`` path."""
+        return bool(getattr(self.config, "reorder_and_upcast_attn", False))
 
     @classmethod
     def signature_of(cls, model: Any) -> tuple:
@@ -499,11 +493,7 @@ class HFGPT2Adapter(_HFDecoder):
         return self.blocks[layer](hidden, None, mask, None, encoder_attention_mask=None, use_cache=False,
                                   position_ids=position_ids)
 
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The value third of ``c_attn``'s output ``[B, N, D]``."""
-        width = self.width
-        rec.output(self.blocks[layer].attn.c_attn, key, transform=lambda qkv: qkv[..., 2 * width:])
-
+    recording = Capability(lambda adapter: GPT2Recording(adapter))
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].attn
         return AttentionLinears(out=attn.c_proj, qkv=attn.c_attn)
@@ -512,5 +502,67 @@ class HFGPT2Adapter(_HFDecoder):
         mlp = self.blocks[layer].mlp
         return mlp.c_fc, mlp.c_proj
 
-    # ---- decomposes_blocks (issue 37)
-    block_norm_names = ("ln_1", "ln_2")
+    decomposition = Capability(GPT2Decomposition)
+
+
+class DecoderRecompute(AttentionRecompute):
+    """A decoder's attention probabilities recomputed in the backward pass by the family's own eager attention."""
+
+    adapter: "_HFDecoder"
+
+    def __call__(self, consume: Callable[[int, Tensor, Tensor], None],
+                             lowest: int) -> contextlib.AbstractContextManager[Tensor]:
+        """Each block's probabilities recomputed in the backward pass by the family's own eager attention
+        (:func:`methods.families.hf_decoder.recompute.recomputed_attention`; the base class states the contract): the
+        config is switched to that implementation for the duration (the masks built as for the eager attention)
+        and restored on exit."""
+        weight: Any = self.adapter.input_embedding().weight
+        modules = {self.adapter.self_attention(i): i for i in range(self.adapter.depth)}
+        return recomputed_attention(self.adapter.attention_config(), modules, consume, lowest, weight.dtype,
+                                    weight.device)
+
+
+class DecoderRecording(HFRecording):
+    """Where methods hook in a decoder."""
+
+    adapter: "_HFDecoder"
+    value_edit = Capability(lambda recording: ProjectionValueEdit(recording.adapter))
+    attention_recompute: Capability[Optional[AttentionRecompute]] = Capability(
+        lambda recording: DecoderRecompute(recording.adapter))
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The probabilities ``[B, H, N, N]`` returned by the attention module (``(attn_output, attn_weights)``;
+        after dropout, identity in eval; all query heads). ``require_grad`` needs autograd recorded from this
+        block on (see :meth:`forward`). Nothing is recorded for the blocks whose probabilities
+        ``recording.attention_recompute`` recomputes."""
+        rec.output(self.adapter.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """``v_proj``'s output with each key/value head repeated for its query heads: ``[B, N, H * head_dim]``."""
+        attn: Any = self.adapter.self_attention(layer)
+        groups = int(attn.num_key_value_groups)
+        kv_heads = self.adapter.num_heads // groups
+        rec.output(attn.v_proj, key, transform=lambda v: repeat_heads(v, kv_heads, groups))
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        rec.output(self.adapter.attention_norm(layer), key, require_grad=require_grad)
+
+    def block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                    require_grad: bool = False) -> None:
+        rec.input(self.adapter.blocks[layer], key, require_grad=require_grad)
+
+
+class GPT2Recording(DecoderRecording):
+    """GPT-2's values: the last third of the fused ``c_attn``."""
+
+    score_edit = Capability(lambda recording: None if recording.adapter.upcasts() else HFScoreEdit(recording.adapter))
+    #: not on the ``reorder_and_upcast_attn`` path (another function)
+    attention_recompute = Capability(
+        lambda recording: None if recording.adapter.upcasts() else DecoderRecompute(recording.adapter))
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The value third of ``c_attn``'s output ``[B, N, D]``."""
+        width = self.adapter.width
+        rec.output(self.adapter.blocks[layer].attn.c_attn, key, transform=lambda qkv: qkv[..., 2 * width:])

@@ -20,15 +20,17 @@ from torch import Tensor, nn
 
 from ...adapters.base import (
     AttentionLinears,
+    BlockDecomposition,
     ModelInputs,
     RawInputs,
     SampleIds,
     SequenceContext,
     register_adapter,
 )
+from ...adapters.capability import Capability
 from ...adapters.recorder import ActivationRecorder
 from ..hf_decoder.adapter import unmask_padding_queries
-from ..hf_text.adapter import HFTextAdapter
+from ..hf_text.adapter import HFTextAdapter, TextRecording
 from .rules import ModernBertRules
 
 #: the position ids a batch carries (``arange(N)``, as the model counts them)
@@ -59,8 +61,7 @@ class HFModernBertAdapter(HFTextAdapter):
     model_class = "ModernBertForSequenceClassification"
     base_attr = "model"
     uses_token_types = False
-    rule_map_class = ModernBertRules
-    pre_norm = True
+    rule_map = Capability(ModernBertRules)
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -187,15 +188,7 @@ class HFModernBertAdapter(HFTextAdapter):
         return pooled if pre_logits else self.model.classifier(pooled)
 
     # ------------------------------------------------------------------ where methods hook
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The value third of ``Wqkv``'s output ``[B, N, D]``."""
-        width = self.width
-        rec.output(self.blocks[layer].attn.Wqkv, key, transform=lambda qkv: qkv[..., 2 * width:])
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        """``attn_norm``'s output (block 0: its ``nn.Identity``, the embedding output)."""
-        rec.output(self.blocks[layer].attn_norm, key, require_grad=require_grad)
+    recording = Capability(lambda adapter: ModernBertRecording(adapter))
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].attn
@@ -206,16 +199,26 @@ class HFModernBertAdapter(HFTextAdapter):
         mlp = self.blocks[layer].mlp
         return mlp.Wi, mlp.Wo
 
-    # ---- decomposes_network (issue 37: DecompX)
-    #: DecompX (issue 37): pre-norm blocks and a gated MLP (GLU), outside the reference's decomposition
-    decomposes_network = False
+    decomposition = Capability(lambda adapter: ModernBertDecomposition(adapter))
 
-    # ---- decomposes_blocks (issue 37)
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        """Pre-norm: ``attn_norm`` (block 0: an ``nn.Identity``, whose values are the embeddings' own), ``mlp_norm``."""
-        block = self.blocks[layer]
-        return block.attn_norm, block.mlp_norm
 
-    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The input of ``mlp_norm``: ``x + Wo(attention)``."""
-        rec.input(self.block_norms(layer)[1], key)
+class ModernBertDecomposition(BlockDecomposition):
+    """Pre-norm: ``attn_norm`` (block 0: an ``nn.Identity``, whose values are the embeddings' own), ``mlp_norm``
+    (its input ``x + Wo(attention)``); DecompX (issue 37): pre-norm blocks and a gated MLP (GLU), outside the
+    reference's decomposition."""
+
+    norm_names = ("attn_norm", "mlp_norm")
+
+
+class ModernBertRecording(TextRecording):
+    """ModernBERT's values (the last third of ``Wqkv``) and pre-norm attention input."""
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The value third of ``Wqkv``'s output ``[B, N, D]``."""
+        width = self.adapter.width
+        rec.output(self.adapter.blocks[layer].attn.Wqkv, key, transform=lambda qkv: qkv[..., 2 * width:])
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        """``attn_norm``'s output (block 0: its ``nn.Identity``, the embedding output)."""
+        rec.output(self.adapter.blocks[layer].attn_norm, key, require_grad=require_grad)

@@ -29,6 +29,7 @@ from ...adapters.base import (
     TokenSequence,
     register_adapter,
 )
+from ...adapters.capability import Capability
 from ...adapters.lens import LensImageAdapter
 from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
@@ -56,7 +57,7 @@ class HFSiglipVisionAdapter(_HFPatchVision, LensImageAdapter, _HFSiglipTower):
     Layout: ``PatchGrid(S/p, S/p, prefix=0)``. Integrated gradients scale the normalised pixels (the all-zero
     normalised image as baseline)."""
 
-    rule_map_class = SiglipVisionRules
+    rule_map = Capability(SiglipVisionRules)
 
     family = "transformers SiglipModel vision tower (ZeroShotClassifier)"
     model_name = "SigLIP"
@@ -118,7 +119,7 @@ class HFSiglipVisionAdapter(_HFPatchVision, LensImageAdapter, _HFSiglipTower):
         cached = self._readout_cache
         if cached is not None and cached[0]() is pixels and cached[1] == pixels._version:
             return cached[2]
-        with torch.no_grad(), self.eager_attention():
+        with torch.no_grad(), self.recording.eager_attention():
             self.forward(inputs, grad_from_block=self.depth)
         assert self._readout_cache is not None, "an eager forward keeps the read-out weights"
         return self._readout_cache[2]
@@ -133,7 +134,7 @@ class HFSiglipTextAdapter(_HFTokenText, _HFSiglipTower):
     ``[T, N]`` scores, exactly 0 at masked padding. Integrated gradients scale the token embeddings before the
     position embeddings are added (as CLIP's text adapter)."""
 
-    rule_map_class = SiglipTextRules
+    rule_map = Capability(SiglipTextRules)
 
     family = "transformers SiglipModel text tower (PromptScorer)"
 

@@ -14,9 +14,11 @@ from torch import Tensor, nn
 
 from ...adapters.base import (
     AttentionLinears,
+    BlockDecomposition,
     HeadLayers,
     ModelInputs,
     RawInputs,
+    Recording,
     SampleIds,
     SequenceContext,
     TokenSequence,
@@ -25,19 +27,45 @@ from ...adapters.base import (
     register_adapter,
     scaled_copies,
 )
+from ...adapters.capability import Capability
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_ids_like, check_token_inputs, special_positions
-from ...adapters.value_edits import ProjectionValueEdits
-from ..hf_blocks import HFBaseBlocks
+from ...adapters.value_edits import ProjectionValueEdit
+from ..hf_blocks import HFBaseBlocks, HFRecording
 from .rules import TextRules
 
 #: an extra per-sample tensor set by :meth:`HFBertAdapter.interpolate`: the factor on the embedding output
 EMBEDDING_SCALE = "embedding_scale"
 
 
-class HFTextAdapter(ProjectionValueEdits, HFBaseBlocks):
+class TextDecomposition(BlockDecomposition):
+    """Post-norm blocks: the LayerNorm after the attention's residual sum (its input ``x + dense(context)`` the
+    post-attention residual), then the one after the MLP's; the whole network for DecompX (BERT's pooler head)."""
+
+    adapter: HFTextAdapter
+    pre_norm = False
+    decomposes_network = True
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        block = self.adapter.blocks[layer]
+        return block.attention.output.LayerNorm, block.output.LayerNorm
+
+    def head_layers(self) -> HeadLayers:
+        first, last = self.adapter.head_linears()
+        return HeadLayers(first=first, activation=self.adapter.head_activation_function(), last=last)
+
+
+class DistilBertDecomposition(TextDecomposition):
+    """DistilBERT's norms: ``sa_layer_norm`` and ``output_layer_norm``."""
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        block = self.adapter.blocks[layer]
+        return block.sa_layer_norm, block.output_layer_norm
+
+
+class HFTextAdapter(HFBaseBlocks):
     """Shared machinery of stock ``transformers`` encoder classifiers read at position 0 ([CLS] / ``<s>``) with
     post-norm blocks and separate query/key/value projections; a family subclass names its submodules.
 
@@ -47,10 +75,8 @@ class HFTextAdapter(ProjectionValueEdits, HFBaseBlocks):
     ``special_tokens_mask`` when given, else position 0 and each sample's last real token).
     """
 
-    rule_map_class = TextRules
+    rule_map = Capability(TextRules)
 
-    pre_norm = False
-    modality = "text"
     readout = "class_token"
     layout_class = TokenSequence
     #: the model class (a name in ``transformers``); ``base_attr`` (:class:`HFBaseBlocks`) holds its encoder
@@ -185,21 +211,7 @@ class HFTextAdapter(ProjectionValueEdits, HFBaseBlocks):
         return scaled_copies(inputs, alphas, EMBEDDING_SCALE)
 
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The probabilities returned by ``BertSelfAttention`` (``(attn_output, attn_weights)`` in eager mode;
-        after dropout, identity in eval). ``require_grad`` needs autograd recorded from this block on (see
-        :meth:`forward`)."""
-        rec.output(self.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
-
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        value = self.attention_linears(layer).v
-        assert value is not None  # text families have separate projections
-        rec.output(value, key)
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.input(self.blocks[layer], key, require_grad=require_grad)   # post-norm: the block input
+    recording: Capability[Recording] = Capability(lambda adapter: TextRecording(adapter))
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attention = self.blocks[layer].attention
@@ -211,32 +223,11 @@ class HFTextAdapter(ProjectionValueEdits, HFBaseBlocks):
         return block.intermediate.dense, block.output.dense
 
 
-    # ---- decomposes_blocks (issue 37)
-    decomposes_blocks = True
-
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        """Post-norm: the LayerNorm after the attention's residual sum, then the one after the MLP's."""
-        block = self.blocks[layer]
-        return block.attention.output.LayerNorm, block.output.LayerNorm
-
-    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
-        rec.output(self.blocks[layer], key, transform=transform)
-
-    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The input of the attention's LayerNorm: ``x + dense(context)``."""
-        rec.input(self.block_norms(layer)[0], key)
-
-    # ---- decomposes_network (issue 37: DecompX)
-    decomposes_network = True
+    decomposition: Capability[Optional[BlockDecomposition]] = Capability(TextDecomposition)
 
     def head_activation_function(self) -> Callable[[Tensor], Tensor]:
         """The element-wise activation between the head's two linear layers (:meth:`head_linears`)."""
         raise NotImplementedError
-
-    def head_layers(self) -> HeadLayers:
-        first, last = self.head_linears()
-        return HeadLayers(first=first, activation=self.head_activation_function(), last=last)
 
 
 @register_adapter
@@ -357,10 +348,7 @@ class HFDistilBertAdapter(HFTextAdapter):
     def head_activation_function(self) -> Callable[[Tensor], Tensor]:
         return nn.functional.relu
 
-    # ---- decomposes_blocks (issue 37)
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        block = self.blocks[layer]
-        return block.sa_layer_norm, block.output_layer_norm
+    decomposition = Capability(DistilBertDecomposition)
 
 
 @register_adapter
@@ -380,3 +368,26 @@ class HFElectraAdapter(_DenseHeadOnFirstToken):
 
     def head_activation(self, x: Tensor) -> Tensor:
         return self.model.classifier.activation(x)
+
+
+class TextRecording(HFRecording):
+    """Where methods hook in a post-norm text encoder."""
+
+    adapter: "HFTextAdapter"
+    value_edit = Capability(lambda recording: ProjectionValueEdit(recording.adapter))
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The probabilities returned by ``BertSelfAttention`` (``(attn_output, attn_weights)`` in eager mode;
+        after dropout, identity in eval). ``require_grad`` needs autograd recorded from this block on (see
+        :meth:`forward`)."""
+        rec.output(self.adapter.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        value = self.adapter.attention_linears(layer).v
+        assert value is not None  # text families have separate projections
+        rec.output(value, key)
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        rec.input(self.adapter.blocks[layer], key, require_grad=require_grad)   # post-norm: the block input

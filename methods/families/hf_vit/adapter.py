@@ -14,12 +14,21 @@ from typing import Any, Callable, Hashable, Iterator, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ...adapters.base import AttentionLinears, Layout, ModelInputs, SequenceContext, register_adapter
+from ...adapters.base import (
+    AttentionEdit,
+    AttentionLinears,
+    BlockDecomposition,
+    Layout,
+    ModelInputs,
+    SequenceContext,
+    register_adapter,
+)
+from ...adapters.capability import Capability
 from ...adapters.lens import LensImageAdapter
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
-from ...adapters.value_edits import ProjectionValueEdits
-from ..hf_blocks import HFEncoderBlocks
+from ...adapters.value_edits import ProjectionValueEdit
+from ..hf_blocks import HFEncoderBlocks, HFRecording
 from ..hf_implementation import attention_implementation
 from ..hf_score_edit import eager_scores, score_edited_attention
 from .rules import Dinov2Rules, ViTLikeRules
@@ -41,16 +50,31 @@ def materialised_attention(module: nn.Module, query: Tensor, key: Tensor, value:
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
-class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
+class ViTLikeDecomposition(BlockDecomposition):
+    """Pre-norm ``x + o_proj(attention(norm(x)))`` (DINOv2: times ``layer_scale1``)."""
+
+    adapter: "HFViTLikeAdapter"
+
+    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
+        """Pre-norm: ``layernorm_before``, ``layernorm_after`` (DINOv2: ``norm1``, ``norm2``)."""
+        block = self.adapter.blocks[layer]
+        return self.adapter.attention_norm(layer), block.norm2 if hasattr(block, "norm2") else block.layernorm_after
+
+    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
+        """DINOv2's ``layer_scale1.lambda1`` (``None`` for ViT and DeiT)."""
+        scale = getattr(self.adapter.blocks[layer], "layer_scale1", None)
+        return None if scale is None else scale.lambda1
+
+
+class HFViTLikeAdapter(LensImageAdapter, HFEncoderBlocks):
     """Shared machinery of the Hugging Face ViT-like image classifiers (see the module docstring). A subclass
     names its model class (``model_class``), the attribute of its backbone (``backbone_attr``), its prefix
     tokens and read-out, and its :meth:`head`."""
 
-    rule_map_class = ViTLikeRules
+    rule_map = Capability(ViTLikeRules)
 
     model_class = "?"
     backbone_attr = "?"
-    pre_norm = True
     readout = "class_token"
     #: whether the model refuses images of another size than its config's ``image_size``
     fixed_image_size = True
@@ -119,7 +143,7 @@ class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
         return create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=None)
 
     def final_norm(self) -> nn.Module:
-        """The backbone's ``layernorm`` after the last block (the ``ModelAdapter.final_norm`` capability's form)."""
+        """The backbone's ``layernorm`` after the last block."""
         return self.backbone.layernorm
 
     def classifiers(self) -> List[nn.Module]:
@@ -132,22 +156,11 @@ class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
         return pooled if pre_logits else self.model.classifier(pooled)
 
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The probabilities the attention module returns (``(output, weights)`` in eager mode; after dropout,
-        identity in eval). ``require_grad`` needs autograd recorded from this block on (see :meth:`forward`)."""
-        rec.output(self.blocks[layer].attention, key, transform=transform, index=1, require_grad=require_grad)
-
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        rec.output(self.blocks[layer].attention.v_proj, key)
+    recording = Capability(lambda adapter: ViTLikeRecording(adapter))
 
     def attention_norm(self, layer: int) -> nn.Module:
         """The norm before block ``layer``'s attention."""
         return self.blocks[layer].layernorm_before
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.output(self.attention_norm(layer), key, require_grad=require_grad)
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].attention
@@ -160,38 +173,9 @@ class HFViTLikeAdapter(ProjectionValueEdits, LensImageAdapter, HFEncoderBlocks):
         return mlp.fc1, mlp.fc2
 
     # ------------------------------------------------------------------ attention implementation
-    @contextlib.contextmanager
-    def eager_attention(self) -> Iterator[None]:
-        """``_attn_implementation = MATERIALISED_ATTENTION`` on the config (module docstring), restored on exit."""
-        with attention_implementation(self.attention_config(), MATERIALISED_ATTENTION, materialised_attention):
-            yield
 
-    # ---- edits_attention_scores (issue 37)
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
-        """As :class:`~methods.families.hf_blocks.HFEncoderBlocks`, through :func:`materialised_attention` (the
-        attention :meth:`eager_attention` runs: the softmax in the wider of float32 and the model's dtype)."""
-        return score_edited_attention(self.attention_config(), self.blocks, edit, eager=materialised_attention)
 
-    # ---- decomposes_blocks (issue 37): pre-norm ``x + o_proj(attention(norm(x)))``
-    decomposes_blocks = True
-
-    def block_norms(self, layer: int) -> Tuple[nn.Module, nn.Module]:
-        """Pre-norm: ``layernorm_before``, ``layernorm_after`` (DINOv2: ``norm1``, ``norm2``)."""
-        block = self.blocks[layer]
-        return self.attention_norm(layer), block.norm2 if hasattr(block, "norm2") else block.layernorm_after
-
-    def record_block_output(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                            transform: Optional[Callable[[Tensor], Any]] = None) -> None:
-        rec.output(self.blocks[layer], key, transform=transform)
-
-    def record_post_attention_residual(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The input of the MLP's norm: ``x + attention output`` (DINOv2: times ``layer_scale1``)."""
-        rec.input(self.block_norms(layer)[1], key)
-
-    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
-        """DINOv2's ``layer_scale1.lambda1`` (``None`` for ViT and DeiT)."""
-        scale = getattr(self.blocks[layer], "layer_scale1", None)
-        return None if scale is None else scale.lambda1
+    decomposition = Capability(ViTLikeDecomposition)
 
 
 @register_adapter
@@ -251,7 +235,7 @@ class HFDinov2Adapter(HFViTLikeAdapter):
     read-out ``"weighted"``: the [CLS] row 1/2, the mean patch row 1/2. Any image size that is a multiple of the
     patch size. A SwiGLU MLP (``use_swiglu_ffn``) is a gated MLP for AttnLRP."""
 
-    rule_map_class = Dinov2Rules
+    rule_map = Capability(Dinov2Rules)
 
     family = "transformers Dinov2ForImageClassification"
     model_class = "Dinov2ForImageClassification"
@@ -287,3 +271,42 @@ class HFDinov2WithRegistersAdapter(HFDinov2Adapter):
     @classmethod
     def prefix_tokens_of(cls, config: Any) -> int:
         return 1 + int(config.num_register_tokens)
+
+
+class ViTLikeScoreEdit(AttentionEdit):
+    """The scores edited through the materialised attention."""
+
+    adapter: "HFViTLikeAdapter"
+
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> contextlib.AbstractContextManager[None]:
+        """As :class:`~methods.families.hf_blocks.HFEncoderBlocks`, through :func:`materialised_attention` (the
+        attention ``recording.eager_attention()`` runs: the softmax in the wider of float32 and the model's dtype)."""
+        return score_edited_attention(self.adapter.attention_config(), self.adapter.blocks, edit,
+                                      eager=materialised_attention)
+
+
+class ViTLikeRecording(HFRecording):
+    """Where methods hook in a transformers ViT, DeiT or DINOv2."""
+
+    adapter: "HFViTLikeAdapter"
+    value_edit = Capability(lambda recording: ProjectionValueEdit(recording.adapter))
+    score_edit = Capability(lambda recording: ViTLikeScoreEdit(recording.adapter))
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The probabilities the attention module returns (``(output, weights)`` in eager mode; after dropout,
+        identity in eval). ``require_grad`` needs autograd recorded from this block on (see :meth:`forward`)."""
+        rec.output(self.adapter.blocks[layer].attention, key, transform=transform, index=1, require_grad=require_grad)
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        rec.output(self.adapter.blocks[layer].attention.v_proj, key)
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        rec.output(self.adapter.attention_norm(layer), key, require_grad=require_grad)
+
+    @contextlib.contextmanager
+    def eager_attention(self) -> Iterator[None]:
+        """``_attn_implementation = MATERIALISED_ATTENTION`` on the config (module docstring), restored on exit."""
+        with attention_implementation(self.adapter.attention_config(), MATERIALISED_ATTENTION, materialised_attention):
+            yield

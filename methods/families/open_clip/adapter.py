@@ -19,17 +19,21 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ...adapters.base import (
+    AttentionEdit,
     AttentionLinears,
+    BlockDecomposition,
     ModelAdapter,
     ModelInputs,
     RawInputs,
+    Recording,
     SampleIds,
     SequenceContext,
     TokenSequence,
+    ValueRecorder,
     check_sample_ids,
     register_adapter,
 )
-from ...adapters.block_decomposition import PreNormDecomposition
+from ...adapters.capability import Capability
 from ...adapters.lens import LensImageAdapter
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_token_inputs
@@ -113,7 +117,17 @@ def _need_weights(_module: nn.Module, args: Tuple[Any, ...], kwargs: dict) -> Tu
     return args, {**kwargs, "need_weights": True, "average_attn_weights": False}
 
 
-class _OpenCLIPTower(PreNormDecomposition, _ScorerHead, ModelAdapter):
+class OpenCLIPDecomposition(BlockDecomposition):
+    """Pre-norm ``x + ls_1(out_proj(attention(ln_1(x))))``, then ``ln_2``."""
+
+    norm_names = ("ln_1", "ln_2")
+
+    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
+        """``ls_1``'s ``gamma`` (``None`` for the identity)."""
+        return getattr(self.adapter.blocks[layer].ls_1, "gamma", None)
+
+
+class _OpenCLIPTower(_ScorerHead, ModelAdapter):
     """Shared machinery of the two open_clip towers (see the module docstring); a subclass names its tower."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -186,70 +200,9 @@ class _OpenCLIPTower(PreNormDecomposition, _ScorerHead, ModelAdapter):
         """Read-out and final norm (:meth:`pooled`), then :meth:`project`."""
         return self.project(self.pooled(hidden, context))
 
-    @contextlib.contextmanager
-    def eager_attention(self) -> Iterator[None]:
-        """Within it every block's attention module is called with ``need_weights=True,
-        average_attn_weights=False`` (a forward pre-hook on its keyword arguments, removed on exit): torch's
-        explicit softmax, whose probabilities ``[B, H, N, N]`` the module returns. The model itself is not
-        changed."""
-        handles = [block.attn.register_forward_pre_hook(_need_weights, with_kwargs=True) for block in self.blocks]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
+    recording = Capability(lambda adapter: OpenCLIPRecording(adapter))
     # ------------------------------------------------------------------ where methods hook
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The probabilities ``[B, H, N, N]`` the attention module returns under :meth:`eager_attention` (after
-        dropout: identity in eval). ``require_grad``: they become a leaf joined to the attention output, so that
-        ``d logit / d A`` is the gradient of ``A v`` (module docstring); autograd must be recorded from this
-        block on."""
-        attn = self.blocks[layer].attn
 
-        def hook(module: nn.MultiheadAttention, args: Tuple[Any, ...], kwargs: dict, output: Any) -> Any:
-            out, weights = output
-            if weights is None:
-                raise RuntimeError(f"{self.family}: the attention probabilities of block {layer} are materialised "
-                                   "only under adapter.eager_attention()")
-            if require_grad:
-                value_input = args[2] if len(args) > 2 else kwargs["value"]
-                with torch.no_grad():
-                    values = _value_projection(module, value_input)
-                weights = weights.detach().requires_grad_(True)
-                out = _AttentionGradient.apply(out, weights, values, module.out_proj.weight.detach())
-            rec.outputs[key] = weights if transform is None else transform(weights)
-            return (out, weights) if require_grad else None
-
-        rec._handles.append(attn.register_forward_hook(hook, with_kwargs=True))
-
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The value projection ``[B, N, D]`` of the attention input (``ln_1``'s output), computed from the
-        module's ``in_proj_weight`` (no gradient)."""
-        block = self.blocks[layer]
-
-        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
-            with torch.no_grad():
-                rec.outputs[key] = _value_projection(block.attn, out)
-
-        rec._handles.append(block.ln_1.register_forward_hook(hook))
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.output(self.blocks[layer].ln_1, key, require_grad=require_grad)
-
-    def record_post_attention_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """Beyond Intuition's CLIP token scale: the value projection of ``ln_1`` applied to the residual stream
-        after the attention sub-layer (the input of ``ln_2``), as :meth:`methods.families.hf_clip.adapter._HFCLIPTower.
-        record_post_attention_values`; ``ln_1.forward`` is called directly, so no hook on it fires."""
-        block = self.blocks[layer]
-
-        def hook(_module: nn.Module, args: Tuple[Any, ...]) -> None:
-            with torch.no_grad():
-                rec.outputs[key] = _value_projection(block.attn, block.ln_1.forward(args[0]))
-
-        rec._handles.append(block.ln_2.register_forward_pre_hook(hook))
 
     def attention_linears(self, layer: int) -> AttentionLinears:
         """``out_proj`` (its weight; the module applies it functionally) and the attention module itself
@@ -261,49 +214,9 @@ class _OpenCLIPTower(PreNormDecomposition, _ScorerHead, ModelAdapter):
         mlp = self.blocks[layer].mlp
         return mlp.c_fc, mlp.c_proj
 
-    # ---- decomposes_blocks (issue 37): pre-norm ``x + ls_1(out_proj(attention(ln_1(x))))``
-    block_norm_names = ("ln_1", "ln_2")
+    decomposition = Capability(OpenCLIPDecomposition)
 
-    def attention_output_scale(self, layer: int) -> Optional[Tensor]:
-        """``ls_1``'s ``gamma`` (``None`` for the identity)."""
-        return getattr(self.blocks[layer].ls_1, "gamma", None)
 
-    # ---- edits_values (issue 37)
-    edits_values = True
-
-    @contextlib.contextmanager
-    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
-        """``nn.MultiheadAttention`` computes its values functionally from its packed ``in_proj``, so no hook
-        reaches them: within :meth:`eager_attention` (the module returns its probabilities ``A``), each block's
-        attention output gets ``out_proj.weight (A (edit(v) - v))`` added
-        (:func:`~methods.adapters.value_edits.product_change`, ``v`` the last third of ``in_proj`` applied to the
-        module's value input): the output with the edited values."""
-        def correct(layer: int) -> Callable[..., Any]:
-            def hook(module: nn.MultiheadAttention, args: Tuple[Any, ...], kwargs: dict, output: Any) -> Any:
-                out, weights = output
-                value_input = args[2] if len(args) > 2 else kwargs["value"]
-                change = edited_values_change(layer, edit, _value_projection(module, value_input), module.num_heads)
-                return out + F.linear(product_change(weights, change).to(out.dtype), module.out_proj.weight), weights
-            return hook
-
-        with self.eager_attention():
-            handles = [block.attn.register_forward_hook(correct(layer), with_kwargs=True)
-                       for layer, block in enumerate(self.blocks)]
-            try:
-                yield
-            finally:
-                for handle in handles:
-                    handle.remove()
-
-    # ---- edits_attention_scores (issue 37)
-    edits_attention_scores = True
-
-    @contextlib.contextmanager
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
-        """The materialised attention (:meth:`eager_attention`) with each block's float ``attn_mask`` replaced by
-        ``mask + edit(layer, S) - S`` (:mod:`methods.families.open_clip.score_edit`), hooks removed on exit."""
-        with self.eager_attention(), open_clip_score_edit(self.blocks, edit):
-            yield
 
 @register_adapter
 class OpenCLIPVisionAdapter(LensImageAdapter, _OpenCLIPTower):
@@ -312,7 +225,7 @@ class OpenCLIPVisionAdapter(LensImageAdapter, _OpenCLIPTower):
     as the model's preprocessing does. Read-out: ``"class_token"`` (``pool_type="tok"``) or ``"mean_content"``
     (``"avg"``). Layout: ``PatchGrid(H/p, W/p, prefix=1)``. Integrated gradients scale the normalised pixels."""
 
-    rule_map_class = OpenCLIPVisionRules
+    rule_map = Capability(OpenCLIPVisionRules)
 
     family = "open_clip CLIP vision tower (ZeroShotClassifier)"
     tower = "vision"
@@ -389,7 +302,7 @@ class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
     token embeddings before the positional embedding is added (as :class:`~methods.families.hf_clip.adapter.
     HFCLIPTextAdapter`)."""
 
-    rule_map_class = OpenCLIPTextRules
+    rule_map = Capability(OpenCLIPTextRules)
 
     family = "open_clip CLIP text tower (PromptScorer)"
 
@@ -480,3 +393,120 @@ class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
             return None
         return projection.weight if isinstance(projection, nn.Linear) else projection.t()
 
+
+class OpenCLIPValueEdit(AttentionEdit):
+    """The values of ``nn.MultiheadAttention``, computed from its packed ``in_proj``, edited through its output."""
+
+    @contextlib.contextmanager
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """``nn.MultiheadAttention`` computes its values functionally from its packed ``in_proj``, so no hook
+        reaches them: within ``recording.eager_attention()`` (the module returns its probabilities ``A``), each block's
+        attention output gets ``out_proj.weight (A (edit(v) - v))`` added
+        (:func:`~methods.adapters.value_edits.product_change`, ``v`` the last third of ``in_proj`` applied to the
+        module's value input): the output with the edited values."""
+        def correct(layer: int) -> Callable[..., Any]:
+            def hook(module: nn.MultiheadAttention, args: Tuple[Any, ...], kwargs: dict, output: Any) -> Any:
+                out, weights = output
+                value_input = args[2] if len(args) > 2 else kwargs["value"]
+                change = edited_values_change(layer, edit, _value_projection(module, value_input), module.num_heads)
+                return out + F.linear(product_change(weights, change).to(out.dtype), module.out_proj.weight), weights
+            return hook
+
+        with self.adapter.recording.eager_attention():
+            handles = [block.attn.register_forward_hook(correct(layer), with_kwargs=True)
+                       for layer, block in enumerate(self.adapter.blocks)]
+            try:
+                yield
+            finally:
+                for handle in handles:
+                    handle.remove()
+
+
+class OpenCLIPScoreEdit(AttentionEdit):
+    """open_clip's scores edited through each block's float ``attn_mask``."""
+
+    @contextlib.contextmanager
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """The materialised attention (``recording.eager_attention()``) with each block's float ``attn_mask``
+        replaced by ``mask + edit(layer, S) - S`` (:mod:`methods.families.open_clip.score_edit`), hooks removed on
+        exit."""
+        with self.adapter.recording.eager_attention(), open_clip_score_edit(self.adapter.blocks, edit):
+            yield
+
+
+class OpenCLIPPostAttentionValues(ValueRecorder):
+    """Beyond Intuition's CLIP token scale reads every open_clip tower's blocks."""
+
+    def __call__(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """Beyond Intuition's CLIP token scale: the value projection of ``ln_1`` applied to the residual stream
+        after the attention sub-layer (the input of ``ln_2``), as
+        :class:`methods.families.hf_clip.adapter.CLIPPostAttentionValues`; ``ln_1.forward`` is called directly, so no
+        hook on it fires."""
+        block = self.adapter.blocks[layer]
+
+        def hook(_module: nn.Module, args: Tuple[Any, ...]) -> None:
+            with torch.no_grad():
+                rec.outputs[key] = _value_projection(block.attn, block.ln_1.forward(args[0]))
+
+        rec._handles.append(block.ln_2.register_forward_pre_hook(hook))
+
+
+class OpenCLIPRecording(Recording):
+    """Where methods hook in an open_clip tower."""
+
+    value_edit = Capability(lambda recording: OpenCLIPValueEdit(recording.adapter))
+    score_edit = Capability(lambda recording: OpenCLIPScoreEdit(recording.adapter))
+    post_attention_values = Capability(lambda recording: OpenCLIPPostAttentionValues(recording.adapter))
+
+    @contextlib.contextmanager
+    def eager_attention(self) -> Iterator[None]:
+        """Within it every block's attention module is called with ``need_weights=True,
+        average_attn_weights=False`` (a forward pre-hook on its keyword arguments, removed on exit): torch's
+        explicit softmax, whose probabilities ``[B, H, N, N]`` the module returns. The model itself is not
+        changed."""
+        handles = [block.attn.register_forward_pre_hook(_need_weights, with_kwargs=True)
+                   for block in self.adapter.blocks]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The probabilities ``[B, H, N, N]`` the attention module returns under ``recording.eager_attention()`` (after
+        dropout: identity in eval). ``require_grad``: they become a leaf joined to the attention output, so that
+        ``d logit / d A`` is the gradient of ``A v`` (module docstring); autograd must be recorded from this
+        block on."""
+        attn = self.adapter.blocks[layer].attn
+
+        def hook(module: nn.MultiheadAttention, args: Tuple[Any, ...], kwargs: dict, output: Any) -> Any:
+            out, weights = output
+            if weights is None:
+                raise RuntimeError(f"{self.adapter.family}: the attention probabilities of block {layer} are "
+                                   "materialised only under adapter.recording.eager_attention()")
+            if require_grad:
+                value_input = args[2] if len(args) > 2 else kwargs["value"]
+                with torch.no_grad():
+                    values = _value_projection(module, value_input)
+                weights = weights.detach().requires_grad_(True)
+                out = _AttentionGradient.apply(out, weights, values, module.out_proj.weight.detach())
+            rec.outputs[key] = weights if transform is None else transform(weights)
+            return (out, weights) if require_grad else None
+
+        rec._handles.append(attn.register_forward_hook(hook, with_kwargs=True))
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The value projection ``[B, N, D]`` of the attention input (``ln_1``'s output), computed from the
+        module's ``in_proj_weight`` (no gradient)."""
+        block = self.adapter.blocks[layer]
+
+        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
+            with torch.no_grad():
+                rec.outputs[key] = _value_projection(block.attn, out)
+
+        rec._handles.append(block.ln_1.register_forward_hook(hook))
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        rec.output(self.adapter.blocks[layer].ln_1, key, require_grad=require_grad)

@@ -1,4 +1,4 @@
-"""Pre-softmax attention-score edits in open_clip's blocks (the capability ``edits_attention_scores``).
+"""Pre-softmax attention-score edits in open_clip's blocks (the capability ``Recording.score_edit``).
 
 open_clip's ``ResidualAttentionBlock`` calls ``torch.nn.MultiheadAttention`` with the tower's ``attn_mask`` (``None``,
 or the text tower's causal float mask); the module adds a float ``attn_mask`` to its scores

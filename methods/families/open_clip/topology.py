@@ -72,7 +72,7 @@ class _OpenCLIPTowerTopology(Topology):
         block = adapter.blocks[layer]
         attn = block.attn
         heads = adapter.num_heads
-        adapter.record_block_input(rec, layer, ("x", layer))
+        adapter.recording.block_input(rec, layer, ("x", layer))
 
         def attention_in(_module: nn.Module, args: Tuple[Any, ...], kwargs: dict) -> None:
             x = args[0] if args else kwargs["query"]
@@ -83,7 +83,8 @@ class _OpenCLIPTowerTopology(Topology):
         def attention_out(_module: nn.Module, _args: Tuple[Any, ...], _kwargs: dict, output: Any) -> None:
             out, weights = output
             if weights is None:
-                raise RuntimeError("LRP needs the attention probabilities: run it under adapter.eager_attention()")
+                raise RuntimeError("LRP needs the attention probabilities: run it under "
+                                   "adapter.recording.eager_attention()")
             with torch.no_grad():
                 qkv = rec.outputs[("qkv", layer)]
                 batch, tokens, dim = out.shape

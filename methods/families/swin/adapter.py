@@ -7,8 +7,8 @@ adapters run the stock blocks and merges in the model's own order (logits bit-id
 
 * **layout**: the last stage's token grid (what the average-pooling read-out reads), as a ``PatchGrid`` without
   prefix tokens; a score covers ``patch * 2^(stages - 1)`` pixels a side (:attr:`patch_size`);
-* **token flow**: each stage's token space (:meth:`SwinAdapter.token_space`) and the 2x2 patch merge entering a
-  stage as a sparse 4:1 transition (:meth:`SwinAdapter.transition`), through which rollout and Generic Attribution
+* **token flow**: each stage's token space (:meth:`SwinFlow.token_space`) and the 2x2 patch merge entering a
+  stage as a sparse 4:1 transition (:meth:`SwinFlow.transition`), through which rollout and Generic Attribution
   compose; a method that reads one block's map at the read-out row reads the last stage only;
 * **attention maps**: a block's windowed (and shifted-window) probabilities ``[B * nW, H, a, a]`` expanded to its
   stage's ``[B, H, N, N]`` map (:class:`~.windows.WindowGeometry`);
@@ -24,18 +24,22 @@ import torch
 from torch import Tensor, nn
 
 from ...adapters.base import (
+    AttentionEdit,
     AttentionLinears,
     ImageAdapter,
     Layout,
     MethodUndefinedError,
     ModelInputs,
+    Recording,
     SequenceContext,
+    TokenFlow,
     TokenSpace,
     register_adapter,
 )
+from ...adapters.capability import Capability, lacking
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
-from ..hf_blocks import HFEncoderBlocks
+from ..hf_blocks import HFEncoderBlocks, HFRecording
 from ..timm_vit.adapter import timm_fused_attention_off
 from .rules import SwinRules
 from .windows import WindowGeometry
@@ -51,13 +55,39 @@ def _flat_leaf(x: Tensor, require_grad: bool) -> Tuple[Tensor, Tensor]:
     return flat, flat.view(x.shape)
 
 
+class SwinFlow(TokenFlow):
+    """Per-stage token spaces joined by the patch merges (as sparse 4:1 maps)."""
+
+    adapter: "SwinAdapter"
+
+    def token_space(self, layer: int, layout: Layout) -> TokenSpace:
+        """Block ``layer``'s stage: its grid, width and heads."""
+        rows, cols = self.adapter.grids[layer]
+        return TokenSpace(rows * cols, (rows, cols), self.adapter.width_of(layer), self.adapter.heads_of(layer))
+
+    def transition(self, layer: int, like: Tensor) -> Optional[Tensor]:
+        """The patch merge entering block ``layer``'s stage, ``[N_layer, N_layer-1]`` sparse: merged token
+        ``(i, j)`` takes 1/4 of each of its sources ``(2i + di, 2j + dj)``; ``None`` inside a stage."""
+        if layer not in self.adapter.merge_before:
+            return None
+        (rows, cols), (_, before) = self.adapter.grids[layer], self.adapter.grids[layer - 1]
+        merged = torch.arange(rows * cols, device=like.device)
+        i, j = merged // cols, merged % cols
+        sources = torch.stack([(2 * i + di) * before + 2 * j + dj for di in (0, 1) for dj in (0, 1)], dim=1)
+        indices = torch.stack([merged[:, None].expand_as(sources).flatten(), sources.flatten()])
+        values = torch.full((indices.shape[1],), 0.25, dtype=like.dtype, device=like.device)
+        shape = (rows * cols, self.adapter.grids[layer - 1][0] * before)
+        return torch.sparse_coo_tensor(indices, values, shape, check_invariants=True).coalesce()
+
+
 class SwinAdapter(ImageAdapter):
     """What both libraries' Swin adapters share: the flat list of blocks with their stage, the grid each block
     saw in the last forward, the expansion of windowed maps and the refusals (module docstring)."""
 
     readout = "mean_content"
     num_prefix_tokens = 0
-    rule_map_class = SwinRules
+    rule_map = Capability(SwinRules)
+    token_flow = Capability(SwinFlow)
     #: per stage: its blocks (a list of modules) and the patch merge entering it (``None`` for the first stage)
     stages: List[Tuple[List[nn.Module], Optional[nn.Module]]]
     #: the patch embedding's patch side (pixels) and the model's image size (rows, cols of pixels)
@@ -96,25 +126,6 @@ class SwinAdapter(ImageAdapter):
     @classmethod
     def stages_of(cls, model: Any) -> List[Tuple[List[nn.Module], Optional[nn.Module]]]:
         raise NotImplementedError
-
-    def token_space(self, layer: int, layout: Layout) -> TokenSpace:
-        """Block ``layer``'s stage: its grid, width and heads."""
-        rows, cols = self.grids[layer]
-        return TokenSpace(rows * cols, (rows, cols), self.width_of(layer), self.heads_of(layer))
-
-    def transition(self, layer: int, like: Tensor) -> Optional[Tensor]:
-        """The patch merge entering block ``layer``'s stage, ``[N_layer, N_layer-1]`` sparse: merged token
-        ``(i, j)`` takes 1/4 of each of its sources ``(2i + di, 2j + dj)``; ``None`` inside a stage."""
-        if layer not in self.merge_before:
-            return None
-        (rows, cols), (_, before) = self.grids[layer], self.grids[layer - 1]
-        merged = torch.arange(rows * cols, device=like.device)
-        i, j = merged // cols, merged % cols
-        sources = torch.stack([(2 * i + di) * before + 2 * j + dj for di in (0, 1) for dj in (0, 1)], dim=1)
-        indices = torch.stack([merged[:, None].expand_as(sources).flatten(), sources.flatten()])
-        values = torch.full((indices.shape[1],), 0.25, dtype=like.dtype, device=like.device)
-        shape = (rows * cols, self.grids[layer - 1][0] * before)
-        return torch.sparse_coo_tensor(indices, values, shape, check_invariants=True).coalesce()
 
     def width_of(self, layer: int) -> int:
         raise NotImplementedError
@@ -179,39 +190,14 @@ class SwinAdapter(ImageAdapter):
             "occlusion by a baseline token would be another method)")
 
     # ------------------------------------------------------------------ where methods hook
-    def record_block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                           require_grad: bool = False) -> None:
-        """The residual stream entering block ``layer`` (after its stage's merge), as ``[B, N, C]``."""
-        def hook(_module: nn.Module, args: Tuple[Any, ...]) -> Tuple[Any, ...]:
-            flat, x = self._flat_input(layer, args[0], require_grad)
-            rec.outputs[key] = flat
-            return (x,) + tuple(args[1:])
-
-        rec._handles.append(self.blocks[layer].register_forward_pre_hook(hook))
 
     def _flat_input(self, layer: int, x: Tensor, require_grad: bool) -> Tuple[Tensor, Tensor]:
         """The block input as ``[B, N, C]`` and what the block goes on with."""
         raise NotImplementedError
 
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        """The output of block ``layer``'s first norm, ``[B, N, C]`` (grid positions, before the shift)."""
-        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> Tensor:
-            flat = out.reshape(out.shape[0], -1, out.shape[-1])
-            if require_grad and not flat.requires_grad:
-                flat = flat.detach().requires_grad_(True)
-            rec.outputs[key] = flat
-            return flat.view(out.shape)
-
-        rec._handles.append(self.attention_norm(layer).register_forward_hook(hook))
-
     def attention_norm(self, layer: int) -> nn.Module:
         raise NotImplementedError
 
-    # ---- edits_attention_scores (issue 37)
-    #: a block's scores are per window with the relative position bias and the shift mask added inside the
-    #: family's own attention, not a ``[B, H, N, N]`` map over the stage's tokens: no score edit
-    edits_attention_scores = False
 
 
 @register_adapter
@@ -289,27 +275,7 @@ class TimmSwinAdapter(SwinAdapter):
     def attention_norm(self, layer: int) -> nn.Module:
         return self.blocks[layer].norm1
 
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The full map ``[B, H, N, N]`` of block ``layer``'s stage (module docstring); ``require_grad``: the model
-        goes on with the windows gathered back from it (the same values)."""
-
-        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> Optional[Tensor]:
-            full, windows = self._expanded(layer, out, require_grad)
-            rec.outputs[key] = full if transform is None else transform(full)
-            return windows if require_grad else None
-
-        rec._handles.append(self.blocks[layer].attn.attn_drop.register_forward_hook(hook))
-
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The value projection ``[B, N, C]`` at the grid positions (heads merged, bias included)."""
-        dim = int(self.blocks[layer].attn.qkv.in_features)
-
-        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
-            rec.outputs[key] = self.geometry(layer).tokens(out[..., 2 * dim:3 * dim])
-
-        rec._handles.append(self.blocks[layer].attn.qkv.register_forward_hook(hook))
-
+    recording = Capability(lambda adapter: TimmSwinRecording(adapter))
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].attn
         return AttentionLinears(out=attn.proj, qkv=attn.qkv)
@@ -317,10 +283,6 @@ class TimmSwinAdapter(SwinAdapter):
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
-
-    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
-        """timm's fused attention off (it never materialises the probabilities), restored on exit."""
-        return timm_fused_attention_off(block.attn for block in self.blocks)
 
     def patch_projection(self) -> nn.Module:
         """The patch embedding's convolution (its output ``[B, C, rows, cols]``)."""
@@ -336,7 +298,7 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
     with ``require_grad`` the module's output is joined to the full map (NOTES.md)."""
 
     family = "transformers SwinForImageClassification"
-    hidden_requires_grad = True
+    recording = Capability(lambda adapter: HFSwinRecording(adapter))
 
     def __init__(self, model: Any) -> None:
         config = model.config
@@ -414,42 +376,6 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
     def attention_norm(self, layer: int) -> nn.Module:
         return self.blocks[layer].layernorm_before
 
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        """The full map ``[B, H, N, N]`` of block ``layer``'s stage. ``require_grad`` (autograd recorded from this
-        block on): the module's output plus ``o_proj((gather(full) - A) v)``, exactly 0, so that the logits are
-        unchanged and ``d logit / d full`` is the gradient at each window entry."""
-        attention = self.blocks[layer].attention
-        values: Dict[str, Tensor] = {}
-
-        def keep_values(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
-            values["v"] = out
-
-        def hook(_module: nn.Module, _args: Tuple[Any, ...], output: Any) -> Any:
-            out, weights = output
-            if weights is None:
-                raise RuntimeError(f"{self.family}: the attention probabilities of block {layer} are materialised "
-                                   "only under adapter.eager_attention()")
-            full, windows = self._expanded(layer, weights, require_grad)
-            rec.outputs[key] = full if transform is None else transform(full)
-            if not require_grad:
-                return None
-            v = values.pop("v")
-            v = v.reshape(v.shape[0], v.shape[1], -1, attention.head_dim).transpose(1, 2)
-            delta = ((windows - weights) @ v).transpose(1, 2).reshape(out.shape)
-            return out + nn.functional.linear(delta, attention.o_proj.weight), weights
-
-        rec._handles.append(attention.v_proj.register_forward_hook(keep_values))
-        rec._handles.append(attention.register_forward_hook(hook))
-
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        """The value projection ``[B, N, C]`` at the grid positions (heads merged, bias included)."""
-
-        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
-            rec.outputs[key] = self.geometry(layer).tokens(out)
-
-        rec._handles.append(self.blocks[layer].attention.v_proj.register_forward_hook(hook))
-
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].attention
         return AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
@@ -461,3 +387,109 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
     def patch_projection(self) -> nn.Module:
         """The patch embedding's convolution (its output ``[B, C, rows, cols]``)."""
         return self.model.swin.embeddings.patch_embeddings.projection
+
+
+class SwinRecording(Recording):
+    """What both libraries' Swin recordings share: the block input and the attention input."""
+
+    adapter: "SwinAdapter"
+    #: a block's scores are per window with the relative position bias and the shift mask added inside the
+    #: family's own attention, not a ``[B, H, N, N]`` map over the stage's tokens: no score edit
+    score_edit: Capability[Optional[AttentionEdit]] = Capability(lacking)
+
+    def block_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                    require_grad: bool = False) -> None:
+        """The residual stream entering block ``layer`` (after its stage's merge), as ``[B, N, C]``."""
+        def hook(_module: nn.Module, args: Tuple[Any, ...]) -> Tuple[Any, ...]:
+            flat, x = self.adapter._flat_input(layer, args[0], require_grad)
+            rec.outputs[key] = flat
+            return (x,) + tuple(args[1:])
+
+        rec._handles.append(self.adapter.blocks[layer].register_forward_pre_hook(hook))
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        """The output of block ``layer``'s first norm, ``[B, N, C]`` (grid positions, before the shift)."""
+        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> Tensor:
+            flat = out.reshape(out.shape[0], -1, out.shape[-1])
+            if require_grad and not flat.requires_grad:
+                flat = flat.detach().requires_grad_(True)
+            rec.outputs[key] = flat
+            return flat.view(out.shape)
+
+        rec._handles.append(self.adapter.attention_norm(layer).register_forward_hook(hook))
+
+
+class TimmSwinRecording(SwinRecording):
+    """Where methods hook in a timm Swin."""
+
+    adapter: "TimmSwinAdapter"
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The full map ``[B, H, N, N]`` of block ``layer``'s stage (module docstring); ``require_grad``: the model
+        goes on with the windows gathered back from it (the same values)."""
+
+        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> Optional[Tensor]:
+            full, windows = self.adapter._expanded(layer, out, require_grad)
+            rec.outputs[key] = full if transform is None else transform(full)
+            return windows if require_grad else None
+
+        rec._handles.append(self.adapter.blocks[layer].attn.attn_drop.register_forward_hook(hook))
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The value projection ``[B, N, C]`` at the grid positions (heads merged, bias included)."""
+        dim = int(self.adapter.blocks[layer].attn.qkv.in_features)
+
+        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
+            rec.outputs[key] = self.adapter.geometry(layer).tokens(out[..., 2 * dim:3 * dim])
+
+        rec._handles.append(self.adapter.blocks[layer].attn.qkv.register_forward_hook(hook))
+
+    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
+        """timm's fused attention off (it never materialises the probabilities), restored on exit."""
+        return timm_fused_attention_off(block.attn for block in self.adapter.blocks)
+
+
+class HFSwinRecording(SwinRecording, HFRecording):
+    """Where methods hook in a transformers Swin."""
+
+    adapter: "HFSwinAdapter"
+
+    hidden_requires_grad = True
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        """The full map ``[B, H, N, N]`` of block ``layer``'s stage. ``require_grad`` (autograd recorded from this
+        block on): the module's output plus ``o_proj((gather(full) - A) v)``, exactly 0, so that the logits are
+        unchanged and ``d logit / d full`` is the gradient at each window entry."""
+        attention = self.adapter.blocks[layer].attention
+        values: Dict[str, Tensor] = {}
+
+        def keep_values(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
+            values["v"] = out
+
+        def hook(_module: nn.Module, _args: Tuple[Any, ...], output: Any) -> Any:
+            out, weights = output
+            if weights is None:
+                raise RuntimeError(f"{self.adapter.family}: the attention probabilities of block {layer} are "
+                                   "materialised only under adapter.recording.eager_attention()")
+            full, windows = self.adapter._expanded(layer, weights, require_grad)
+            rec.outputs[key] = full if transform is None else transform(full)
+            if not require_grad:
+                return None
+            v = values.pop("v")
+            v = v.reshape(v.shape[0], v.shape[1], -1, attention.head_dim).transpose(1, 2)
+            delta = ((windows - weights) @ v).transpose(1, 2).reshape(out.shape)
+            return out + nn.functional.linear(delta, attention.o_proj.weight), weights
+
+        rec._handles.append(attention.v_proj.register_forward_hook(keep_values))
+        rec._handles.append(attention.register_forward_hook(hook))
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        """The value projection ``[B, N, C]`` at the grid positions (heads merged, bias included)."""
+
+        def hook(_module: nn.Module, _args: Tuple[Any, ...], out: Tensor) -> None:
+            rec.outputs[key] = self.adapter.geometry(layer).tokens(out)
+
+        rec._handles.append(self.adapter.blocks[layer].attention.v_proj.register_forward_hook(hook))

@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...adapters.base import SequenceContext
-from ...adapters.block_decomposition import PreNormDecomposition
+from ...adapters.base import AttentionEdit, BlockDecomposition, SequenceContext
+from ...adapters.capability import Capability
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import edited_values_change, product_change
-from ..timm_vit.adapter import TimmBlocksAdapter
+from ..timm_vit.adapter import TimmBlocksAdapter, TimmRecording
 from .rules import TimmEvaBeitRules
 
 SUPPORTED_POOLS = ("token", "avg")
@@ -56,12 +56,12 @@ def attention_width(attn: Any) -> int:
                                       // attn.num_heads)
 
 
-class TimmBeitLikeAdapter(PreNormDecomposition, TimmBlocksAdapter):
+class TimmBeitLikeAdapter(TimmBlocksAdapter):
     """Shared by :class:`~methods.families.timm_eva_beit.eva.TimmEvaAdapter` and
     :class:`~methods.families.timm_eva_beit.beit.TimmBeitAdapter` (see the module docstring). A subclass gives
     :meth:`embed`, :meth:`run_blocks` (with :meth:`key_mask_of`'s masks) and the family checks."""
 
-    rule_map_class = TimmEvaBeitRules
+    rule_map = Capability(TimmEvaBeitRules)
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
@@ -135,35 +135,39 @@ class TimmBeitLikeAdapter(PreNormDecomposition, TimmBlocksAdapter):
         width = attention_width(attn)
         return qkv_projection(attn, x)[..., 2 * width:3 * width]
 
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        rec.output(self.blocks[layer].norm1, key, transform=lambda x: self.value_projection(layer, x))
-
+    recording = Capability(lambda adapter: EvaBeitRecording(adapter))
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         """``fc1`` and ``fc2`` (timm ``SwiGLU``: ``fc1_x`` and ``fc2``, the gate ``fc1_g``; ``GluMlp``: the packed
         ``fc1`` whose halves are gate and input)."""
         mlp = self.blocks[layer].mlp
         return (mlp.fc1_x if hasattr(mlp, "fc1_x") else mlp.fc1), mlp.fc2
 
-    # ---- decomposes_blocks (issue 37): pre-norm ``x + gamma_1 * proj(norm(A v))`` (``norm``: EVA-02's sub-LN or
-    # the identity); an attention gate (``x * sigmoid(gate(x))`` before ``proj``) is not decomposed
-    @property
-    def decomposes_blocks(self) -> bool:  # type: ignore[override]
-        return all(getattr(block.attn, "gate", None) is None for block in self.blocks)
+    #: an attention gate (``x * sigmoid(gate(x))`` before ``proj``) is not decomposed
+    decomposition = Capability(lambda adapter: EvaBeitDecomposition(adapter) if all(
+        getattr(block.attn, "gate", None) is None for block in adapter.blocks) else None)
+
+
+
+class EvaBeitDecomposition(BlockDecomposition):
+    """Pre-norm ``x + gamma_1 * proj(norm(A v))`` (``norm``: EVA-02's sub-LN or the identity), ``norm1``, ``norm2``."""
 
     def attention_output_scale(self, layer: int) -> Optional[Tensor]:
         """The layer scale ``gamma_1`` (``None`` without one)."""
-        return self.blocks[layer].gamma_1
+        return self.adapter.blocks[layer].gamma_1
 
     def attention_output_norm(self, layer: int) -> Optional[Tuple[nn.Module, str]]:
         """EVA-02's sub-LN ``attn.norm`` on the merged heads before ``proj`` (``None``: the identity, BEiT)."""
-        norm = getattr(self.blocks[layer].attn, "norm", None)
+        norm = getattr(self.adapter.blocks[layer].attn, "norm", None)
         return None if norm is None or isinstance(norm, nn.Identity) else (norm, "before_proj")
 
-    # ---- edits_values (issue 37)
-    edits_values = True
+
+class EvaBeitValueEdit(AttentionEdit):
+    """The values of EVA and BEiT, computed by a functional linear layer, edited through the attention product."""
+
+    adapter: "TimmBeitLikeAdapter"
 
     @contextlib.contextmanager
-    def value_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
         """The attention computes ``q``, ``k``, ``v`` with a functional linear layer, so no hook reaches the
         values: within eager attention (timm's fused attention off), each block's product ``A v`` entering the
         attention's ``norm`` (EVA's sub-LN or identity) or, in BEiT, its ``proj`` gets ``A (edit(v) - v)`` added
@@ -179,8 +183,8 @@ class TimmBeitLikeAdapter(PreNormDecomposition, TimmBlocksAdapter):
 
         def keep_probabilities(layer: int) -> Callable[..., None]:
             def hook(_module: nn.Module, _args: Any, out: Tensor) -> None:
-                change = edited_values_change(layer, edit, self.value_projection(layer, seen.pop(layer)),
-                                              self.num_heads)
+                change = edited_values_change(layer, edit, self.adapter.value_projection(layer, seen.pop(layer)),
+                                              self.adapter.num_heads)
                 seen[-1 - layer] = product_change(out, change)
             return hook
 
@@ -189,9 +193,9 @@ class TimmBeitLikeAdapter(PreNormDecomposition, TimmBlocksAdapter):
                 return (args[0] + seen.pop(-1 - layer).to(args[0].dtype),) + tuple(args[1:])
             return hook
 
-        with self.eager_attention():
+        with self.adapter.recording.eager_attention():
             try:
-                for layer, block in enumerate(self.blocks):
+                for layer, block in enumerate(self.adapter.blocks):
                     attn = block.attn
                     handles.append(attn.register_forward_pre_hook(keep_input(layer)))
                     handles.append(attn.attn_drop.register_forward_hook(keep_probabilities(layer)))
@@ -201,3 +205,13 @@ class TimmBeitLikeAdapter(PreNormDecomposition, TimmBlocksAdapter):
             finally:
                 for handle in handles:
                     handle.remove()
+
+
+class EvaBeitRecording(TimmRecording):
+    """EVA's and BEiT's values, recomputed from the attention input."""
+
+    adapter: "TimmBeitLikeAdapter"
+    value_edit = Capability(lambda recording: EvaBeitValueEdit(recording.adapter))
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        rec.output(self.adapter.blocks[layer].norm1, key, transform=lambda x: self.adapter.value_projection(layer, x))

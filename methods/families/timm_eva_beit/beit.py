@@ -16,9 +16,10 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import Tensor, nn
 
-from ...adapters.base import ModelInputs, SequenceContext, register_adapter
+from ...adapters.base import AttentionEdit, ModelInputs, SequenceContext, register_adapter
+from ...adapters.capability import Capability
 from ...adapters.library import class_problem
-from .adapter import TimmBeitLikeAdapter
+from .adapter import EvaBeitRecording, TimmBeitLikeAdapter
 from .score_edit import eva_beit_score_edit
 
 
@@ -29,16 +30,7 @@ class TimmBeitAdapter(TimmBeitLikeAdapter):
 
     family = "timm Beit"
 
-    # ---- edits_attention_scores (issue 37)
-    edits_attention_scores = True
-
-    @contextlib.contextmanager
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
-        """Fused attention off; each block's scores recomputed from its attention input and the edit handed to
-        the attention through ``shared_rel_pos_bias`` (the relative position biases inside ``S``)
-        (:mod:`methods.families.timm_eva_beit.score_edit`), hooks removed on exit."""
-        with self.eager_attention(), eva_beit_score_edit(self.blocks, edit, "shared_rel_pos_bias"):
-            yield
+    recording = Capability(lambda adapter: BeitRecording(adapter))
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
@@ -79,3 +71,22 @@ class TimmBeitAdapter(TimmBeitLikeAdapter):
         for block in blocks:
             hidden = block(hidden, shared_rel_pos_bias=shared)
         return hidden
+
+
+class BeitScoreEdit(AttentionEdit):
+    """BEiT's scores recomputed and the edit handed to its attention through ``shared_rel_pos_bias``."""
+
+    @contextlib.contextmanager
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """Fused attention off; each block's scores recomputed from its attention input and the edit handed to
+        the attention through ``shared_rel_pos_bias`` (the relative position biases inside ``S``)
+        (:mod:`methods.families.timm_eva_beit.score_edit`), hooks removed on exit."""
+        with self.adapter.recording.eager_attention(), eva_beit_score_edit(self.adapter.blocks, edit,
+                                                                           "shared_rel_pos_bias"):
+            yield
+
+
+class BeitRecording(EvaBeitRecording):
+    """BEiT's recording, its scores edited through its attention."""
+
+    score_edit = Capability(lambda recording: BeitScoreEdit(recording.adapter))

@@ -17,9 +17,10 @@ from typing import Any, Callable, Iterator, Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...adapters.base import AttentionLinears, ModelInputs, SequenceContext, register_adapter
+from ...adapters.base import AttentionEdit, AttentionLinears, ModelInputs, SequenceContext, register_adapter
+from ...adapters.capability import Capability
 from ...adapters.library import class_problem
-from .adapter import TimmBeitLikeAdapter, attention_width, qkv_projection
+from .adapter import EvaBeitRecording, TimmBeitLikeAdapter, attention_width, qkv_projection
 from .score_edit import eva_beit_score_edit
 
 
@@ -31,16 +32,7 @@ class TimmEvaAdapter(TimmBeitLikeAdapter):
 
     family = "timm Eva"
 
-    # ---- edits_attention_scores (issue 37)
-    edits_attention_scores = True
-
-    @contextlib.contextmanager
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
-        """Fused attention off; each block's scores recomputed from its attention input and the edit handed to
-        the attention through ``attn_mask`` (rotary ``q``, ``k`` recomputed)
-        (:mod:`methods.families.timm_eva_beit.score_edit`), hooks removed on exit."""
-        with self.eager_attention(), eva_beit_score_edit(self.blocks, edit, "attn_mask"):
-            yield
+    recording = Capability(lambda adapter: EvaRecording(adapter))
 
     @classmethod
     def supports(cls, model: Any) -> Optional[str]:
@@ -106,3 +98,21 @@ class TimmEvaAdapter(TimmBeitLikeAdapter):
         if attn.qkv is None:
             return AttentionLinears(out=attn.proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
         return AttentionLinears(out=attn.proj, qkv=attn.qkv)
+
+
+class EvaScoreEdit(AttentionEdit):
+    """EVA's scores recomputed and the edit handed to its attention through ``attn_mask``."""
+
+    @contextlib.contextmanager
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """Fused attention off; each block's scores recomputed from its attention input and the edit handed to
+        the attention through ``attn_mask`` (rotary ``q``, ``k`` recomputed)
+        (:mod:`methods.families.timm_eva_beit.score_edit`), hooks removed on exit."""
+        with self.adapter.recording.eager_attention(), eva_beit_score_edit(self.adapter.blocks, edit, "attn_mask"):
+            yield
+
+
+class EvaRecording(EvaBeitRecording):
+    """EVA's recording, its scores edited through its attention."""
+
+    score_edit = Capability(lambda recording: EvaScoreEdit(recording.adapter))

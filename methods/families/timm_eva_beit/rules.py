@@ -72,7 +72,7 @@ class TimmEvaBeitRules(TimmBlocksRules):
     @contextlib.contextmanager
     def _product_rules(self, product_factor: float, attention_factor: float, gate: str) -> Iterator[None]:
         handles = []
-        with self.adapter.eager_attention():
+        with self.adapter.recording.eager_attention():
             try:
                 for block in self.adapter.blocks:
                     attn, mlp = block.attn, block.mlp

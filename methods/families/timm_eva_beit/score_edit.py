@@ -1,4 +1,4 @@
-"""Pre-softmax attention-score edits in timm's EVA and BEiT attention (the capability ``edits_attention_scores``).
+"""Pre-softmax attention-score edits in timm's EVA and BEiT attention (the capability ``Recording.score_edit``).
 
 Their attention computes ``q``, ``k`` functionally (and EVA-02 rotates them after ``q_norm`` / ``k_norm``; BEiT adds
 its relative position bias to ``q k^T``), so no module output holds the scores. Within :func:`eva_beit_score_edit`

@@ -43,7 +43,7 @@ class _BeitLikeTopology(Topology):
         sets whose Linear rule reads them) and the family's (:meth:`record_block_extra`)."""
         block = self.adapter.blocks[layer]
         attn, mlp = block.attn, block.mlp
-        self.adapter.record_block_input(rec, layer, ("x", layer))
+        self.adapter.recording.block_input(rec, layer, ("x", layer))
         rec.output(block.norm1, ("qkv_in", layer))
         for name in ("q", "k", "v"):
             projection = getattr(attn, f"{name}_proj", None)

@@ -8,12 +8,21 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, List, Optional, 
 import torch
 from torch import Tensor, nn
 
-from ...adapters.base import AttentionLinears, Layout, ModelInputs, SequenceContext, register_adapter
-from ...adapters.block_decomposition import PreNormDecomposition
+from ...adapters.base import (
+    AttentionEdit,
+    AttentionLinears,
+    BlockDecomposition,
+    Layout,
+    ModelInputs,
+    Recording,
+    SequenceContext,
+    register_adapter,
+)
+from ...adapters.capability import Capability
 from ...adapters.lens import LensImageAdapter
 from ...adapters.library import class_problem
 from ...adapters.recorder import ActivationRecorder
-from ...adapters.value_edits import ProjectionValueEdits
+from ...adapters.value_edits import ProjectionValueEdit
 from .rules import TimmBlocksRules, TimmViTRules
 from .score_edit import score_edit_problem, timm_score_edit
 
@@ -43,7 +52,7 @@ class TimmBlocksAdapter(LensImageAdapter):
     are ``attn.attn_drop``'s output (materialised with timm's fused attention off), the attention input is
     ``norm1``'s output; the input embedding is ``patch_embed``."""
 
-    rule_map_class = TimmBlocksRules
+    rule_map = Capability(TimmBlocksRules)
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
@@ -59,21 +68,9 @@ class TimmBlocksAdapter(LensImageAdapter):
     def width(self) -> int:
         return int(self.model.embed_dim)
 
-    def record_attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
-                         transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
-        rec.output(self.blocks[layer].attn.attn_drop, key, require_grad=require_grad, transform=transform)
-
-    def record_attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
-                               require_grad: bool = False) -> None:
-        rec.output(self.blocks[layer].norm1, key, require_grad=require_grad)
-
     def attention_linears(self, layer: int) -> AttentionLinears:
         attn = self.blocks[layer].attn
         return AttentionLinears(out=attn.proj, qkv=attn.qkv)
-
-    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
-        """Switch timm's fused attention off (it never materialises the attention matrix) and restore it."""
-        return timm_fused_attention_off(block.attn for block in self.blocks)
 
     # ------------------------------------------------------------------ modules the LRP topologies read
     def classifier(self) -> Any:
@@ -105,7 +102,7 @@ class TimmBlocksAdapter(LensImageAdapter):
 
 
 @register_adapter
-class TimmViTAdapter(PreNormDecomposition, ProjectionValueEdits, TimmBlocksAdapter):
+class TimmViTAdapter(TimmBlocksAdapter):
     """Stock timm ``VisionTransformer``: pre-norm blocks ``x + attn(norm1(x))``, ``h + mlp(norm2(h))`` (with
     layer scale where the model has it), fused ``qkv`` projection. Inputs
     (:class:`~methods.adapters.base.ImageAdapter`): images whose sides are multiples of the patch size.
@@ -121,7 +118,7 @@ class TimmViTAdapter(PreNormDecomposition, ProjectionValueEdits, TimmBlocksAdapt
     head-mean attention, :meth:`readout_weights`); details in ``NOTES.md`` beside this file.
     """
 
-    rule_map_class = TimmViTRules
+    rule_map = Capability(TimmViTRules)
 
     family = "timm VisionTransformer"
 
@@ -129,10 +126,6 @@ class TimmViTAdapter(PreNormDecomposition, ProjectionValueEdits, TimmBlocksAdapt
         super().__init__(model)
         self.readout = READOUT_OF_POOL[model.global_pool]
         self._readout_cache: Optional[Tuple[weakref.ReferenceType, Tensor]] = None
-        # ---- edits_attention_scores (issue 37): only timm's plain Attention in every block
-        self.edits_attention_scores = not score_edit_problem(self.blocks)
-        # ---- decomposes_blocks (issue 37): timm's pre-norm Block everywhere
-        self.decomposes_blocks = decomposition_problem(self.blocks) is None
 
     @classmethod
     def supports(cls, model: Any) -> Optional[str]:
@@ -241,29 +234,24 @@ class TimmViTAdapter(PreNormDecomposition, ProjectionValueEdits, TimmBlocksAdapt
         return weights
 
     # ------------------------------------------------------------------ where methods hook
-    def record_values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        dim = self.width
-        rec.output(self.blocks[layer].attn.qkv, key, transform=lambda out: out[..., 2 * dim:3 * dim])
+    recording = Capability(lambda adapter: TimmViTRecording(adapter))
 
     def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
         mlp = self.blocks[layer].mlp
         return mlp.fc1, mlp.fc2
 
-    # ---- edits_attention_scores (issue 37)
-    edits_attention_scores = True
 
-    @contextlib.contextmanager
-    def attention_score_edit(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
-        """Fused attention off and the scores edited through hooks on each block's ``attn``, ``q_norm`` and
-        ``k_norm`` (:mod:`methods.families.timm_vit.score_edit`), all restored on exit."""
-        with self.eager_attention(), timm_score_edit(self.blocks, edit):
-            yield
+    decomposition = Capability(lambda adapter: TimmDecomposition(adapter)
+                               if decomposition_problem(adapter.blocks) is None else None)
 
-    # ---- decomposes_blocks (issue 37): every block timm's pre-norm ``Block`` (decomposition_problem), ``norm1`` and
-    # ``norm2`` (PreNormDecomposition)
+
+class TimmDecomposition(BlockDecomposition):
+    """Every block timm's pre-norm ``Block`` (:func:`decomposition_problem`): ``norm1`` and ``norm2``, the layer
+    scale ``ls1``."""
+
     def attention_output_scale(self, layer: int) -> Optional[Tensor]:
         """``ls1``'s ``gamma`` (a ``LayerScale``; ``None`` for the identity)."""
-        return getattr(self.blocks[layer].ls1, "gamma", None)
+        return getattr(self.adapter.blocks[layer].ls1, "gamma", None)
 
 
 def decomposition_problem(blocks: List[nn.Module]) -> Optional[str]:
@@ -281,3 +269,43 @@ def decomposition_problem(blocks: List[nn.Module]) -> Optional[str]:
         if not isinstance(block.ls1, (LayerScale, nn.Identity)):
             return f"block {layer}'s ls1 is a {type(block.ls1).__name__}"
     return None
+
+
+class TimmScoreEdit(AttentionEdit):
+    """timm's plain ``Attention``: the scores edited through hooks on each block's ``attn``."""
+
+    @contextlib.contextmanager
+    def __call__(self, edit: Callable[[int, Tensor], Tensor]) -> Iterator[None]:
+        """Fused attention off and the scores edited through hooks on each block's ``attn``, ``q_norm`` and
+        ``k_norm`` (:mod:`methods.families.timm_vit.score_edit`), all restored on exit."""
+        with self.adapter.recording.eager_attention(), timm_score_edit(self.adapter.blocks, edit):
+            yield
+
+
+class TimmRecording(Recording):
+    """Where methods hook in timm's ViT-like models: ``attn.attn_drop``'s output (materialised with timm's fused
+    attention off), ``norm1``'s output."""
+
+    def attention(self, rec: ActivationRecorder, layer: int, key: Hashable, require_grad: bool = False,
+                  transform: Optional[Callable[[Tensor], Tensor]] = None) -> None:
+        rec.output(self.adapter.blocks[layer].attn.attn_drop, key, require_grad=require_grad, transform=transform)
+
+    def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
+                        require_grad: bool = False) -> None:
+        rec.output(self.adapter.blocks[layer].norm1, key, require_grad=require_grad)
+
+    def eager_attention(self) -> contextlib.AbstractContextManager[None]:
+        """Switch timm's fused attention off (it never materialises the attention matrix) and restore it."""
+        return timm_fused_attention_off(block.attn for block in self.adapter.blocks)
+
+
+class TimmViTRecording(TimmRecording):
+    """timm ViT's values: the last third of the fused ``qkv``."""
+
+    value_edit = Capability(lambda recording: ProjectionValueEdit(recording.adapter))
+    score_edit = Capability(lambda recording: None if score_edit_problem(recording.adapter.blocks)
+                            else TimmScoreEdit(recording.adapter))
+
+    def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
+        dim = self.adapter.width
+        rec.output(self.adapter.blocks[layer].attn.qkv, key, transform=lambda out: out[..., 2 * dim:3 * dim])

@@ -1,4 +1,4 @@
-"""Pre-softmax attention-score edits in timm's ``Attention`` (the capability ``edits_attention_scores``).
+"""Pre-softmax attention-score edits in timm's ``Attention`` (the capability ``Recording.score_edit``).
 
 timm's eager attention computes ``S = (q_norm(q) * scale) @ k_norm(k)^T``, adds the ``attn_mask`` the block passes
 (a float mask is added as it is) and takes the softmax, with no module in between. Within :func:`timm_score_edit`
