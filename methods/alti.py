@@ -269,7 +269,7 @@ class _AltiBase(AttributionMethod):
         if adapter.decomposition is None:
             raise MethodUndefinedError(
                 f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) does not decompose its blocks "
-                "(decomposes_blocks: the attention output must reach the residual stream through linear maps and "
+                "(adapter.decomposition: the attention output must reach the residual stream through linear maps and "
                 "per-token norms only, with the block's norms named)")
 
 

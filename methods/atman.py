@@ -83,7 +83,7 @@ class AtMan(ExplainedOutput):
         super().check_adapter(adapter)
         if adapter.recording.score_edit is None:
             raise MethodUndefinedError(f"atman: {adapter.family} has no pre-softmax attention-score edit "
-                                       "(edits_attention_scores)")
+                                       "(adapter.recording.score_edit)")
         if self.conceptual_threshold is not None:
             resolve_point(adapter, "embedding", self.name)
 

@@ -278,8 +278,8 @@ class DecompX(ExplainsALogit, AttributionMethod):
         if decomposition is None or not decomposition.decomposes_network or decomposition.pre_norm:
             raise MethodUndefinedError(
                 f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) does not decompose its whole network "
-                "(decomposes_network: post-norm blocks with an element-wise MLP, a head of two linear layers read "
-                "at position 0)")
+                "(adapter.decomposition.decomposes_network: post-norm blocks with an element-wise MLP, a head of two "
+                "linear layers read at position 0)")
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: Any) -> Tensor:
         propagation = _Propagation(self, adapter)

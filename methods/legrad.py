@@ -66,7 +66,7 @@ class LeGrad(AttributionMethod):
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
         if adapter.lens is None:
-            raise MethodUndefinedError(f"legrad: {adapter.family}: no logit lens (reads_lens: the final norm and "
+            raise MethodUndefinedError(f"legrad: {adapter.family}: no logit lens (adapter.lens: the final norm and "
                                        "head read at any block's output); LeGrad is defined on ViT, CLIP and SigLIP "
                                        "image towers")
         if isinstance(self.layers, int) and self.layers > adapter.depth:

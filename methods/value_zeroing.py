@@ -137,7 +137,7 @@ class ValueZeroing(AttributionMethod):
         if adapter.recording.value_edit is None:
             raise MethodUndefinedError(
                 f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) gives no edit of its value vectors "
-                "(ModelAdapter.edits_values): its attention computes the values where no hook reaches them, or "
+                "(adapter.recording.value_edit): its attention computes the values where no hook reaches them, or "
                 "in windows")
         if self._convention(adapter) == "inseq":
             final_normed(adapter, self.name)
