@@ -235,7 +235,7 @@ class _BlockDecomposition:
         where = self.decomposition.attention_output_norm(layer)
         inner = None if where is None else (where[0], where[1], pieces["inner"])
         return decomposition_terms(pieces["x"], pieces["attention"], pieces["values"],
-                                   adapter.attention_linears(layer).out, post_norm, pieces["residual"],
+                                   adapter.linears(layer).attention.out, post_norm, pieces["residual"],
                                    method.layer_norm_scale, method.name,
                                    self.decomposition.attention_output_scale(layer), inner)
 

@@ -289,7 +289,7 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 handles.append(mlp.gate_proj.register_forward_hook(_detach_output))
             else:
                 handles.append(mlp.down_proj.register_forward_pre_hook(input_gradient_scaled(0.5)))  # uniform rule
-        attentions = [adapter.attention_linears(layer) for layer in range(adapter.depth if own_products is None else 0)]
+        attentions = [adapter.linears(layer).attention for layer in range(adapter.depth if own_products is None else 0)]
         for linears in attentions + rule_map.head_attention_linears():
             handles.extend(_attention_factor_hooks(linears, factors))
         with own_products or contextlib.nullcontext(), rule_map.head_rules(epsilon):

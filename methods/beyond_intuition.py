@@ -285,7 +285,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
         updates = [
             attention_perception_tokenwise(
                 rec[("a", l)].detach(), rec[("z", l)].detach(), rec[("v", l)].detach(),
-                linear_weight(adapter.attention_linears(l).out).detach(),
+                linear_weight(adapter.linears(l).attention.out).detach(),
                 rec[("ln", l)].detach() if use_attention_input else None)
             for l in layers
         ]

@@ -142,7 +142,7 @@ class _Propagation:
         adapter.recording.block_input(rec, 0, "x")
         adapter.recording.values(rec, 0, "values")
         for layer in range(adapter.depth):
-            up, down = adapter.mlp_linears(layer)
+            up, down = adapter.linears(layer).mlp
             adapter.recording.attention(rec, layer, ("attention", layer))
             self.decomposition.record_post_attention_residual(rec, layer, ("residual", layer))
             rec.output(up, ("pre", layer))
@@ -167,7 +167,7 @@ class _Propagation:
         at a time (the last block: the read-out row alone)."""
         attention = pieces["attention"]
         batch, heads, n = attention.shape[0], attention.shape[1], attention.shape[2]
-        linears = self.adapter.attention_linears(layer)
+        linears = self.adapter.linears(layer).attention
         out_proj = linears.out
         state = self.state
         if state is None:
@@ -215,7 +215,7 @@ class _Propagation:
             vectors = share_bias(vectors, bias, share)
         first_norm, second_norm = self.decomposition.block_norms(layer)
         vectors = through_layer_norm(vectors, pieces["residual"][:, rows], first_norm, biases, share, method.name)
-        up, down = adapter.mlp_linears(layer)
+        up, down = adapter.linears(layer).mlp
         hidden = through_linear(vectors, up, biases, share)
         hidden = through_activation(hidden, pieces["pre"][:, rows], pieces["post"][:, rows],
                                     method.ffn_approximation, share)

@@ -122,7 +122,7 @@ def test_the_decomposed_vectors_sum_to_the_blocks_own_output(row):
         inner = None if where is None else (*where, rec[("inner", layer)])
         inner_norms += inner is not None
         _, resultant = decomposed_vectors(rec[("x", layer)], rec[("a", layer)], rec[("v", layer)],
-                                          adapter.attention_linears(layer).out, post_norm, rec[("r", layer)],
+                                          adapter.linears(layer).attention.out, post_norm, rec[("r", layer)],
                                           "exact", "test", adapter.decomposition.attention_output_scale(layer), inner)
         expected = rec[("r", layer)] if adapter.decomposition.pre_norm else rec[("n", layer)]
         # Gemma3RMSNorm computes in float32 whatever the model's dtype (``x.float()``), so its own output carries
@@ -159,7 +159,7 @@ def test_alti_logit_totals_are_the_attention_updates_of_the_logit(row):
     with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
         for layer in range(adapter.depth):
             inner = adapter.decomposition.attention_output_norm(layer)
-            rec.output(adapter.attention_linears(layer).out if inner is None else inner[0], layer)
+            rec.output(adapter.linears(layer).attention.out if inner is None else inner[0], layer)
         rec.output(adapter.decoder.final_norm(), "normed")
         rec.input(adapter.decoder.final_norm(), "last")
         adapter.forward(batch, grad_from_block=adapter.depth)
@@ -175,7 +175,7 @@ def test_alti_logit_totals_are_the_attention_updates_of_the_logit(row):
         direction = direction - direction.mean(-1, keepdim=True)
     total = torch.zeros(3, dtype=torch.float64)
     for layer in range(adapter.depth):
-        out = adapter.attention_linears(layer).out
+        out = adapter.linears(layer).attention.out
         inner = adapter.decomposition.attention_output_norm(layer)
         update = rec[layer][rows, positions] - (0 if out.bias is None or inner else out.bias)
         total += (update * direction).sum(-1) * scale

@@ -239,7 +239,7 @@ def test_bi_post_attention_values_match_the_reference(bi):
             adapter.recording.block_input(rec, l, ("z", l))
         adapter.forward(inputs, grad_from_block=3)
     for l in range(3):
-        vproj = rec[("v", l)][0] @ adapter.attention_linears(l).out.weight.detach().t()
+        vproj = rec[("v", l)][0] @ adapter.linears(l).attention.out.weight.detach().t()
         np.testing.assert_allclose(vproj.numpy(), bi.z["dbg_t0__vproj"][l], rtol=0, atol=2e-5)
         np.testing.assert_allclose(rec[("z", l)][0].numpy(), bi.z["dbg_t0__block_input"][l], rtol=0, atol=2e-5)
 

@@ -262,7 +262,7 @@ def test_bi_bert_tokenwise_scale_and_feedback_intermediates(bi32):
         np.testing.assert_allclose(rec[("v", l)][0].numpy(), z["dbg_ex0__v"][l], rtol=0, atol=2e-5)
         ones = torch.ones(1, 1, 16, 16)
         scale = attention_perception_tokenwise(ones, rec[("z", l)][:1], rec[("v", l)][:1],
-                                               adapter.attention_linears(l).out.weight)[0, 0]
+                                               adapter.linears(l).attention.out.weight)[0, 0]
         np.testing.assert_allclose(scale.detach().numpy(), z["dbg_ex0__ours_t_token_scale"][l], rtol=2e-5)
 
 

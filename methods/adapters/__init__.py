@@ -16,6 +16,7 @@ from .base import (  # noqa: F401
     AttentionLinears,
     AttentionRecompute,
     BlockDecomposition,
+    BlockLinears,
     Decoder,
     Edit,
     HeadLayers,

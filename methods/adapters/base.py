@@ -352,6 +352,16 @@ class AttentionLinears:
 
 
 @dataclass(frozen=True)
+class BlockLinears:
+    """The linear layers of one block (``ModelAdapter.linears``): its attention sub-layer's (:class:`AttentionLinears`)
+    and its MLP's two, ``mlp`` = (up-projection, down-projection) (a gated MLP: ``up_proj`` and ``down_proj``; its
+    gate is the family's own member)."""
+
+    attention: AttentionLinears
+    mlp: Tuple[Projection, Projection]
+
+
+@dataclass(frozen=True)
 class HeadLayers:
     """A classifier head as DecompX decomposes it: ``last(activation(first(h_0)))`` on the read-out token's hidden
     state ``h_0`` (position 0; dropout between, identity in eval): two linear layers (read weights with
@@ -406,7 +416,7 @@ class RuleMap:
         (``gate="uniform"``: half of the gradient to each factor) or the gate branch held constant
         (``gate="constant"``); ``gamma``: the gamma rule asked for on every linear layer (a family whose model
         computes some linear layer functionally raises :class:`MethodUndefinedError`). ``None`` (default):
-        :mod:`methods.attnlrp` hooks the adapter's ``attention_linears`` and :meth:`gated_mlps` itself."""
+        :mod:`methods.attnlrp` hooks the adapter's ``linears`` (attention) and :meth:`gated_mlps` itself."""
         return None
 
     def input_embedding(self) -> nn.Module:
@@ -444,7 +454,7 @@ class BlockDecomposition:
     norm_names: Tuple[str, str] = ("norm1", "norm2")
     #: DecompX's capability (:meth:`head_layers`): every piece from the first block's input to the logits is one
     #: DecompX propagates per input token: post-norm blocks whose MLP is ``down(act(up(x)))`` with an element-wise
-    #: activation (``mlp_linears``; no gate), a read-out at position 0 and a head of two linear layers around an
+    #: activation (``linears(layer).mlp``; no gate), a read-out at position 0 and a head of two linear layers around an
     #: element-wise activation
     decomposes_network: bool = False
 
@@ -797,12 +807,8 @@ class ModelAdapter(abc.ABC):
         return shortened, SequenceContext(mask, positions, ids)
 
     @abc.abstractmethod
-    def attention_linears(self, layer: int) -> AttentionLinears: ...
-
-    @abc.abstractmethod
-    def mlp_linears(self, layer: int) -> Tuple[Projection, Projection]:
-        """The MLP's two linear layers (up-projection, down-projection) of block ``layer`` (a gated MLP:
-        ``up_proj`` and ``down_proj``; its gate is the family's own member)."""
+    def linears(self, layer: int) -> BlockLinears:
+        """The linear layers of block ``layer``: its attention sub-layer's and its MLP's (:class:`BlockLinears`)."""
 
     #: capability: a decoder, its attention causal (:class:`Decoder`: Value Zeroing's convention, ALTI-Logit)
     decoder: Capability[Optional[Decoder]] = Capability(lacking)

@@ -74,7 +74,8 @@ class Topology:
 
     def rule_linears(self, layer: int) -> Tuple[AttentionLinears, Tuple[Projection, Projection]]:
         """The attention and MLP linears whose weights the rules of block ``layer`` read (the adapter's)."""
-        return self.adapter.attention_linears(layer), self.adapter.mlp_linears(layer)
+        linears = self.adapter.linears(layer)
+        return linears.attention, linears.mlp
 
     # ------------------------------------------------------------------ recording
     def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
@@ -164,9 +165,9 @@ def linear_layer_problems(adapter: ModelAdapter) -> List[str]:
     layers, for the families whose blocks have separate projections)."""
     problems = []
     for i in range(adapter.depth):
-        linears = adapter.attention_linears(i)
+        linears = adapter.linears(i).attention
         if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
             problems.append(f"layer {i} attention projections are not nn.Linear")
-        if not all(isinstance(x, nn.Linear) for x in adapter.mlp_linears(i)):
+        if not all(isinstance(x, nn.Linear) for x in adapter.linears(i).mlp):
             problems.append(f"layer {i} MLP layers are not nn.Linear")
     return problems

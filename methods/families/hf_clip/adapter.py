@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from ...adapters.base import (
     AttentionLinears,
     BlockDecomposition,
+    BlockLinears,
     Layout,
     ModelInputs,
     RawInputs,
@@ -191,13 +192,10 @@ class _HFCLIPTower(_ScorerHead, HFEncoderBlocks):
     recording = Capability(lambda adapter: CLIPRecording(adapter))
 
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].self_attn
-        return AttentionLinears(out=attn.out_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        mlp = self.blocks[layer].mlp
-        return mlp.fc1, mlp.fc2
+    def linears(self, layer: int) -> BlockLinears:
+        attn, mlp = self.blocks[layer].self_attn, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.out_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj),
+                            (mlp.fc1, mlp.fc2))
 
     decomposition = Capability(CLIPDecomposition)
 

@@ -16,7 +16,14 @@ import torch
 from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
-from ...adapters.base import AttentionEdit, AttentionLinears, ModelInputs, SequenceContext, register_adapter
+from ...adapters.base import (
+    AttentionEdit,
+    AttentionLinears,
+    BlockLinears,
+    ModelInputs,
+    SequenceContext,
+    register_adapter,
+)
 from ...adapters.capability import Capability
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
@@ -104,10 +111,11 @@ class HFDebertaV2Adapter(HFTextAdapter):
         return hidden.repeat_interleave(r, dim=0), SequenceContext(attention_mask=mask)
 
     # ------------------------------------------------------------------ where methods hook
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attention = self.blocks[layer].attention
-        own = attention.self
-        return AttentionLinears(out=attention.output.dense, q=own.query_proj, k=own.key_proj, v=own.value_proj)
+    def linears(self, layer: int) -> BlockLinears:
+        block = self.blocks[layer]
+        attention, own = block.attention, block.attention.self
+        return BlockLinears(AttentionLinears(out=attention.output.dense, q=own.query_proj, k=own.key_proj,
+                                             v=own.value_proj), (block.intermediate.dense, block.output.dense))
 
     recording = Capability(lambda adapter: DebertaRecording(adapter))
 

@@ -21,9 +21,9 @@ from ...adapters.base import (
     AttentionLinears,
     AttentionRecompute,
     BlockDecomposition,
+    BlockLinears,
     Decoder,
     ModelInputs,
-    Projection,
     RawInputs,
     Recording,
     SampleIds,
@@ -327,14 +327,13 @@ class _HFDecoder(HFBaseBlocks):
     # ------------------------------------------------------------------ where methods hook
     recording: Capability[Recording] = Capability(lambda adapter: DecoderRecording(adapter))
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
+    def linears(self, layer: int) -> BlockLinears:
+        """The attention's ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``; the MLP's ``up_proj`` and ``down_proj``
+        (the gate: ``rules.RopeDecoderRules.gated_mlps``)."""
         attn: Any = self.self_attention(layer)
-        return AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
-
-    def mlp_linears(self, layer: int) -> Tuple[Projection, Projection]:
-        """``up_proj`` and ``down_proj`` (the gate: ``rules.RopeDecoderRules.gated_mlps``)."""
         mlp = self.blocks[layer].mlp
-        return mlp.up_proj, mlp.down_proj
+        return BlockLinears(AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj),
+                            (mlp.up_proj, mlp.down_proj))
 
     decomposition: Capability[Optional[BlockDecomposition]] = Capability(DecoderDecomposition)
     decoder = Capability(HFDecoderFacts)
@@ -494,13 +493,9 @@ class HFGPT2Adapter(_HFDecoder):
                                   position_ids=position_ids)
 
     recording = Capability(lambda adapter: GPT2Recording(adapter))
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].attn
-        return AttentionLinears(out=attn.c_proj, qkv=attn.c_attn)
-
-    def mlp_linears(self, layer: int) -> Tuple[Projection, Projection]:
-        mlp = self.blocks[layer].mlp
-        return mlp.c_fc, mlp.c_proj
+    def linears(self, layer: int) -> BlockLinears:
+        attn, mlp = self.blocks[layer].attn, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.c_proj, qkv=attn.c_attn), (mlp.c_fc, mlp.c_proj))
 
     decomposition = Capability(GPT2Decomposition)
 

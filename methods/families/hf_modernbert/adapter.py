@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from ...adapters.base import (
     AttentionLinears,
     BlockDecomposition,
+    BlockLinears,
     ModelInputs,
     RawInputs,
     SampleIds,
@@ -190,14 +191,10 @@ class HFModernBertAdapter(HFTextAdapter):
     # ------------------------------------------------------------------ where methods hook
     recording = Capability(lambda adapter: ModernBertRecording(adapter))
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].attn
-        return AttentionLinears(out=attn.Wo, qkv=attn.Wqkv)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        """``Wi`` (both halves: ``in | gate``) and ``Wo``."""
-        mlp = self.blocks[layer].mlp
-        return mlp.Wi, mlp.Wo
+    def linears(self, layer: int) -> BlockLinears:
+        """The attention's ``Wqkv`` and ``Wo``; the MLP's ``Wi`` (both halves: ``in | gate``) and ``Wo``."""
+        attn, mlp = self.blocks[layer].attn, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.Wo, qkv=attn.Wqkv), (mlp.Wi, mlp.Wo))
 
     decomposition = Capability(lambda adapter: ModernBertDecomposition(adapter))
 

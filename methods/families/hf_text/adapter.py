@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ...adapters.base import (
     AttentionLinears,
     BlockDecomposition,
+    BlockLinears,
     HeadLayers,
     ModelInputs,
     RawInputs,
@@ -133,7 +134,7 @@ class HFTextAdapter(HFBaseBlocks):
     def width(self) -> int:
         """The encoder's width (the input width of block 0's query projection; ELECTRA-small's embeddings are
         narrower)."""
-        query = self.attention_linears(0).q
+        query = self.linears(0).attention.q
         assert query is not None  # text families have separate projections
         return int(linear_weight(query).shape[1])
 
@@ -213,14 +214,11 @@ class HFTextAdapter(HFBaseBlocks):
     # ------------------------------------------------------------------ where methods hook
     recording: Capability[Recording] = Capability(lambda adapter: TextRecording(adapter))
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attention = self.blocks[layer].attention
-        return AttentionLinears(out=attention.output.dense, q=attention.self.query, k=attention.self.key,
-                                v=attention.self.value)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
+    def linears(self, layer: int) -> BlockLinears:
         block = self.blocks[layer]
-        return block.intermediate.dense, block.output.dense
+        attention = block.attention
+        return BlockLinears(AttentionLinears(out=attention.output.dense, q=attention.self.query, k=attention.self.key,
+                                             v=attention.self.value), (block.intermediate.dense, block.output.dense))
 
 
     decomposition: Capability[Optional[BlockDecomposition]] = Capability(TextDecomposition)
@@ -327,13 +325,10 @@ class HFDistilBertAdapter(HFTextAdapter):
     def attention_norm(self, layer: int) -> nn.Module:
         return self.blocks[layer].sa_layer_norm
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attention = self.blocks[layer].attention
-        return AttentionLinears(out=attention.out_lin, q=attention.q_lin, k=attention.k_lin, v=attention.v_lin)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        ffn = self.blocks[layer].ffn
-        return ffn.lin1, ffn.lin2
+    def linears(self, layer: int) -> BlockLinears:
+        attention, ffn = self.blocks[layer].attention, self.blocks[layer].ffn
+        return BlockLinears(AttentionLinears(out=attention.out_lin, q=attention.q_lin, k=attention.k_lin,
+                                             v=attention.v_lin), (ffn.lin1, ffn.lin2))
 
     def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
         """``DistilBertForSequenceClassification.forward``'s head (``pre_logits``: the classifier's input)."""
@@ -384,7 +379,7 @@ class TextRecording(HFRecording):
         rec.output(self.adapter.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
 
     def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        value = self.adapter.attention_linears(layer).v
+        value = self.adapter.linears(layer).attention.v
         assert value is not None  # text families have separate projections
         rec.output(value, key)
 

@@ -18,6 +18,7 @@ from ...adapters.base import (
     AttentionEdit,
     AttentionLinears,
     BlockDecomposition,
+    BlockLinears,
     Layout,
     ModelInputs,
     SequenceContext,
@@ -162,15 +163,10 @@ class HFViTLikeAdapter(LensImageAdapter, HFEncoderBlocks):
         """The norm before block ``layer``'s attention."""
         return self.blocks[layer].layernorm_before
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].attention
-        return AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        mlp = self.blocks[layer].mlp
-        if hasattr(mlp, "down_proj"):        # DINOv2's SwiGLU
-            return mlp.up_proj, mlp.down_proj
-        return mlp.fc1, mlp.fc2
+    def linears(self, layer: int) -> BlockLinears:
+        attn, mlp = self.blocks[layer].attention, self.blocks[layer].mlp
+        up_down = (mlp.up_proj, mlp.down_proj) if hasattr(mlp, "down_proj") else (mlp.fc1, mlp.fc2)  # DINOv2's SwiGLU
+        return BlockLinears(AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj), up_down)
 
     # ------------------------------------------------------------------ attention implementation
 

@@ -22,6 +22,7 @@ from ...adapters.base import (
     AttentionEdit,
     AttentionLinears,
     BlockDecomposition,
+    BlockLinears,
     ModelAdapter,
     ModelInputs,
     RawInputs,
@@ -204,15 +205,12 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
     # ------------------------------------------------------------------ where methods hook
 
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        """``out_proj`` (its weight; the module applies it functionally) and the attention module itself
-        (:attr:`AttentionLinears.multihead`): there is no q/k/v projection module."""
-        attn = self.blocks[layer].attn
-        return AttentionLinears(out=attn.out_proj, multihead=attn)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        mlp = self.blocks[layer].mlp
-        return mlp.c_fc, mlp.c_proj
+    def linears(self, layer: int) -> BlockLinears:
+        """The attention's ``out_proj`` (its weight; the module applies it functionally) and the attention module
+        itself (:attr:`AttentionLinears.multihead`): there is no q/k/v projection module; the MLP's ``c_fc``,
+        ``c_proj``."""
+        attn, mlp = self.blocks[layer].attn, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.out_proj, multihead=attn), (mlp.c_fc, mlp.c_proj))
 
     decomposition = Capability(OpenCLIPDecomposition)
 

@@ -62,7 +62,7 @@ class _OpenCLIPTowerTopology(Topology):
     def rule_linears(self, layer: int) -> Tuple[AttentionLinears, Tuple[Projection, Projection]]:
         """``out_proj`` and the packed q/k/v projection as a Linear (:func:`packed_projection`); the MLP's."""
         attn = self.adapter.blocks[layer].attn
-        return AttentionLinears(out=attn.out_proj, qkv=packed_projection(attn)), self.adapter.mlp_linears(layer)
+        return AttentionLinears(out=attn.out_proj, qkv=packed_projection(attn)), self.adapter.linears(layer).mlp
 
     # ------------------------------------------------------------------ recording
     def record_block(self, rec: ActivationRecorder, layer: int, layer_outputs: bool) -> None:

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from ...adapters.base import (
     AttentionEdit,
     AttentionLinears,
+    BlockLinears,
     ImageAdapter,
     Layout,
     MethodUndefinedError,
@@ -276,13 +277,9 @@ class TimmSwinAdapter(SwinAdapter):
         return self.blocks[layer].norm1
 
     recording = Capability(lambda adapter: TimmSwinRecording(adapter))
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].attn
-        return AttentionLinears(out=attn.proj, qkv=attn.qkv)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        mlp = self.blocks[layer].mlp
-        return mlp.fc1, mlp.fc2
+    def linears(self, layer: int) -> BlockLinears:
+        attn, mlp = self.blocks[layer].attn, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.proj, qkv=attn.qkv), (mlp.fc1, mlp.fc2))
 
     def patch_projection(self) -> nn.Module:
         """The patch embedding's convolution (its output ``[B, C, rows, cols]``)."""
@@ -376,13 +373,10 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
     def attention_norm(self, layer: int) -> nn.Module:
         return self.blocks[layer].layernorm_before
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].attention
-        return AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        mlp = self.blocks[layer].mlp
-        return mlp.fc1, mlp.fc2
+    def linears(self, layer: int) -> BlockLinears:
+        attn, mlp = self.blocks[layer].attention, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj),
+                            (mlp.fc1, mlp.fc2))
 
     def patch_projection(self) -> nn.Module:
         """The patch embedding's convolution (its output ``[B, C, rows, cols]``)."""

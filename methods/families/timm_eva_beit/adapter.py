@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...adapters.base import AttentionEdit, BlockDecomposition, SequenceContext
+from ...adapters.base import AttentionEdit, AttentionLinears, BlockDecomposition, BlockLinears, SequenceContext
 from ...adapters.capability import Capability
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import edited_values_change, product_change
@@ -136,11 +136,12 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
         return qkv_projection(attn, x)[..., 2 * width:3 * width]
 
     recording = Capability(lambda adapter: EvaBeitRecording(adapter))
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        """``fc1`` and ``fc2`` (timm ``SwiGLU``: ``fc1_x`` and ``fc2``, the gate ``fc1_g``; ``GluMlp``: the packed
-        ``fc1`` whose halves are gate and input)."""
-        mlp = self.blocks[layer].mlp
-        return (mlp.fc1_x if hasattr(mlp, "fc1_x") else mlp.fc1), mlp.fc2
+    def linears(self, layer: int) -> BlockLinears:
+        """The fused ``qkv`` and ``proj``; the MLP's ``fc1`` and ``fc2`` (timm ``SwiGLU``: ``fc1_x`` and ``fc2``, the
+        gate ``fc1_g``; ``GluMlp``: the packed ``fc1`` whose halves are gate and input)."""
+        attn, mlp = self.blocks[layer].attn, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.proj, qkv=attn.qkv),
+                            ((mlp.fc1_x if hasattr(mlp, "fc1_x") else mlp.fc1), mlp.fc2))
 
     #: an attention gate (``x * sigmoid(gate(x))`` before ``proj``) is not decomposed
     decomposition = Capability(lambda adapter: EvaBeitDecomposition(adapter) if all(

@@ -12,6 +12,7 @@ from ...adapters.base import (
     AttentionEdit,
     AttentionLinears,
     BlockDecomposition,
+    BlockLinears,
     Layout,
     ModelInputs,
     Recording,
@@ -67,10 +68,6 @@ class TimmBlocksAdapter(LensImageAdapter):
     @property
     def width(self) -> int:
         return int(self.model.embed_dim)
-
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].attn
-        return AttentionLinears(out=attn.proj, qkv=attn.qkv)
 
     # ------------------------------------------------------------------ modules the LRP topologies read
     def classifier(self) -> Any:
@@ -236,9 +233,9 @@ class TimmViTAdapter(TimmBlocksAdapter):
     # ------------------------------------------------------------------ where methods hook
     recording = Capability(lambda adapter: TimmViTRecording(adapter))
 
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        mlp = self.blocks[layer].mlp
-        return mlp.fc1, mlp.fc2
+    def linears(self, layer: int) -> BlockLinears:
+        block = self.blocks[layer]
+        return BlockLinears(AttentionLinears(out=block.attn.proj, qkv=block.attn.qkv), (block.mlp.fc1, block.mlp.fc2))
 
 
     decomposition = Capability(lambda adapter: TimmDecomposition(adapter)
