@@ -397,7 +397,7 @@ def run_worker(spec: dict) -> dict:
         method = build_method(name, **options)
         from methods.adapters import adapter_for
 
-        depth = adapter_for(model).depth
+        depth = len(adapter_for(model).blocks)
         start_layer = getattr(method, "start_layer", None)
         if start_layer is None and hasattr(method, "default_start_layers"):
             start_layer = method.default_start_layers["vit"]  # the image default (None: per layout)

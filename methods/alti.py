@@ -212,7 +212,7 @@ class _BlockDecomposition:
         differentiate the head to (:attr:`normed`; autograd only from there on)."""
         adapter = self.adapter
         with ActivationRecorder() as rec, torch.no_grad():
-            for layer in range(adapter.depth):
+            for layer in range(len(adapter.blocks)):
                 adapter.recording.block_input(rec, layer, ("x", layer))
                 adapter.recording.attention(rec, layer, ("attention", layer))
                 adapter.recording.values(rec, layer, ("values", layer))
@@ -224,7 +224,7 @@ class _BlockDecomposition:
             if head_gradient:
                 assert adapter.decoder is not None, "check_adapter refuses a family that is no decoder"
                 rec.output(adapter.decoder.final_norm(), "normed", require_grad=True)
-            logits = adapter.forward(inputs, grad_from_block=adapter.depth)
+            logits = adapter.forward(inputs, grad_from_block=len(adapter.blocks))
             self.normed = rec.outputs.get("normed")
         return logits
 
@@ -248,7 +248,7 @@ class _BlockDecomposition:
                 None if self.rows is None else self.rows.to(output.device)))
             if self.also is not None:
                 self.extra.append(self.also(layer, pieces))
-            if layer == self.adapter.depth - 1:
+            if layer == len(self.adapter.blocks) - 1:
                 self.last_output = output
         return fold
 

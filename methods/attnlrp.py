@@ -289,7 +289,8 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 handles.append(mlp.gate_proj.register_forward_hook(_detach_output))
             else:
                 handles.append(mlp.down_proj.register_forward_pre_hook(input_gradient_scaled(0.5)))  # uniform rule
-        attentions = [adapter.linears(layer).attention for layer in range(adapter.depth if own_products is None else 0)]
+        hooked = range(len(adapter.blocks) if own_products is None else 0)
+        attentions = [adapter.linears(layer).attention for layer in hooked]
         for linears in attentions + rule_map.head_attention_linears():
             handles.extend(_attention_factor_hooks(linears, factors))
         with own_products or contextlib.nullcontext(), rule_map.head_rules(epsilon):
@@ -346,12 +347,12 @@ class _GradientLRP(ExplainedOutput):
             if not pixels:
                 rec.output(adapter.rule_map.input_embedding(), "x", require_grad=True)
             if layer_inputs:
-                for l in range(adapter.depth):
+                for l in range(len(adapter.blocks)):
                     adapter.recording.block_input(rec, l, ("block", l))
             context = adapter.context(inputs)
             logits = adapter.head(adapter.run_blocks(adapter.embed(inputs), context), context)
             x = inputs["pixel_values"] if pixels else rec["x"]
-            blocks: List[Tensor] = [rec[("block", l)] for l in range(adapter.depth)] if layer_inputs else []
+            blocks: List[Tensor] = [rec[("block", l)] for l in range(len(adapter.blocks))] if layer_inputs else []
         target, foil = self.resolve(logits, target)
         grads = torch.autograd.grad(explained_score(logits, target, self.explain, foil), [x] + blocks)
         return dict(x=x.detach(), grad=grads[0], logits=logits.detach(), target=target, foil=foil,

@@ -118,7 +118,7 @@ class AttributionMethod:
 def check_start_layer(start_layer: int, adapter: ModelAdapter, name: str, option: str = "start_layer") -> int:
     """Validate a 0-based block index (negative values count from the end, -1 = the last block) of method
     ``name``'s ``option`` on ``adapter``'s model; the index from the front."""
-    depth = adapter.depth
+    depth = len(adapter.blocks)
     if not -depth <= start_layer < depth:
         raise ValueError(f"{name}: {option}={start_layer} is outside {type(adapter.model).__name__} with {depth} "
                          f"blocks (valid: {-depth} to {depth - 1}, negative values count from the end)")

@@ -142,7 +142,7 @@ class _BeyondIntuition(ExplainedOutput):
         """Sum over the α_k < 1 of ``∇A_{L-1}(α_k x)``, batched over steps and samples: each forward takes at
         most :meth:`ig_sequences_per_forward` interpolated inputs (whole steps of the batch when that is at
         least the batch size, else slices of the batch one step at a time)."""
-        last = adapter.depth - 1
+        last = len(adapter.blocks) - 1
         alphas = torch.linspace(0, 1, self.steps, dtype=torch.float64)[:-1]
         if len(alphas) == 0:
             return 0
@@ -178,7 +178,7 @@ class _BeyondIntuition(ExplainedOutput):
             return check_start_layer(self.start_layer, adapter, self.name)
         default = self.default_start_layers[adapter.layout_class.reference]
         if default < 0:
-            return max(adapter.depth + default, 0)
+            return max(len(adapter.blocks) + default, 0)
         return check_start_layer(default, adapter, self.name, "start_layer (default)")
 
     def check_adapter(self, adapter) -> None:
@@ -212,7 +212,7 @@ class BeyondIntuitionHead(_BeyondIntuition):
     default_start_layers = {"vit": 3, "bert": -1}
 
     def perception_pass(self, adapter, inputs, target, start):
-        layers = list(range(start, adapter.depth))
+        layers = list(range(start, len(adapter.blocks)))
         attns, grads, _, target = attention_and_gradients(adapter, inputs, target, layers, self.gradient_of,
                                                           self.given_foil)
         layout = adapter.layout(inputs)
@@ -266,8 +266,8 @@ class BeyondIntuitionToken(_BeyondIntuition):
                              f"({adapter.family}) does not")
 
     def perception_pass(self, adapter, inputs, target, start):
-        last = adapter.depth - 1
-        layers = list(range(start, adapter.depth))
+        last = len(adapter.blocks) - 1
+        layers = list(range(start, len(adapter.blocks)))
         use_attention_input = self.token_scale_denominator == "attention_input"
         record_values = (adapter.recording.values if self.token_scale_values == "attention_input"
                          else adapter.recording.post_attention_values)

@@ -141,7 +141,7 @@ class _Propagation:
         adapter = self.adapter
         adapter.recording.block_input(rec, 0, "x")
         adapter.recording.values(rec, 0, "values")
-        for layer in range(adapter.depth):
+        for layer in range(len(adapter.blocks)):
             up, down = adapter.linears(layer).mlp
             adapter.recording.attention(rec, layer, ("attention", layer))
             self.decomposition.record_post_attention_residual(rec, layer, ("residual", layer))
@@ -184,7 +184,7 @@ class _Propagation:
             if value_bias is not None:
                 bias = bias + linear_weight(out_proj) @ value_bias.to(bias)
         out_weight = linear_weight(out_proj).unflatten(1, (heads, -1))                     # [D, H, Dh]
-        rows_total = 1 if layer == self.adapter.depth - 1 else n
+        rows_total = 1 if layer == len(self.adapter.blocks) - 1 else n
         width = pieces["residual"].shape[-1]
         mlp_step = max(1, CHUNK_ELEMENTS // (batch * n * max(width, pieces["pre"].shape[-1])))
         attention_step = max(mlp_step, ATTENTION_CHUNK_ELEMENTS // (batch * n * width))
@@ -285,7 +285,7 @@ class DecompX(ExplainsALogit, AttributionMethod):
         propagation = _Propagation(self, adapter)
         with ActivationRecorder() as rec, torch.no_grad():
             propagation.record(rec)
-            logits = adapter.forward(inputs, grad_from_block=adapter.depth)
+            logits = adapter.forward(inputs, grad_from_block=len(adapter.blocks))
             contributions = propagation.head(rec)                                             # [B, N, C]
         target = resolve_target(logits, target).to(contributions.device)
         rows = torch.arange(inputs.batch_size, device=contributions.device)

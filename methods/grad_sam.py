@@ -50,6 +50,6 @@ class GradSAM(AttributionMethod):
             row = mean_over_query_rows(generic_update(attn, grad, "clamp_then_mean"), rows)
             per_layer.append(carry_to_readout_space(adapter, row, layer))
 
-        stream_attention_gradients(adapter, inputs, target, range(start, adapter.depth), fold,
+        stream_attention_gradients(adapter, inputs, target, range(start, len(adapter.blocks)), fold,
                                    recompute=self.recompute_attention)
         return layout.output(sum(per_layer[1:], per_layer[0]) / len(per_layer))

@@ -181,7 +181,7 @@ class GenericAttribution(ExplainedOutput):
             if layer > start:
                 composed[0].through(adapter.token_flow.transition(layer, update))
 
-        stream_attention_gradients(adapter, inputs, target, range(start, adapter.depth), fold, self.explain,
+        stream_attention_gradients(adapter, inputs, target, range(start, len(adapter.blocks)), fold, self.explain,
                                    recompute=self.recompute_attention, foil=self.given_foil)
         row = carry_to_readout_space(adapter, composed[0].row(), start)
         return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
@@ -229,7 +229,7 @@ class CDAM(ExplainedOutput):
         self.class_specific = concept is None
 
     def attribute(self, adapter, inputs, target):
-        last = adapter.depth - 1
+        last = len(adapter.blocks) - 1
         tokens = self.tokens
         if tokens == "auto":
             tokens = "attention_input" if adapter.readout == "class_token" else "block_input"

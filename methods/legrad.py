@@ -69,12 +69,12 @@ class LeGrad(AttributionMethod):
             raise MethodUndefinedError(f"legrad: {adapter.family}: no logit lens (adapter.lens: the final norm and "
                                        "head read at any block's output); LeGrad is defined on ViT, CLIP and SigLIP "
                                        "image towers")
-        if isinstance(self.layers, int) and self.layers > adapter.depth:
+        if isinstance(self.layers, int) and self.layers > len(adapter.blocks):
             raise ValueError(f"legrad: layers={self.layers} asks for more blocks than {type(adapter.model).__name__} "
-                             f"has ({adapter.depth})")
+                             f"has ({len(adapter.blocks)})")
 
     def chosen_layers(self, adapter: ModelAdapter) -> List[int]:
-        depth = adapter.depth
+        depth = len(adapter.blocks)
         return list(range(depth)) if self.layers == "all" else list(range(depth - int(self.layers), depth))
 
     def lens(self, adapter: ModelAdapter, hidden: Tensor, context: SequenceContext) -> Tensor:

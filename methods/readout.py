@@ -53,7 +53,7 @@ def check_readout_space(adapter: ModelAdapter, layer: int, inputs: ModelInputs, 
     asked in the dtype and device of ``inputs``' scores): a method that reads one block's map at the read-out row (raw
     attention, Grad-CAM) or composes full matrices (Beyond Intuition) reads it in the read-out's token space only."""
     like = torch.empty(0, dtype=inputs.score_dtype, device=inputs.device)
-    changes = [l for l in range(layer + 1, adapter.depth) if adapter.token_flow.transition(l, like) is not None]
+    changes = [l for l in range(layer + 1, len(adapter.blocks)) if adapter.token_flow.transition(l, like) is not None]
     if changes:
         raise MethodUndefinedError(
             f"{name}: block {layer} of {type(adapter.model).__name__} ({adapter.family}) is in another token space "

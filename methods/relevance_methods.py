@@ -152,7 +152,7 @@ class PartialLRP(_LRPMethod):
     default_rules = "orig"
 
     def attribute(self, adapter, inputs, target) -> Tensor:
-        last = adapter.depth - 1
+        last = len(adapter.blocks) - 1
         res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=[last])
         return self._read_out(res.attn_cam[last].clamp(min=0).mean(dim=1), adapter, inputs)
 
@@ -224,7 +224,7 @@ class TransformerAttribution(_LRPMethod, ExplainedOutput):
 
     def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter, self.name)
-        layers = list(range(start, adapter.depth))
+        layers = list(range(start, len(adapter.blocks)))
         normalize = self.row_normalize
         if normalize is None:
             normalize = self.AUTO_ROW_NORMALIZE[adapter.layout(inputs).reference]
@@ -254,5 +254,5 @@ class LRPRollout(_LRPMethod):
 
     def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter, self.name)
-        layers = list(range(start, adapter.depth))
+        layers = list(range(start, len(adapter.blocks)))
         return self._rollout_row(adapter, inputs, target, layers, self.row_normalize, _positive_relevance, False)

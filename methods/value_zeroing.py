@@ -166,7 +166,7 @@ class ValueZeroing(AttributionMethod):
             found = []
             for layer in range(first, last + 1):
                 clean = adapter.run_blocks(hidden, context, layer, layer + 1)
-                after = final_normed(adapter, self.name) if inseq and layer == adapter.depth - 1 else None
+                after = final_normed(adapter, self.name) if inseq and layer == len(adapter.blocks) - 1 else None
                 m = zeroing_distances(adapter, hidden, clean, context, layer, columns, self.distance, self.chunk,
                                       after) * keep
                 if inseq:

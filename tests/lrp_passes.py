@@ -31,8 +31,8 @@ def head_relevance(model, inputs, target_index: int = 1, readout_positions: bool
     engine = LRPEngine("ours")
     topology = engine.topology(adapter)
     with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
-        topology.record(rec, range(adapter.depth), True, layer_outputs=True)
-        logits = adapter.forward(prepared, grad_from_block=adapter.depth)
+        topology.record(rec, range(len(adapter.blocks)), True, layer_outputs=True)
+        logits = adapter.forward(prepared, grad_from_block=len(adapter.blocks))
     acts = dict(rec.outputs)
     if readout_positions:
         acts["readout_positions"] = adapter.context(prepared).readout_positions

@@ -135,7 +135,7 @@ def test_grad_sam_is_its_equation(name):
     adapter = adapter_for(model)
     batch = adapter.prepare_inputs(inputs)
     with adapter.recording.eager_attention():
-        attns, grads, _, _ = attention_and_gradients(adapter, batch, targets, range(adapter.depth))
+        attns, grads, _, _ = attention_and_gradients(adapter, batch, targets, range(len(adapter.blocks)))
     layout = adapter.layout(batch)
     rows = layout.real_positions(torch.empty(3, layout.num_positions)).double()
     per_layer = []

@@ -134,14 +134,14 @@ def test_golden_model_and_logits(mm):
         for model, inputs, reference in ((mm.classifier, mm.images, logits), (mm.scorer, mm.tokens, per_text)):
             adapter = adapter_for(model)
             prepared = adapter.prepare_inputs(inputs)
-            torch.testing.assert_close(adapter.forward(prepared, grad_from_block=adapter.depth), reference,
+            torch.testing.assert_close(adapter.forward(prepared, grad_from_block=len(adapter.blocks)), reference,
                                        rtol=0, atol=0)
             before = clip.config._attn_implementation
             with adapter.recording.eager_attention():
                 assert adapter.config._attn_implementation == "eager"
                 other = clip.text_model if adapter.tower == "vision" else clip.vision_model
                 assert other.config._attn_implementation == before
-                torch.testing.assert_close(adapter.forward(prepared, grad_from_block=adapter.depth), reference,
+                torch.testing.assert_close(adapter.forward(prepared, grad_from_block=len(adapter.blocks)), reference,
                                            rtol=1e-5, atol=1e-5)
             assert adapter.config._attn_implementation == before != "eager"
 
@@ -290,7 +290,7 @@ def test_lrp_conserves_relevance_on_both_towers():
         start = head_relevance(model, inputs)
         adapter, engine, topology, acts, r = start.adapter, start.engine, start.topology, start.acts, start.relevance
         torch.testing.assert_close(r.sum(dim=(1, 2)), torch.ones(3, dtype=torch.float64), rtol=0, atol=1e-6)
-        for l in reversed(range(adapter.depth)):
+        for l in reversed(range(len(adapter.blocks))):
             r, cam = topology.block_relprop(engine.rules, acts, l, r, True)
             torch.testing.assert_close(r.sum(dim=(1, 2)), torch.ones(3, dtype=torch.float64), rtol=0, atol=1e-6)
         full = build_method("lrp", rules="ours", class_token_score="keep")(model, inputs, target=1)

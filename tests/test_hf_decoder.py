@@ -174,7 +174,7 @@ def test_lrp_conserves_relevance_on_decoders(kind, head):
     adapter, engine, topology, acts, r = start.adapter, start.engine, start.topology, start.acts, start.relevance
     ones = torch.ones(3, dtype=torch.float64)
     torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6)
-    for l in reversed(range(adapter.depth)):
+    for l in reversed(range(len(adapter.blocks))):
         r, cam = topology.block_relprop(engine.rules, acts, l, r, True)
         torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6, msg=f"block {l}")
         assert cam.shape == (3, adapter.num_heads, 9, 9)

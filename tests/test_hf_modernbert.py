@@ -105,7 +105,7 @@ def test_lrp_conserves_relevance_on_modernbert(pooling):
         r = topology.head_relprop(engine.rules, acts, torch.eye(5, dtype=torch.float64)[[1, 1, 1]])
     ones = torch.ones(3, dtype=torch.float64)
     torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6)
-    for layer in reversed(range(adapter.depth)):
+    for layer in reversed(range(len(adapter.blocks))):
         r, cam = topology.block_relprop(engine.rules, acts, layer, r, True)
         torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6, msg=f"block {layer}")
         assert cam.shape == (3, adapter.num_heads, 9, 9)

@@ -109,7 +109,7 @@ def test_lrp_conserves_relevance(build, inputs):
     adapter, engine, topology, acts, r = start.adapter, start.engine, start.topology, start.acts, start.relevance
     ones = torch.ones(3, dtype=torch.float64)
     torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6)
-    for layer in reversed(range(adapter.depth)):
+    for layer in reversed(range(len(adapter.blocks))):
         r, _ = topology.block_relprop(engine.rules, acts, layer, r, True)
         torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6)
     full = build_method("lrp", rules="ours", class_token_score="keep")(model, inputs, target=1)

@@ -153,7 +153,7 @@ def test_lrp_conserves_relevance_through_the_pooling_head():
             assert (r[:, :-1] == 0).all()
         torch.testing.assert_close(total, torch.ones(3, dtype=torch.float64), rtol=0, atol=1e-6)
         before = r.sum(dim=(1, 2))
-        for l in reversed(range(adapter.depth)):
+        for l in reversed(range(len(adapter.blocks))):
             r, _ = topology.block_relprop(engine.rules, acts, l, r, True)
             torch.testing.assert_close(r.sum(dim=(1, 2)), before, rtol=0, atol=1e-6)
         full = build_method("lrp", rules="ours")(model, inputs, target=1)

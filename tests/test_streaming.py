@@ -68,8 +68,8 @@ IDENTITY_CASES = ["vit_cls", "vit_avg", "timm_deit_weighted", "hf_dinov2_weighte
 
 def _full_matrix(name, method, adapter, batch, targets):
     """What the methods computed before streaming: every block's ``[B, N, N]`` kept, then the full product."""
-    start = method.start_layer % adapter.depth
-    layers = list(range(start, adapter.depth))
+    start = method.start_layer % len(adapter.blocks)
+    layers = list(range(start, len(adapter.blocks)))
     if name == "rollout":
         return method.rollout_matrix(adapter, batch), "zero"
     if name == "generic_attribution":

@@ -439,9 +439,9 @@ def test_adapter_logits_equal_the_models_for_each_family(kind):
     inputs = adapter.prepare_inputs(batch)
     with torch.no_grad():
         reference = model(**batch).logits
-        ours = adapter.forward(inputs, grad_from_block=adapter.depth)
+        ours = adapter.forward(inputs, grad_from_block=len(adapter.blocks))
         with adapter.recording.eager_attention():
-            eager = adapter.forward(inputs, grad_from_block=adapter.depth)
+            eager = adapter.forward(inputs, grad_from_block=len(adapter.blocks))
             eager_model = model(**batch).logits
     torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(eager, eager_model, rtol=0, atol=0)

@@ -97,7 +97,7 @@ def test_lrp_gives_the_prefix_rows_of_the_last_attention_nothing(variant):
     model = _tiny_variant(**POOLED[variant]).eval()
     adapter = adapter_for(model)
     inputs = adapter.prepare_inputs(_images(2))
-    last = adapter.depth - 1
+    last = len(adapter.blocks) - 1
     with adapter.recording.eager_attention():
         cam = LRPEngine("ours").run(adapter, inputs, torch.tensor([1, 3]), cam_layers=[last]).attn_cam[last]
     prefix = model.num_prefix_tokens

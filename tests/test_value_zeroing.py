@@ -101,10 +101,10 @@ def _authors_loop(model, ids, distance):
     n = ids.shape[1]
     with adapter.recording.eager_attention(), torch.no_grad():
         hidden = [adapter.embed(inputs)]
-        for layer in range(adapter.depth):
+        for layer in range(len(adapter.blocks)):
             hidden.append(adapter.run_blocks(hidden[-1], context, layer, layer + 1))
-        scores = torch.zeros(adapter.depth, n, n, dtype=torch.float64)
-        for layer in range(adapter.depth):
+        scores = torch.zeros(len(adapter.blocks), n, n, dtype=torch.float64)
+        for layer in range(len(adapter.blocks)):
             for t in range(n):
                 def zero(_module, _args, out, t=t):
                     out = out.clone()

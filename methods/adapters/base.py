@@ -662,8 +662,8 @@ class LogitLens(abc.ABC):
 class ModelAdapter(abc.ABC):
     """What a method may know about a model. Subclasses wrap one family of stock models.
 
-    Structure: ``depth`` blocks of ``num_heads`` attention heads and hidden width ``width``; ``readout`` (one of
-    :data:`READOUT_KINDS`). ``layout_class``: the class of :meth:`layout`'s answers, whose ``modality``
+    Structure: ``len(blocks)`` blocks of ``num_heads`` attention heads and hidden width ``width``; ``readout`` (one
+    of :data:`READOUT_KINDS`). ``layout_class``: the class of :meth:`layout`'s answers, whose ``modality``
     says what the model reads (``image``: pixel values; ``text``: token ids) and so how an evaluation feeds and
     perturbs its inputs (``evaluation.classifier``).
 
@@ -708,10 +708,6 @@ class ModelAdapter(abc.ABC):
         return ()
 
     # -------------------------------------------------------------- structure
-    @property
-    def depth(self) -> int:
-        return len(self.blocks)
-
     @property
     @abc.abstractmethod
     def num_heads(self) -> int: ...
@@ -766,14 +762,14 @@ class ModelAdapter(abc.ABC):
         """The model's logits, with autograd recorded only from block ``grad_from_block`` on.
 
         Everything before that block runs under ``torch.no_grad()``: methods that need gradients only down to
-        some block pay for no graph below it (``grad_from_block=depth``: no graph at all but the head's). With
+        some block pay for no graph below it (``grad_from_block=len(blocks)``: no graph at all but the head's). With
         the recording's ``hidden_requires_grad`` the hidden states entering that block require grad.
         """
         context = self.context(inputs)
         with torch.no_grad():
             hidden = self.run_blocks(self.embed(inputs), context, 0, grad_from_block)
         with torch.enable_grad():
-            if self.recording.hidden_requires_grad and grad_from_block < self.depth:
+            if self.recording.hidden_requires_grad and grad_from_block < len(self.blocks):
                 hidden = hidden.detach().requires_grad_(True)
             hidden = self.run_blocks(hidden, context, grad_from_block)
             return self.head(hidden, context, pre_logits=pre_logits)

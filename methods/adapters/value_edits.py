@@ -45,7 +45,7 @@ def projection_value_edit(adapter: ModelAdapter, edit: ValueEdit) -> Iterator[No
     heads)."""
     handles: List[Any] = []
     try:
-        for layer in range(adapter.depth):
+        for layer in range(len(adapter.blocks)):
             linears = adapter.linears(layer).attention
             if linears.v is not None and linears.q is not None:
                 head_dim = out_features(linears.q) // adapter.num_heads

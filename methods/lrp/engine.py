@@ -82,8 +82,8 @@ class LRPEngine:
         topology = self.topology(adapter)
         cam_layers = sorted({int(l) for l in cam_layers})
         grad_layers = sorted({int(l) for l in grad_layers})
-        lowest = 0 if to_input else min(cam_layers + grad_layers + [adapter.depth])
-        blocks = list(range(lowest, adapter.depth))
+        lowest = 0 if to_input else min(cam_layers + grad_layers + [len(adapter.blocks)])
+        blocks = list(range(lowest, len(adapter.blocks)))
         source = self.map_source(adapter, topology, blocks, grad_layers, recompute)
         with ActivationRecorder() as rec, source.forward_context(adapter) as anchor:
             topology.record(rec, blocks, to_input, grad_blocks=grad_layers,

@@ -60,7 +60,7 @@ class Topology:
         #: per block with layer scale (``x + gamma * branch``, a constant per channel: relevance passes it
         #: unchanged), the output projection and the MLP's second Linear with the scales folded in
         self.scaled: Dict[int, Tuple[nn.Linear, nn.Linear]] = {}
-        for i in range(adapter.depth):
+        for i in range(len(adapter.blocks)):
             scales = self.layer_scales(i)
             if scales is not None:
                 linears, (_, fc2) = self.rule_linears(i)
@@ -164,7 +164,7 @@ def linear_layer_problems(adapter: ModelAdapter) -> List[str]:
     """The blocks whose q, k, v, output projections or MLP layers are not ``nn.Linear`` (the Linear rule's
     layers, for the families whose blocks have separate projections)."""
     problems = []
-    for i in range(adapter.depth):
+    for i in range(len(adapter.blocks)):
         linears = adapter.linears(i).attention
         if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
             problems.append(f"layer {i} attention projections are not nn.Linear")

@@ -272,7 +272,7 @@ class _HFDecoder(HFBaseBlocks):
 
     def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
                    stop: Optional[int] = None) -> Tensor:
-        indices = list(range(self.depth))[start:stop]
+        indices = list(range(len(self.blocks)))[start:stop]
         if not indices:
             return hidden
         kinds = sorted({self.layer_type(i) for i in indices})
@@ -512,7 +512,7 @@ class DecoderRecompute(AttentionRecompute):
         config is switched to that implementation for the duration (the masks built as for the eager attention)
         and restored on exit."""
         weight: Any = self.adapter.input_embedding().weight
-        modules = {self.adapter.self_attention(i): i for i in range(self.adapter.depth)}
+        modules = {self.adapter.self_attention(i): i for i in range(len(self.adapter.blocks))}
         return recomputed_attention(self.adapter.attention_config(), modules, consume, lowest, weight.dtype,
                                     weight.device)
 

@@ -160,7 +160,7 @@ class HFModernBertAdapter(HFTextAdapter):
 
     def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
                    stop: Optional[int] = None) -> Tensor:
-        indices = list(range(self.depth))[start:stop]
+        indices = list(range(len(self.blocks)))[start:stop]
         if not indices:
             return hidden
         position_ids = self.position_ids(hidden, context)

@@ -120,7 +120,7 @@ class HFSiglipVisionAdapter(_HFPatchVision, LensImageAdapter, _HFSiglipTower):
         if cached is not None and cached[0]() is pixels and cached[1] == pixels._version:
             return cached[2]
         with torch.no_grad(), self.recording.eager_attention():
-            self.forward(inputs, grad_from_block=self.depth)
+            self.forward(inputs, grad_from_block=len(self.blocks))
         assert self._readout_cache is not None, "an eager forward keeps the read-out weights"
         return self._readout_cache[2]
 

@@ -138,7 +138,7 @@ class SwinAdapter(ImageAdapter):
     @property
     def num_heads(self) -> int:
         """The last stage's head count (the stages differ)."""
-        return self.heads_of(self.depth - 1)
+        return self.heads_of(len(self.blocks) - 1)
 
     def heads_of(self, layer: int) -> int:
         raise NotImplementedError
@@ -169,7 +169,7 @@ class SwinAdapter(ImageAdapter):
                    stop: Optional[int] = None) -> Tensor:
         """Blocks ``start`` to ``stop`` on ``[B, N, C]``; the patch merge entering a stage runs before the
         stage's first block."""
-        for layer in range(start, self.depth if stop is None else stop):
+        for layer in range(start, len(self.blocks) if stop is None else stop):
             merge = self.merge_before.get(layer)
             if merge is not None:
                 hidden = self.merge(merge, hidden, self.grids[layer - 1])

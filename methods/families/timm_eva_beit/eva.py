@@ -84,7 +84,7 @@ class TimmEvaAdapter(TimmBeitLikeAdapter):
 
     def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
                    stop: Optional[int] = None) -> Tensor:
-        indices = list(range(self.depth))[start:stop]
+        indices = list(range(len(self.blocks)))[start:stop]
         if not indices:
             return hidden
         rotary = self.rotary_embedding()
