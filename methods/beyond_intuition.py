@@ -135,7 +135,7 @@ class _BeyondIntuition(ExplainedOutput):
             return (self.steps - 1) * inputs.batch_size
         tokens = adapter.layout(inputs).num_positions
         itemsize = torch.finfo(inputs.score_dtype).bits // 8
-        per_sequence = adapter.num_heads * tokens * tokens * itemsize
+        per_sequence = adapter.token_flow.heads * tokens * tokens * itemsize
         return max(1, self.IG_AUTO_ATTENTION_BYTES // per_sequence)
 
     def _last_attention_gradients(self, adapter, inputs, target: Tensor):

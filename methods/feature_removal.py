@@ -28,7 +28,7 @@ def check_removal(adapter: ModelAdapter, name: str) -> None:
     """:class:`MethodUndefinedError` naming ``name`` unless the family can remove positions (it is asked to
     remove one position of an empty one-sample sequence; a family that cannot refuses before reading it) and its
     read-out reads more than an average of the content positions."""
-    probe = torch.zeros(1, 2, adapter.width)
+    probe = torch.zeros(1, 2, adapter.token_flow.width)
     try:
         adapter.drop_positions(probe, SequenceContext(), torch.zeros(1, dtype=torch.long))
     except MethodUndefinedError as err:

@@ -177,7 +177,7 @@ def test_lrp_conserves_relevance_on_decoders(kind, head):
     for l in reversed(range(len(adapter.blocks))):
         r, cam = topology.block_relprop(engine.rules, acts, l, r, True)
         torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6, msg=f"block {l}")
-        assert cam.shape == (3, adapter.num_heads, 9, 9)
+        assert cam.shape == (3, adapter.token_flow.heads, 9, 9)
         assert (r[inputs["attention_mask"] == 0] == 0).all()
     full = build_method("lrp", rules="ours", class_token_score="keep")(model, inputs, target=1)
     torch.testing.assert_close(full.sum(dim=1), ones, rtol=0, atol=1e-6)

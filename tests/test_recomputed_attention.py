@@ -96,7 +96,7 @@ def _attention_saves(model, call):
     saved = {"forward": 0, "backward": 0}
 
     def pack(tensor):
-        if tensor.dim() == 4 and tensor.shape[-1] == tensor.shape[-2] and tensor.shape[1] == adapter.num_heads:
+        if tensor.dim() == 4 and tensor.shape[-1] == tensor.shape[-2] and tensor.shape[1] == adapter.token_flow.heads:
             saved[phase["now"]] += 1
         return tensor
 

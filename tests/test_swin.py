@@ -226,5 +226,5 @@ def test_token_spaces_and_transitions():
         for layer in range(len(other.blocks)):
             assert other.token_flow.transition(layer, like) is None, family.name
             space = other.token_flow.token_space(layer, other_layout)
-            assert (space.count, space.width, space.heads) == (other_layout.num_positions, other.width,
-                                                               other.num_heads), family.name
+            assert (space.count, space.width, space.heads) == (other_layout.num_positions, other.token_flow.width,
+                                                               other.token_flow.heads), family.name

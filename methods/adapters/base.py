@@ -571,16 +571,21 @@ class ValueRecorder(abc.ABC):
 
 class TokenFlow:
     """How the tokens flow through a family's blocks (``ModelAdapter.token_flow``): each block's token space and the
-    transitions between blocks. The default is an isotropic model's: every block sees the layout's tokens."""
+    transitions between blocks. This class is an isotropic model's: every block sees the layout's tokens, with the
+    hidden ``width`` and ``heads`` attention heads that the family's declaration reads from its model
+    (``token_flow = Capability(lambda adapter: TokenFlow(adapter, width, heads))``)."""
 
-    def __init__(self, adapter: "ModelAdapter") -> None:
+    def __init__(self, adapter: "ModelAdapter", width: int, heads: int) -> None:
         self.adapter = adapter
+        #: the hidden width and the attention heads of the last block, the read-out's (every block's when isotropic)
+        self.width = width
+        self.heads = heads
 
     def token_space(self, layer: int, layout: Layout) -> TokenSpace:
-        """The token space of block ``layer`` for inputs of ``layout``: the layout's positions, the adapter's width
-        and heads."""
+        """The token space of block ``layer`` for inputs of ``layout``: the layout's positions, :attr:`width` and
+        :attr:`heads`."""
         grid = layout.grid if isinstance(layout, PatchGrid) else None
-        return TokenSpace(layout.num_positions, grid, self.adapter.width, self.adapter.num_heads)
+        return TokenSpace(layout.num_positions, grid, self.width, self.heads)
 
     def transition(self, layer: int, like: Tensor) -> Optional[Tensor]:
         """How the tokens entering block ``layer`` are formed from those leaving block ``layer - 1``: a sparse
@@ -662,8 +667,8 @@ class LogitLens(abc.ABC):
 class ModelAdapter(abc.ABC):
     """What a method may know about a model. Subclasses wrap one family of stock models.
 
-    Structure: ``len(blocks)`` blocks of ``num_heads`` attention heads and hidden width ``width``; ``readout`` (one
-    of :data:`READOUT_KINDS`). ``layout_class``: the class of :meth:`layout`'s answers, whose ``modality``
+    Structure: ``len(blocks)`` blocks, their widths and heads in :attr:`token_flow`; ``readout`` (one of
+    :data:`READOUT_KINDS`). ``layout_class``: the class of :meth:`layout`'s answers, whose ``modality``
     says what the model reads (``image``: pixel values; ``text``: token ids) and so how an evaluation feeds and
     perturbs its inputs (``evaluation.classifier``).
 
@@ -709,14 +714,6 @@ class ModelAdapter(abc.ABC):
 
     # -------------------------------------------------------------- structure
     @property
-    @abc.abstractmethod
-    def num_heads(self) -> int: ...
-
-    @property
-    @abc.abstractmethod
-    def width(self) -> int: ...
-
-    @property
     def has_class_token(self) -> bool:
         return self.readout == "class_token"
 
@@ -728,9 +725,9 @@ class ModelAdapter(abc.ABC):
         1/2 each); ``"attention_pool"``: the pooling head's attention, mean over its heads."""
         raise NotImplementedError(f"{self.family} reads out with {self.readout!r}, not a weighted mean of positions")
 
-    #: how the tokens flow through the blocks (:class:`TokenFlow`; the isotropic default unless the family says
-    #: otherwise)
-    token_flow: Capability[TokenFlow] = Capability(TokenFlow)
+    #: how the tokens flow through the blocks (:class:`TokenFlow`: each block's token space, width and heads, and the
+    #: transitions between blocks)
+    token_flow: Capability[TokenFlow]
 
     # -------------------------------------------------------------- inputs, layout
     @abc.abstractmethod

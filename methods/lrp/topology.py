@@ -130,7 +130,7 @@ class Topology:
             out, fc2 = self.scaled[layer]
             linears, mlp = replace(linears, out=out), (mlp[0], fc2)
             extra = dict(attn_out=acts.pop(("scaled_attn_out", layer)), mlp_out=acts.pop(("scaled_mlp_out", layer)))
-        return block_relprop(rules, block_tensors(acts, layer, **extra), linears, mlp, self.adapter.num_heads,
+        return block_relprop(rules, block_tensors(acts, layer, **extra), linears, mlp, self.adapter.token_flow.heads,
                              relevance, need_below)
 
     def stops_at_encoder_input(self) -> bool:

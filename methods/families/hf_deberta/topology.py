@@ -71,7 +71,7 @@ class HFDebertaTopology(HFTextTopology):
         scale = math.sqrt(attention.attention_head_size * score_factor(attention))
         tensors = block_tensors(acts, layer, mlp_in=acts.get(("mlp_in", layer)), qkv_in=x, q=q, k=k, mask=mask,
                                 scale=scale, mask_add=True)
-        return block_relprop(rules, tensors, linears, self.adapter.linears(layer).mlp, self.adapter.num_heads,
+        return block_relprop(rules, tensors, linears, self.adapter.linears(layer).mlp, self.adapter.token_flow.heads,
                              relevance, need_below)
 
     def record_input(self, rec: ActivationRecorder) -> None:

@@ -537,7 +537,7 @@ class DecoderRecording(HFRecording):
         """``v_proj``'s output with each key/value head repeated for its query heads: ``[B, N, H * head_dim]``."""
         attn: Any = self.adapter.self_attention(layer)
         groups = int(attn.num_key_value_groups)
-        kv_heads = self.adapter.num_heads // groups
+        kv_heads = self.adapter.token_flow.heads // groups
         rec.output(attn.v_proj, key, transform=lambda v: repeat_heads(v, kv_heads, groups))
 
     def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
@@ -559,5 +559,5 @@ class GPT2Recording(DecoderRecording):
 
     def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """The value third of ``c_attn``'s output ``[B, N, D]``."""
-        width = self.adapter.width
+        width = self.adapter.token_flow.width
         rec.output(self.adapter.blocks[layer].attn.c_attn, key, transform=lambda qkv: qkv[..., 2 * width:])

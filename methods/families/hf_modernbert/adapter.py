@@ -26,6 +26,7 @@ from ...adapters.base import (
     RawInputs,
     SampleIds,
     SequenceContext,
+    TokenFlow,
     register_adapter,
 )
 from ...adapters.capability import Capability
@@ -86,9 +87,9 @@ class HFModernBertAdapter(HFTextAdapter):
         return super().signature_of(model) + (model.config.classifier_pooling,)
 
     # ------------------------------------------------------------------ structure
-    @property
-    def width(self) -> int:
-        return int(self.config.hidden_size)
+    #: isotropic: ``config.hidden_size`` wide (the fused ``Wqkv`` names no query projection)
+    token_flow = Capability(lambda adapter: TokenFlow(adapter, int(adapter.config.hidden_size),
+                                                      adapter.num_heads_of(adapter.model.config)))
 
     @property
     def has_class_token(self) -> bool:
@@ -212,7 +213,7 @@ class ModernBertRecording(TextRecording):
 
     def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """The value third of ``Wqkv``'s output ``[B, N, D]``."""
-        width = self.adapter.width
+        width = self.adapter.token_flow.width
         rec.output(self.adapter.blocks[layer].attn.Wqkv, key, transform=lambda qkv: qkv[..., 2 * width:])
 
     def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,

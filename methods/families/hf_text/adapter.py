@@ -22,6 +22,7 @@ from ...adapters.base import (
     Recording,
     SampleIds,
     SequenceContext,
+    TokenFlow,
     TokenSequence,
     check_sample_ids,
     linear_weight,
@@ -126,14 +127,13 @@ class HFTextAdapter(HFBaseBlocks):
         return None
 
     # ------------------------------------------------------------------ structure
-    @property
-    def num_heads(self) -> int:
-        return self.num_heads_of(self.model.config)
+    #: isotropic: the encoder's width (the input width of block 0's query projection; ELECTRA-small's embeddings
+    #: are narrower) and the config's heads
+    token_flow = Capability(lambda adapter: TokenFlow(adapter, adapter.encoder_width(),
+                                                      adapter.num_heads_of(adapter.model.config)))
 
-    @property
-    def width(self) -> int:
-        """The encoder's width (the input width of block 0's query projection; ELECTRA-small's embeddings are
-        narrower)."""
+    def encoder_width(self) -> int:
+        """The input width of block 0's query projection (ELECTRA-small's embeddings are narrower)."""
         query = self.linears(0).attention.q
         assert query is not None  # text families have separate projections
         return int(linear_weight(query).shape[1])

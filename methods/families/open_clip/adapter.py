@@ -29,6 +29,7 @@ from ...adapters.base import (
     Recording,
     SampleIds,
     SequenceContext,
+    TokenFlow,
     TokenSequence,
     ValueRecorder,
     check_sample_ids,
@@ -161,13 +162,9 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
         return (cls.tower, len(cls.transformer_of(model.clip).resblocks))
 
     # ------------------------------------------------------------------ structure
-    @property
-    def num_heads(self) -> int:
-        return int(self.blocks[0].attn.num_heads)
-
-    @property
-    def width(self) -> int:
-        return int(self.transformer.width)
+    #: isotropic: the transformer's width, block 0's heads
+    token_flow = Capability(lambda adapter: TokenFlow(adapter, int(adapter.transformer.width),
+                                                      int(adapter.blocks[0].attn.num_heads)))
 
     # ------------------------------------------------------------------ forward pieces
     def block_mask(self, hidden: Tensor) -> Optional[Tensor]:

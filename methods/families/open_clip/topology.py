@@ -71,7 +71,7 @@ class _OpenCLIPTowerTopology(Topology):
         adapter = self.adapter
         block = adapter.blocks[layer]
         attn = block.attn
-        heads = adapter.num_heads
+        heads = adapter.token_flow.heads
         adapter.recording.block_input(rec, layer, ("x", layer))
 
         def attention_in(_module: nn.Module, args: Tuple[Any, ...], kwargs: dict) -> None:

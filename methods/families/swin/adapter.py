@@ -61,6 +61,10 @@ class SwinFlow(TokenFlow):
 
     adapter: "SwinAdapter"
 
+    def __init__(self, adapter: "SwinAdapter") -> None:
+        """:attr:`width` and :attr:`heads`: the last stage's (the read-out's; the stages differ)."""
+        super().__init__(adapter, adapter.num_features, adapter.heads_of(len(adapter.blocks) - 1))
+
     def token_space(self, layer: int, layout: Layout) -> TokenSpace:
         """Block ``layer``'s stage: its grid, width and heads."""
         rows, cols = self.adapter.grids[layer]
@@ -88,7 +92,7 @@ class SwinAdapter(ImageAdapter):
     readout = "mean_content"
     num_prefix_tokens = 0
     rule_map = Capability(SwinRules)
-    token_flow = Capability(SwinFlow)
+    token_flow: Capability[TokenFlow] = Capability(SwinFlow)
     #: per stage: its blocks (a list of modules) and the patch merge entering it (``None`` for the first stage)
     stages: List[Tuple[List[nn.Module], Optional[nn.Module]]]
     #: the patch embedding's patch side (pixels) and the model's image size (rows, cols of pixels)
@@ -132,13 +136,13 @@ class SwinAdapter(ImageAdapter):
         raise NotImplementedError
 
     @property
-    def last_stage(self) -> int:
-        return len(self.stages) - 1
+    def num_features(self) -> int:
+        """The width of the last stage's tokens, which the head reads."""
+        raise NotImplementedError
 
     @property
-    def num_heads(self) -> int:
-        """The last stage's head count (the stages differ)."""
-        return self.heads_of(len(self.blocks) - 1)
+    def last_stage(self) -> int:
+        return len(self.stages) - 1
 
     def heads_of(self, layer: int) -> int:
         raise NotImplementedError
@@ -240,7 +244,7 @@ class TimmSwinAdapter(SwinAdapter):
                 for layer in model.layers]
 
     @property
-    def width(self) -> int:
+    def num_features(self) -> int:
         return int(self.model.num_features)
 
     def heads_of(self, layer: int) -> int:
@@ -333,7 +337,7 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
         return [(list(layer.blocks), None if s == 0 else layers[s - 1].downsample) for s, layer in enumerate(layers)]
 
     @property
-    def width(self) -> int:
+    def num_features(self) -> int:
         return int(self.model.swin.num_features)
 
     def heads_of(self, layer: int) -> int:

@@ -185,7 +185,7 @@ class EvaBeitValueEdit(AttentionEdit):
         def keep_probabilities(layer: int) -> Callable[..., None]:
             def hook(_module: nn.Module, _args: Any, out: Tensor) -> None:
                 change = edited_values_change(layer, edit, self.adapter.value_projection(layer, seen.pop(layer)),
-                                              self.adapter.num_heads)
+                                              self.adapter.token_flow.heads)
                 seen[-1 - layer] = product_change(out, change)
             return hook
 

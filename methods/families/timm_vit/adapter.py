@@ -17,6 +17,7 @@ from ...adapters.base import (
     ModelInputs,
     Recording,
     SequenceContext,
+    TokenFlow,
     register_adapter,
 )
 from ...adapters.capability import Capability
@@ -61,13 +62,9 @@ class TimmBlocksAdapter(LensImageAdapter):
         self.num_prefix_tokens = int(model.num_prefix_tokens)
         self.patch_size = (int(model.patch_embed.patch_size[0]), int(model.patch_embed.patch_size[1]))
 
-    @property
-    def num_heads(self) -> int:
-        return int(self.blocks[0].attn.num_heads)
-
-    @property
-    def width(self) -> int:
-        return int(self.model.embed_dim)
+    #: isotropic: ``embed_dim`` wide, block 0's heads
+    token_flow = Capability(lambda adapter: TokenFlow(adapter, int(adapter.model.embed_dim),
+                                                      int(adapter.blocks[0].attn.num_heads)))
 
     # ------------------------------------------------------------------ modules the LRP topologies read
     def classifier(self) -> Any:
@@ -304,5 +301,5 @@ class TimmViTRecording(TimmRecording):
                             else TimmScoreEdit(recording.adapter))
 
     def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        dim = self.adapter.width
+        dim = self.adapter.token_flow.width
         rec.output(self.adapter.blocks[layer].attn.qkv, key, transform=lambda out: out[..., 2 * dim:3 * dim])

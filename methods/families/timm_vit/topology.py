@@ -112,7 +112,7 @@ class TimmViTTopology(Topology):
         blk = self.adapter.blocks[layer]
         if isinstance(blk.ls1, nn.Identity) and isinstance(blk.ls2, nn.Identity):
             return None
-        one = torch.ones(self.adapter.width)
+        one = torch.ones(self.adapter.token_flow.width)
         return (blk.ls1, getattr(blk.ls1, "gamma", one)), (blk.ls2, getattr(blk.ls2, "gamma", one))
 
     # ------------------------------------------------------------------ recording
