@@ -298,7 +298,7 @@ class Alti(_AltiBase):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if adapter.readout == "attention_pool":
+        if adapter.readout.kind == "attention_pool":
             raise MethodUndefinedError(
                 f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) reads out through an attention "
                 "pooling head, a latent query's attention with no residual: its row of ALTI's contributions is not "
@@ -309,7 +309,7 @@ class Alti(_AltiBase):
         like = inputs.tensors[next(iter(inputs.tensors))]
         real = layout.real_positions(like.new_zeros(inputs.batch_size, layout.num_positions))
         rows = real.clone()
-        if adapter.readout == "position":      # a read-out position on padding (SigLIP's last token) keeps its row
+        if adapter.readout.kind == "position":      # a read-out position on padding (SigLIP's last token) keeps its row
             positions = adapter.context(inputs).readout_positions
             assert positions is not None, "a model read out at a position has them in its context"
             rows[torch.arange(inputs.batch_size), positions.to(rows.device)] = True
@@ -344,7 +344,7 @@ class AltiLogit(ExplainsALogit, _AltiBase):
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
         decomposition = adapter.decomposition
-        if decomposition is None or not decomposition.pre_norm or adapter.readout != "position":
+        if decomposition is None or not decomposition.pre_norm or adapter.readout.kind != "position":
             raise MethodUndefinedError(f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) needs a "
                                        "pre-norm decoder read out at a position (its final norm and linear head)")
         if adapter.decoder is None or not adapter.decoder.linear_head:

@@ -33,7 +33,7 @@ def check_removal(adapter: ModelAdapter, name: str) -> None:
         adapter.drop_positions(probe, SequenceContext(), torch.zeros(1, dtype=torch.long))
     except MethodUndefinedError as err:
         raise MethodUndefinedError(f"{name}: mode='removal' needs the family's token removal: {err}") from None
-    if adapter.readout == "mean_content":
+    if adapter.readout.kind == "mean_content":
         raise MethodUndefinedError(f"{name}: mode='removal' is not defined on {adapter.family}: its read-out "
                                    "averages the content positions, and the coalition without features leaves none "
                                    "to average")

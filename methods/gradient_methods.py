@@ -232,7 +232,7 @@ class CDAM(ExplainedOutput):
         last = len(adapter.blocks) - 1
         tokens = self.tokens
         if tokens == "auto":
-            tokens = "attention_input" if adapter.readout == "class_token" else "block_input"
+            tokens = "attention_input" if adapter.readout.kind == "class_token" else "block_input"
         with ActivationRecorder() as rec:
             if tokens == "attention_input":
                 adapter.recording.attention_input(rec, last, "tokens", require_grad=True)

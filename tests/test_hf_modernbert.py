@@ -126,4 +126,4 @@ def test_inputs_the_model_cannot_read_are_named():
         adapter.prepare_inputs(holed)
     with pytest.raises(ValueError, match="no token-type embeddings"):
         adapter.prepare_inputs(dict(inputs, token_type_ids=torch.ones_like(inputs["input_ids"])))
-    assert adapter.readout == "class_token" and adapter_for(_tiny_modernbert("mean")).readout == "weighted"
+    assert adapter.readout.kind == "class_token" and adapter_for(_tiny_modernbert("mean")).readout.kind == "weighted"

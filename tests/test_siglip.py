@@ -97,8 +97,8 @@ def test_readout_weights_are_the_pooling_heads_attention():
     adapter = adapter_for(clf)
     inputs = adapter.prepare_inputs(images)
     layout = adapter.layout(inputs)
-    weights = adapter.readout_weights(inputs, layout)
-    assert adapter.readout_weights(inputs, layout) is weights                  # kept for the batch
+    weights = adapter.readout.weights(inputs, layout)
+    assert adapter.readout.weights(inputs, layout) is weights                  # kept for the batch
     vision = clf.clip.vision_model
     vision.set_attn_implementation("eager")
     with torch.no_grad():

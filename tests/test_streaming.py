@@ -116,7 +116,7 @@ def test_read_out_identity_is_the_read_out_of_the_identity(model_id, model, inpu
     batch = adapter.prepare_inputs(inputs)
     layout = adapter.layout(batch)
     like = torch.zeros(batch.batch_size, layout.num_positions, dtype=torch.float64)
-    readouts = ["auto", "mean_content"] + (["class_token"] if adapter.has_class_token else [])
+    readouts = ["auto", "mean_content"] + (["class_token"] if adapter.readout.class_token else [])
     for readout in readouts:
         eye = identity_like(batch.batch_size, layout.num_positions, like)
         assert torch.equal(read_out_identity(adapter, batch, readout, layout, like),

@@ -33,7 +33,7 @@ def test_mean_read_out_is_timms_pool(variant):
     adapter = adapter_for(model)
     inputs = adapter.prepare_inputs(_images(2))
     n = adapter.layout(inputs).num_positions
-    assert adapter.readout == "mean_content" and n == 16 + model.num_prefix_tokens
+    assert adapter.readout.kind == "mean_content" and n == 16 + model.num_prefix_tokens
     matrix = torch.randn(2, n, n, dtype=torch.float64)
     torch.testing.assert_close(read_out(matrix, adapter, inputs), model.pool(matrix), rtol=0, atol=0)
 
@@ -58,7 +58,7 @@ def test_attention_pool_read_out_is_the_pools_attention(variant):
         hook.remove()
     weights = adapter.pool_attention(inputs)                       # [B, H, N]
     prefix, heads = model.num_prefix_tokens, pool.num_heads
-    assert adapter.readout == "attention_pool" and weights.shape == (3, heads, 16 + prefix)
+    assert adapter.readout.kind == "attention_pool" and weights.shape == (3, heads, 16 + prefix)
     assert (weights[..., :prefix] == 0).all()
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, heads, dtype=torch.float64), rtol=0, atol=1e-12)
     values = seen["kv"][..., model.embed_dim:].unflatten(-1, (heads, -1)).transpose(1, 2)   # [B, H, P, d]

@@ -28,6 +28,7 @@ from .base import (  # noqa: F401
     PatchGrid,
     Projection,
     RawInputs,
+    ReadOut,
     Recording,
     RuleMap,
     SampleIds,

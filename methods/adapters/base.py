@@ -14,10 +14,10 @@ Vocabulary
 * **read-out**: where the prediction reads the last hidden states: ``"class_token"`` (one fixed position,
   e.g. [CLS] at 0), ``"mean_content"`` (the mean of the content positions: global average pooling),
   ``"position"`` (one position per sample, e.g. CLIP's EOS token), ``"weighted"`` (a fixed weighted mean of
-  positions, :meth:`ModelAdapter.readout_weights`: a DeiT's [CLS] and distillation tokens, each read by its own
+  positions, :meth:`ReadOut.weights`: a DeiT's [CLS] and distillation tokens, each read by its own
   head and the logits averaged; DINOv2's classifier on ``[CLS] ++ mean of the patches``) or ``"attention_pool"``
   (a learned-query attention pooling head reads the last hidden states: each sample's read-out is its own weight
-  vector over the positions, :meth:`ModelAdapter.readout_weights`, the pool's attention).
+  vector over the positions, :meth:`ReadOut.weights`, the pool's attention).
 * **layout** (:class:`PatchGrid` or :class:`TokenSequence`): how the content positions map to the input, and
   therefore the shape of a method's output: ``[B, P]`` patch scores in row-major grid order for images;
   ``[B, N]`` scores aligned with the input positions for sequences, exactly 0 at padding.
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from transformers.pytorch_utils import Conv1D
 
 READOUT_KINDS = ("class_token", "mean_content", "position", "weighted", "attention_pool")
-#: the read-outs given by a weight vector per sample over the positions (:meth:`ModelAdapter.readout_weights`)
+#: the read-outs given by a weight vector per sample over the positions (:meth:`ReadOut.weights`)
 WEIGHTED_READOUTS = ("weighted", "attention_pool")
 
 #: what a caller passes: a tensor, or a mapping of tensors as a tokenizer or processor returns it
@@ -569,6 +569,30 @@ class ValueRecorder(abc.ABC):
         """Record block ``layer``'s value projection ``[B, N, D]`` (heads merged, bias included) under ``key``."""
 
 
+class ReadOut:
+    """Where the prediction reads the last hidden states (``ModelAdapter.readout``; :mod:`methods.readout` reads the
+    matching rows): ``kind``, one of :data:`READOUT_KINDS`; ``class_token``, whether position 0 holds a class token
+    whose row a method may read instead of the model's own read-out (default: the read-out is the class token); and,
+    for a kind of :data:`WEIGHTED_READOUTS`, the family's ``weights`` (:meth:`weights`)."""
+
+    def __init__(self, adapter: "ModelAdapter", kind: str, class_token: Optional[bool] = None,
+                 weights: Optional[Callable[[ModelInputs, Layout], Tensor]] = None) -> None:
+        self.adapter = adapter
+        self.kind = kind
+        self.class_token = kind == "class_token" if class_token is None else class_token
+        self._weights = weights
+
+    def weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
+        """Per sample, the weight of each position of ``layout`` in what the head reads, ``[B, N]``, each row summing
+        to 1, 0 at the positions it does not read; the weighted mean of rows stands for the prediction
+        (:func:`methods.readout.read_out`). ``"weighted"``: fixed weights (a DeiT's [CLS] and distillation tokens,
+        1/2 each); ``"attention_pool"``: the pooling head's attention, mean over its heads."""
+        if self.kind not in WEIGHTED_READOUTS or self._weights is None:
+            raise NotImplementedError(f"{self.adapter.family} reads out with {self.kind!r}, not a weighted mean of "
+                                      "positions")
+        return self._weights(inputs, layout)
+
+
 class TokenFlow:
     """How the tokens flow through a family's blocks (``ModelAdapter.token_flow``): each block's token space and the
     transitions between blocks. This class is an isotropic model's: every block sees the layout's tokens, with the
@@ -679,7 +703,8 @@ class ModelAdapter(abc.ABC):
 
     #: a human-readable name of the family, used in error messages
     family: str = "?"
-    readout: str = "class_token"
+    #: where the prediction reads the last hidden states (:class:`ReadOut`; a [CLS] read-out unless the family says)
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "class_token"))
     layout_class: Type[Layout] = PatchGrid
     #: where methods hook: the family's :class:`Recording`
     recording: Capability[Recording]
@@ -713,18 +738,6 @@ class ModelAdapter(abc.ABC):
         return ()
 
     # -------------------------------------------------------------- structure
-    @property
-    def has_class_token(self) -> bool:
-        return self.readout == "class_token"
-
-    def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
-        """The read-out of a model whose :attr:`readout` is one of :data:`WEIGHTED_READOUTS`: per sample, the weight
-        of each position of ``layout`` in what the head reads, ``[B, N]``, each row summing to 1, 0 at the
-        positions it does not read; the weighted mean of rows stands for the prediction
-        (:func:`methods.readout.read_out`). ``"weighted"``: fixed weights (a DeiT's [CLS] and distillation tokens,
-        1/2 each); ``"attention_pool"``: the pooling head's attention, mean over its heads."""
-        raise NotImplementedError(f"{self.family} reads out with {self.readout!r}, not a weighted mean of positions")
-
     #: how the tokens flow through the blocks (:class:`TokenFlow`: each block's token space, width and heads, and the
     #: transitions between blocks)
     token_flow: Capability[TokenFlow]

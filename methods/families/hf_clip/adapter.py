@@ -26,6 +26,7 @@ from ...adapters.base import (
     Layout,
     ModelInputs,
     RawInputs,
+    ReadOut,
     RuleMap,
     SampleIds,
     SequenceContext,
@@ -116,7 +117,7 @@ class _ScaledTokenText:
     subclass's bases."""
 
     tower = "text"
-    readout = "position"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "position"))
     layout_class: Type[Layout] = TokenSequence
 
     def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
@@ -236,7 +237,7 @@ class HFCLIPVisionAdapter(_HFPatchVision, LensImageAdapter, _HFCLIPTower):
     rule_map = Capability(CLIPVisionRules)
 
     family = "transformers CLIPModel vision tower (ZeroShotClassifier)"
-    readout = "class_token"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "class_token"))
 
     def projection(self) -> nn.Linear:
         return self.clip.visual_projection

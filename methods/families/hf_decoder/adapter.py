@@ -25,6 +25,7 @@ from ...adapters.base import (
     Decoder,
     ModelInputs,
     RawInputs,
+    ReadOut,
     Recording,
     SampleIds,
     SequenceContext,
@@ -117,7 +118,7 @@ class _HFDecoder(HFBaseBlocks):
 
     rule_map = Capability(DecoderRules)
 
-    readout = "position"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "position"))
     layout_class = TokenSequence
     #: the ``transformers`` classes (names) of the family: causal LMs and sequence classifiers
     model_classes: Tuple[str, ...] = ()

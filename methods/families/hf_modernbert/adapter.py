@@ -24,6 +24,7 @@ from ...adapters.base import (
     BlockLinears,
     ModelInputs,
     RawInputs,
+    ReadOut,
     SampleIds,
     SequenceContext,
     TokenFlow,
@@ -68,7 +69,6 @@ class HFModernBertAdapter(HFTextAdapter):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         self.config: Any = self.base.config
-        self.readout = POOLINGS[self.config.classifier_pooling]
 
     @staticmethod
     def layers_of(base: Any) -> Any:
@@ -91,9 +91,9 @@ class HFModernBertAdapter(HFTextAdapter):
     token_flow = Capability(lambda adapter: TokenFlow(adapter, int(adapter.config.hidden_size),
                                                       adapter.num_heads_of(adapter.model.config)))
 
-    @property
-    def has_class_token(self) -> bool:
-        return self.readout == "class_token"
+    #: ``classifier_pooling``'s: [CLS], or the mean of the real tokens (:meth:`readout_weights`)
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(
+        adapter, POOLINGS[adapter.config.classifier_pooling], None, adapter.readout_weights))
 
     def final_norm(self) -> nn.Module:
         return self.base.final_norm
@@ -114,8 +114,6 @@ class HFModernBertAdapter(HFTextAdapter):
 
     def readout_weights(self, inputs: ModelInputs, layout: Any) -> Tensor:
         """Mean pooling: ``1 / length`` at each real token (special tokens included), 0 at padding."""
-        if self.readout != "weighted":
-            return super().readout_weights(inputs, layout)
         mask = inputs["attention_mask"].to(inputs.score_dtype)
         return mask / mask.sum(dim=-1, keepdim=True)
 
@@ -176,7 +174,7 @@ class HFModernBertAdapter(HFTextAdapter):
     def pool(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         """The final norm, then position 0 (``"cls"``) or the mean over the real tokens (``"mean"``), as the model."""
         hidden = self.final_norm()(hidden)
-        if self.readout == "class_token":
+        if self.readout.kind == "class_token":
             return hidden[:, 0]
         mask = context.attention_mask
         if mask is None:

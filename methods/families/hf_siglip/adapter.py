@@ -24,6 +24,7 @@ from ...adapters.base import (
     Layout,
     ModelInputs,
     RawInputs,
+    ReadOut,
     SampleIds,
     SequenceContext,
     TokenSequence,
@@ -61,7 +62,8 @@ class HFSiglipVisionAdapter(_HFPatchVision, LensImageAdapter, _HFSiglipTower):
 
     family = "transformers SiglipModel vision tower (ZeroShotClassifier)"
     model_name = "SigLIP"
-    readout = "attention_pool"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "attention_pool", None,
+                                                                      adapter.readout_weights))
     num_prefix_tokens = 0
 
     def __init__(self, model: nn.Module) -> None:

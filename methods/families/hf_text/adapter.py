@@ -19,6 +19,7 @@ from ...adapters.base import (
     HeadLayers,
     ModelInputs,
     RawInputs,
+    ReadOut,
     Recording,
     SampleIds,
     SequenceContext,
@@ -79,7 +80,8 @@ class HFTextAdapter(HFBaseBlocks):
 
     rule_map = Capability(TextRules)
 
-    readout = "class_token"
+    #: [CLS]
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "class_token", True))
     layout_class = TokenSequence
     #: the model class (a name in ``transformers``); ``base_attr`` (:class:`HFBaseBlocks`) holds its encoder
     model_class = "?"
@@ -137,10 +139,6 @@ class HFTextAdapter(HFBaseBlocks):
         query = self.linears(0).attention.q
         assert query is not None  # text families have separate projections
         return int(linear_weight(query).shape[1])
-
-    @property
-    def has_class_token(self) -> bool:
-        return True
 
     # ------------------------------------------------------------------ inputs, layout
     def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:

@@ -21,6 +21,7 @@ from ...adapters.base import (
     BlockLinears,
     Layout,
     ModelInputs,
+    ReadOut,
     SequenceContext,
     register_adapter,
 )
@@ -76,7 +77,7 @@ class HFViTLikeAdapter(LensImageAdapter, HFEncoderBlocks):
 
     model_class = "?"
     backbone_attr = "?"
-    readout = "class_token"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "class_token", True))
     #: whether the model refuses images of another size than its config's ``image_size``
     fixed_image_size = True
 
@@ -112,10 +113,6 @@ class HFViTLikeAdapter(LensImageAdapter, HFEncoderBlocks):
         return (cls.model_class, len(cls.layers_of(backbone)), cls.prefix_tokens_of(model.config))
 
     # ------------------------------------------------------------------ structure
-    @property
-    def has_class_token(self) -> bool:
-        return True
-
     def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
         (ph, pw), (h, w) = self.patch_size, size
         if self.fixed_image_size:
@@ -205,7 +202,8 @@ class HFDeiTWithTeacherAdapter(HFDeiTAdapter):
 
     family = "transformers DeiTForImageClassificationWithTeacher"
     model_class = "DeiTForImageClassificationWithTeacher"
-    readout = "weighted"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "weighted", True,
+                                                                      adapter.readout_weights))
 
     def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
         weights = torch.zeros(layout.num_positions)
@@ -236,7 +234,8 @@ class HFDinov2Adapter(HFViTLikeAdapter):
     family = "transformers Dinov2ForImageClassification"
     model_class = "Dinov2ForImageClassification"
     backbone_attr = "dinov2"
-    readout = "weighted"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "weighted", True,
+                                                                      adapter.readout_weights))
     fixed_image_size = False
 
     def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:

@@ -26,6 +26,7 @@ from ...adapters.base import (
     ModelAdapter,
     ModelInputs,
     RawInputs,
+    ReadOut,
     Recording,
     SampleIds,
     SequenceContext,
@@ -230,7 +231,6 @@ class OpenCLIPVisionAdapter(LensImageAdapter, _OpenCLIPTower):
         visual = self.clip.visual
         self.visual = visual
         self.patch_size = (int(visual.patch_size[0]), int(visual.patch_size[1]))
-        self.readout = VISION_POOLS[visual.pool_type]
 
     @classmethod
     def tower_problem(cls, clip: Any) -> Optional[str]:
@@ -254,9 +254,9 @@ class OpenCLIPVisionAdapter(LensImageAdapter, _OpenCLIPTower):
         visual = model.clip.visual
         return super().signature_of(model) + (visual.pool_type, bool(visual.final_ln_after_pool))
 
-    @property
-    def has_class_token(self) -> bool:
-        return True
+    #: ``pool_type``'s read-out; the class embedding is always there
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, VISION_POOLS[adapter.visual.pool_type],
+                                                                      True))
 
     def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
         expected = tuple(int(s) for s in self.visual.image_size)

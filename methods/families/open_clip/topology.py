@@ -132,7 +132,7 @@ class OpenCLIPVisionTopology(_OpenCLIPTowerTopology):
         record_patch_embedding(rec, self.adapter.visual.conv1)
 
     def pooled_and_readout(self, rules, acts, relevance_pooled: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        readout = self.adapter.readout
+        readout = self.adapter.readout.kind
         if self.adapter.visual.final_ln_after_pool:    # pooled first, ln_post (identity) on the pooled token
             pooled, hidden = acts["ln_post_out"], acts["last_hidden"]
         else:

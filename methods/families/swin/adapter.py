@@ -31,6 +31,7 @@ from ...adapters.base import (
     Layout,
     MethodUndefinedError,
     ModelInputs,
+    ReadOut,
     Recording,
     SequenceContext,
     TokenFlow,
@@ -89,7 +90,7 @@ class SwinAdapter(ImageAdapter):
     """What both libraries' Swin adapters share: the flat list of blocks with their stage, the grid each block
     saw in the last forward, the expansion of windowed maps and the refusals (module docstring)."""
 
-    readout = "mean_content"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "mean_content"))
     num_prefix_tokens = 0
     rule_map = Capability(SwinRules)
     token_flow: Capability[TokenFlow] = Capability(SwinFlow)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...adapters.base import AttentionEdit, AttentionLinears, BlockDecomposition, BlockLinears, SequenceContext
+from ...adapters.base import AttentionEdit, AttentionLinears, BlockDecomposition, BlockLinears, ReadOut, SequenceContext
 from ...adapters.capability import Capability
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import edited_values_change, product_change
@@ -63,9 +63,8 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
 
     rule_map = Capability(TimmEvaBeitRules)
 
-    def __init__(self, model: Any) -> None:
-        super().__init__(model)
-        self.readout = "class_token" if model.global_pool == "token" else "mean_content"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(
+        adapter, "class_token" if adapter.model.global_pool == "token" else "mean_content"))
 
     @classmethod
     def pool_problem(cls, model: Any) -> Optional[str]:
@@ -105,7 +104,7 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
         mask = context.attention_mask
         if mask is None:
             return m.forward_head(hidden, pre_logits=pre_logits)
-        if self.readout == "class_token":
+        if self.readout.kind == "class_token":
             pooled = hidden[:, 0]
         else:
             p = self.num_prefix_tokens

@@ -15,6 +15,7 @@ from ...adapters.base import (
     BlockLinears,
     Layout,
     ModelInputs,
+    ReadOut,
     Recording,
     SequenceContext,
     TokenFlow,
@@ -45,6 +46,11 @@ def timm_fused_attention_off(modules: Iterable[nn.Module]) -> Iterator[None]:
     finally:
         for m, flag in zip(switched, before):
             m.fused_attn = flag
+
+
+def has_class_token(model: Any) -> bool:
+    """Whether a timm ViT has a class token (its ``has_class_token``; without one, its ``cls_token``)."""
+    return bool(getattr(model, "has_class_token", model.cls_token is not None))
 
 
 class TimmBlocksAdapter(LensImageAdapter):
@@ -118,7 +124,6 @@ class TimmViTAdapter(TimmBlocksAdapter):
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
-        self.readout = READOUT_OF_POOL[model.global_pool]
         self._readout_cache: Optional[Tuple[weakref.ReferenceType, Tensor]] = None
 
     @classmethod
@@ -156,10 +161,9 @@ class TimmViTAdapter(TimmBlocksAdapter):
                 bool(getattr(model, "pool_include_prefix", False)))
 
     # ------------------------------------------------------------------ structure
-    @property
-    def has_class_token(self) -> bool:
-        m = self.model
-        return bool(getattr(m, "has_class_token", m.cls_token is not None))
+    #: ``global_pool``'s read-out; a class token where the model has one; ``map``: :meth:`readout_weights`
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(
+        adapter, READOUT_OF_POOL[adapter.model.global_pool], has_class_token(adapter.model), adapter.readout_weights))
 
     def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
         (ph, pw), (h, w) = self.patch_size, size
@@ -218,8 +222,6 @@ class TimmViTAdapter(TimmBlocksAdapter):
     def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
         """The ``map`` pool's attention, mean over its heads: ``[B, N]`` (:meth:`pool_attention`), computed once
         per batch object (a method reads it for several matrices)."""
-        if self.readout != "attention_pool":
-            return super().readout_weights(inputs, layout)
         cached = self._readout_cache
         if cached is not None and cached[0]() is inputs:
             return cached[1]
