@@ -305,12 +305,12 @@ class Alti(_AltiBase):
                 "defined (ALTI reads the row of a token, or the mean row of a mean pool)")
 
     def attribute(self, adapter, inputs, target):
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         like = inputs.tensors[next(iter(inputs.tensors))]
         real = layout.real_positions(like.new_zeros(inputs.batch_size, layout.num_positions))
         rows = real.clone()
         if adapter.readout.kind == "position":      # a read-out position on padding (SigLIP's last token) keeps its row
-            positions = adapter.context(inputs).readout_positions
+            positions = adapter.inputs.context(inputs).readout_positions
             assert positions is not None, "a model read out at a position has them in its context"
             rows[torch.arange(inputs.batch_size), positions.to(rows.device)] = True
         blocks = _BlockDecomposition(self, adapter, real, rows=rows)
@@ -353,10 +353,10 @@ class AltiLogit(ExplainsALogit, _AltiBase):
                                        "LM head): its logit is no sum of per-token terms")
 
     def attribute(self, adapter, inputs, target):
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         like = inputs.tensors[next(iter(inputs.tensors))]
         real = layout.real_positions(like.new_zeros(inputs.batch_size, layout.num_positions))
-        positions = adapter.context(inputs).readout_positions
+        positions = adapter.inputs.context(inputs).readout_positions
         assert positions is not None, "a model read out at a position has them in its context"
 
         def at_readout(layer: int, pieces: Dict[str, Tensor]) -> Tensor:

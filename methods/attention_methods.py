@@ -49,7 +49,7 @@ class RawAttention(AttributionMethod):
             adapter.recording.attention(rec, layer, "attn")
             adapter.forward(inputs, grad_from_block=len(adapter.blocks))
             attention = rec["attn"].mean(dim=1)
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         row = read_out(attention, adapter, inputs, self.readout, layout)
         return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
 
@@ -99,7 +99,7 @@ class Rollout(AttributionMethod):
         return rollout(self.head_means(adapter, inputs), self.row_normalize)
 
     def attribute(self, adapter, inputs, target):
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         means = self.head_means(adapter, inputs)
         start = len(adapter.blocks) - len(means)
         composed = ReadoutRollout(self.row_normalize, lambda m: read_out(m, adapter, inputs, self.readout, layout))

@@ -293,4 +293,4 @@ class DecompX(ExplainsALogit, AttributionMethod):
         foil = resolve_foil(logits, self.call_foil, self.explain)
         if foil is not None:
             scores = scores - contributions[rows, :, foil.to(contributions.device)]
-        return adapter.layout(inputs).output(scores.to(inputs.score_dtype))
+        return adapter.inputs.layout(inputs).output(scores.to(inputs.score_dtype))

@@ -42,7 +42,7 @@ class GradSAM(AttributionMethod):
 
     def attribute(self, adapter, inputs, target):
         start = check_start_layer(self.start_layer, adapter, self.name)
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         rows = real_query_rows(layout, inputs, self.query_rows)
         per_layer: List[Tensor] = []
 

@@ -83,7 +83,7 @@ class AttentionGradCAM(ExplainedOutput):
         check_readout_space(adapter, layer, inputs, self.name)
         (attn,), (grad,), _, _ = attention_and_gradients(adapter, inputs, target, [layer], self.explain,
                                                          self.given_foil)
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         mode = self.AUTO_GRADIENT_MEAN[layout.reference] if self.gradient_mean == "auto" else self.gradient_mean
         if mode == "matrix":
             positions = layout.real_positions(grad, self.include_padding)
@@ -170,7 +170,7 @@ class GenericAttribution(ExplainedOutput):
 
     def attribute(self, adapter, inputs, target):
         start = check_start_layer(self.start_layer, adapter, self.name)
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         composed: List[ReadoutResidual] = []
 
         def fold(layer: int, attn: Tensor, grad: Tensor) -> None:
@@ -249,4 +249,4 @@ class CDAM(ExplainedOutput):
                                  f"pre-logits latent has {out.shape[-1]}")
             score = (out @ self.concept.to(out)).sum()
         (grad,) = torch.autograd.grad(score, hidden)
-        return adapter.layout(inputs).output((hidden.detach() * grad).sum(dim=-1))
+        return adapter.inputs.layout(inputs).output((hidden.detach() * grad).sum(dim=-1))

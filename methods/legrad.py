@@ -86,8 +86,8 @@ class LeGrad(AttributionMethod):
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
         layers = self.chosen_layers(adapter)
-        context = adapter.context(inputs)
-        layout = adapter.layout(inputs)
+        context = adapter.inputs.context(inputs)
+        layout = adapter.inputs.layout(inputs)
         with torch.no_grad():
             hidden = adapter.run_blocks(adapter.embed(inputs), context, 0, layers[0])
         lens: List[Tensor] = []

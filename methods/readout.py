@@ -66,7 +66,7 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
     """The read-out rows of ``matrix`` ``[B, ..., N, N]`` (query rows, key columns): ``[B, ..., N]``.
 
     * ``class_token``: row 0 (exactly ``matrix[..., 0, :]``);
-    * ``position``: each sample's read-out position (``adapter.context(inputs).readout_positions``);
+    * ``position``: each sample's read-out position (``adapter.inputs.context(inputs).readout_positions``);
     * ``mean_content``: the mean over the content rows (``layout.mean_over_content_rows``: for text the mask
       of each sample's content, where padding and special tokens are left out);
     * ``weighted`` / ``attention_pool``: each sample's rows weighted by ``adapter.readout.weights(inputs,
@@ -78,12 +78,12 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
     if kind == "class_token":
         return matrix[..., 0, :]
     if kind == "position":
-        positions = adapter.context(inputs).readout_positions
+        positions = adapter.inputs.context(inputs).readout_positions
         assert positions is not None, "a model read out at a position has them in its context"
         positions = positions.to(matrix.device)
         index = positions.reshape((-1,) + (1,) * (matrix.dim() - 2)).expand(matrix.shape[:-2] + (1,))
         return matrix.gather(-2, index[..., None].expand(matrix.shape[:-2] + (1, matrix.shape[-1])))[..., 0, :]
-    layout = layout or adapter.layout(inputs)
+    layout = layout or adapter.inputs.layout(inputs)
     if kind in WEIGHTED_READOUTS:
         weights = adapter.readout.weights(inputs, layout).to(dtype=matrix.dtype, device=matrix.device)
         weights = weights.reshape(weights.shape[:1] + (1,) * (matrix.dim() - 2) + weights.shape[1:])
@@ -103,7 +103,7 @@ def read_out_identity(adapter: ModelAdapter, inputs: ModelInputs, readout: str, 
     if kind == "class_token":
         weights[:, 0] = 1
     elif kind == "position":
-        positions = adapter.context(inputs).readout_positions
+        positions = adapter.inputs.context(inputs).readout_positions
         assert positions is not None, "a model read out at a position has them in its context"
         weights.scatter_(1, positions.to(like.device).long()[:, None], 1.0)
     elif kind in WEIGHTED_READOUTS:

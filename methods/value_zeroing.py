@@ -152,8 +152,8 @@ class ValueZeroing(AttributionMethod):
         0 at padding rows and columns)."""
         last = check_start_layer(self.layer, adapter, self.name, "layer")
         inseq = self._convention(adapter) == "inseq"
-        context = adapter.context(inputs)
-        layout = adapter.layout(inputs)
+        context = adapter.inputs.context(inputs)
+        layout = adapter.inputs.layout(inputs)
         hidden = adapter.embed(inputs)
         real = layout.real_positions(hidden[..., 0]).to(hidden.device)
         columns = real.any(dim=0).nonzero().flatten()
@@ -177,7 +177,7 @@ class ValueZeroing(AttributionMethod):
         return found
 
     def attribute(self, adapter, inputs, target):
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         blocks = self.matrices(adapter, inputs)
         read = lambda m: read_out(m, adapter, inputs, self.readout, layout)   # noqa: E731
         if not self.rollout:

@@ -101,8 +101,8 @@ def test_the_decomposed_vectors_sum_to_the_blocks_own_output(row):
     family = ROWS[row]
     model = family.build().eval()
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(family.inputs(3))
-    layout = adapter.layout(batch)
+    batch = adapter.inputs.prepare(family.inputs(3))
+    layout = adapter.inputs.layout(batch)
     real = layout.real_positions(torch.zeros(3, layout.num_positions, dtype=torch.long)).bool()
     with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
         for layer in range(len(adapter.blocks)):
@@ -153,8 +153,8 @@ def test_alti_logit_totals_are_the_attention_updates_of_the_logit(row):
     inputs = family.inputs(3)
     targets = torch.tensor([1, 4, 0])
     scores = build_method("alti_logit")(model, inputs, target=targets)
-    batch = adapter.prepare_inputs(inputs)
-    positions = adapter.context(batch).readout_positions
+    batch = adapter.inputs.prepare(inputs)
+    positions = adapter.inputs.context(batch).readout_positions
     rows = torch.arange(3)
     with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
         for layer in range(len(adapter.blocks)):

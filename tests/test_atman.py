@@ -110,7 +110,7 @@ def test_score_edit_reaches_every_block_before_the_softmax(row):
     family = FAMILY[row]
     model = family.build().eval()
     adapter = adapter_for(model)
-    inputs = adapter.prepare_inputs(family.inputs(3))
+    inputs = adapter.inputs.prepare(family.inputs(3))
     with torch.no_grad(), adapter.recording.eager_attention():
         own = adapter.forward(inputs)
         with adapter.recording.score_edit(lambda layer, s: s):
@@ -210,7 +210,7 @@ def test_recomputed_scores_are_each_blocks_own(row):
     family = FAMILY[row]
     model = family.build().eval()
     adapter = adapter_for(model)
-    inputs = adapter.prepare_inputs(family.inputs(2))
+    inputs = adapter.inputs.prepare(family.inputs(2))
     seen = {}
 
     def keep(layer, s):
@@ -244,10 +244,10 @@ def test_eva_beit_edit_keeps_a_key_mask(row):
     family = FAMILY[row]
     model = family.build().eval()
     adapter = adapter_for(model)
-    inputs = adapter.prepare_inputs(family.inputs(1))
+    inputs = adapter.inputs.prepare(family.inputs(1))
     removed = torch.tensor([3, 7])
     with torch.no_grad(), adapter.recording.eager_attention():
-        hidden, context = adapter.drop_positions(adapter.embed(inputs), adapter.context(inputs), removed)
+        hidden, context = adapter.inputs.drop_positions(adapter.embed(inputs), adapter.inputs.context(inputs), removed)
         own = adapter.run_blocks(hidden, context)
         with adapter.recording.score_edit(lambda layer, s: s):
             same = adapter.run_blocks(hidden, context)

@@ -133,7 +133,7 @@ def test_golden_model_and_logits(mm):
         torch.testing.assert_close(per_text[:, 1], out.logits_per_text[:, 0], rtol=1e-5, atol=1e-5)
         for model, inputs, reference in ((mm.classifier, mm.images, logits), (mm.scorer, mm.tokens, per_text)):
             adapter = adapter_for(model)
-            prepared = adapter.prepare_inputs(inputs)
+            prepared = adapter.inputs.prepare(inputs)
             torch.testing.assert_close(adapter.forward(prepared, grad_from_block=len(adapter.blocks)), reference,
                                        rtol=0, atol=0)
             before = clip.config._attn_implementation
@@ -151,8 +151,8 @@ def test_text_readout_is_the_eos_position(mm):
     from methods.readout import read_out
 
     adapter = adapter_for(mm.scorer)
-    inputs = adapter.prepare_inputs({"input_ids": mm.tokens})
-    assert adapter.context(inputs).readout_positions.tolist() == mm.eot
+    inputs = adapter.inputs.prepare({"input_ids": mm.tokens})
+    assert adapter.inputs.context(inputs).readout_positions.tolist() == mm.eot
     matrix = torch.randn(3, 4, 16, 16)
     for readout in ("auto", "position"):
         rows = read_out(matrix, adapter, inputs, readout)
@@ -232,7 +232,7 @@ def test_bi_text_side(bi, n):
 def test_bi_post_attention_values_match_the_reference(bi):
     """The recorded post-attention values times ``W_o^T`` are BI's ``vproj``; the block inputs are theirs."""
     adapter = adapter_for(bi.classifier)
-    inputs = adapter.prepare_inputs(bi.image)
+    inputs = adapter.inputs.prepare(bi.image)
     with ActivationRecorder() as rec, torch.no_grad(), adapter.recording.eager_attention():
         for l in range(3):
             adapter.recording.post_attention_values(rec, l, ("v", l))

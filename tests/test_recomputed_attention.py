@@ -68,7 +68,7 @@ def test_maps_gradients_and_relevances_are_bit_identical(kind):
     model = _tiny_decoder(kind).eval()
     adapter = adapter_for(model)
     with adapter.recording.eager_attention():
-        batch = adapter.prepare_inputs(_decoder_batch(3, "left"))
+        batch = adapter.inputs.prepare(_decoder_batch(3, "left"))
         attns, grads, logits, _ = attention_and_gradients(adapter, batch, TARGETS, [0, 1, 2])
         seen = []
 
@@ -135,7 +135,7 @@ def test_consumer_errors_leave_the_model_unchanged():
     model = _tiny_decoder("qwen2").eval()
     adapter = adapter_for(model)
     before = model.config._attn_implementation
-    batch = adapter.prepare_inputs(_decoder_batch(2, "left"))
+    batch = adapter.inputs.prepare(_decoder_batch(2, "left"))
 
     def consume(layer, attn, grad):
         raise KeyError("stop")
@@ -156,7 +156,7 @@ def test_attention_dropout_in_training_mode_is_refused():
     for block in model.model.layers:
         block.self_attn.attention_dropout = 0.5
     adapter = adapter_for(model.train())
-    batch = adapter.prepare_inputs(_decoder_batch(2, "left"))
+    batch = adapter.inputs.prepare(_decoder_batch(2, "left"))
     with pytest.raises(RuntimeError, match="dropout"):
         stream_attention_gradients(adapter, batch, TARGETS[:2], [0, 1, 2], lambda *args: None)
 

@@ -81,9 +81,9 @@ def test_prompt_scorer_gives_logits_per_text_with_and_without_mask(tokenizer):
         with torch.no_grad():
             theirs = model(pixel_values=images, **inputs).logits_per_text
             torch.testing.assert_close(scorer(inputs), theirs, rtol=1e-10, atol=1e-10)
-            torch.testing.assert_close(adapter.forward(adapter.prepare_inputs(inputs)), theirs, rtol=1e-10,
+            torch.testing.assert_close(adapter.forward(adapter.inputs.prepare(inputs)), theirs, rtol=1e-10,
                                        atol=1e-10)
-    layout = adapter.layout(dict(batch))
+    layout = adapter.inputs.layout(dict(batch))
     assert not layout.content_mask[:, -1].any()        # the read-out: </s> padding, not content
     maps = build_method("rollout")(scorer, dict(batch), target=0)
     assert (maps[batch["attention_mask"] == 0] == 0).all() and (maps[batch["attention_mask"] == 1] != 0).any()
@@ -95,8 +95,8 @@ def test_readout_weights_are_the_pooling_heads_attention():
     clf = _siglip_classifier().eval()
     images = _siglip_images(3)
     adapter = adapter_for(clf)
-    inputs = adapter.prepare_inputs(images)
-    layout = adapter.layout(inputs)
+    inputs = adapter.inputs.prepare(images)
+    layout = adapter.inputs.layout(inputs)
     weights = adapter.readout.weights(inputs, layout)
     assert adapter.readout.weights(inputs, layout) is weights                  # kept for the batch
     vision = clf.clip.vision_model

@@ -48,7 +48,7 @@ def test_windowed_maps_equal_an_eager_recomputation():
     with ActivationRecorder() as rec, adapter.recording.eager_attention():
         adapter.recording.attention(rec, last, "attn")
         adapter.recording.attention_input(rec, last, "normed")
-        logits = adapter.forward(adapter.prepare_inputs(x), grad_from_block=len(adapter.blocks))
+        logits = adapter.forward(adapter.inputs.prepare(x), grad_from_block=len(adapter.blocks))
     assert torch.equal(logits, model(x))
     rows, cols = adapter.grids[last]
     side, shift = int(block.window_size[0]), int(block.shift_size[0])
@@ -76,7 +76,7 @@ def test_gradient_at_the_full_map_is_the_models_gradient_at_its_windows(build):
     x = swin_images(2)
     adapter = adapter_for(model)
     last = len(adapter.blocks) - 1
-    inputs = adapter.prepare_inputs(x)
+    inputs = adapter.inputs.prepare(x)
     with adapter.recording.eager_attention():
         maps, grads, logits, target = attention_and_gradients(adapter, inputs, None, [last])
         windowed = {}
@@ -179,7 +179,7 @@ def test_rollout_composes_through_the_patch_merge(build):
     with ActivationRecorder() as rec, torch.no_grad(), adapter.recording.eager_attention():
         for layer in range(len(adapter.blocks)):
             adapter.recording.attention(rec, layer, layer, transform=lambda a: a.mean(dim=1))
-        adapter.forward(adapter.prepare_inputs(x), grad_from_block=len(adapter.blocks))
+        adapter.forward(adapter.inputs.prepare(x), grad_from_block=len(adapter.blocks))
     merge = torch.zeros(64, 256, dtype=torch.float64)
     for i in range(8):
         for j in range(8):
@@ -206,7 +206,7 @@ def test_token_spaces_and_transitions():
 
     model = tiny_timm_swin()
     adapter = adapter_for(model)
-    layout = adapter.layout(swin_images(1))
+    layout = adapter.inputs.layout(swin_images(1))
     spaces = [adapter.token_flow.token_space(layer, layout) for layer in range(len(adapter.blocks))]
     expected = [(256, (16, 16), 16, 2)] * 2 + [(64, (8, 8), 32, 4)] * 2
     assert [(s.count, s.grid, s.width, s.heads) for s in spaces] == expected
@@ -221,8 +221,8 @@ def test_token_spaces_and_transitions():
         if family.adapter in (type(adapter), type(adapter_for(tiny_hf_swin()))):
             continue
         other = adapter_for(family.build())
-        inputs = other.prepare_inputs(family.inputs(2))
-        other_layout = other.layout(inputs)
+        inputs = other.inputs.prepare(family.inputs(2))
+        other_layout = other.inputs.layout(inputs)
         for layer in range(len(other.blocks)):
             assert other.token_flow.transition(layer, like) is None, family.name
             space = other.token_flow.token_space(layer, other_layout)

@@ -197,8 +197,8 @@ def greedy_decode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, m
     eos = torch.as_tensor(list(eos_ids), dtype=torch.long, device=ids.device)
     steps = []
     for _ in range(max_new_tokens):
-        prepared = adapter.prepare_inputs({"input_ids": ids, "attention_mask": mask})
-        context = adapter.context(prepared)
+        prepared = adapter.inputs.prepare({"input_ids": ids, "attention_mask": mask})
+        context = adapter.inputs.context(prepared)
         logits = adapter.head(adapter.run_blocks(adapter.embed(prepared), context), context)
         token = torch.where(active, logits.argmax(dim=-1), torch.full_like(active, pad_id, dtype=torch.long))
         ids = torch.cat([ids, token[:, None]], dim=1)

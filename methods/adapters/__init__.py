@@ -2,8 +2,8 @@
 
     from methods.adapters import adapter_for
     adapter = adapter_for(model)          # resolved once per model object
-    inputs = adapter.prepare_inputs(images_or_tokenizer_batch)
-    adapter.layout(inputs)                # PatchGrid(rows, cols, prefix) or TokenSequence(masks)
+    inputs = adapter.inputs.prepare(images_or_tokenizer_batch)
+    adapter.inputs.layout(inputs)                # PatchGrid(rows, cols, prefix) or TokenSequence(masks)
 
 Importing a family's package registers it; :mod:`methods.families` imports the families shipped here (importing
 :mod:`methods` does).
@@ -20,6 +20,8 @@ from .base import (  # noqa: F401
     Decoder,
     Edit,
     HeadLayers,
+    ImageInputs,
+    InputFormat,
     Layout,
     LogitLens,
     MethodUndefinedError,

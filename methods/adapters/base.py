@@ -593,6 +593,57 @@ class ReadOut:
         return self._weights(inputs, layout)
 
 
+class InputFormat(abc.ABC):
+    """What a family's model reads (``ModelAdapter.inputs``): raw inputs validated into :class:`ModelInputs`, their
+    layout and context, the inputs scaled towards a baseline (integrated gradients) and positions removed from the
+    hidden states (token ablation). :attr:`layout_class`: the class of :meth:`layout`'s answers, whose ``modality``
+    says what the model reads (``image``: pixel values; ``text``: token ids) and so how an evaluation feeds and
+    perturbs its inputs (``evaluation.classifier``)."""
+
+    layout_class: Type[Layout] = PatchGrid
+
+    def __init__(self, adapter: "ModelAdapter") -> None:
+        self.adapter = adapter
+
+    @abc.abstractmethod
+    def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        """Validate a tensor or a mapping of tensors as a tokenizer/processor returns it; errors name the problem."""
+
+    @abc.abstractmethod
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> Layout:
+        """The layout of ``inputs`` (a :class:`ModelInputs`, or raw inputs, which are validated first)."""
+
+    @abc.abstractmethod
+    def context(self, inputs: ModelInputs) -> SequenceContext: ...
+
+    @abc.abstractmethod
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        """The inputs scaled towards the baseline by each ``alpha`` (``[S]``), ``S * B`` samples step-major:
+        pixels for images (the all-zero normalised image as baseline), embeddings for text."""
+
+    def drop_positions(self, hidden: Tensor, context: SequenceContext,
+                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
+        """``len(removed) * B`` sequences (sample-major: ``[s0 r0, s0 r1, ..., s1 r0, ...]``), each the hidden
+        states without one position of ``removed`` (the others keep their positional embedding), with the
+        matching context (attention mask and position ids shortened; read-out positions shifted)."""
+        batch, n = hidden.shape[:2]
+        r = len(removed)
+        keep = torch.arange(n, device=hidden.device)[None, :].expand(r, n)
+        keep = keep[keep != removed[:, None].to(hidden.device)].reshape(r, n - 1)
+        shortened = hidden[:, keep].flatten(0, 1)
+        mask = context.attention_mask
+        if mask is not None:
+            mask = mask[:, keep.to(mask.device)].flatten(0, 1)
+        positions = context.readout_positions
+        if positions is not None:
+            shift = (removed.to(positions.device)[None, :] < positions[:, None]).long()
+            positions = (positions[:, None] - shift).flatten()
+        ids = context.position_ids
+        if ids is not None:
+            ids = ids[:, keep.to(ids.device)].flatten(0, 1)
+        return shortened, SequenceContext(mask, positions, ids)
+
+
 class TokenFlow:
     """How the tokens flow through a family's blocks (``ModelAdapter.token_flow``): each block's token space and the
     transitions between blocks. This class is an isotropic model's: every block sees the layout's tokens, with the
@@ -691,10 +742,9 @@ class LogitLens(abc.ABC):
 class ModelAdapter(abc.ABC):
     """What a method may know about a model. Subclasses wrap one family of stock models.
 
-    Structure: ``len(blocks)`` blocks, their widths and heads in :attr:`token_flow`; ``readout`` (one of
-    :data:`READOUT_KINDS`). ``layout_class``: the class of :meth:`layout`'s answers, whose ``modality``
-    says what the model reads (``image``: pixel values; ``text``: token ids) and so how an evaluation feeds and
-    perturbs its inputs (``evaluation.classifier``).
+    Structure: ``len(blocks)`` blocks, their widths and heads in :attr:`token_flow`; where the prediction reads them
+    in :attr:`readout`; what the model reads in :attr:`inputs` (:class:`InputFormat`), whose ``layout_class`` says
+    how an evaluation feeds and perturbs its inputs (``evaluation.classifier``).
 
     What only some methods need is a capability object, declared as ``name = Capability(build)``
     (:mod:`methods.adapters.capability`; ``None`` where the family lacks it): a method whose options need one checks
@@ -705,7 +755,6 @@ class ModelAdapter(abc.ABC):
     family: str = "?"
     #: where the prediction reads the last hidden states (:class:`ReadOut`; a [CLS] read-out unless the family says)
     readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "class_token"))
-    layout_class: Type[Layout] = PatchGrid
     #: where methods hook: the family's :class:`Recording`
     recording: Capability[Recording]
     #: where AttnLRP / CP-LRP place their rules in this family's models (the family's ``rules.py``; one per adapter:
@@ -742,17 +791,9 @@ class ModelAdapter(abc.ABC):
     #: transitions between blocks)
     token_flow: Capability[TokenFlow]
 
-    # -------------------------------------------------------------- inputs, layout
-    @abc.abstractmethod
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        """Validate a tensor or a mapping of tensors as a tokenizer/processor returns it; errors name the problem."""
-
-    @abc.abstractmethod
-    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> Layout:
-        """The layout of ``inputs`` (a :class:`ModelInputs`, or raw inputs, which are validated first)."""
-
-    @abc.abstractmethod
-    def context(self, inputs: ModelInputs) -> SequenceContext: ...
+    #: what the model reads (:class:`InputFormat`: the inputs validated, their layout and context, scaled towards the
+    #: baseline, positions removed)
+    inputs: Capability[InputFormat]
 
     # -------------------------------------------------------------- forward pieces (the model's own order)
     @abc.abstractmethod
@@ -775,7 +816,7 @@ class ModelAdapter(abc.ABC):
         some block pay for no graph below it (``grad_from_block=len(blocks)``: no graph at all but the head's). With
         the recording's ``hidden_requires_grad`` the hidden states entering that block require grad.
         """
-        context = self.context(inputs)
+        context = self.inputs.context(inputs)
         with torch.no_grad():
             hidden = self.run_blocks(self.embed(inputs), context, 0, grad_from_block)
         with torch.enable_grad():
@@ -784,33 +825,6 @@ class ModelAdapter(abc.ABC):
             hidden = self.run_blocks(hidden, context, grad_from_block)
             return self.head(hidden, context, pre_logits=pre_logits)
 
-    # -------------------------------------------------------------- integrated gradients, ablation
-    @abc.abstractmethod
-    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
-        """The inputs scaled towards the baseline by each ``alpha`` (``[S]``), ``S * B`` samples step-major:
-        pixels for images (the all-zero normalised image as baseline), embeddings for text."""
-
-    def drop_positions(self, hidden: Tensor, context: SequenceContext,
-                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
-        """``len(removed) * B`` sequences (sample-major: ``[s0 r0, s0 r1, ..., s1 r0, ...]``), each the hidden
-        states without one position of ``removed`` (the others keep their positional embedding), with the
-        matching context (attention mask and position ids shortened; read-out positions shifted)."""
-        batch, n = hidden.shape[:2]
-        r = len(removed)
-        keep = torch.arange(n, device=hidden.device)[None, :].expand(r, n)
-        keep = keep[keep != removed[:, None].to(hidden.device)].reshape(r, n - 1)
-        shortened = hidden[:, keep].flatten(0, 1)
-        mask = context.attention_mask
-        if mask is not None:
-            mask = mask[:, keep.to(mask.device)].flatten(0, 1)
-        positions = context.readout_positions
-        if positions is not None:
-            shift = (removed.to(positions.device)[None, :] < positions[:, None]).long()
-            positions = (positions[:, None] - shift).flatten()
-        ids = context.position_ids
-        if ids is not None:
-            ids = ids[:, keep.to(ids.device)].flatten(0, 1)
-        return shortened, SequenceContext(mask, positions, ids)
 
     @abc.abstractmethod
     def linears(self, layer: int) -> BlockLinears:
@@ -839,15 +853,25 @@ class ImageAdapter(ModelAdapter):
         """Why the model cannot read images of ``size`` (``None``: it can)."""
         return None
 
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+    inputs: Capability[InputFormat] = Capability(lambda adapter: ImageInputs(adapter))
+
+
+class ImageInputs(InputFormat):
+    """The inputs of an :class:`ImageAdapter`: normalised images, a patch grid after the prefix tokens, the pixels
+    scaled towards the all-zero normalised image."""
+
+    adapter: ImageAdapter
+
+    def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        adapter = self.adapter
         images = inputs.get("pixel_values") if isinstance(inputs, Mapping) else inputs
-        if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != self.num_channels:
+        if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != adapter.num_channels:
             shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
-            raise ValueError(f"expected a normalised image batch [B, {self.num_channels}, H, W] (a tensor or "
+            raise ValueError(f"expected a normalised image batch [B, {adapter.num_channels}, H, W] (a tensor or "
                              f"{{'pixel_values': ...}}), got {shape}")
         if not images.dtype.is_floating_point:
             raise ValueError(f"expected normalised floating-point images, got dtype {images.dtype}")
-        problem = self.image_size_problem((int(images.shape[-2]), int(images.shape[-1])))
+        problem = adapter.image_size_problem((int(images.shape[-2]), int(images.shape[-1])))
         if problem is not None:
             raise ValueError(problem)
         images = images.detach()
@@ -856,10 +880,10 @@ class ImageAdapter(ModelAdapter):
 
     def layout(self, inputs: Union[ModelInputs, RawInputs]) -> PatchGrid:
         if not isinstance(inputs, ModelInputs):
-            inputs = self.prepare_inputs(inputs)
+            inputs = self.prepare(inputs)
         images = inputs["pixel_values"]
-        return PatchGrid(images.shape[-2] // self.patch_size[0], images.shape[-1] // self.patch_size[1],
-                         self.num_prefix_tokens)
+        return PatchGrid(images.shape[-2] // self.adapter.patch_size[0], images.shape[-1] // self.adapter.patch_size[1],
+                         self.adapter.num_prefix_tokens)
 
     def context(self, inputs: ModelInputs) -> SequenceContext:
         return SequenceContext()

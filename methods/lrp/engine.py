@@ -99,7 +99,7 @@ class LRPEngine:
                 (result.seed,) = torch.autograd.grad(explained(z, target).sum(), z)
         points = source.points(acts, blocks)
         acts = {k: v.detach() for k, v in acts.items()}
-        context = adapter.context(inputs)
+        context = adapter.inputs.context(inputs)
         if context.attention_mask is not None:
             acts["attention_mask"] = context.attention_mask
         if context.readout_positions is not None:

@@ -23,6 +23,7 @@ from ...adapters.base import (
     BlockDecomposition,
     BlockLinears,
     Decoder,
+    InputFormat,
     ModelInputs,
     RawInputs,
     ReadOut,
@@ -119,7 +120,7 @@ class _HFDecoder(HFBaseBlocks):
     rule_map = Capability(DecoderRules)
 
     readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "position"))
-    layout_class = TokenSequence
+    inputs: Capability[InputFormat] = Capability(lambda adapter: DecoderInputs(adapter))
     #: the ``transformers`` classes (names) of the family: causal LMs and sequence classifiers
     model_classes: Tuple[str, ...] = ()
     #: the attribute of the model holding the decoder stack
@@ -168,70 +169,6 @@ class _HFDecoder(HFBaseBlocks):
     def max_length(self) -> int:
         """The longest sequence accepted: unbounded for rotary positions (GPT-2: its ``n_positions``)."""
         return 1 << 62
-
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        inputs, ids, mask = check_token_inputs(inputs, self.family, int(self.config.vocab_size), self.max_length(),
-                                                missing_note="; inputs_embeds are not supported")
-        shape = ids.shape
-        runs = (mask[:, 1:] > mask[:, :-1]).long().sum(dim=1) + mask[:, 0]
-        if not bool((runs == 1).all()):
-            bad = (runs != 1).nonzero().flatten().tolist()
-            raise ValueError(f"attention_mask: rows {bad} do not hold one contiguous run of real tokens (left or "
-                             "right padding only)")
-        tensors: Dict[str, Tensor] = {"input_ids": ids.long(), "attention_mask": mask}
-        special = inputs.get("special_tokens_mask")
-        if special is not None:
-            tensors["special_tokens_mask"] = check_ids_like("special_tokens_mask", special, shape).long()
-        readout = inputs.get("readout_position")
-        if readout is None:
-            readout = last_real_positions(mask)
-        else:
-            readout = torch.as_tensor(readout, device=ids.device)
-            if readout.dim() == 0:
-                readout = readout.expand(shape[0])
-            if readout.dtype.is_floating_point or tuple(readout.shape) != (shape[0],):
-                raise ValueError(f"readout_position must be one integer position per row ({shape[0]}), got "
-                                 f"{tuple(readout.shape)} {readout.dtype}")
-            readout = readout.long()
-            rows = torch.arange(shape[0], device=ids.device)
-            inside = (readout >= 0) & (readout < shape[1])
-            if not bool(inside.all()) or not bool(mask[rows, readout.clamp(0, shape[1] - 1)].all()):
-                raise ValueError("readout_position must name a real (attended) position of every row")
-        tensors[READOUT_POSITIONS] = readout
-        tensors[POSITION_IDS] = positions_from_mask(mask)
-        embedding: Any = self.input_embedding()
-        return ModelInputs(tensors, int(shape[0]), embedding.weight.dtype, ids.device,
-                           check_sample_ids(sample_ids, int(shape[0])))
-
-
-    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
-        if not isinstance(inputs, ModelInputs):
-            inputs = self.prepare_inputs(inputs)
-        mask = inputs["attention_mask"]
-        special = inputs.tensors.get("special_tokens_mask")
-        if special is None:
-            special = torch.zeros_like(mask, dtype=torch.bool)
-            bos = self.config.bos_token_id
-            if bos is not None:
-                first = (mask.long().cumsum(-1) == 1) & mask.bool()
-                special = first & (inputs["input_ids"] == int(bos))
-        return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special.bool())
-
-    def context(self, inputs: ModelInputs) -> SequenceContext:
-        return SequenceContext(attention_mask=inputs["attention_mask"], readout_positions=inputs[READOUT_POSITIONS],
-                               position_ids=inputs[POSITION_IDS])
-
-    def drop_positions(self, hidden: Tensor, context: SequenceContext,
-                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
-        """As :meth:`ModelAdapter.drop_positions`, the others keeping their position ids; a sequence whose own
-        read-out position is removed is read at the real position before it (the prediction made without that
-        token)."""
-        shortened, short = super().drop_positions(hidden, context, removed)
-        positions = short.readout_positions
-        if positions is not None and context.readout_positions is not None:
-            hit = (removed.to(positions.device)[None, :] == context.readout_positions[:, None]).flatten()
-            positions = torch.where(hit, (positions - 1).clamp(min=0), positions)
-        return shortened, SequenceContext(short.attention_mask, positions, short.position_ids)
 
     # ------------------------------------------------------------------ forward pieces (the model's own order)
     def token_embeddings(self, inputs: ModelInputs) -> Tensor:
@@ -314,11 +251,6 @@ class _HFDecoder(HFBaseBlocks):
         of the read-out position)."""
         return self.logits_at(hidden, context, pre_logits)
 
-    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
-        """``S * B`` samples, step-major, whose token embeddings are multiplied by ``alpha`` (before GPT-2's
-        position embeddings are added)."""
-        return scaled_copies(inputs, alphas, TOKEN_EMBEDDING_SCALE)
-
     def input_embedding(self) -> nn.Module:
         """The token embedding (``embed_tokens``; Gemma 3's scales its output by ``sqrt(hidden_size)``: the
         scaled output is the input embedding, LXT's ``inputs_embeds``)."""
@@ -342,6 +274,84 @@ class _HFDecoder(HFBaseBlocks):
     def head_is_linear(self) -> bool:
         """The LM head (or the score head) is linear after the final norm (ALTI-Logit)."""
         return True
+
+
+class DecoderInputs(InputFormat):
+    """A decoder's inputs: token ids with one contiguous run of real tokens per row (left or right padding), the
+    read-out position (the last real token unless given) and the position ids from the mask; integrated gradients
+    scale the token embeddings."""
+
+    adapter: "_HFDecoder"
+    layout_class = TokenSequence
+
+    def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        adapter = self.adapter
+        inputs, ids, mask = check_token_inputs(inputs, adapter.family, int(adapter.config.vocab_size),
+                                                adapter.max_length(), missing_note="; inputs_embeds are not supported")
+        shape = ids.shape
+        runs = (mask[:, 1:] > mask[:, :-1]).long().sum(dim=1) + mask[:, 0]
+        if not bool((runs == 1).all()):
+            bad = (runs != 1).nonzero().flatten().tolist()
+            raise ValueError(f"attention_mask: rows {bad} do not hold one contiguous run of real tokens (left or "
+                             "right padding only)")
+        tensors: Dict[str, Tensor] = {"input_ids": ids.long(), "attention_mask": mask}
+        special = inputs.get("special_tokens_mask")
+        if special is not None:
+            tensors["special_tokens_mask"] = check_ids_like("special_tokens_mask", special, shape).long()
+        readout = inputs.get("readout_position")
+        if readout is None:
+            readout = last_real_positions(mask)
+        else:
+            readout = torch.as_tensor(readout, device=ids.device)
+            if readout.dim() == 0:
+                readout = readout.expand(shape[0])
+            if readout.dtype.is_floating_point or tuple(readout.shape) != (shape[0],):
+                raise ValueError(f"readout_position must be one integer position per row ({shape[0]}), got "
+                                 f"{tuple(readout.shape)} {readout.dtype}")
+            readout = readout.long()
+            rows = torch.arange(shape[0], device=ids.device)
+            inside = (readout >= 0) & (readout < shape[1])
+            if not bool(inside.all()) or not bool(mask[rows, readout.clamp(0, shape[1] - 1)].all()):
+                raise ValueError("readout_position must name a real (attended) position of every row")
+        tensors[READOUT_POSITIONS] = readout
+        tensors[POSITION_IDS] = positions_from_mask(mask)
+        embedding: Any = adapter.input_embedding()
+        return ModelInputs(tensors, int(shape[0]), embedding.weight.dtype, ids.device,
+                           check_sample_ids(sample_ids, int(shape[0])))
+
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
+        if not isinstance(inputs, ModelInputs):
+            inputs = self.prepare(inputs)
+        mask = inputs["attention_mask"]
+        special = inputs.tensors.get("special_tokens_mask")
+        if special is None:
+            special = torch.zeros_like(mask, dtype=torch.bool)
+            bos = self.adapter.config.bos_token_id
+            if bos is not None:
+                first = (mask.long().cumsum(-1) == 1) & mask.bool()
+                special = first & (inputs["input_ids"] == int(bos))
+        return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special.bool())
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext(attention_mask=inputs["attention_mask"], readout_positions=inputs[READOUT_POSITIONS],
+                               position_ids=inputs[POSITION_IDS])
+
+    def drop_positions(self, hidden: Tensor, context: SequenceContext,
+                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
+        """As :meth:`InputFormat.drop_positions`, the others keeping their position ids; a sequence whose own
+        read-out position is removed is read at the real position before it (the prediction made without that
+        token)."""
+        shortened, short = super().drop_positions(hidden, context, removed)
+        positions = short.readout_positions
+        if positions is not None and context.readout_positions is not None:
+            hit = (removed.to(positions.device)[None, :] == context.readout_positions[:, None]).flatten()
+            positions = torch.where(hit, (positions - 1).clamp(min=0), positions)
+        return shortened, SequenceContext(short.attention_mask, positions, short.position_ids)
+
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        """``S * B`` samples, step-major, whose token embeddings are multiplied by ``alpha`` (before GPT-2's
+        position embeddings are added)."""
+        return scaled_copies(inputs, alphas, TOKEN_EMBEDDING_SCALE)
 
 
 class _HFRopeDecoder(_HFDecoder):

@@ -33,7 +33,7 @@ from ...adapters.base import (
 from ...adapters.capability import Capability
 from ...adapters.recorder import ActivationRecorder
 from ..hf_decoder.adapter import unmask_padding_queries
-from ..hf_text.adapter import HFTextAdapter, TextRecording
+from ..hf_text.adapter import HFTextAdapter, TextInputs, TextRecording
 from .rules import ModernBertRules
 
 #: the position ids a batch carries (``arange(N)``, as the model counts them)
@@ -117,20 +117,6 @@ class HFModernBertAdapter(HFTextAdapter):
         mask = inputs["attention_mask"].to(inputs.score_dtype)
         return mask / mask.sum(dim=-1, keepdim=True)
 
-    # ------------------------------------------------------------------ inputs
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        """As :meth:`HFTextAdapter.prepare_inputs`, right padding only, plus the position ids ``arange(N)``."""
-        prepared = super().prepare_inputs(inputs, sample_ids)
-        mask = prepared["attention_mask"]
-        if bool((mask[:, 1:] > mask[:, :-1]).any()):
-            raise ValueError("attention_mask: every sample must be padded on the right only (ModernBERT's positions "
-                             "are arange(N))")
-        shape = mask.shape
-        return prepared.with_tensors(**{POSITION_IDS: torch.arange(shape[1], device=mask.device).expand(shape)})
-
-    def context(self, inputs: ModelInputs) -> SequenceContext:
-        return SequenceContext(attention_mask=inputs["attention_mask"], position_ids=inputs[POSITION_IDS])
-
     # ------------------------------------------------------------------ forward pieces (the model's own order)
     def embeddings(self, inputs: ModelInputs) -> Tensor:
         """``drop(norm(tok_embeddings(ids)))`` (no positions: they are rotary)."""
@@ -189,6 +175,7 @@ class HFModernBertAdapter(HFTextAdapter):
 
     # ------------------------------------------------------------------ where methods hook
     recording = Capability(lambda adapter: ModernBertRecording(adapter))
+    inputs = Capability(lambda adapter: ModernBertInputs(adapter))
 
     def linears(self, layer: int) -> BlockLinears:
         """The attention's ``Wqkv`` and ``Wo``; the MLP's ``Wi`` (both halves: ``in | gate``) and ``Wo``."""
@@ -196,6 +183,25 @@ class HFModernBertAdapter(HFTextAdapter):
         return BlockLinears(AttentionLinears(out=attn.Wo, qkv=attn.Wqkv), (mlp.Wi, mlp.Wo))
 
     decomposition = Capability(lambda adapter: ModernBertDecomposition(adapter))
+
+
+class ModernBertInputs(TextInputs):
+    """BERT's inputs, right padding only, with the position ids ``arange(N)`` that the rotary blocks read."""
+
+    adapter: "HFModernBertAdapter"
+
+    def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        """As :meth:`TextInputs.prepare`, right padding only, plus the position ids ``arange(N)``."""
+        prepared = super().prepare(inputs, sample_ids)
+        mask = prepared["attention_mask"]
+        if bool((mask[:, 1:] > mask[:, :-1]).any()):
+            raise ValueError("attention_mask: every sample must be padded on the right only (ModernBERT's positions "
+                             "are arange(N))")
+        shape = mask.shape
+        return prepared.with_tensors(**{POSITION_IDS: torch.arange(shape[1], device=mask.device).expand(shape)})
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext(attention_mask=inputs["attention_mask"], position_ids=inputs[POSITION_IDS])
 
 
 class ModernBertDecomposition(BlockDecomposition):

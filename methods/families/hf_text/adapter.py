@@ -17,6 +17,7 @@ from ...adapters.base import (
     BlockDecomposition,
     BlockLinears,
     HeadLayers,
+    InputFormat,
     ModelInputs,
     RawInputs,
     ReadOut,
@@ -82,7 +83,7 @@ class HFTextAdapter(HFBaseBlocks):
 
     #: [CLS]
     readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "class_token", True))
-    layout_class = TokenSequence
+    inputs: Capability[InputFormat] = Capability(lambda adapter: TextInputs(adapter))
     #: the model class (a name in ``transformers``); ``base_attr`` (:class:`HFBaseBlocks`) holds its encoder
     model_class = "?"
     uses_token_types = True
@@ -140,42 +141,6 @@ class HFTextAdapter(HFBaseBlocks):
         assert query is not None  # text families have separate projections
         return int(linear_weight(query).shape[1])
 
-    # ------------------------------------------------------------------ inputs, layout
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        inputs, ids, mask = check_token_inputs(inputs, self.family, int(self.model.config.vocab_size),
-                                                self.max_length(), missing_note="; inputs_embeds are not supported")
-        shape = ids.shape
-        tensors = {"input_ids": ids.long()}
-        if not bool(mask[:, 0].all()):
-            raise ValueError("attention_mask: position 0 ([CLS], the read-out) must be a real token in every sample "
-                             "(left padding is not supported)")
-        tensors["attention_mask"] = mask
-        for name in ("token_type_ids", "special_tokens_mask"):
-            value = inputs.get(name)
-            if value is not None:
-                tensors[name] = check_ids_like(name, value, shape).long()
-        types = tensors.get("token_type_ids")
-        if types is not None and not self.uses_token_types:
-            if bool(types.any()):
-                raise ValueError(f"{self.family} has no token-type embeddings: token_type_ids must be 0 or absent")
-            del tensors["token_type_ids"]
-        elif types is not None and (int(types.min()) < 0
-                                    or int(types.max()) >= int(self.model.config.type_vocab_size)):
-            raise ValueError(f"token_type_ids must lie in [0, {self.model.config.type_vocab_size})")
-        dtype = self.model.get_input_embeddings().weight.dtype
-        return ModelInputs(tensors, int(shape[0]), dtype, ids.device, check_sample_ids(sample_ids, int(shape[0])))
-
-    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
-        if not isinstance(inputs, ModelInputs):
-            inputs = self.prepare_inputs(inputs)
-        mask = inputs["attention_mask"]
-        special = inputs.tensors.get("special_tokens_mask")
-        special = special.bool() if special is not None else special_positions(mask)
-        return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special)
-
-    def context(self, inputs: ModelInputs) -> SequenceContext:
-        return SequenceContext(attention_mask=inputs["attention_mask"])
-
     # ------------------------------------------------------------------ forward pieces (the model's own order)
     def embeddings(self, inputs: ModelInputs) -> Tensor:
         """The model's embedding module on the inputs."""
@@ -204,11 +169,6 @@ class HFTextAdapter(HFBaseBlocks):
         return create_bidirectional_mask(config=self.model.config, inputs_embeds=hidden,
                                          attention_mask=context.attention_mask.to(hidden.device))
 
-    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
-        """``S * B`` samples, step-major, whose embedding output (after the embedding LayerNorm) is multiplied by
-        ``alpha`` (Beyond Intuition's BERT, ``BERT.py``: ``embedding_output = alpha * embedding_output``)."""
-        return scaled_copies(inputs, alphas, EMBEDDING_SCALE)
-
     # ------------------------------------------------------------------ where methods hook
     recording: Capability[Recording] = Capability(lambda adapter: TextRecording(adapter))
 
@@ -224,6 +184,55 @@ class HFTextAdapter(HFBaseBlocks):
     def head_activation_function(self) -> Callable[[Tensor], Tensor]:
         """The element-wise activation between the head's two linear layers (:meth:`head_linears`)."""
         raise NotImplementedError
+
+
+class TextInputs(InputFormat):
+    """The inputs of the BERT-like encoders: token ids with ``attention_mask`` (the real tokens first),
+    ``token_type_ids`` and ``special_tokens_mask`` when given; integrated gradients scale the embedding output."""
+
+    adapter: "HFTextAdapter"
+    layout_class = TokenSequence
+
+    def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        adapter = self.adapter
+        inputs, ids, mask = check_token_inputs(inputs, adapter.family, int(adapter.model.config.vocab_size),
+                                                adapter.max_length(), missing_note="; inputs_embeds are not supported")
+        shape = ids.shape
+        tensors = {"input_ids": ids.long()}
+        if not bool(mask[:, 0].all()):
+            raise ValueError("attention_mask: position 0 ([CLS], the read-out) must be a real token in every sample "
+                             "(left padding is not supported)")
+        tensors["attention_mask"] = mask
+        for name in ("token_type_ids", "special_tokens_mask"):
+            value = inputs.get(name)
+            if value is not None:
+                tensors[name] = check_ids_like(name, value, shape).long()
+        types = tensors.get("token_type_ids")
+        if types is not None and not adapter.uses_token_types:
+            if bool(types.any()):
+                raise ValueError(f"{adapter.family} has no token-type embeddings: token_type_ids must be 0 or absent")
+            del tensors["token_type_ids"]
+        elif types is not None and (int(types.min()) < 0
+                                    or int(types.max()) >= int(adapter.model.config.type_vocab_size)):
+            raise ValueError(f"token_type_ids must lie in [0, {adapter.model.config.type_vocab_size})")
+        dtype = adapter.model.get_input_embeddings().weight.dtype
+        return ModelInputs(tensors, int(shape[0]), dtype, ids.device, check_sample_ids(sample_ids, int(shape[0])))
+
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
+        if not isinstance(inputs, ModelInputs):
+            inputs = self.prepare(inputs)
+        mask = inputs["attention_mask"]
+        special = inputs.tensors.get("special_tokens_mask")
+        special = special.bool() if special is not None else special_positions(mask)
+        return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special)
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext(attention_mask=inputs["attention_mask"])
+
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        """``S * B`` samples, step-major, whose embedding output (after the embedding LayerNorm) is multiplied by
+        ``alpha`` (Beyond Intuition's BERT, ``BERT.py``: ``embedding_output = alpha * embedding_output``)."""
+        return scaled_copies(inputs, alphas, EMBEDDING_SCALE)
 
 
 @register_adapter

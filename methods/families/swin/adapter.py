@@ -28,6 +28,8 @@ from ...adapters.base import (
     AttentionLinears,
     BlockLinears,
     ImageAdapter,
+    ImageInputs,
+    InputFormat,
     Layout,
     MethodUndefinedError,
     ModelInputs,
@@ -86,6 +88,19 @@ class SwinFlow(TokenFlow):
         return torch.sparse_coo_tensor(indices, values, shape, check_invariants=True).coalesce()
 
 
+class SwinInputs(ImageInputs):
+    """Images as every family's; no position can be removed (module docstring)."""
+
+    def drop_positions(self, hidden: Tensor, context: SequenceContext,
+                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
+        raise MethodUndefinedError(
+            f"token_ablation is not defined on {self.adapter.family}: its window partition, shift masks and 2x2 patch "
+            "merges need every position of the grid, so a removed patch has no place to be left out of (an "
+            "occlusion by a baseline token would be another method)")
+
+
+
+
 class SwinAdapter(ImageAdapter):
     """What both libraries' Swin adapters share: the flat list of blocks with their stage, the grid each block
     saw in the last forward, the expansion of windowed maps and the refusals (module docstring)."""
@@ -94,6 +109,7 @@ class SwinAdapter(ImageAdapter):
     num_prefix_tokens = 0
     rule_map = Capability(SwinRules)
     token_flow: Capability[TokenFlow] = Capability(SwinFlow)
+    inputs: Capability[InputFormat] = Capability(SwinInputs)
     #: per stage: its blocks (a list of modules) and the patch merge entering it (``None`` for the first stage)
     stages: List[Tuple[List[nn.Module], Optional[nn.Module]]]
     #: the patch embedding's patch side (pixels) and the model's image size (rows, cols of pixels)
@@ -187,13 +203,6 @@ class SwinAdapter(ImageAdapter):
 
     def block(self, layer: int, hidden: Tensor) -> Tensor:
         raise NotImplementedError
-
-    def drop_positions(self, hidden: Tensor, context: SequenceContext,
-                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
-        raise MethodUndefinedError(
-            f"token_ablation is not defined on {self.family}: its window partition, shift masks and 2x2 patch "
-            "merges need every position of the grid, so a removed patch has no place to be left out of (an "
-            "occlusion by a baseline token would be another method)")
 
     # ------------------------------------------------------------------ where methods hook
 

@@ -18,7 +18,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...adapters.base import AttentionEdit, AttentionLinears, BlockDecomposition, BlockLinears, ReadOut, SequenceContext
+from ...adapters.base import (
+    AttentionEdit,
+    AttentionLinears,
+    BlockDecomposition,
+    BlockLinears,
+    ImageInputs,
+    ReadOut,
+    SequenceContext,
+)
 from ...adapters.capability import Capability
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import edited_values_change, product_change
@@ -62,6 +70,7 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
     :meth:`embed`, :meth:`run_blocks` (with :meth:`key_mask_of`'s masks) and the family checks."""
 
     rule_map = Capability(TimmEvaBeitRules)
+    inputs = Capability(lambda adapter: EvaBeitInputs(adapter))
 
     readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(
         adapter, "class_token" if adapter.model.global_pool == "token" else "mean_content"))
@@ -113,20 +122,6 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
         pooled = m.head_drop(m.fc_norm(pooled))
         return pooled if pre_logits else m.head(pooled)
 
-    def drop_positions(self, hidden: Tensor, context: SequenceContext,
-                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
-        """``len(removed) * B`` sequences (sample-major), each with one position of ``removed`` turned into
-        padding (masked as a key in every block, left out of the average pooling) rather than cut out: the
-        position embeddings inside the attention logits belong to the full grid (see the module docstring)."""
-        batch, n = hidden.shape[:2]
-        r = len(removed)
-        keep = torch.ones(batch, r, n, dtype=torch.long, device=hidden.device)
-        keep[:, torch.arange(r, device=hidden.device), removed.to(hidden.device)] = 0
-        if context.attention_mask is not None:
-            keep = keep * context.attention_mask.to(hidden.device).long()[:, None, :]
-        repeated = hidden[:, None].expand(batch, r, *hidden.shape[1:]).flatten(0, 1)
-        return repeated, SequenceContext(attention_mask=keep.flatten(0, 1))
-
     # ------------------------------------------------------------------ where methods hook
     def value_projection(self, layer: int, x: Tensor) -> Tensor:
         """The values ``[B, N, H * head_dim]`` (bias included) of block ``layer`` from its attention input."""
@@ -145,6 +140,27 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
     #: an attention gate (``x * sigmoid(gate(x))`` before ``proj``) is not decomposed
     decomposition = Capability(lambda adapter: EvaBeitDecomposition(adapter) if all(
         getattr(block.attn, "gate", None) is None for block in adapter.blocks) else None)
+
+
+
+class EvaBeitInputs(ImageInputs):
+    """Images as every family's; a removed position becomes padding (the attention's position terms belong to the
+    full grid)."""
+
+    def drop_positions(self, hidden: Tensor, context: SequenceContext,
+                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
+        """``len(removed) * B`` sequences (sample-major), each with one position of ``removed`` turned into
+        padding (masked as a key in every block, left out of the average pooling) rather than cut out: the
+        position embeddings inside the attention logits belong to the full grid (see the module docstring)."""
+        batch, n = hidden.shape[:2]
+        r = len(removed)
+        keep = torch.ones(batch, r, n, dtype=torch.long, device=hidden.device)
+        keep[:, torch.arange(r, device=hidden.device), removed.to(hidden.device)] = 0
+        if context.attention_mask is not None:
+            keep = keep * context.attention_mask.to(hidden.device).long()[:, None, :]
+        repeated = hidden[:, None].expand(batch, r, *hidden.shape[1:]).flatten(0, 1)
+        return repeated, SequenceContext(attention_mask=keep.flatten(0, 1))
+
 
 
 

@@ -207,7 +207,7 @@ class TimmViTAdapter(TimmBlocksAdapter):
         m = self.model
         pool = m.attn_pool
         with torch.no_grad():
-            hidden = m.norm(self.run_blocks(self.embed(inputs), self.context(inputs)))
+            hidden = m.norm(self.run_blocks(self.embed(inputs), self.inputs.context(inputs)))
             tokens = hidden[:, self.pool_start:]
             batch, n, _ = tokens.shape
             heads, dim = pool.num_heads, pool.head_dim
