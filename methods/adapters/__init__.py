@@ -3,7 +3,7 @@
     from methods.adapters import adapter_for
     adapter = adapter_for(model)          # resolved once per model object
     inputs = adapter.inputs.prepare(images_or_tokenizer_batch)
-    adapter.inputs.layout(inputs)                # PatchGrid(rows, cols, prefix) or TokenSequence(masks)
+    adapter.inputs.layout(inputs)         # PatchGrid(rows, cols, prefix) or TokenSequence(masks)
 
 Importing a family's package registers it; :mod:`methods.families` imports the families shipped here (importing
 :mod:`methods` does).

@@ -47,7 +47,7 @@ from ..hf_blocks import HFEncoderBlocks, HFRecording
 from .rules import CLIPTextRules, CLIPVisionRules
 
 #: extra per-sample tensors of a text batch set by the adapter: the read-out (EOS) positions and, from
-#: :meth:`HFCLIPTextAdapter.interpolate`, the factor on the token embeddings
+#: :meth:`ScaledTokenInputs.interpolate`, the factor on the token embeddings
 READOUT_POSITIONS = "readout_positions"
 TOKEN_EMBEDDING_SCALE = "token_embedding_scale"
 
@@ -113,7 +113,7 @@ class _ScaledTokenText:
     """What the CLIP-like text towers share (transformers' CLIP and SigLIP, open_clip): token ids ``[T, N]`` read
     out at one position per text; integrated gradients scale the token embeddings before the position embeddings
     are added (BI's ``CLIP.ipynb``: ``encode_text(text, scale)``: ``x = scale * token_embedding(text)``), by the
-    per-sample ``token_embedding_scale`` that :meth:`interpolate` sets and ``embed`` reads. Listed first in a
+    per-sample ``token_embedding_scale`` that ``inputs.interpolate`` sets and ``embed`` reads. Listed first in a
     subclass's bases."""
 
     tower = "text"
@@ -254,7 +254,7 @@ def eos_positions(input_ids: Tensor, eos_token_id: int) -> Tensor:
 
 class _HFTokenText(_ScaledTokenText):
     """What transformers' CLIP-like text towers (CLIP, SigLIP) share: ``embeddings.token_embedding`` as the input
-    embedding, the embeddings with the token scale of :meth:`interpolate`, and the batch's tensors. Listed first
+    embedding, the embeddings with the token scale of ``inputs.interpolate``, and the batch's tensors. Listed first
     in a subclass's bases."""
 
     tower_model: Any
@@ -274,7 +274,7 @@ class _HFTokenText(_ScaledTokenText):
 
     def embed(self, inputs: ModelInputs) -> Tensor:
         """The tower's ``embeddings`` (token + position embeddings); with the per-sample ``token_embedding_scale``
-        set by :meth:`interpolate`, the token embeddings are scaled before the positions are added."""
+        set by ``inputs.interpolate``, the token embeddings are scaled before the positions are added."""
         embeddings = self.tower_model.embeddings
         scale = inputs.tensors.get(TOKEN_EMBEDDING_SCALE)
         if scale is None:

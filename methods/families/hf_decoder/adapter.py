@@ -46,7 +46,7 @@ from .recompute import recomputed_attention
 from .rules import DecoderRules, Gemma3Rules, RopeDecoderRules
 
 #: extra per-sample tensors of a batch set by the adapter: the read-out positions, the position ids and, from
-#: :meth:`_HFDecoder.interpolate`, the factor on the token embeddings
+#: :meth:`DecoderInputs.interpolate`, the factor on the token embeddings
 READOUT_POSITIONS = "readout_positions"
 POSITION_IDS = "position_ids"
 TOKEN_EMBEDDING_SCALE = "token_embedding_scale"
@@ -173,7 +173,7 @@ class _HFDecoder(HFBaseBlocks):
     # ------------------------------------------------------------------ forward pieces (the model's own order)
     def token_embeddings(self, inputs: ModelInputs) -> Tensor:
         """The input embedding module's output, times the per-sample ``token_embedding_scale`` when
-        :meth:`interpolate` set one."""
+        ``inputs.interpolate`` set one."""
         tokens = self.input_embedding()(inputs["input_ids"])
         scale = inputs.tensors.get(TOKEN_EMBEDDING_SCALE)
         return tokens if scale is None else scale.to(tokens.dtype)[:, None, None] * tokens

@@ -40,7 +40,7 @@ from ...adapters.value_edits import ProjectionValueEdit
 from ..hf_blocks import HFBaseBlocks, HFRecording
 from .rules import TextRules
 
-#: an extra per-sample tensor set by :meth:`HFBertAdapter.interpolate`: the factor on the embedding output
+#: an extra per-sample tensor set by :meth:`TextInputs.interpolate`: the factor on the embedding output
 EMBEDDING_SCALE = "embedding_scale"
 
 
@@ -149,7 +149,7 @@ class HFTextAdapter(HFBaseBlocks):
     def embed(self, inputs: ModelInputs) -> Tensor:
         """The model's embeddings (word + token-type + position, LayerNorm, dropout), then the
         :meth:`embedding_projection` if the family has one; times the per-sample ``embedding_scale`` when
-        :meth:`interpolate` set one (Beyond Intuition's ``alpha * embedding_output``: the encoder input)."""
+        ``inputs.interpolate`` set one (Beyond Intuition's ``alpha * embedding_output``: the encoder input)."""
         hidden = self.embeddings(inputs)
         projection = self.embedding_projection()
         if projection is not None:

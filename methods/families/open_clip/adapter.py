@@ -322,7 +322,7 @@ class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
 
     def embed(self, inputs: ModelInputs) -> Tensor:
         """``encode_text``: token embeddings (times the per-sample ``token_embedding_scale`` set by
-        :meth:`interpolate`) plus the positional embedding, in the transformer's cast dtype."""
+        ``inputs.interpolate``) plus the positional embedding, in the transformer's cast dtype."""
         clip = self.clip
         cast_dtype = clip.transformer.get_cast_dtype()
         x = clip.token_embedding(inputs["input_ids"]).to(cast_dtype)

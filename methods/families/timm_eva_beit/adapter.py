@@ -99,7 +99,7 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
     # ------------------------------------------------------------------ forward pieces
     def key_mask_of(self, context: SequenceContext, hidden: Tensor) -> Optional[Tensor]:
         """``None``, or bool ``[B, 1, 1, N]``: the keys every query may attend to (``False`` at the positions
-        :meth:`drop_positions` removed)."""
+        :meth:`EvaBeitInputs.drop_positions` removed)."""
         mask = context.attention_mask
         if mask is None:
             return None
@@ -107,7 +107,7 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
 
     def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
         """Final norm, then the model's own ``forward_head`` (pooling, ``fc_norm``, ``head_drop``, ``head``); with
-        removed positions (:meth:`drop_positions`) the average pooling is over the remaining patches."""
+        removed positions (:meth:`EvaBeitInputs.drop_positions`) the average pooling is over the remaining patches."""
         m = self.model
         hidden = m.norm(hidden)
         mask = context.attention_mask
