@@ -397,7 +397,7 @@ def run_worker(spec: dict) -> dict:
         method = build_method(name, **options)
         from methods.adapters import adapter_for
 
-        depth = adapter_for(model).depth
+        depth = len(adapter_for(model).blocks)
         start_layer = getattr(method, "start_layer", None)
         if start_layer is None and hasattr(method, "default_start_layers"):
             start_layer = method.default_start_layers["vit"]  # the image default (None: per layout)
@@ -409,7 +409,7 @@ def run_worker(spec: dict) -> dict:
         if getattr(method, "steps", None) is not None:
             info["steps"] = int(method.steps)
         if COSTS.get(name, DEFAULT_COST)[0] == "positions+1":
-            info["num_positions"] = adapter_for(model).layout(images).num_positions
+            info["num_positions"] = adapter_for(model).inputs.layout(images).num_positions
         if getattr(method, "samples", None) is not None:
             info["method_samples"] = int(method.samples)
         if name == "occlusion":

@@ -185,9 +185,9 @@ class RobustnessTest(SampleScoreTest):
                            "embedding the text perturbations shift)")
         adapter = adapter_for(model)
         raw = classifier.model_inputs(batch)
-        inputs = adapter.prepare_inputs(raw)
+        inputs = adapter.inputs.prepare(raw)
         clean_embeddings = point_values(adapter, inputs, resolve_point(adapter, "embedding", self.PREFIX))
-        real = adapter.layout(inputs).real_positions(inputs["input_ids"]).bool().cpu()
+        real = adapter.inputs.layout(inputs).real_positions(inputs["input_ids"]).bool().cpu()
         perturbable = self._perturbable(batch, real).cpu()
         ids, b = batch["index"].tolist(), len(batch["index"])
         width = clean_embeddings.shape[-1]

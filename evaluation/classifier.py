@@ -457,7 +457,7 @@ class AnswerTokenClassifier(TextClassifier):
                 f"pad_token_id={self.pad_token_id}, batch_size={self.batch_size})")
 
 
-#: the classifier of each modality an adapter declares (``ModelAdapter.layout_class.modality``)
+#: the classifier of each modality an adapter declares (``adapter.inputs.layout_class.modality``)
 CLASSIFIERS = {cls.modality: cls for cls in (Classifier, TextClassifier)}
 
 
@@ -474,4 +474,4 @@ def classifier_for(model: nn.Module, batch_size: int = 64, verbalizer: Optional[
     if verbalizer is not None:
         raise ValueError(f"a verbalizer names the answer tokens of a causal language model (*ForCausalLM); "
                          f"{type(model).__name__} is a classifier with its own classes: leave model.verbalizer unset")
-    return CLASSIFIERS[adapter.layout_class.modality].from_model(model, batch_size, **options)
+    return CLASSIFIERS[adapter.inputs.layout_class.modality].from_model(model, batch_size, **options)

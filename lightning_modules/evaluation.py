@@ -57,7 +57,7 @@ def token_layout(model: nn.Module, inputs: Tensor):
     """The layout of ``model``'s token scores for the (normalised) ``inputs``: what a callback needs to place the
     scores on the input (``.grid`` = ``(h, w)`` patches for images), from the model's adapter."""
     adapter = adapter_for(model)
-    return adapter.layout(adapter.prepare_inputs(inputs))
+    return adapter.inputs.layout(adapter.inputs.prepare(inputs))
 
 
 def check_finite_relevance(method: str, setting: str, relevance: Tensor, sample_ids: Optional[Tensor]) -> None:

@@ -212,7 +212,7 @@ class _BlockDecomposition:
         differentiate the head to (:attr:`normed`; autograd only from there on)."""
         adapter = self.adapter
         with ActivationRecorder() as rec, torch.no_grad():
-            for layer in range(adapter.depth):
+            for layer in range(len(adapter.blocks)):
                 adapter.recording.block_input(rec, layer, ("x", layer))
                 adapter.recording.attention(rec, layer, ("attention", layer))
                 adapter.recording.values(rec, layer, ("values", layer))
@@ -224,7 +224,7 @@ class _BlockDecomposition:
             if head_gradient:
                 assert adapter.decoder is not None, "check_adapter refuses a family that is no decoder"
                 rec.output(adapter.decoder.final_norm(), "normed", require_grad=True)
-            logits = adapter.forward(inputs, grad_from_block=adapter.depth)
+            logits = adapter.forward(inputs, grad_from_block=len(adapter.blocks))
             self.normed = rec.outputs.get("normed")
         return logits
 
@@ -235,7 +235,7 @@ class _BlockDecomposition:
         where = self.decomposition.attention_output_norm(layer)
         inner = None if where is None else (where[0], where[1], pieces["inner"])
         return decomposition_terms(pieces["x"], pieces["attention"], pieces["values"],
-                                   adapter.attention_linears(layer).out, post_norm, pieces["residual"],
+                                   adapter.linears(layer).attention.out, post_norm, pieces["residual"],
                                    method.layer_norm_scale, method.name,
                                    self.decomposition.attention_output_scale(layer), inner)
 
@@ -248,7 +248,7 @@ class _BlockDecomposition:
                 None if self.rows is None else self.rows.to(output.device)))
             if self.also is not None:
                 self.extra.append(self.also(layer, pieces))
-            if layer == self.adapter.depth - 1:
+            if layer == len(self.adapter.blocks) - 1:
                 self.last_output = output
         return fold
 
@@ -269,7 +269,7 @@ class _AltiBase(AttributionMethod):
         if adapter.decomposition is None:
             raise MethodUndefinedError(
                 f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) does not decompose its blocks "
-                "(decomposes_blocks: the attention output must reach the residual stream through linear maps and "
+                "(adapter.decomposition: the attention output must reach the residual stream through linear maps and "
                 "per-token norms only, with the block's norms named)")
 
 
@@ -298,19 +298,19 @@ class Alti(_AltiBase):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if adapter.readout == "attention_pool":
+        if adapter.readout.kind == "attention_pool":
             raise MethodUndefinedError(
                 f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) reads out through an attention "
                 "pooling head, a latent query's attention with no residual: its row of ALTI's contributions is not "
                 "defined (ALTI reads the row of a token, or the mean row of a mean pool)")
 
     def attribute(self, adapter, inputs, target):
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         like = inputs.tensors[next(iter(inputs.tensors))]
         real = layout.real_positions(like.new_zeros(inputs.batch_size, layout.num_positions))
         rows = real.clone()
-        if adapter.readout == "position":      # a read-out position on padding (SigLIP's last token) keeps its row
-            positions = adapter.context(inputs).readout_positions
+        if adapter.readout.kind == "position":      # a read-out position on padding (SigLIP's last token) keeps its row
+            positions = adapter.inputs.context(inputs).readout_positions
             assert positions is not None, "a model read out at a position has them in its context"
             rows[torch.arange(inputs.batch_size), positions.to(rows.device)] = True
         blocks = _BlockDecomposition(self, adapter, real, rows=rows)
@@ -344,7 +344,7 @@ class AltiLogit(ExplainsALogit, _AltiBase):
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
         decomposition = adapter.decomposition
-        if decomposition is None or not decomposition.pre_norm or adapter.readout != "position":
+        if decomposition is None or not decomposition.pre_norm or adapter.readout.kind != "position":
             raise MethodUndefinedError(f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) needs a "
                                        "pre-norm decoder read out at a position (its final norm and linear head)")
         if adapter.decoder is None or not adapter.decoder.linear_head:
@@ -353,10 +353,10 @@ class AltiLogit(ExplainsALogit, _AltiBase):
                                        "LM head): its logit is no sum of per-token terms")
 
     def attribute(self, adapter, inputs, target):
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         like = inputs.tensors[next(iter(inputs.tensors))]
         real = layout.real_positions(like.new_zeros(inputs.batch_size, layout.num_positions))
-        positions = adapter.context(inputs).readout_positions
+        positions = adapter.inputs.context(inputs).readout_positions
         assert positions is not None, "a model read out at a position has them in its context"
 
         def at_readout(layer: int, pieces: Dict[str, Tensor]) -> Tensor:

@@ -83,7 +83,7 @@ class AtMan(ExplainedOutput):
         super().check_adapter(adapter)
         if adapter.recording.score_edit is None:
             raise MethodUndefinedError(f"atman: {adapter.family} has no pre-softmax attention-score edit "
-                                       "(edits_attention_scores)")
+                                       "(adapter.recording.score_edit)")
         if self.conceptual_threshold is not None:
             resolve_point(adapter, "embedding", self.name)
 
@@ -119,13 +119,13 @@ class AtMan(ExplainedOutput):
         x = point_values(adapter, inputs, "embedding")
         if x.dim() == 4:                                    # a convolution's [B, D, rows, cols]
             x = x.flatten(2).transpose(1, 2)
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         offset = layout.prefix if isinstance(layout, PatchGrid) and x.shape[1] == layout.num_scores else 0
         return [x[b, p.to(x.device) - offset] for b, p in enumerate(positions)]
 
     # ------------------------------------------------------------------ the call
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         like = torch.zeros(inputs.batch_size, layout.num_positions)
         content = layout.content_positions(like)
         keys = layout.real_positions(like)
@@ -161,5 +161,5 @@ class AtMan(ExplainedOutput):
 
 
 def _logits(adapter: ModelAdapter, inputs: ModelInputs) -> Tensor:
-    context = adapter.context(inputs)
+    context = adapter.inputs.context(inputs)
     return adapter.head(adapter.run_blocks(adapter.embed(inputs), context), context)

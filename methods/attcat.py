@@ -68,8 +68,8 @@ class AttCAT(ExplainedOutput):
 
     def attribute(self, adapter, inputs, target):
         start = check_start_layer(self.start_layer, adapter, self.name)
-        layout = adapter.layout(inputs)
-        layers = range(start, adapter.depth)
+        layout = adapter.inputs.layout(inputs)
+        layers = range(start, len(adapter.blocks))
         rows = real_query_rows(layout, inputs, self.query_rows)
         received: Dict[int, Tensor] = {}
         with ActivationRecorder() as rec:

@@ -47,9 +47,9 @@ class RawAttention(AttributionMethod):
         check_readout_space(adapter, layer, inputs, self.name)
         with ActivationRecorder() as rec, torch.no_grad():
             adapter.recording.attention(rec, layer, "attn")
-            adapter.forward(inputs, grad_from_block=adapter.depth)
+            adapter.forward(inputs, grad_from_block=len(adapter.blocks))
             attention = rec["attn"].mean(dim=1)
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         row = read_out(attention, adapter, inputs, self.readout, layout)
         return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
 
@@ -87,11 +87,11 @@ class Rollout(AttributionMethod):
     def head_means(self, adapter, inputs) -> List[Tensor]:
         """``mean_h A_l`` ``[B, N, N]`` of the blocks ``l >= start_layer``, in forward order."""
         start = check_start_layer(self.start_layer, adapter, self.name)
-        layers = range(start, adapter.depth)
+        layers = range(start, len(adapter.blocks))
         with ActivationRecorder() as rec, torch.no_grad():
             for layer in layers:
                 adapter.recording.attention(rec, layer, layer, transform=lambda a: a.mean(dim=1))
-            adapter.forward(inputs, grad_from_block=adapter.depth)
+            adapter.forward(inputs, grad_from_block=len(adapter.blocks))
             return [rec.outputs.pop(layer) for layer in layers]
 
     def rollout_matrix(self, adapter, inputs) -> Tensor:
@@ -99,9 +99,9 @@ class Rollout(AttributionMethod):
         return rollout(self.head_means(adapter, inputs), self.row_normalize)
 
     def attribute(self, adapter, inputs, target):
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         means = self.head_means(adapter, inputs)
-        start = adapter.depth - len(means)
+        start = len(adapter.blocks) - len(means)
         composed = ReadoutRollout(self.row_normalize, lambda m: read_out(m, adapter, inputs, self.readout, layout))
         while means:
             layer = start + len(means) - 1

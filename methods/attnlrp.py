@@ -289,7 +289,8 @@ def relevance_rules(adapter: ModelAdapter, variant: str, epsilon: float = IDENTI
                 handles.append(mlp.gate_proj.register_forward_hook(_detach_output))
             else:
                 handles.append(mlp.down_proj.register_forward_pre_hook(input_gradient_scaled(0.5)))  # uniform rule
-        attentions = [adapter.attention_linears(layer) for layer in range(adapter.depth if own_products is None else 0)]
+        hooked = range(len(adapter.blocks) if own_products is None else 0)
+        attentions = [adapter.linears(layer).attention for layer in hooked]
         for linears in attentions + rule_map.head_attention_linears():
             handles.extend(_attention_factor_hooks(linears, factors))
         with own_products or contextlib.nullcontext(), rule_map.head_rules(epsilon):
@@ -322,9 +323,9 @@ class _GradientLRP(ExplainedOutput):
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
-        if self.level in IMAGE_LEVELS and adapter.layout_class.modality != "image":
+        if self.level in IMAGE_LEVELS and adapter.inputs.layout_class.modality != "image":
             raise ValueError(f"{self.name}: level={self.level!r} needs an image model; {type(adapter.model).__name__} "
-                             f"({adapter.family}) reads {adapter.layout_class.modality}")
+                             f"({adapter.family}) reads {adapter.inputs.layout_class.modality}")
         problems = adapter.rule_map.problems() + rule_scope_problems(adapter) if self.rules else []
         if problems:
             raise MethodUndefinedError(f"{self.name}: no relevance rule for parts of this "
@@ -346,12 +347,12 @@ class _GradientLRP(ExplainedOutput):
             if not pixels:
                 rec.output(adapter.rule_map.input_embedding(), "x", require_grad=True)
             if layer_inputs:
-                for l in range(adapter.depth):
+                for l in range(len(adapter.blocks)):
                     adapter.recording.block_input(rec, l, ("block", l))
-            context = adapter.context(inputs)
+            context = adapter.inputs.context(inputs)
             logits = adapter.head(adapter.run_blocks(adapter.embed(inputs), context), context)
             x = inputs["pixel_values"] if pixels else rec["x"]
-            blocks: List[Tensor] = [rec[("block", l)] for l in range(adapter.depth)] if layer_inputs else []
+            blocks: List[Tensor] = [rec[("block", l)] for l in range(len(adapter.blocks))] if layer_inputs else []
         target, foil = self.resolve(logits, target)
         grads = torch.autograd.grad(explained_score(logits, target, self.explain, foil), [x] + blocks)
         return dict(x=x.detach(), grad=grads[0], logits=logits.detach(), target=target, foil=foil,
@@ -364,9 +365,9 @@ class _GradientLRP(ExplainedOutput):
         pixels = products.sum(dim=1)
         if self.level == "pixels":
             return pixels
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         assert isinstance(layout, PatchGrid)   # an image model (check_adapter)
-        rows, cols = layout.grid                # images are a whole number of patches (prepare_inputs)
+        rows, cols = layout.grid                # images are a whole number of patches (inputs.prepare)
         batch, height, width = pixels.shape
         return pixels.reshape(batch, rows, height // rows, cols, width // cols).sum(dim=(2, 4)).flatten(1)
 
@@ -381,11 +382,11 @@ class _GradientLRP(ExplainedOutput):
         ``input`` ``[B]`` (the sum of this method's scores, padding 0) and ``scores`` (the scores themselves).
         Where every rule conserves (``cp_lrp`` on a bias-free model) each entry equals ``logit``."""
         adapter = self.prepare(model)
-        batch = adapter.prepare_inputs(inputs)
+        batch = adapter.inputs.prepare(inputs)
         with preserved_model_state(model):
             out = self._backward(adapter, batch, target, layer_inputs=True)
         scores = self._scores(adapter, batch, out["x"], out["grad"])
-        layout = adapter.layout(batch)
+        layout = adapter.inputs.layout(batch)
         if layout.has_padding and scores.dim() == 2:
             scores = layout.output(scores)
         blocks = torch.stack([(h * g).flatten(1).sum(dim=1) for h, g in out["blocks"]])

@@ -36,7 +36,7 @@ class AttributionMethod:
     :meth:`check` does the same before any batch), validates the inputs, runs :meth:`attribute` with the
     model in eval mode and eager attention (unless the method never reads attention probabilities:
     :attr:`reads_attention`) inside :func:`preserved_model_state` (the model comes back exactly as
-    it was), and returns raw scores in the layout of the inputs (``adapter.layout``): ``[B, P]`` patch scores
+    it was), and returns raw scores in the layout of the inputs (``adapter.inputs.layout``): ``[B, P]`` patch scores
     in row-major grid order for images (full ``lrp``: ``[B, H, W]`` pixel maps), ``[B, N]`` per input position
     for sequences with padding exactly 0; in float32 (float64 for float64 images, or token ids into a float64
     model) and on the inputs' device. ``accumulate_dtype`` (every method's option, :mod:`methods.precision`):
@@ -72,7 +72,7 @@ class AttributionMethod:
                              "target (explain='logit_difference' or 'probability_difference')")
         adapter = adapter_for(model)
         self.check_adapter(adapter)
-        batch = adapter.prepare_inputs(inputs, sample_ids=sample_ids)
+        batch = adapter.inputs.prepare(inputs, sample_ids=sample_ids)
         if embedding_offset is not None:
             batch = batch.offset_by(embedding_offset)
         returned = result_dtype(batch.score_dtype)
@@ -87,7 +87,7 @@ class AttributionMethod:
                 scores = self.attribute(adapter, batch, target)
         finally:
             self.call_foil = None
-        layout = adapter.layout(batch)
+        layout = adapter.inputs.layout(batch)
         if layout.has_padding and scores.dim() == 2:
             scores = layout.output(scores)  # padding exactly 0, whatever the method computed there
         return scores.detach().to(dtype=returned, device=batch.device)
@@ -118,7 +118,7 @@ class AttributionMethod:
 def check_start_layer(start_layer: int, adapter: ModelAdapter, name: str, option: str = "start_layer") -> int:
     """Validate a 0-based block index (negative values count from the end, -1 = the last block) of method
     ``name``'s ``option`` on ``adapter``'s model; the index from the front."""
-    depth = adapter.depth
+    depth = len(adapter.blocks)
     if not -depth <= start_layer < depth:
         raise ValueError(f"{name}: {option}={start_layer} is outside {type(adapter.model).__name__} with {depth} "
                          f"blocks (valid: {-depth} to {depth - 1}, negative values count from the end)")

@@ -72,7 +72,7 @@ class _BeyondIntuition(ExplainedOutput):
     * reasoning feedback ``F = E_h[( (1/K) Σ_k ∇A_{L-1}(α_k x) )^+]``: the mean over ``K = steps`` points
       ``α_k = linspace(0, 1, K)`` (both ends included) of the gradient of the target's logit w.r.t. the **last**
       block's post-softmax attention, clamped at 0 after the step mean and then averaged over heads
-      (``generate_ours`` lines 209-229). ``α_k x`` is the adapter's interpolation (``adapter.interpolate``): the
+      (``generate_ours`` lines 209-229). ``α_k x`` is the adapter's interpolation (``adapter.inputs.interpolate``): the
       pixels for images, baseline the all-zero normalised image. The α = 1 point is the clean pass, reused. The
       K-1 other points of every sample are batched and need autograd only through the last block.
       ``ig_batch_size``: the most interpolated inputs per forward (a bound on memory; the scores do not depend
@@ -133,16 +133,16 @@ class _BeyondIntuition(ExplainedOutput):
             return int(self.ig_batch_size) if self.ig_batch_size is not None else (self.steps - 1) * inputs.batch_size
         if inputs.device.type != "cpu":
             return (self.steps - 1) * inputs.batch_size
-        tokens = adapter.layout(inputs).num_positions
+        tokens = adapter.inputs.layout(inputs).num_positions
         itemsize = torch.finfo(inputs.score_dtype).bits // 8
-        per_sequence = adapter.num_heads * tokens * tokens * itemsize
+        per_sequence = adapter.token_flow.heads * tokens * tokens * itemsize
         return max(1, self.IG_AUTO_ATTENTION_BYTES // per_sequence)
 
     def _last_attention_gradients(self, adapter, inputs, target: Tensor):
         """Sum over the α_k < 1 of ``∇A_{L-1}(α_k x)``, batched over steps and samples: each forward takes at
         most :meth:`ig_sequences_per_forward` interpolated inputs (whole steps of the batch when that is at
         least the batch size, else slices of the batch one step at a time)."""
-        last = adapter.depth - 1
+        last = len(adapter.blocks) - 1
         alphas = torch.linspace(0, 1, self.steps, dtype=torch.float64)[:-1]
         if len(alphas) == 0:
             return 0
@@ -162,7 +162,7 @@ class _BeyondIntuition(ExplainedOutput):
                 chunk = alphas[i:i + chunk_steps]
                 with ActivationRecorder() as rec:
                     adapter.recording.attention(rec, last, "attn", require_grad=True)
-                    logits = adapter.forward(adapter.interpolate(part, chunk), grad_from_block=last)
+                    logits = adapter.forward(adapter.inputs.interpolate(part, chunk), grad_from_block=last)
                 part_foil = foil.repeat(len(chunk)) if isinstance(foil, Tensor) and foil.numel() > 1 else foil
                 score = target_score(logits, part_target.repeat(len(chunk)), self.gradient_of, part_foil)
                 (grad,) = torch.autograd.grad(score, rec["attn"])
@@ -176,16 +176,16 @@ class _BeyondIntuition(ExplainedOutput):
         (:attr:`default_start_layers`)."""
         if self.start_layer is not None:
             return check_start_layer(self.start_layer, adapter, self.name)
-        default = self.default_start_layers[adapter.layout_class.reference]
+        default = self.default_start_layers[adapter.inputs.layout_class.reference]
         if default < 0:
-            return max(adapter.depth + default, 0)
+            return max(len(adapter.blocks) + default, 0)
         return check_start_layer(default, adapter, self.name, "start_layer (default)")
 
     def check_adapter(self, adapter) -> None:
         self.resolved_start_layer(adapter)
 
     def attribute(self, adapter, inputs, target):
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         start = self.resolved_start_layer(adapter)
         check_readout_space(adapter, start, inputs, self.name)
         updates, last_grad, target = self.perception_pass(adapter, inputs, target, start)
@@ -212,10 +212,10 @@ class BeyondIntuitionHead(_BeyondIntuition):
     default_start_layers = {"vit": 3, "bert": -1}
 
     def perception_pass(self, adapter, inputs, target, start):
-        layers = list(range(start, adapter.depth))
+        layers = list(range(start, len(adapter.blocks)))
         attns, grads, _, target = attention_and_gradients(adapter, inputs, target, layers, self.gradient_of,
                                                           self.given_foil)
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         positions = None   # all N x N entries; padding (a layout's flag) is left out unless include_padding
         if layout.has_padding and not self.include_padding:
             positions = layout.real_positions(attns[0])
@@ -266,8 +266,8 @@ class BeyondIntuitionToken(_BeyondIntuition):
                              f"({adapter.family}) does not")
 
     def perception_pass(self, adapter, inputs, target, start):
-        last = adapter.depth - 1
-        layers = list(range(start, adapter.depth))
+        last = len(adapter.blocks) - 1
+        layers = list(range(start, len(adapter.blocks)))
         use_attention_input = self.token_scale_denominator == "attention_input"
         record_values = (adapter.recording.values if self.token_scale_values == "attention_input"
                          else adapter.recording.post_attention_values)
@@ -285,7 +285,7 @@ class BeyondIntuitionToken(_BeyondIntuition):
         updates = [
             attention_perception_tokenwise(
                 rec[("a", l)].detach(), rec[("z", l)].detach(), rec[("v", l)].detach(),
-                linear_weight(adapter.attention_linears(l).out).detach(),
+                linear_weight(adapter.linears(l).attention.out).detach(),
                 rec[("ln", l)].detach() if use_attention_input else None)
             for l in layers
         ]

@@ -32,7 +32,7 @@ def captum_forward(model: nn.Module, inputs: RawInputs,
     """``(forward, x, additional_forward_args)`` of ``model`` on ``inputs`` at ``point`` (module docstring)."""
     adapter = adapter_for(model)
     model.eval()
-    batch = adapter.prepare_inputs(inputs)
+    batch = adapter.inputs.prepare(inputs)
     point = resolve_point(adapter, point, "captum_forward")
     names = tuple(batch.tensors)
 

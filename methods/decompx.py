@@ -141,8 +141,8 @@ class _Propagation:
         adapter = self.adapter
         adapter.recording.block_input(rec, 0, "x")
         adapter.recording.values(rec, 0, "values")
-        for layer in range(adapter.depth):
-            up, down = adapter.mlp_linears(layer)
+        for layer in range(len(adapter.blocks)):
+            up, down = adapter.linears(layer).mlp
             adapter.recording.attention(rec, layer, ("attention", layer))
             self.decomposition.record_post_attention_residual(rec, layer, ("residual", layer))
             rec.output(up, ("pre", layer))
@@ -167,7 +167,7 @@ class _Propagation:
         at a time (the last block: the read-out row alone)."""
         attention = pieces["attention"]
         batch, heads, n = attention.shape[0], attention.shape[1], attention.shape[2]
-        linears = self.adapter.attention_linears(layer)
+        linears = self.adapter.linears(layer).attention
         out_proj = linears.out
         state = self.state
         if state is None:
@@ -184,7 +184,7 @@ class _Propagation:
             if value_bias is not None:
                 bias = bias + linear_weight(out_proj) @ value_bias.to(bias)
         out_weight = linear_weight(out_proj).unflatten(1, (heads, -1))                     # [D, H, Dh]
-        rows_total = 1 if layer == self.adapter.depth - 1 else n
+        rows_total = 1 if layer == len(self.adapter.blocks) - 1 else n
         width = pieces["residual"].shape[-1]
         mlp_step = max(1, CHUNK_ELEMENTS // (batch * n * max(width, pieces["pre"].shape[-1])))
         attention_step = max(mlp_step, ATTENTION_CHUNK_ELEMENTS // (batch * n * width))
@@ -215,7 +215,7 @@ class _Propagation:
             vectors = share_bias(vectors, bias, share)
         first_norm, second_norm = self.decomposition.block_norms(layer)
         vectors = through_layer_norm(vectors, pieces["residual"][:, rows], first_norm, biases, share, method.name)
-        up, down = adapter.mlp_linears(layer)
+        up, down = adapter.linears(layer).mlp
         hidden = through_linear(vectors, up, biases, share)
         hidden = through_activation(hidden, pieces["pre"][:, rows], pieces["post"][:, rows],
                                     method.ffn_approximation, share)
@@ -278,14 +278,14 @@ class DecompX(ExplainsALogit, AttributionMethod):
         if decomposition is None or not decomposition.decomposes_network or decomposition.pre_norm:
             raise MethodUndefinedError(
                 f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) does not decompose its whole network "
-                "(decomposes_network: post-norm blocks with an element-wise MLP, a head of two linear layers read "
-                "at position 0)")
+                "(adapter.decomposition.decomposes_network: post-norm blocks with an element-wise MLP, a head of two "
+                "linear layers read at position 0)")
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: Any) -> Tensor:
         propagation = _Propagation(self, adapter)
         with ActivationRecorder() as rec, torch.no_grad():
             propagation.record(rec)
-            logits = adapter.forward(inputs, grad_from_block=adapter.depth)
+            logits = adapter.forward(inputs, grad_from_block=len(adapter.blocks))
             contributions = propagation.head(rec)                                             # [B, N, C]
         target = resolve_target(logits, target).to(contributions.device)
         rows = torch.arange(inputs.batch_size, device=contributions.device)
@@ -293,4 +293,4 @@ class DecompX(ExplainsALogit, AttributionMethod):
         foil = resolve_foil(logits, self.call_foil, self.explain)
         if foil is not None:
             scores = scores - contributions[rows, :, foil.to(contributions.device)]
-        return adapter.layout(inputs).output(scores.to(inputs.score_dtype))
+        return adapter.inputs.layout(inputs).output(scores.to(inputs.score_dtype))

@@ -3,7 +3,7 @@
 A feature is a content position (:func:`methods.feature_replacement.feature_positions`: a content token, or a
 patch, whose hidden position follows the layout's prefix tokens). Removing a set of them drops those positions
 from the hidden states entering block 0 with the family's own token removal,
-:meth:`~methods.adapters.ModelAdapter.drop_positions` (the removal ``token_ablation`` uses: the other positions
+:meth:`~methods.adapters.InputFormat.drop_positions` (the removal ``token_ablation`` uses: the other positions
 keep their positional embeddings and position ids; DeBERTa, EVA and BEiT turn the position into masked padding
 instead; a decoder whose read-out token is removed reads at the real token before it), applied once per removed
 position from the last to the first, so that each index still names the original position. The shortened rows run
@@ -28,12 +28,12 @@ def check_removal(adapter: ModelAdapter, name: str) -> None:
     """:class:`MethodUndefinedError` naming ``name`` unless the family can remove positions (it is asked to
     remove one position of an empty one-sample sequence; a family that cannot refuses before reading it) and its
     read-out reads more than an average of the content positions."""
-    probe = torch.zeros(1, 2, adapter.width)
+    probe = torch.zeros(1, 2, adapter.token_flow.width)
     try:
-        adapter.drop_positions(probe, SequenceContext(), torch.zeros(1, dtype=torch.long))
+        adapter.inputs.drop_positions(probe, SequenceContext(), torch.zeros(1, dtype=torch.long))
     except MethodUndefinedError as err:
         raise MethodUndefinedError(f"{name}: mode='removal' needs the family's token removal: {err}") from None
-    if adapter.readout == "mean_content":
+    if adapter.readout.kind == "mean_content":
         raise MethodUndefinedError(f"{name}: mode='removal' is not defined on {adapter.family}: its read-out "
                                    "averages the content positions, and the coalition without features leaves none "
                                    "to average")
@@ -68,9 +68,9 @@ def _cat(contexts: List[SequenceContext], hidden: List[Tensor]) -> SequenceConte
 def removed_row(adapter: ModelAdapter, hidden: Tensor, context: SequenceContext,
                 removed: Tensor) -> Tuple[Tensor, SequenceContext]:
     """One sample's hidden states ``[1, N, D]`` and context without the positions ``removed`` (the family's
-    :meth:`~methods.adapters.ModelAdapter.drop_positions`, from the last position to the first)."""
+    :meth:`~methods.adapters.InputFormat.drop_positions`, from the last position to the first)."""
     for position in sorted(removed.tolist(), reverse=True):
-        hidden, context = adapter.drop_positions(hidden, context, torch.tensor([position]))
+        hidden, context = adapter.inputs.drop_positions(hidden, context, torch.tensor([position]))
     return hidden, context
 
 
@@ -78,7 +78,7 @@ def hidden_feature_positions(adapter: ModelAdapter, inputs: ModelInputs, positio
                              width: int) -> List[Tensor]:
     """The hidden-state positions of each sample's features (score index + the layout's prefix tokens);
     ``ValueError`` for a sample whose every real position is a feature."""
-    layout = adapter.layout(inputs)
+    layout = adapter.inputs.layout(inputs)
     if width != layout.num_positions:
         raise RuntimeError(f"feature removal: {adapter.family} embeds {width} positions, its layout has "
                            f"{layout.num_positions}")
@@ -99,7 +99,7 @@ def removal_scores(adapter: ModelAdapter, inputs: ModelInputs, positions: List[T
     ``coalitions[b]`` ``[S_b, M_b]`` bool over the features at ``positions[b]`` (score indices); ``[S_b]`` per
     sample (module docstring)."""
     with torch.no_grad():
-        context = adapter.context(inputs)
+        context = adapter.inputs.context(inputs)
         hidden = adapter.embed(inputs)
         where = hidden_feature_positions(adapter, inputs, positions, hidden.shape[1])
         scores = [torch.empty(len(c), dtype=hidden.dtype, device=hidden.device) for c in coalitions]

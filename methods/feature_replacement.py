@@ -24,7 +24,7 @@ from .input_points import logits_at, point_values, resolve_point, select_rows
 def feature_positions(adapter: ModelAdapter, inputs: ModelInputs) -> List[Tensor]:
     """Per sample, the positions of its features: content token positions (``LongTensor[M_b]``), or for images
     the patch indices ``0 .. P - 1`` in row-major grid order."""
-    layout = adapter.layout(inputs)
+    layout = adapter.inputs.layout(inputs)
     if isinstance(layout, PatchGrid):
         return [torch.arange(layout.num_scores) for _ in range(inputs.batch_size)]
     content = layout.content_positions(inputs["input_ids"]).cpu()
@@ -35,7 +35,7 @@ def present_elements(adapter: ModelAdapter, inputs: ModelInputs, sample: int, pr
                      x: Tensor) -> Tensor:
     """A bool mask broadcastable to ``x[sample]``-shaped rows, ``[S, ...]``: where coalitions ``present``
     (``[S, M]`` bool over the sample's features) keep the input; every non-feature position is kept."""
-    layout = adapter.layout(inputs)
+    layout = adapter.inputs.layout(inputs)
     if isinstance(layout, PatchGrid):
         rows, cols = layout.grid
         height, width = x.shape[-2:]

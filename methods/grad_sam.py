@@ -42,7 +42,7 @@ class GradSAM(AttributionMethod):
 
     def attribute(self, adapter, inputs, target):
         start = check_start_layer(self.start_layer, adapter, self.name)
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         rows = real_query_rows(layout, inputs, self.query_rows)
         per_layer: List[Tensor] = []
 
@@ -50,6 +50,6 @@ class GradSAM(AttributionMethod):
             row = mean_over_query_rows(generic_update(attn, grad, "clamp_then_mean"), rows)
             per_layer.append(carry_to_readout_space(adapter, row, layer))
 
-        stream_attention_gradients(adapter, inputs, target, range(start, adapter.depth), fold,
+        stream_attention_gradients(adapter, inputs, target, range(start, len(adapter.blocks)), fold,
                                    recompute=self.recompute_attention)
         return layout.output(sum(per_layer[1:], per_layer[0]) / len(per_layer))

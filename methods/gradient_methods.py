@@ -83,7 +83,7 @@ class AttentionGradCAM(ExplainedOutput):
         check_readout_space(adapter, layer, inputs, self.name)
         (attn,), (grad,), _, _ = attention_and_gradients(adapter, inputs, target, [layer], self.explain,
                                                          self.given_foil)
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         mode = self.AUTO_GRADIENT_MEAN[layout.reference] if self.gradient_mean == "auto" else self.gradient_mean
         if mode == "matrix":
             positions = layout.real_positions(grad, self.include_padding)
@@ -170,7 +170,7 @@ class GenericAttribution(ExplainedOutput):
 
     def attribute(self, adapter, inputs, target):
         start = check_start_layer(self.start_layer, adapter, self.name)
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         composed: List[ReadoutResidual] = []
 
         def fold(layer: int, attn: Tensor, grad: Tensor) -> None:
@@ -181,7 +181,7 @@ class GenericAttribution(ExplainedOutput):
             if layer > start:
                 composed[0].through(adapter.token_flow.transition(layer, update))
 
-        stream_attention_gradients(adapter, inputs, target, range(start, adapter.depth), fold, self.explain,
+        stream_attention_gradients(adapter, inputs, target, range(start, len(adapter.blocks)), fold, self.explain,
                                    recompute=self.recompute_attention, foil=self.given_foil)
         row = carry_to_readout_space(adapter, composed[0].row(), start)
         return layout.output(set_class_token_score(row, adapter, layout, self.class_token_score, "zero"))
@@ -229,10 +229,10 @@ class CDAM(ExplainedOutput):
         self.class_specific = concept is None
 
     def attribute(self, adapter, inputs, target):
-        last = adapter.depth - 1
+        last = len(adapter.blocks) - 1
         tokens = self.tokens
         if tokens == "auto":
-            tokens = "attention_input" if adapter.readout == "class_token" else "block_input"
+            tokens = "attention_input" if adapter.readout.kind == "class_token" else "block_input"
         with ActivationRecorder() as rec:
             if tokens == "attention_input":
                 adapter.recording.attention_input(rec, last, "tokens", require_grad=True)
@@ -249,4 +249,4 @@ class CDAM(ExplainedOutput):
                                  f"pre-logits latent has {out.shape[-1]}")
             score = (out @ self.concept.to(out)).sum()
         (grad,) = torch.autograd.grad(score, hidden)
-        return adapter.layout(inputs).output((hidden.detach() * grad).sum(dim=-1))
+        return adapter.inputs.layout(inputs).output((hidden.detach() * grad).sum(dim=-1))

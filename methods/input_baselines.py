@@ -67,13 +67,13 @@ def named_token_id(adapter: ModelAdapter, baseline: Union[str, int], name: str) 
 def baseline_ids(adapter: ModelAdapter, inputs: ModelInputs, token_id: int) -> Tensor:
     """``input_ids`` with every content position replaced by ``token_id`` (special tokens, padding kept)."""
     ids = inputs["input_ids"]
-    content = adapter.layout(inputs).content_positions(ids).to(ids.device)
+    content = adapter.inputs.layout(inputs).content_positions(ids).to(ids.device)
     return torch.where(content, torch.full_like(ids, token_id), ids)
 
 
 def real_positions_at(adapter: ModelAdapter, inputs: ModelInputs, x: Tensor) -> Tensor:
     """A bool mask broadcastable to ``x`` (values at the input embedding ``[B, N, D]``) of the real positions."""
-    layout = adapter.layout(inputs)
+    layout = adapter.inputs.layout(inputs)
     real = layout.real_positions(inputs["input_ids"]).to(x.device).bool()
     return real.reshape(real.shape + (1,) * (x.dim() - real.dim()))
 
@@ -116,7 +116,7 @@ def baseline_inputs(adapter: ModelAdapter, inputs: ModelInputs, baseline: Baseli
                     **image_options: Any) -> ModelInputs:
     """``inputs`` with their model inputs at the baseline (ids or pixels); not for ``"zero"`` on sequences,
     which has no ids. Built, not rows of the inputs: no embedding offset (:mod:`methods.adapters.embedding_offset`)."""
-    if adapter.layout_class.modality == "image":
+    if adapter.inputs.layout_class.modality == "image":
         images = baseline_images(inputs["pixel_values"], baseline, name, **image_options)
         return replace(inputs.with_tensors(pixel_values=images), embedding_offset=None)
     if isinstance(baseline, Tensor) or baseline in IMAGE_BASELINES:
@@ -130,7 +130,7 @@ def baseline_inputs(adapter: ModelAdapter, inputs: ModelInputs, baseline: Baseli
 def baseline_values(adapter: ModelAdapter, inputs: ModelInputs, point: str, baseline: Baseline, name: str,
                     x: Tensor, **image_options: Any) -> Tensor:
     """The baseline at ``point`` for every sample of ``inputs`` (``x``: their values there)."""
-    if adapter.layout_class.modality != "image" and baseline == "zero":
+    if adapter.inputs.layout_class.modality != "image" and baseline == "zero":
         real = real_positions_at(adapter, inputs, x)
         return torch.where(real, torch.zeros_like(x), x)
     return point_values(adapter, baseline_inputs(adapter, inputs, baseline, name, **image_options), point)

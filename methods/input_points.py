@@ -43,10 +43,10 @@ def resolve_point(adapter: ModelAdapter, point: str, name: str) -> str:
     embedding."""
     check_choice(point, POINTS, "point", name)
     if point == "auto":
-        point = "pixels" if adapter.layout_class.modality == "image" else "embedding"
-    if point == "pixels" and adapter.layout_class.modality != "image":
+        point = "pixels" if adapter.inputs.layout_class.modality == "image" else "embedding"
+    if point == "pixels" and adapter.inputs.layout_class.modality != "image":
         raise ValueError(f"{name}: point='pixels' needs an image model; {type(adapter.model).__name__} "
-                         f"({adapter.family}) reads {adapter.layout_class.modality}")
+                         f"({adapter.family}) reads {adapter.inputs.layout_class.modality}")
     if point == "embedding":
         try:
             adapter.rule_map.input_embedding()
@@ -71,7 +71,7 @@ def replaced_output(module: nn.Module, values: Tensor) -> Iterator[None]:
 
 
 def _run(adapter: ModelAdapter, inputs: ModelInputs) -> Tensor:
-    context = adapter.context(inputs)
+    context = adapter.inputs.context(inputs)
     return adapter.head(adapter.run_blocks(adapter.embed(inputs), context), context)
 
 
@@ -123,7 +123,7 @@ def reduce_scores(adapter: ModelAdapter, inputs: ModelInputs, point: str, values
         scores = adapter.rule_map.embedding_scores(transformed)
     else:
         pixels = transformed.sum(dim=1)
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         assert isinstance(layout, PatchGrid)   # images (resolve_point)
         rows, cols = layout.grid
         batch, height, width = pixels.shape
@@ -134,7 +134,7 @@ def reduce_scores(adapter: ModelAdapter, inputs: ModelInputs, point: str, values
 def real_rows(adapter: ModelAdapter, inputs: ModelInputs, point: str) -> Optional[Tensor]:
     """For sequences at the embedding point: a bool ``[B, N]`` mask of the real (non-padded) positions of the
     input embedding's output, the positions a per-sample random draw fills in order; ``None`` for images."""
-    layout = adapter.layout(inputs)
+    layout = adapter.inputs.layout(inputs)
     if point == "pixels" or not layout.has_padding:
         return None
     return layout.real_positions(inputs[next(iter(inputs.tensors))]).bool()

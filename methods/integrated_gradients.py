@@ -85,7 +85,7 @@ def default_baseline(adapter: ModelAdapter) -> Baseline:
     """``baseline="auto"``: ``"zero"``, except on an RMSNorm model reading tokens (module docstring), whose
     default is the ``"pad"`` id when its config names one, else the zero baseline (which then needs many more
     steps than 64 for completeness)."""
-    if adapter.layout_class.modality != "image" and uses_rms_norm(adapter):
+    if adapter.inputs.layout_class.modality != "image" and uses_rms_norm(adapter):
         if config_token_id(adapter.model, "pad_token_id") is not None:
             return "pad"
     return "zero"

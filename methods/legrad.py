@@ -66,15 +66,15 @@ class LeGrad(AttributionMethod):
     def check_adapter(self, adapter: ModelAdapter) -> None:
         super().check_adapter(adapter)
         if adapter.lens is None:
-            raise MethodUndefinedError(f"legrad: {adapter.family}: no logit lens (reads_lens: the final norm and "
+            raise MethodUndefinedError(f"legrad: {adapter.family}: no logit lens (adapter.lens: the final norm and "
                                        "head read at any block's output); LeGrad is defined on ViT, CLIP and SigLIP "
                                        "image towers")
-        if isinstance(self.layers, int) and self.layers > adapter.depth:
+        if isinstance(self.layers, int) and self.layers > len(adapter.blocks):
             raise ValueError(f"legrad: layers={self.layers} asks for more blocks than {type(adapter.model).__name__} "
-                             f"has ({adapter.depth})")
+                             f"has ({len(adapter.blocks)})")
 
     def chosen_layers(self, adapter: ModelAdapter) -> List[int]:
-        depth = adapter.depth
+        depth = len(adapter.blocks)
         return list(range(depth)) if self.layers == "all" else list(range(depth - int(self.layers), depth))
 
     def lens(self, adapter: ModelAdapter, hidden: Tensor, context: SequenceContext) -> Tensor:
@@ -86,8 +86,8 @@ class LeGrad(AttributionMethod):
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
         layers = self.chosen_layers(adapter)
-        context = adapter.context(inputs)
-        layout = adapter.layout(inputs)
+        context = adapter.inputs.context(inputs)
+        layout = adapter.inputs.layout(inputs)
         with torch.no_grad():
             hidden = adapter.run_blocks(adapter.embed(inputs), context, 0, layers[0])
         lens: List[Tensor] = []

@@ -86,7 +86,7 @@ class Occlusion(ReplacementAttribution):
         super().check_adapter(adapter)
         for option in ("window", "stride"):
             value = getattr(self, option)
-            if adapter.layout_class.modality != "image" and value is not None and not isinstance(value, int):
+            if adapter.inputs.layout_class.modality != "image" and value is not None and not isinstance(value, int):
                 raise ValueError(f"occlusion: on a sequence {option} counts content tokens, one int, got {value!r}")
 
     def attribute(self, adapter: ModelAdapter, inputs: ModelInputs, target: TargetType) -> Tensor:
@@ -95,7 +95,7 @@ class Occlusion(ReplacementAttribution):
             logits = logits_at(adapter, inputs, point, x)
         target, foil = self.resolve(logits, target)
         clean = explained_scores(logits, target, self.explain, foil)
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         if not isinstance(layout, PatchGrid):
             positions = feature_positions(adapter, inputs)
             window, stride = _pair(self.window, (1, 1), "window")[0], _pair(self.stride, (0, 0), "stride")[0]

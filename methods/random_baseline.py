@@ -45,7 +45,7 @@ class RandomBaseline(AttributionMethod):
         self.seed = int(seed)
 
     def attribute(self, adapter, inputs, target) -> Tensor:
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         count = layout.num_scores
         if inputs.sample_ids is not None:
             scores = random_token_scores(inputs.sample_ids, count, self.seed)

@@ -34,16 +34,16 @@ def resolve_readout(adapter: ModelAdapter, readout: str) -> str:
     """``auto`` -> the model's own read-out; checks that the model has what the read-out needs."""
     readout = check_readout(readout)
     if readout == "auto":
-        readout = adapter.readout
-    if readout == "class_token" and not adapter.has_class_token:
+        readout = adapter.readout.kind
+    if readout == "class_token" and not adapter.readout.class_token:
         raise ValueError("readout='class_token' (cls) needs a model with a class token")
-    if readout == "position" and adapter.readout != "position":
+    if readout == "position" and adapter.readout.kind != "position":
         raise ValueError(f"readout='position' needs a model read out at a per-sample position ({adapter.family} "
-                         f"reads out with {adapter.readout!r})")
-    if readout in WEIGHTED_READOUTS and adapter.readout != readout:
+                         f"reads out with {adapter.readout.kind!r})")
+    if readout in WEIGHTED_READOUTS and adapter.readout.kind != readout:
         kind = "as a weighted mean of positions" if readout == "weighted" else "by an attention pooling head"
         raise ValueError(f"readout={readout!r} needs a model read out {kind} ({adapter.family} reads out with "
-                         f"{adapter.readout!r})")
+                         f"{adapter.readout.kind!r})")
     return readout
 
 
@@ -53,7 +53,7 @@ def check_readout_space(adapter: ModelAdapter, layer: int, inputs: ModelInputs, 
     asked in the dtype and device of ``inputs``' scores): a method that reads one block's map at the read-out row (raw
     attention, Grad-CAM) or composes full matrices (Beyond Intuition) reads it in the read-out's token space only."""
     like = torch.empty(0, dtype=inputs.score_dtype, device=inputs.device)
-    changes = [l for l in range(layer + 1, adapter.depth) if adapter.token_flow.transition(l, like) is not None]
+    changes = [l for l in range(layer + 1, len(adapter.blocks)) if adapter.token_flow.transition(l, like) is not None]
     if changes:
         raise MethodUndefinedError(
             f"{name}: block {layer} of {type(adapter.model).__name__} ({adapter.family}) is in another token space "
@@ -66,10 +66,10 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
     """The read-out rows of ``matrix`` ``[B, ..., N, N]`` (query rows, key columns): ``[B, ..., N]``.
 
     * ``class_token``: row 0 (exactly ``matrix[..., 0, :]``);
-    * ``position``: each sample's read-out position (``adapter.context(inputs).readout_positions``);
+    * ``position``: each sample's read-out position (``adapter.inputs.context(inputs).readout_positions``);
     * ``mean_content``: the mean over the content rows (``layout.mean_over_content_rows``: for text the mask
       of each sample's content, where padding and special tokens are left out);
-    * ``weighted`` / ``attention_pool``: each sample's rows weighted by ``adapter.readout_weights(inputs,
+    * ``weighted`` / ``attention_pool``: each sample's rows weighted by ``adapter.readout.weights(inputs,
       layout)`` ``[B, N]``, ``w @ matrix`` (a DeiT's [CLS] and distillation rows, 1/2 each; DINOv2's [CLS] row
       1/2 and the mean patch row 1/2; an attention pool's attention, mean over its heads);
     * ``auto``: the model's own read-out (:func:`resolve_readout`).
@@ -78,14 +78,14 @@ def read_out(matrix: Tensor, adapter: ModelAdapter, inputs: ModelInputs, readout
     if kind == "class_token":
         return matrix[..., 0, :]
     if kind == "position":
-        positions = adapter.context(inputs).readout_positions
+        positions = adapter.inputs.context(inputs).readout_positions
         assert positions is not None, "a model read out at a position has them in its context"
         positions = positions.to(matrix.device)
         index = positions.reshape((-1,) + (1,) * (matrix.dim() - 2)).expand(matrix.shape[:-2] + (1,))
         return matrix.gather(-2, index[..., None].expand(matrix.shape[:-2] + (1, matrix.shape[-1])))[..., 0, :]
-    layout = layout or adapter.layout(inputs)
+    layout = layout or adapter.inputs.layout(inputs)
     if kind in WEIGHTED_READOUTS:
-        weights = adapter.readout_weights(inputs, layout).to(dtype=matrix.dtype, device=matrix.device)
+        weights = adapter.readout.weights(inputs, layout).to(dtype=matrix.dtype, device=matrix.device)
         weights = weights.reshape(weights.shape[:1] + (1,) * (matrix.dim() - 2) + weights.shape[1:])
         return torch.matmul(weights, matrix)[..., 0, :]
     return layout.mean_over_content_rows(matrix)
@@ -95,7 +95,7 @@ def read_out_identity(adapter: ModelAdapter, inputs: ModelInputs, readout: str, 
                       like: Tensor) -> Tensor:
     """``read_out(I)`` ``[B, N]`` (``I`` the ``[B, N, N]`` identity), without forming ``I``: the weights ``w`` of
     the read-out's rows, ``read_out(M) = w M`` for every ``M`` (a one-hot row at the read-out position, the
-    content rows' mean weights, or the adapter's ``readout_weights``), in ``like``'s dtype and device; ``N`` is
+    content rows' mean weights, or the adapter's ``readout.weights``), in ``like``'s dtype and device; ``N`` is
     ``like``'s last dimension. Equal to ``read_out(identity_like(...))`` exactly."""
     kind = resolve_readout(adapter, readout)
     batch, tokens = like.shape[0], like.shape[-1]
@@ -103,11 +103,11 @@ def read_out_identity(adapter: ModelAdapter, inputs: ModelInputs, readout: str, 
     if kind == "class_token":
         weights[:, 0] = 1
     elif kind == "position":
-        positions = adapter.context(inputs).readout_positions
+        positions = adapter.inputs.context(inputs).readout_positions
         assert positions is not None, "a model read out at a position has them in its context"
         weights.scatter_(1, positions.to(like.device).long()[:, None], 1.0)
     elif kind in WEIGHTED_READOUTS:
-        weights[:] = adapter.readout_weights(inputs, layout).to(dtype=like.dtype, device=like.device)
+        weights[:] = adapter.readout.weights(inputs, layout).to(dtype=like.dtype, device=like.device)
     else:
         weights = layout.content_positions(like).to(like.dtype)
         weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1)
@@ -143,7 +143,7 @@ def set_class_token_score(scores: Tensor, adapter: ModelAdapter, layout: Layout,
     position with ``include_padding``). ``auto``: the method's default ``auto``. Images: unchanged (the [CLS]
     column is not part of the output: ``layout.reports_class_token``)."""
     mode = auto if check_class_token_score(mode) == "auto" else mode
-    if not layout.reports_class_token or adapter.readout != "class_token" or mode == "keep":
+    if not layout.reports_class_token or adapter.readout.kind != "class_token" or mode == "keep":
         return scores
     scores = scores.clone()
     if mode == "zero":

@@ -51,7 +51,7 @@ class _LRPMethod(AttributionMethod):
         self.recompute_attention = bool(recompute_attention)
 
     def _read_out(self, matrix: Tensor, adapter, inputs, include_padding: bool = False) -> Tensor:
-        return self._finish(read_out(matrix, adapter, inputs, self.readout, adapter.layout(inputs)), adapter,
+        return self._finish(read_out(matrix, adapter, inputs, self.readout, adapter.inputs.layout(inputs)), adapter,
                             inputs, include_padding)
 
     def _rollout_row(self, adapter, inputs, target, layers, row_normalize: bool, reduce, with_gradients: bool,
@@ -60,7 +60,7 @@ class _LRPMethod(AttributionMethod):
         block's matrix folded into the row as soon as the relevance pass (and, ``with_gradients``, the backward
         pass it runs in) reaches it, from the last block down (:class:`methods.rollout.ReadoutRollout`; the
         engine's ``cam_reduce``): no per-block map is kept."""
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         composed = ReadoutRollout(row_normalize, lambda m: read_out(m, adapter, inputs, self.readout, layout))
 
         def fold(layer: int, cam: Tensor, grad: Optional[Tensor]) -> None:
@@ -72,7 +72,7 @@ class _LRPMethod(AttributionMethod):
         return self._finish(composed.row(), adapter, inputs, include_padding)
 
     def _finish(self, row: Tensor, adapter, inputs, include_padding: bool) -> Tensor:
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         row = set_class_token_score(row, adapter, layout, self.class_token_score, self.default_class_token_score,
                                     include_padding)
         return layout.output(row)
@@ -131,7 +131,7 @@ class FullLRP(_LRPMethod):
     def attribute(self, adapter, inputs, target) -> Tensor:
         res = LRPEngine(self.rules, input_point=self.text_input).run(adapter, inputs, target, to_input=True,
                                                                      recompute=self.recompute_attention)
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         assert res.input_relevance is not None   # to_input=True
         if is_sequence(layout):
             row = res.input_relevance.sum(dim=-1)
@@ -152,7 +152,7 @@ class PartialLRP(_LRPMethod):
     default_rules = "orig"
 
     def attribute(self, adapter, inputs, target) -> Tensor:
-        last = adapter.depth - 1
+        last = len(adapter.blocks) - 1
         res = LRPEngine(self.rules).run(adapter, inputs, target, cam_layers=[last])
         return self._read_out(res.attn_cam[last].clamp(min=0).mean(dim=1), adapter, inputs)
 
@@ -224,10 +224,10 @@ class TransformerAttribution(_LRPMethod, ExplainedOutput):
 
     def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter, self.name)
-        layers = list(range(start, adapter.depth))
+        layers = list(range(start, len(adapter.blocks)))
         normalize = self.row_normalize
         if normalize is None:
-            normalize = self.AUTO_ROW_NORMALIZE[adapter.layout(inputs).reference]
+            normalize = self.AUTO_ROW_NORMALIZE[adapter.inputs.layout(inputs).reference]
         return self._rollout_row(adapter, inputs, target, layers, normalize, _relevance_times_gradient, True,
                                  self.include_padding, self.explained())
 
@@ -254,5 +254,5 @@ class LRPRollout(_LRPMethod):
 
     def attribute(self, adapter, inputs, target) -> Tensor:
         start = check_start_layer(self.start_layer, adapter, self.name)
-        layers = list(range(start, adapter.depth))
+        layers = list(range(start, len(adapter.blocks)))
         return self._rollout_row(adapter, inputs, target, layers, self.row_normalize, _positive_relevance, False)

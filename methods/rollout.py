@@ -76,7 +76,7 @@ def carry_to_readout_space(adapter: ModelAdapter, row: Tensor, first: int) -> Te
     """A row ``[B, N_first]`` over the tokens entering block ``first``, carried through the transitions of the
     blocks above to the last block's tokens: each token gets the sum of its sources' entries (the support of
     ``T_l``). Unchanged where every transition is the identity."""
-    for layer in range(first + 1, adapter.depth):
+    for layer in range(first + 1, len(adapter.blocks)):
         transition = adapter.token_flow.transition(layer, row)
         if transition is not None:
             transition = transition.coalesce()

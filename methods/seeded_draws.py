@@ -27,7 +27,7 @@ def sample_keys(adapter: ModelAdapter, inputs: ModelInputs, seed: int, purpose: 
     if inputs.sample_ids is not None:
         return [f"{seed}:{purpose}:index:{int(i)}" for i in inputs.sample_ids.tolist()]
     name = "pixel_values" if "pixel_values" in inputs.tensors else "input_ids"
-    samples = adapter.layout(inputs).without_padding(inputs[name])
+    samples = adapter.inputs.layout(inputs).without_padding(inputs[name])
     return [f"{seed}:{purpose}:values:" + hashlib.sha256(s.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
             for s in samples]
 

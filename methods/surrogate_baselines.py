@@ -129,7 +129,7 @@ class _Surrogate(ReplacementAttribution):
         else:
             scores = coalition_scores(adapter, inputs, point, x, start, coalitions, target, foil, self.explain,
                                       self.batch_size)
-        out = torch.zeros(inputs.batch_size, adapter.layout(inputs).num_scores, dtype=x.dtype, device=x.device)
+        out = torch.zeros(inputs.batch_size, adapter.inputs.layout(inputs).num_scores, dtype=x.dtype, device=x.device)
         for b, (p, present, values) in enumerate(zip(positions, coalitions, scores)):
             if len(p) == 1:
                 out[b, p.to(x.device)] = values[0] - values[1]

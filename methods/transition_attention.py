@@ -49,15 +49,15 @@ class TransitionAttentionMaps(_BeyondIntuition):
 
     def resolved_start_layer(self, adapter) -> int:
         if self.start_layer is None:
-            return min(self.default_start_layers[adapter.layout_class.reference], adapter.depth - 1)
+            return min(self.default_start_layers[adapter.inputs.layout_class.reference], len(adapter.blocks) - 1)
         return super().resolved_start_layer(adapter)
 
     def attribute(self, adapter, inputs, target):
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         start = self.resolved_start_layer(adapter)
-        last = adapter.depth - 1
+        last = len(adapter.blocks) - 1
         check_readout_space(adapter, start, inputs, self.name)
-        layers = range(start, adapter.depth)
+        layers = range(start, len(adapter.blocks))
         with ActivationRecorder() as rec:
             for layer in layers:
                 adapter.recording.attention(rec, layer, layer, require_grad=layer == last)

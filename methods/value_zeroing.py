@@ -137,7 +137,7 @@ class ValueZeroing(AttributionMethod):
         if adapter.recording.value_edit is None:
             raise MethodUndefinedError(
                 f"{self.name}: {type(adapter.model).__name__} ({adapter.family}) gives no edit of its value vectors "
-                "(ModelAdapter.edits_values): its attention computes the values where no hook reaches them, or "
+                "(adapter.recording.value_edit): its attention computes the values where no hook reaches them, or "
                 "in windows")
         if self._convention(adapter) == "inseq":
             final_normed(adapter, self.name)
@@ -152,8 +152,8 @@ class ValueZeroing(AttributionMethod):
         0 at padding rows and columns)."""
         last = check_start_layer(self.layer, adapter, self.name, "layer")
         inseq = self._convention(adapter) == "inseq"
-        context = adapter.context(inputs)
-        layout = adapter.layout(inputs)
+        context = adapter.inputs.context(inputs)
+        layout = adapter.inputs.layout(inputs)
         hidden = adapter.embed(inputs)
         real = layout.real_positions(hidden[..., 0]).to(hidden.device)
         columns = real.any(dim=0).nonzero().flatten()
@@ -166,7 +166,7 @@ class ValueZeroing(AttributionMethod):
             found = []
             for layer in range(first, last + 1):
                 clean = adapter.run_blocks(hidden, context, layer, layer + 1)
-                after = final_normed(adapter, self.name) if inseq and layer == adapter.depth - 1 else None
+                after = final_normed(adapter, self.name) if inseq and layer == len(adapter.blocks) - 1 else None
                 m = zeroing_distances(adapter, hidden, clean, context, layer, columns, self.distance, self.chunk,
                                       after) * keep
                 if inseq:
@@ -177,7 +177,7 @@ class ValueZeroing(AttributionMethod):
         return found
 
     def attribute(self, adapter, inputs, target):
-        layout = adapter.layout(inputs)
+        layout = adapter.inputs.layout(inputs)
         blocks = self.matrices(adapter, inputs)
         read = lambda m: read_out(m, adapter, inputs, self.readout, layout)   # noqa: E731
         if not self.rollout:

@@ -108,7 +108,7 @@ def hf_swin_from_timm(model: Any) -> nn.Module:
         layer = target.blocks[i]
         _copy(target.attention_norm(i), blk.norm1)
         _copy(layer.layernorm_after, blk.norm2)
-        linears = target.attention_linears(i)
+        linears = target.linears(i).attention
         dim = int(blk.attn.qkv.in_features)
         for j, projection in enumerate((linears.q, linears.k, linears.v)):
             projection.weight.copy_(blk.attn.qkv.weight[j * dim:(j + 1) * dim])
@@ -117,7 +117,7 @@ def hf_swin_from_timm(model: Any) -> nn.Module:
         _copy(linears.out, blk.attn.proj)
         layer.attention.relative_position_bias.relative_position_bias_table.copy_(
             blk.attn.relative_position_bias_table)
-        fc1, fc2 = target.mlp_linears(i)
+        fc1, fc2 = target.linears(i).mlp
         _copy(fc1, blk.mlp.fc1)
         _copy(fc2, blk.mlp.fc2)
     _copy(hf.swin.layernorm, model.norm)

@@ -150,13 +150,13 @@ def hf_vit_from_timm(model: Any) -> nn.Module:
         layer = adapter.blocks[i]
         _copy(adapter.attention_norm(i), blk.norm1)
         _copy(layer.layernorm_after, blk.norm2)
-        linears = adapter.attention_linears(i)
+        linears = adapter.linears(i).attention
         for j, target in enumerate((linears.q, linears.k, linears.v)):
             target.weight.copy_(blk.attn.qkv.weight[j * dim:(j + 1) * dim])
             if blk.attn.qkv.bias is not None:
                 target.bias.copy_(blk.attn.qkv.bias[j * dim:(j + 1) * dim])
         _copy(linears.out, blk.attn.proj)
-        fc1, fc2 = adapter.mlp_linears(i)
+        fc1, fc2 = adapter.linears(i).mlp
         _copy(fc1, blk.mlp.fc1)
         _copy(fc2, blk.mlp.fc2)
     _copy(adapter.backbone.layernorm, model.norm)

@@ -84,8 +84,8 @@ def assert_batched_equals_alone(fam: Family, model, method, pool: List[object], 
 def captum_view(model, inputs, point: str = "auto"):
     """``(adapter, batch, point, layout)`` of ``inputs``, for reducing Captum's element-wise maps as ours."""
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(inputs)
-    return adapter, batch, resolve_point(adapter, point, "test"), adapter.layout(batch)
+    batch = adapter.inputs.prepare(inputs)
+    return adapter, batch, resolve_point(adapter, point, "test"), adapter.inputs.layout(batch)
 
 
 def reduced(model, inputs, values: Tensor, reduction: str = "sum", point: str = "auto") -> Tensor:

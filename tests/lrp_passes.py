@@ -27,15 +27,15 @@ def head_relevance(model, inputs, target_index: int = 1, readout_positions: bool
     put the context's read-out positions into the activations, as the engine does for the families that read
     them (decoders, open_clip's text tower)."""
     adapter = adapter_for(model)
-    prepared = adapter.prepare_inputs(inputs)
+    prepared = adapter.inputs.prepare(inputs)
     engine = LRPEngine("ours")
     topology = engine.topology(adapter)
     with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
-        topology.record(rec, range(adapter.depth), True, layer_outputs=True)
-        logits = adapter.forward(prepared, grad_from_block=adapter.depth)
+        topology.record(rec, range(len(adapter.blocks)), True, layer_outputs=True)
+        logits = adapter.forward(prepared, grad_from_block=len(adapter.blocks))
     acts = dict(rec.outputs)
     if readout_positions:
-        acts["readout_positions"] = adapter.context(prepared).readout_positions
+        acts["readout_positions"] = adapter.inputs.context(prepared).readout_positions
     relevance = torch.zeros_like(logits)
     relevance[:, target_index] = 1
     return HeadRelevance(adapter, engine, topology, acts, topology.head_relprop(engine.rules, acts, relevance))

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Iterator, List, Tuple
 
 MAX_FUNCTION_LINES = 60
+#: issue 33: the adapter core (the class body of ``ModelAdapter``) has at most this many members
+MAX_ADAPTER_MEMBERS = 20
 #: modules of methods/ that are no family (the shared floors) before and after the families became folders
 SHARED_ADAPTER_MODULES = {"__init__", "base", "recorder", "gradient_rules", "tokens"}
 SHARED_LRP_MODULES = {"__init__", "engine", "rules", "sublayers", "topology"}

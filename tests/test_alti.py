@@ -101,11 +101,11 @@ def test_the_decomposed_vectors_sum_to_the_blocks_own_output(row):
     family = ROWS[row]
     model = family.build().eval()
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(family.inputs(3))
-    layout = adapter.layout(batch)
+    batch = adapter.inputs.prepare(family.inputs(3))
+    layout = adapter.inputs.layout(batch)
     real = layout.real_positions(torch.zeros(3, layout.num_positions, dtype=torch.long)).bool()
     with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
-        for layer in range(adapter.depth):
+        for layer in range(len(adapter.blocks)):
             adapter.recording.block_input(rec, layer, ("x", layer))
             adapter.recording.attention(rec, layer, ("a", layer))
             adapter.recording.values(rec, layer, ("v", layer))
@@ -114,24 +114,24 @@ def test_the_decomposed_vectors_sum_to_the_blocks_own_output(row):
             if adapter.decomposition.attention_output_norm(layer) is not None:
                 rec.input(adapter.decomposition.attention_output_norm(layer)[0], ("inner", layer))
             adapter.decomposition.record_block_output(rec, layer, ("out", layer))
-        adapter.forward(batch, grad_from_block=adapter.depth)
+        adapter.forward(batch, grad_from_block=len(adapter.blocks))
     inner_norms = 0
-    for layer in range(adapter.depth):
+    for layer in range(len(adapter.blocks)):
         post_norm = None if adapter.decomposition.pre_norm else adapter.decomposition.block_norms(layer)[0]
         where = adapter.decomposition.attention_output_norm(layer)
         inner = None if where is None else (*where, rec[("inner", layer)])
         inner_norms += inner is not None
         _, resultant = decomposed_vectors(rec[("x", layer)], rec[("a", layer)], rec[("v", layer)],
-                                          adapter.attention_linears(layer).out, post_norm, rec[("r", layer)],
+                                          adapter.linears(layer).attention.out, post_norm, rec[("r", layer)],
                                           "exact", "test", adapter.decomposition.attention_output_scale(layer), inner)
         expected = rec[("r", layer)] if adapter.decomposition.pre_norm else rec[("n", layer)]
         # Gemma3RMSNorm computes in float32 whatever the model's dtype (``x.float()``), so its own output carries
         # float32 rounding; every other row: float64
         tolerance = 1e-5 if row == "hf_gemma3_left" else 1e-10
         torch.testing.assert_close(resultant[real], expected[real], rtol=tolerance, atol=tolerance)
-        if layer + 1 < adapter.depth:
+        if layer + 1 < len(adapter.blocks):
             torch.testing.assert_close(rec[("out", layer)], rec[("x", layer + 1)], rtol=0, atol=0)
-    assert inner_norms == (adapter.depth if row in ("timm_eva02_clip_style", "hf_gemma3_left") else 0)
+    assert inner_norms == (len(adapter.blocks) if row in ("timm_eva02_clip_style", "hf_gemma3_left") else 0)
 
 
 @pytest.mark.parametrize("row", ["hf_gpt2_left", "hf_llama_gqa_left", "hf_gemma3_left"])
@@ -153,16 +153,16 @@ def test_alti_logit_totals_are_the_attention_updates_of_the_logit(row):
     inputs = family.inputs(3)
     targets = torch.tensor([1, 4, 0])
     scores = build_method("alti_logit")(model, inputs, target=targets)
-    batch = adapter.prepare_inputs(inputs)
-    positions = adapter.context(batch).readout_positions
+    batch = adapter.inputs.prepare(inputs)
+    positions = adapter.inputs.context(batch).readout_positions
     rows = torch.arange(3)
     with adapter.recording.eager_attention(), ActivationRecorder() as rec, torch.no_grad():
-        for layer in range(adapter.depth):
+        for layer in range(len(adapter.blocks)):
             inner = adapter.decomposition.attention_output_norm(layer)
-            rec.output(adapter.attention_linears(layer).out if inner is None else inner[0], layer)
+            rec.output(adapter.linears(layer).attention.out if inner is None else inner[0], layer)
         rec.output(adapter.decoder.final_norm(), "normed")
         rec.input(adapter.decoder.final_norm(), "last")
-        adapter.forward(batch, grad_from_block=adapter.depth)
+        adapter.forward(batch, grad_from_block=len(adapter.blocks))
     final = adapter.decoder.final_norm()
     last = rec["last"][rows, positions]
     layer_norm = isinstance(final, torch.nn.LayerNorm)
@@ -174,8 +174,8 @@ def test_alti_logit_totals_are_the_attention_updates_of_the_logit(row):
     if layer_norm:
         direction = direction - direction.mean(-1, keepdim=True)
     total = torch.zeros(3, dtype=torch.float64)
-    for layer in range(adapter.depth):
-        out = adapter.attention_linears(layer).out
+    for layer in range(len(adapter.blocks)):
+        out = adapter.linears(layer).attention.out
         inner = adapter.decomposition.attention_output_norm(layer)
         update = rec[layer][rows, positions] - (0 if out.bias is None or inner else out.bias)
         total += (update * direction).sum(-1) * scale

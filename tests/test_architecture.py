@@ -182,8 +182,13 @@ def test_the_methods_floors_are_ordered():
 
 def test_methods_keep_their_shape():
     """Issue 33's figures that are checks: no function in ``methods/`` over 60 lines, no capability probed with
-    ``getattr(adapter, ...)``, no LRP topology reading the raw model (tests/methods_figures.py)."""
+    ``getattr(adapter, ...)``, no LRP topology reading the raw model, at most 20 members in the adapter core
+    (tests/methods_figures.py)."""
     assert not figures.long_functions(ROOT), f"functions over {figures.MAX_FUNCTION_LINES} lines (split them)"
+    methods, attributes = figures.adapter_members(ROOT)
+    assert methods + attributes <= figures.MAX_ADAPTER_MEMBERS, (
+        f"ModelAdapter has {methods} methods and {attributes} class attributes (at most "
+        f"{figures.MAX_ADAPTER_MEMBERS} members: declare what only some methods need as a capability object)")
     probes = [str(p.relative_to(ROOT)) for p in figures.python_files(ROOT, "methods")
               if "getattr(adapter" in p.read_text()]
     assert not probes, f"capabilities probed with getattr(adapter, ...) (declare them on the adapter): {probes}"

@@ -110,13 +110,13 @@ def test_score_edit_reaches_every_block_before_the_softmax(row):
     family = FAMILY[row]
     model = family.build().eval()
     adapter = adapter_for(model)
-    inputs = adapter.prepare_inputs(family.inputs(3))
+    inputs = adapter.inputs.prepare(family.inputs(3))
     with torch.no_grad(), adapter.recording.eager_attention():
         own = adapter.forward(inputs)
         with adapter.recording.score_edit(lambda layer, s: s):
             same = adapter.forward(inputs)
         rec = ActivationRecorder()
-        for layer in range(adapter.depth):
+        for layer in range(len(adapter.blocks)):
             adapter.recording.attention(rec, layer, layer)
         seen = []
         try:
@@ -125,8 +125,8 @@ def test_score_edit_reaches_every_block_before_the_softmax(row):
         finally:
             rec.remove()
     torch.testing.assert_close(same, own, rtol=0, atol=0)
-    assert sorted(set(seen)) == list(range(adapter.depth))
-    for layer in range(adapter.depth):
+    assert sorted(set(seen)) == list(range(len(adapter.blocks)))
+    for layer in range(len(adapter.blocks)):
         probs = rec.outputs[layer]
         allowed = probs > 0
         top = probs.amax(dim=-1, keepdim=True)
@@ -210,7 +210,7 @@ def test_recomputed_scores_are_each_blocks_own(row):
     family = FAMILY[row]
     model = family.build().eval()
     adapter = adapter_for(model)
-    inputs = adapter.prepare_inputs(family.inputs(2))
+    inputs = adapter.inputs.prepare(family.inputs(2))
     seen = {}
 
     def keep(layer, s):
@@ -226,11 +226,11 @@ def test_recomputed_scores_are_each_blocks_own(row):
     for edit in (keep, scale_column):
         seen.clear()
         with torch.no_grad(), adapter.recording.eager_attention(), ActivationRecorder() as rec:
-            for layer in range(adapter.depth):
+            for layer in range(len(adapter.blocks)):
                 adapter.recording.attention(rec, layer, layer)
             with adapter.recording.score_edit(edit):
                 adapter.forward(inputs)
-        for layer in range(adapter.depth):
+        for layer in range(len(adapter.blocks)):
             expected = torch.softmax(edit(layer, seen[layer]), dim=-1)
             torch.testing.assert_close(rec.outputs[layer], expected, rtol=0, atol=1e-12)
     assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == 0
@@ -244,10 +244,10 @@ def test_eva_beit_edit_keeps_a_key_mask(row):
     family = FAMILY[row]
     model = family.build().eval()
     adapter = adapter_for(model)
-    inputs = adapter.prepare_inputs(family.inputs(1))
+    inputs = adapter.inputs.prepare(family.inputs(1))
     removed = torch.tensor([3, 7])
     with torch.no_grad(), adapter.recording.eager_attention():
-        hidden, context = adapter.drop_positions(adapter.embed(inputs), adapter.context(inputs), removed)
+        hidden, context = adapter.inputs.drop_positions(adapter.embed(inputs), adapter.inputs.context(inputs), removed)
         own = adapter.run_blocks(hidden, context)
         with adapter.recording.score_edit(lambda layer, s: s):
             same = adapter.run_blocks(hidden, context)

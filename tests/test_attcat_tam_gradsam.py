@@ -133,10 +133,10 @@ def test_grad_sam_is_its_equation(name):
     targets = torch.tensor([0, 2, 1])
     ours = build_method("grad_sam")(model, inputs, target=targets)
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(inputs)
+    batch = adapter.inputs.prepare(inputs)
     with adapter.recording.eager_attention():
-        attns, grads, _, _ = attention_and_gradients(adapter, batch, targets, range(adapter.depth))
-    layout = adapter.layout(batch)
+        attns, grads, _, _ = attention_and_gradients(adapter, batch, targets, range(len(adapter.blocks)))
+    layout = adapter.inputs.layout(batch)
     rows = layout.real_positions(torch.empty(3, layout.num_positions)).double()
     per_layer = []
     for a, g in zip(attns, grads):

@@ -323,7 +323,7 @@ def test_rollout_rows_sum_to_one():
 
     adapter = adapter_for(model)
     with adapter.recording.eager_attention():
-        joint = method.rollout_matrix(adapter, adapter.prepare_inputs(_images(3)))
+        joint = method.rollout_matrix(adapter, adapter.inputs.prepare(_images(3)))
     torch.testing.assert_close(joint.sum(-1), torch.ones(joint.shape[:2]))
     assert (joint >= 0).all()
 

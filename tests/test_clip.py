@@ -133,15 +133,15 @@ def test_golden_model_and_logits(mm):
         torch.testing.assert_close(per_text[:, 1], out.logits_per_text[:, 0], rtol=1e-5, atol=1e-5)
         for model, inputs, reference in ((mm.classifier, mm.images, logits), (mm.scorer, mm.tokens, per_text)):
             adapter = adapter_for(model)
-            prepared = adapter.prepare_inputs(inputs)
-            torch.testing.assert_close(adapter.forward(prepared, grad_from_block=adapter.depth), reference,
+            prepared = adapter.inputs.prepare(inputs)
+            torch.testing.assert_close(adapter.forward(prepared, grad_from_block=len(adapter.blocks)), reference,
                                        rtol=0, atol=0)
             before = clip.config._attn_implementation
             with adapter.recording.eager_attention():
                 assert adapter.config._attn_implementation == "eager"
                 other = clip.text_model if adapter.tower == "vision" else clip.vision_model
                 assert other.config._attn_implementation == before
-                torch.testing.assert_close(adapter.forward(prepared, grad_from_block=adapter.depth), reference,
+                torch.testing.assert_close(adapter.forward(prepared, grad_from_block=len(adapter.blocks)), reference,
                                            rtol=1e-5, atol=1e-5)
             assert adapter.config._attn_implementation == before != "eager"
 
@@ -151,8 +151,8 @@ def test_text_readout_is_the_eos_position(mm):
     from methods.readout import read_out
 
     adapter = adapter_for(mm.scorer)
-    inputs = adapter.prepare_inputs({"input_ids": mm.tokens})
-    assert adapter.context(inputs).readout_positions.tolist() == mm.eot
+    inputs = adapter.inputs.prepare({"input_ids": mm.tokens})
+    assert adapter.inputs.context(inputs).readout_positions.tolist() == mm.eot
     matrix = torch.randn(3, 4, 16, 16)
     for readout in ("auto", "position"):
         rows = read_out(matrix, adapter, inputs, readout)
@@ -232,14 +232,14 @@ def test_bi_text_side(bi, n):
 def test_bi_post_attention_values_match_the_reference(bi):
     """The recorded post-attention values times ``W_o^T`` are BI's ``vproj``; the block inputs are theirs."""
     adapter = adapter_for(bi.classifier)
-    inputs = adapter.prepare_inputs(bi.image)
+    inputs = adapter.inputs.prepare(bi.image)
     with ActivationRecorder() as rec, torch.no_grad(), adapter.recording.eager_attention():
         for l in range(3):
             adapter.recording.post_attention_values(rec, l, ("v", l))
             adapter.recording.block_input(rec, l, ("z", l))
         adapter.forward(inputs, grad_from_block=3)
     for l in range(3):
-        vproj = rec[("v", l)][0] @ adapter.attention_linears(l).out.weight.detach().t()
+        vproj = rec[("v", l)][0] @ adapter.linears(l).attention.out.weight.detach().t()
         np.testing.assert_allclose(vproj.numpy(), bi.z["dbg_t0__vproj"][l], rtol=0, atol=2e-5)
         np.testing.assert_allclose(rec[("z", l)][0].numpy(), bi.z["dbg_t0__block_input"][l], rtol=0, atol=2e-5)
 
@@ -290,7 +290,7 @@ def test_lrp_conserves_relevance_on_both_towers():
         start = head_relevance(model, inputs)
         adapter, engine, topology, acts, r = start.adapter, start.engine, start.topology, start.acts, start.relevance
         torch.testing.assert_close(r.sum(dim=(1, 2)), torch.ones(3, dtype=torch.float64), rtol=0, atol=1e-6)
-        for l in reversed(range(adapter.depth)):
+        for l in reversed(range(len(adapter.blocks))):
             r, cam = topology.block_relprop(engine.rules, acts, l, r, True)
             torch.testing.assert_close(r.sum(dim=(1, 2)), torch.ones(3, dtype=torch.float64), rtol=0, atol=1e-6)
         full = build_method("lrp", rules="ours", class_token_score="keep")(model, inputs, target=1)

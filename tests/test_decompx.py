@@ -112,9 +112,9 @@ def test_the_head_layers_are_the_models_head(row):
     family = ROWS[row]
     model = family.build().eval()
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(family.inputs(3))
+    batch = adapter.inputs.prepare(family.inputs(3))
     with ActivationRecorder() as rec, torch.no_grad():
-        adapter.decomposition.record_block_output(rec, adapter.depth - 1, "last")
+        adapter.decomposition.record_block_output(rec, len(adapter.blocks) - 1, "last")
         logits = adapter.forward(batch)
         head = adapter.decomposition.head_layers()
         ours = head.last(head.activation(head.first(rec["last"][:, 0])))

@@ -106,8 +106,8 @@ def test_attention_gradients_of_a_probability_follow_the_chain_rule(name):
     """Grad-CAM's and Generic Attribution's gradients (nonlinear maps of them: checked at the gradients)."""
     model, inputs, p = _setup(name)
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(inputs)
-    layers = list(range(adapter.depth))
+    batch = adapter.inputs.prepare(inputs)
+    layers = list(range(len(adapter.blocks)))
     with adapter.recording.eager_attention():
         per_class = [attention_and_gradients(adapter, batch, c, layers)[1] for c in range(p.shape[-1])]
         for explain in ("probability", "logit_difference"):
@@ -131,8 +131,8 @@ def test_transformer_attribution_starts_its_relevance_and_gradients_from_the_exp
     model, inputs, _ = _setup(name)
     model = _two_classes(model)
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(inputs)
-    layers = list(range(adapter.depth))
+    batch = adapter.inputs.prepare(inputs)
+    layers = list(range(len(adapter.blocks)))
     engine = LRPEngine("ours")
     with adapter.recording.eager_attention():
         diff = engine.run(adapter, batch, 0, cam_layers=layers, grad_layers=layers,

@@ -65,7 +65,7 @@ def test_integrated_gradients_equal_captum(name, method):
         model = _smooth(model)
     forward, x, extra = captum_forward(model, inputs)
     ours = build_method("integrated_gradients", steps=12, method=method, internal_batch_size=7)
-    adapter, batch = adapter_for(model), adapter_for(model).prepare_inputs(inputs)
+    adapter, batch = adapter_for(model), adapter_for(model).inputs.prepare(inputs)
     point = resolve_point(adapter, "auto", "test")
     baseline = ours.baseline_at(adapter, batch, point, x)
     with torch.enable_grad():
@@ -181,7 +181,7 @@ def _smooth(model):
 def _completeness_gap(model, inputs, method):
     attr = method(model, inputs, target=TARGETS)
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(inputs)
+    batch = adapter.inputs.prepare(inputs)
     point = resolve_point(adapter, method.point, "test")
     x = point_values(adapter, batch, point)
     start = method.baseline_at(adapter, batch, point, x)
@@ -244,7 +244,7 @@ def test_image_baselines():
 def _sample_seed(model, sample, seed, purpose):
     from methods.seeded_draws import generator_for, sample_keys
     adapter = adapter_for(model)
-    return generator_for(sample_keys(adapter, adapter.prepare_inputs(sample, sample_ids=[7]), seed, purpose)[0]
+    return generator_for(sample_keys(adapter, adapter.inputs.prepare(sample, sample_ids=[7]), seed, purpose)[0]
                          ).initial_seed()
 
 
@@ -263,7 +263,7 @@ def test_noise_tunnel_equals_captum_fed_the_same_noise(name, nt_type, inner, noi
     forward, x, extra = captum_forward(model, sample)
     sigma = 0.3 * float(x.max() - x.min()) if noise == "relative" else 0.3
     kwargs = {"n_steps": 4, "baselines": ours._inner.baseline_at(
-        adapter_for(model), adapter_for(model).prepare_inputs(sample), resolve_point(adapter_for(model), "auto", "t"),
+        adapter_for(model), adapter_for(model).inputs.prepare(sample), resolve_point(adapter_for(model), "auto", "t"),
         x)} if inner == "integrated_gradients" else {}
     captum_inner = {"saliency": captum_attr.Saliency, "input_x_gradient": captum_attr.InputXGradient,
                     "integrated_gradients": captum_attr.IntegratedGradients}[inner](forward)
@@ -309,19 +309,19 @@ def test_kernel_shap_and_lime_equal_captum_fed_the_same_coalitions(name, kind):
     forward, x, extra = captum_forward(model, sample)
     mask, _ = _feature_mask(model, sample)
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(sample)
+    batch = adapter.inputs.prepare(sample)
     from methods.input_baselines import baseline_values
     point = resolve_point(adapter, "auto", "t")
     start = baseline_values(adapter, batch, point, baseline, "t", x)
     if point == "embedding":   # only features are replaced: the special tokens keep their values
-        content = adapter.layout(batch).content_positions(batch["input_ids"])[0]
+        content = adapter.inputs.layout(batch).content_positions(batch["input_ids"])[0]
         start = torch.where(content[None, :, None], start, x)
     explainer = captum_attr.KernelShap(forward) if kind == "kernel_shap" else captum_attr.Lime(
         forward, interpretable_model=SkLearnLasso(alpha=0.01, tol=1e-14, max_iter=1000000))
     torch.manual_seed(_sample_seed(model, sample, 3, kind))
     theirs = explainer.attribute(x, baselines=start, target=1, additional_forward_args=extra, feature_mask=mask,
                                  n_samples=30, return_input_shape=False)
-    layout = adapter.layout(batch)
+    layout = adapter.inputs.layout(batch)
     ours = got[0] if point == "pixels" else got[0][layout.content_positions(batch["input_ids"])[0]]
     _close(ours, theirs[0].double())
 
@@ -334,9 +334,9 @@ def test_occlusion_equals_captum(name, uneven):
     fam, model, inputs = _golden_inputs(name)
     forward, x, extra = captum_forward(model, inputs)
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(inputs)
+    batch = adapter.inputs.prepare(inputs)
     point = resolve_point(adapter, "auto", "t")
-    layout = adapter.layout(batch)
+    layout = adapter.inputs.layout(batch)
     if point == "pixels":
         rows, cols = layout.grid
         patch = x.shape[-2] // rows
@@ -389,7 +389,7 @@ def test_kernel_shap_efficiency(name):
     method = build_method("kernel_shap", samples=40, baseline="zero")
     scores = method(model, inputs, target=TARGETS, sample_ids=[1, 2, 3])
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(inputs)
+    batch = adapter.inputs.prepare(inputs)
     point = resolve_point(adapter, "auto", "t")
     x = point_values(adapter, batch, point)
     from methods.feature_replacement import feature_positions, replaced_values
@@ -410,7 +410,7 @@ def test_one_feature_occlusion_is_the_drop_when_it_is_replaced(name):
     fam, model, inputs = _golden_inputs(name)
     scores = build_method("occlusion", baseline="zero")(model, inputs, target=TARGETS)
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(inputs)
+    batch = adapter.inputs.prepare(inputs)
     point = resolve_point(adapter, "auto", "t")
     x = point_values(adapter, batch, point)
     from methods.feature_replacement import feature_positions, replaced_values

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from methods import build_method
-from methods.adapters import ModelAdapter, adapter_for
+from methods.adapters import InputFormat, adapter_for
 from methods.families.hf_deberta import HFDebertaV2Adapter
 from models.sources import load_model
 from tests.families import _token_batch
@@ -41,7 +41,7 @@ def test_adapter_logits_are_the_models_bit_for_bit(variant):
     adapter = adapter_for(model)
     assert isinstance(adapter, HFDebertaV2Adapter)
     with torch.no_grad():
-        ours = adapter.forward(adapter.prepare_inputs(inputs))
+        ours = adapter.forward(adapter.inputs.prepare(inputs))
         assert torch.equal(ours, model(**_stock(inputs)).logits)
 
 
@@ -66,14 +66,14 @@ def test_a_removed_token_keeps_the_relative_distances_of_the_others(variant):
     gives other logits."""
     model = _tiny_deberta(VARIANTS[variant]).eval()
     adapter = adapter_for(model)
-    inputs = adapter.prepare_inputs({k: v[:1] for k, v in _batch(variant).items()})
-    context = adapter.context(inputs)
+    inputs = adapter.inputs.prepare({k: v[:1] for k, v in _batch(variant).items()})
+    context = adapter.inputs.context(inputs)
     removed = torch.tensor([2, 5])
     with torch.no_grad():
         hidden = adapter.embed(inputs)
-        padded, padded_context = adapter.drop_positions(hidden, context, removed)
+        padded, padded_context = adapter.inputs.drop_positions(hidden, context, removed)
         ablated = adapter.head(adapter.run_blocks(padded, padded_context), padded_context)
-        cut, cut_context = ModelAdapter.drop_positions(adapter, hidden, context, removed)
+        cut, cut_context = InputFormat.drop_positions(adapter.inputs, hidden, context, removed)
         shifted = adapter.head(adapter.run_blocks(cut, cut_context), cut_context)
         for i, position in enumerate(removed.tolist()):
             kept = torch.tensor([p for p in range(hidden.shape[1]) if p != position])
@@ -173,4 +173,4 @@ def test_an_hf_folder_loads_as_this_family(tmp_path):
     assert isinstance(adapter, HFDebertaV2Adapter)
     inputs = _batch("v3")
     with torch.no_grad():
-        assert torch.equal(adapter.forward(adapter.prepare_inputs(inputs)), model(**_stock(inputs)).logits)
+        assert torch.equal(adapter.forward(adapter.inputs.prepare(inputs)), model(**_stock(inputs)).logits)

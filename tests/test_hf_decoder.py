@@ -17,8 +17,8 @@ transformers = pytest.importorskip("transformers")
 
 def _adapter_logits(model, inputs, **extra):
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs({**inputs, **extra})
-    context = adapter.context(batch)
+    batch = adapter.inputs.prepare({**inputs, **extra})
+    context = adapter.inputs.context(batch)
     with torch.no_grad():
         return adapter.head(adapter.run_blocks(adapter.embed(batch), context), context)
 
@@ -70,23 +70,23 @@ def test_readout_position_option_and_layout():
     model = _tiny_decoder("llama").eval()
     inputs = _decoder_batch(3, "left")
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(inputs)
+    batch = adapter.inputs.prepare(inputs)
     mask = inputs["attention_mask"]
-    assert adapter.context(batch).readout_positions.tolist() == [8, 8, 8]
-    assert adapter.context(batch).position_ids[2].tolist() == [0, 0, 0, 0, 1, 2, 3, 4, 5]
+    assert adapter.inputs.context(batch).readout_positions.tolist() == [8, 8, 8]
+    assert adapter.inputs.context(batch).position_ids[2].tolist() == [0, 0, 0, 0, 1, 2, 3, 4, 5]
     logits = model(**{k: v for k, v in inputs.items()}, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
     ours = _adapter_logits(model, inputs, readout_position=torch.tensor([4, 5, 6]))
     torch.testing.assert_close(ours, logits[torch.arange(3), torch.tensor([4, 5, 6])], rtol=0, atol=1e-10)
-    layout = adapter.layout(batch)
+    layout = adapter.inputs.layout(batch)
     first = mask.argmax(dim=1)
     assert not layout.content_mask[torch.arange(3), first].any()          # the BOS (config.bos_token_id)
     assert layout.content_mask.sum().item() == mask.sum().item() - 3
     with pytest.raises(ValueError, match="real \\(attended\\) position"):
-        adapter.prepare_inputs({**inputs, "readout_position": torch.tensor([5, 5, 0])})
+        adapter.inputs.prepare({**inputs, "readout_position": torch.tensor([5, 5, 0])})
     holes = {**inputs, "attention_mask": torch.ones_like(mask)}
     holes["attention_mask"][0, 4] = 0
     with pytest.raises(ValueError, match="contiguous"):
-        adapter.prepare_inputs(holes)
+        adapter.inputs.prepare(holes)
 
 
 def test_record_values_repeat_the_key_value_heads():
@@ -94,7 +94,7 @@ def test_record_values_repeat_the_key_value_heads():
     the attention output, head h reading key/value head h // 2; attention probabilities of every query head."""
     model = _tiny_decoder("llama").eval()
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(_decoder_batch(2, "right"))
+    batch = adapter.inputs.prepare(_decoder_batch(2, "right"))
     with adapter.recording.eager_attention(), ActivationRecorder() as rec:
         adapter.recording.values(rec, 1, "v")
         adapter.recording.attention(rec, 1, "a")
@@ -174,10 +174,10 @@ def test_lrp_conserves_relevance_on_decoders(kind, head):
     adapter, engine, topology, acts, r = start.adapter, start.engine, start.topology, start.acts, start.relevance
     ones = torch.ones(3, dtype=torch.float64)
     torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6)
-    for l in reversed(range(adapter.depth)):
+    for l in reversed(range(len(adapter.blocks))):
         r, cam = topology.block_relprop(engine.rules, acts, l, r, True)
         torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6, msg=f"block {l}")
-        assert cam.shape == (3, adapter.num_heads, 9, 9)
+        assert cam.shape == (3, adapter.token_flow.heads, 9, 9)
         assert (r[inputs["attention_mask"] == 0] == 0).all()
     full = build_method("lrp", rules="ours", class_token_score="keep")(model, inputs, target=1)
     torch.testing.assert_close(full.sum(dim=1), ones, rtol=0, atol=1e-6)
@@ -189,5 +189,5 @@ def test_sequence_length_limits():
     """GPT-2's learned positions bound the length (``n_positions``); rotary positions do not."""
     ids = torch.randint(3, 40, (1, 40))
     with pytest.raises(ValueError, match="exceed"):
-        adapter_for(_tiny_decoder("gpt2")).prepare_inputs(ids)
-    assert adapter_for(_tiny_decoder("llama")).prepare_inputs(ids).batch_size == 1
+        adapter_for(_tiny_decoder("gpt2")).inputs.prepare(ids)
+    assert adapter_for(_tiny_decoder("llama")).inputs.prepare(ids).batch_size == 1

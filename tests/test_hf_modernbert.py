@@ -35,16 +35,16 @@ def test_adapter_logits_are_the_models_and_padded_equals_alone(pooling):
     model = _tiny_modernbert(pooling).eval()
     adapter = adapter_for(model)
     inputs = _token_batch(3, with_types=False)
-    logits = adapter.forward(adapter.prepare_inputs(inputs))
+    logits = adapter.forward(adapter.inputs.prepare(inputs))
     torch.testing.assert_close(logits, _logits(model, inputs), rtol=0, atol=1e-12)
-    alone = adapter.forward(adapter.prepare_inputs({k: v[2:3, :6] for k, v in inputs.items()}))
+    alone = adapter.forward(adapter.inputs.prepare({k: v[2:3, :6] for k, v in inputs.items()}))
     torch.testing.assert_close(logits[2:3], alone, rtol=0, atol=1e-12)
     full = {k: v[:2] for k, v in inputs.items()}
     model.set_attn_implementation("eager")
     with adapter.recording.eager_attention():
-        eager = adapter.forward(adapter.prepare_inputs(full))
+        eager = adapter.forward(adapter.inputs.prepare(full))
     torch.testing.assert_close(eager, _logits(model, full), rtol=0, atol=1e-12)
-    assert torch.isfinite(adapter.forward(adapter.prepare_inputs(inputs))).all()
+    assert torch.isfinite(adapter.forward(adapter.inputs.prepare(inputs))).all()
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
@@ -55,16 +55,16 @@ def test_ablation_keeps_positions_and_windows(pooling):
     model = _tiny_modernbert(pooling).eval()
     adapter = adapter_for(model)
     inputs = {k: v[:2] for k, v in _token_batch(2, with_types=False).items()}
-    prepared = adapter.prepare_inputs(inputs)
+    prepared = adapter.inputs.prepare(inputs)
     removed = torch.tensor([3, 5])
-    hidden, context = adapter.drop_positions(adapter.embed(prepared), adapter.context(prepared), removed)
+    hidden, context = adapter.inputs.drop_positions(adapter.embed(prepared), adapter.inputs.context(prepared), removed)
     with torch.no_grad():
         dropped = adapter.head(adapter.run_blocks(hidden, context), context).reshape(2, 2, -1)
     for j, position in enumerate(removed.tolist()):
         holed = dict(inputs, attention_mask=inputs["attention_mask"].clone())
         holed["attention_mask"][:, position] = 0
         torch.testing.assert_close(dropped[:, j], _logits(model, holed), rtol=0, atol=1e-10)
-        shifted = adapter.forward(adapter.prepare_inputs({k: torch.cat([v[:, :position], v[:, position + 1:]], 1)
+        shifted = adapter.forward(adapter.inputs.prepare({k: torch.cat([v[:, :position], v[:, position + 1:]], 1)
                                                            for k, v in inputs.items()}))
         assert (shifted - dropped[:, j]).abs().max() > 1e-6      # re-indexed positions are another model input
 
@@ -105,10 +105,10 @@ def test_lrp_conserves_relevance_on_modernbert(pooling):
         r = topology.head_relprop(engine.rules, acts, torch.eye(5, dtype=torch.float64)[[1, 1, 1]])
     ones = torch.ones(3, dtype=torch.float64)
     torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6)
-    for layer in reversed(range(adapter.depth)):
+    for layer in reversed(range(len(adapter.blocks))):
         r, cam = topology.block_relprop(engine.rules, acts, layer, r, True)
         torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6, msg=f"block {layer}")
-        assert cam.shape == (3, adapter.num_heads, 9, 9)
+        assert cam.shape == (3, adapter.token_flow.heads, 9, 9)
         assert (r[inputs["attention_mask"] == 0] == 0).all()
     full = build_method("lrp", rules="ours", class_token_score="keep")(model, inputs, target=1)
     torch.testing.assert_close(full.sum(dim=1), ones, rtol=0, atol=1e-6)
@@ -119,11 +119,11 @@ def test_inputs_the_model_cannot_read_are_named():
     inputs = _token_batch(3, with_types=False)
     left = {k: torch.flip(v, dims=[1]) for k, v in inputs.items()}
     with pytest.raises(ValueError, match="left padding is not supported"):
-        adapter.prepare_inputs(left)
+        adapter.inputs.prepare(left)
     holed = dict(inputs, attention_mask=inputs["attention_mask"].clone())
     holed["attention_mask"][0, 4] = 0
     with pytest.raises(ValueError, match="padded on the right only"):
-        adapter.prepare_inputs(holed)
+        adapter.inputs.prepare(holed)
     with pytest.raises(ValueError, match="no token-type embeddings"):
-        adapter.prepare_inputs(dict(inputs, token_type_ids=torch.ones_like(inputs["input_ids"])))
-    assert adapter.readout == "class_token" and adapter_for(_tiny_modernbert("mean")).readout == "weighted"
+        adapter.inputs.prepare(dict(inputs, token_type_ids=torch.ones_like(inputs["input_ids"])))
+    assert adapter.readout.kind == "class_token" and adapter_for(_tiny_modernbert("mean")).readout.kind == "weighted"

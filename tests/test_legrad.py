@@ -108,8 +108,8 @@ def test_the_lens_of_the_last_block_is_the_models_own_head():
     for pool, positions in (("token", slice(0, 1)), ("avg", slice(1, None))):
         model = _tiny_vit(pool).eval()
         adapter = adapter_for(model)
-        inputs = adapter.prepare_inputs(_images(2))
-        context = adapter.context(inputs)
+        inputs = adapter.inputs.prepare(_images(2))
+        context = adapter.inputs.context(inputs)
         with torch.no_grad():
             hidden = adapter.run_blocks(adapter.embed(inputs), context)
             lens = adapter.lens.logits(hidden[:, positions].mean(dim=1, keepdim=True), context)[:, 0]

@@ -128,7 +128,7 @@ def test_recorded_forward_reproduces_logits(golden_run):
     dtype, z, model, images, targets, _ = golden_run
     adapter = TimmViTAdapter(model)
     with adapter.recording.eager_attention():
-        res = LRPEngine("ours").run(adapter, adapter.prepare_inputs(images), targets, cam_layers=[3], grad_layers=[3])
+        res = LRPEngine("ours").run(adapter, adapter.inputs.prepare(images), targets, cam_layers=[3], grad_layers=[3])
         with torch.no_grad():
             ref = model(images)
     assert torch.equal(res.logits, ref)
@@ -385,7 +385,7 @@ def test_engine_reduces_each_attention_map_as_it_goes():
         return (grad * cam).sum(dim=1)
 
     with adapter.recording.eager_attention():
-        inputs = adapter.prepare_inputs(x)
+        inputs = adapter.inputs.prepare(x)
         dense = LRPEngine("ours").run(adapter, inputs, 3, cam_layers=[1, 2], grad_layers=[0, 1, 2])
         reduced = LRPEngine("ours").run(adapter, inputs, 3, cam_layers=[1, 2], grad_layers=[0, 1, 2],
                                         cam_reduce=reduce)

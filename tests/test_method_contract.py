@@ -71,7 +71,7 @@ def test_adapter_logits_equal_the_models_own_forward(family):
     inputs = family.inputs(3)
     adapter = adapter_for(model)
     with torch.no_grad():
-        ours = adapter.forward(adapter.prepare_inputs(inputs))
+        ours = adapter.forward(adapter.inputs.prepare(inputs))
         theirs = family.logits(model, inputs)
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6 * float(theirs.abs().max()))
 

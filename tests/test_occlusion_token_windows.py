@@ -40,8 +40,8 @@ def test_token_window_occlusion_equals_captum_over_the_content_tokens(name, wind
     ours = build_method("occlusion", window=window, stride=stride, baseline="pad")(model, sample, target=2)
     forward, x, extra = captum_forward(model, sample)
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(sample)
-    content = adapter.layout(batch).content_positions(batch["input_ids"])[0]
+    batch = adapter.inputs.prepare(sample)
+    content = adapter.inputs.layout(batch).content_positions(batch["input_ids"])[0]
     start = baseline_values(adapter, batch, resolve_point(adapter, "auto", "t"), "pad", "t", x)
 
     def content_forward(rows, *args):

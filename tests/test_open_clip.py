@@ -29,7 +29,7 @@ open_clip = pytest.importorskip("open_clip")
 def _explicit_forward(adapter, prepared, layer: int):
     """The tower's forward with block ``layer``'s attention written out (``A = softmax(q k^T / sqrt(d) + mask)``,
     ``out_proj(A v)``): ``(logits, A)`` with ``A`` a node of the graph."""
-    context = adapter.context(prepared)
+    context = adapter.inputs.context(prepared)
     hidden = adapter.run_blocks(adapter.embed(prepared), context, 0, layer)
     block = adapter.blocks[layer]
     attn = block.attn
@@ -55,7 +55,7 @@ def test_attention_and_its_gradient_equal_an_explicit_attention(tower):
     model = (_open_clip_classifier() if tower == "vision" else _open_clip_scorer()).eval()
     inputs = _open_clip_images(3) if tower == "vision" else _open_clip_ids(3)
     adapter = adapter_for(model)
-    prepared = adapter.prepare_inputs(inputs)
+    prepared = adapter.inputs.prepare(inputs)
     layer, target = 1, torch.tensor([1, 4, 0])
     with adapter.recording.eager_attention(), ActivationRecorder() as rec:
         adapter.recording.attention(rec, layer, "a", require_grad=True)
@@ -82,9 +82,9 @@ def test_eager_attention_leaves_no_hook_and_does_not_change_the_logits():
     x = _open_clip_images(2)
     adapter = adapter_for(model)
     with torch.no_grad():
-        fused = adapter.forward(adapter.prepare_inputs(x))
+        fused = adapter.forward(adapter.inputs.prepare(x))
         with adapter.recording.eager_attention():
-            eager = adapter.forward(adapter.prepare_inputs(x))
+            eager = adapter.forward(adapter.inputs.prepare(x))
     torch.testing.assert_close(eager, fused, rtol=1e-12, atol=1e-12)
     assert sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules()) == 0
 
@@ -109,7 +109,7 @@ def test_lrp_conserves_relevance(build, inputs):
     adapter, engine, topology, acts, r = start.adapter, start.engine, start.topology, start.acts, start.relevance
     ones = torch.ones(3, dtype=torch.float64)
     torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6)
-    for layer in reversed(range(adapter.depth)):
+    for layer in reversed(range(len(adapter.blocks))):
         r, _ = topology.block_relprop(engine.rules, acts, layer, r, True)
         torch.testing.assert_close(r.sum(dim=(1, 2)), ones, rtol=0, atol=1e-6)
     full = build_method("lrp", rules="ours", class_token_score="keep")(model, inputs, target=1)
@@ -188,11 +188,11 @@ def test_text_layout_counts_positions_up_to_the_eos():
     model = _open_clip_scorer()
     adapter = adapter_for(model)
     ids = _open_clip_ids(3)
-    layout = adapter.layout(ids)
+    layout = adapter.inputs.layout(ids)
     eos = (ids == EOT).int().argmax(dim=1)
     assert layout.attention_mask.sum(dim=1).tolist() == (eos + 1).tolist()
     assert layout.content_mask.sum(dim=1).tolist() == (eos - 1).tolist()
-    assert adapter.context(adapter.prepare_inputs(ids)).attention_mask is None
+    assert adapter.inputs.context(adapter.inputs.prepare(ids)).attention_mask is None
 
 
 # --------------------------------------------------------------------------------------------- open_clip: source

@@ -31,7 +31,8 @@ def test_full_randomisation_covers_every_family(family):
     before = _snapshot(model)
     groups = [g for g, _ in randomisation_groups(model)]
     assert groups[0] == "embedding" and groups[-1] == "head"
-    assert [g for g in groups if g.startswith("block_")] == [f"block_{i}" for i in range(adapter_for(model).depth)]
+    depth = len(adapter_for(model).blocks)
+    assert [g for g in groups if g.startswith("block_")] == [f"block_{i}" for i in range(depth)]
     randomised = randomised_copy(model, groups, seed=3)
     assert _same(model, before), "the user's model was written"
     assert coverage(model, randomised) >= 0.99

@@ -68,7 +68,7 @@ def test_maps_gradients_and_relevances_are_bit_identical(kind):
     model = _tiny_decoder(kind).eval()
     adapter = adapter_for(model)
     with adapter.recording.eager_attention():
-        batch = adapter.prepare_inputs(_decoder_batch(3, "left"))
+        batch = adapter.inputs.prepare(_decoder_batch(3, "left"))
         attns, grads, logits, _ = attention_and_gradients(adapter, batch, TARGETS, [0, 1, 2])
         seen = []
 
@@ -96,7 +96,7 @@ def _attention_saves(model, call):
     saved = {"forward": 0, "backward": 0}
 
     def pack(tensor):
-        if tensor.dim() == 4 and tensor.shape[-1] == tensor.shape[-2] and tensor.shape[1] == adapter.num_heads:
+        if tensor.dim() == 4 and tensor.shape[-1] == tensor.shape[-2] and tensor.shape[1] == adapter.token_flow.heads:
             saved[phase["now"]] += 1
         return tensor
 
@@ -127,15 +127,15 @@ def test_the_forward_saves_no_attention_map(kind, name):
     with saved_attention_path(adapter):
         saved = _attention_saves(model, call)
     assert recomputed["forward"] == 0, recomputed
-    assert recomputed["backward"] >= adapter.depth      # each block's map, recomputed in the backward
-    assert saved["forward"] >= adapter.depth, saved      # the check can fail: the eager attention saves them
+    assert recomputed["backward"] >= len(adapter.blocks)      # each block's map, recomputed in the backward
+    assert saved["forward"] >= len(adapter.blocks), saved      # the check can fail: the eager attention saves them
 
 
 def test_consumer_errors_leave_the_model_unchanged():
     model = _tiny_decoder("qwen2").eval()
     adapter = adapter_for(model)
     before = model.config._attn_implementation
-    batch = adapter.prepare_inputs(_decoder_batch(2, "left"))
+    batch = adapter.inputs.prepare(_decoder_batch(2, "left"))
 
     def consume(layer, attn, grad):
         raise KeyError("stop")
@@ -156,7 +156,7 @@ def test_attention_dropout_in_training_mode_is_refused():
     for block in model.model.layers:
         block.self_attn.attention_dropout = 0.5
     adapter = adapter_for(model.train())
-    batch = adapter.prepare_inputs(_decoder_batch(2, "left"))
+    batch = adapter.inputs.prepare(_decoder_batch(2, "left"))
     with pytest.raises(RuntimeError, match="dropout"):
         stream_attention_gradients(adapter, batch, TARGETS[:2], [0, 1, 2], lambda *args: None)
 
@@ -180,7 +180,7 @@ def test_recompute_attention_false_keeps_the_saved_maps(name):
     kept = build_method(name, recompute_attention=False)
     recomputed = build_method(name)
     saves = _attention_saves(model, lambda: kept(model, inputs, target=TARGETS))
-    assert saves["forward"] >= adapter_for(model).depth, saves
+    assert saves["forward"] >= len(adapter_for(model).blocks), saves
     assert torch.equal(kept(model, inputs, target=TARGETS), recomputed(model, inputs, target=TARGETS))
 
 
@@ -203,7 +203,7 @@ def test_relevance_methods_without_gradients_stream_the_maps_too(name):
         streamed = build_method(name)(model, inputs, target=TARGETS)
         assert recorded == []
         kept = build_method(name, recompute_attention=False)(model, inputs, target=TARGETS)
-        assert sorted(recorded) == list(range(adapter.depth))
+        assert sorted(recorded) == list(range(len(adapter.blocks)))
     finally:
         type(adapter.recording).attention = original
     assert torch.equal(streamed, kept)

@@ -47,7 +47,7 @@ def test_every_method_sees_the_offset_of_its_rows(family):
     adapter = adapter_for(model)
     inputs = fam.inputs(3)
     shift, embedding, hook = _shift_by_id(model, adapter)
-    offset = shift[adapter.prepare_inputs(inputs)["input_ids"]]
+    offset = shift[adapter.inputs.prepare(inputs)["input_ids"]]
     targets, ids = torch.tensor([1, 4, 0]), torch.tensor([10, 11, 12])
     checked = []
     for name in available_methods():
@@ -71,7 +71,7 @@ def test_every_method_sees_the_offset_of_its_rows(family):
 def test_row_helpers_carry_the_offset_and_a_built_baseline_has_none():
     model = _tiny_bert().eval()
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(_token_batch(3, True, True))
+    batch = adapter.inputs.prepare(_token_batch(3, True, True))
     offset = torch.randn(3, batch["input_ids"].shape[1], 16, dtype=torch.float64)
     shifted = batch.offset_by(offset)
     rows = torch.tensor([2, 0, 2, 1])
@@ -79,7 +79,7 @@ def test_row_helpers_carry_the_offset_and_a_built_baseline_has_none():
     assert torch.equal(repeat_inputs(shifted, 2).embedding_offset, offset.repeat(2, 1, 1))
     assert torch.equal(scaled_copies(shifted, torch.tensor([0.5, 1.0]), "scale").embedding_offset,
                        offset.repeat(2, 1, 1))
-    assert torch.equal(adapter.interpolate(shifted, torch.tensor([0.5, 1.0])).embedding_offset,
+    assert torch.equal(adapter.inputs.interpolate(shifted, torch.tensor([0.5, 1.0])).embedding_offset,
                        offset.repeat(2, 1, 1))
     assert torch.equal(shifted.with_tensors(attention_mask=batch["attention_mask"]).embedding_offset, offset)
     assert baseline_inputs(adapter, shifted, "pad", "test").embedding_offset is None

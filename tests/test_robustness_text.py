@@ -244,7 +244,7 @@ def test_clip_text_tower_through_the_prompt_scorer():
     logits = classifier.logits({"input_ids": ids, "attention_mask": mask})
     adapter, method = adapter_for(scorer), build_method("input_x_gradient")
     inputs = classifier.model_inputs(batch)
-    prepared = adapter.prepare_inputs(inputs)
+    prepared = adapter.inputs.prepare(inputs)
     clean = point_values(adapter, prepared, "embedding")
     assert torch.equal(embedding_logits(adapter, classifier, prepared, clean, 7, 3), logits)
 

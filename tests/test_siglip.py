@@ -81,9 +81,9 @@ def test_prompt_scorer_gives_logits_per_text_with_and_without_mask(tokenizer):
         with torch.no_grad():
             theirs = model(pixel_values=images, **inputs).logits_per_text
             torch.testing.assert_close(scorer(inputs), theirs, rtol=1e-10, atol=1e-10)
-            torch.testing.assert_close(adapter.forward(adapter.prepare_inputs(inputs)), theirs, rtol=1e-10,
+            torch.testing.assert_close(adapter.forward(adapter.inputs.prepare(inputs)), theirs, rtol=1e-10,
                                        atol=1e-10)
-    layout = adapter.layout(dict(batch))
+    layout = adapter.inputs.layout(dict(batch))
     assert not layout.content_mask[:, -1].any()        # the read-out: </s> padding, not content
     maps = build_method("rollout")(scorer, dict(batch), target=0)
     assert (maps[batch["attention_mask"] == 0] == 0).all() and (maps[batch["attention_mask"] == 1] != 0).any()
@@ -95,10 +95,10 @@ def test_readout_weights_are_the_pooling_heads_attention():
     clf = _siglip_classifier().eval()
     images = _siglip_images(3)
     adapter = adapter_for(clf)
-    inputs = adapter.prepare_inputs(images)
-    layout = adapter.layout(inputs)
-    weights = adapter.readout_weights(inputs, layout)
-    assert adapter.readout_weights(inputs, layout) is weights                  # kept for the batch
+    inputs = adapter.inputs.prepare(images)
+    layout = adapter.inputs.layout(inputs)
+    weights = adapter.readout.weights(inputs, layout)
+    assert adapter.readout.weights(inputs, layout) is weights                  # kept for the batch
     vision = clf.clip.vision_model
     vision.set_attn_implementation("eager")
     with torch.no_grad():
@@ -153,7 +153,7 @@ def test_lrp_conserves_relevance_through_the_pooling_head():
             assert (r[:, :-1] == 0).all()
         torch.testing.assert_close(total, torch.ones(3, dtype=torch.float64), rtol=0, atol=1e-6)
         before = r.sum(dim=(1, 2))
-        for l in reversed(range(adapter.depth)):
+        for l in reversed(range(len(adapter.blocks))):
             r, _ = topology.block_relprop(engine.rules, acts, l, r, True)
             torch.testing.assert_close(r.sum(dim=(1, 2)), before, rtol=0, atol=1e-6)
         full = build_method("lrp", rules="ours")(model, inputs, target=1)

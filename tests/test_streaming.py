@@ -68,8 +68,8 @@ IDENTITY_CASES = ["vit_cls", "vit_avg", "timm_deit_weighted", "hf_dinov2_weighte
 
 def _full_matrix(name, method, adapter, batch, targets):
     """What the methods computed before streaming: every block's ``[B, N, N]`` kept, then the full product."""
-    start = method.start_layer % adapter.depth
-    layers = list(range(start, adapter.depth))
+    start = method.start_layer % len(adapter.blocks)
+    layers = list(range(start, len(adapter.blocks)))
     if name == "rollout":
         return method.rollout_matrix(adapter, batch), "zero"
     if name == "generic_attribution":
@@ -82,7 +82,7 @@ def _full_matrix(name, method, adapter, batch, targets):
         return rollout([res.attn_cam[l].clamp(min=0).mean(dim=1) for l in layers], method.row_normalize), "zero"
     normalize = method.row_normalize
     if normalize is None:
-        normalize = method.AUTO_ROW_NORMALIZE[adapter.layout(batch).reference]
+        normalize = method.AUTO_ROW_NORMALIZE[adapter.inputs.layout(batch).reference]
     mats = [(res.attn_grad[l] * res.attn_cam[l]).clamp(min=0).mean(dim=1) for l in layers]
     return rollout(mats, normalize), "row_min"
 
@@ -96,8 +96,8 @@ def test_streamed_rows_equal_the_full_matrix_computation(model_id, model, inputs
         method = build_method(name, **{**options, **extra})
         ours = method(model, inputs, target=targets)
         with adapter.recording.eager_attention():
-            batch = adapter.prepare_inputs(inputs)
-            layout = adapter.layout(batch)
+            batch = adapter.inputs.prepare(inputs)
+            layout = adapter.inputs.layout(batch)
             matrix, auto = _full_matrix(name, method, adapter, batch, targets)
             row = read_out(matrix, adapter, batch, method.readout, layout)
             row = set_class_token_score(row, adapter, layout, method.class_token_score, auto,
@@ -113,10 +113,10 @@ def test_streamed_rows_equal_the_full_matrix_computation(model_id, model, inputs
                          [m for m in MODELS if m[0] in IDENTITY_CASES], ids=IDENTITY_CASES)
 def test_read_out_identity_is_the_read_out_of_the_identity(model_id, model, inputs, targets, extra):
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(inputs)
-    layout = adapter.layout(batch)
+    batch = adapter.inputs.prepare(inputs)
+    layout = adapter.inputs.layout(batch)
     like = torch.zeros(batch.batch_size, layout.num_positions, dtype=torch.float64)
-    readouts = ["auto", "mean_content"] + (["class_token"] if adapter.has_class_token else [])
+    readouts = ["auto", "mean_content"] + (["class_token"] if adapter.readout.class_token else [])
     for readout in readouts:
         eye = identity_like(batch.batch_size, layout.num_positions, like)
         assert torch.equal(read_out_identity(adapter, batch, readout, layout, like),
@@ -174,7 +174,7 @@ def test_streamed_gradients_arrive_top_down_and_equal_the_plain_ones(model_id):
     adapter = adapter_for(model)
     seen = []
     with adapter.recording.eager_attention():
-        batch = adapter.prepare_inputs(inputs)
+        batch = adapter.inputs.prepare(inputs)
         attns, grads, logits, _ = attention_and_gradients(adapter, batch, targets, [0, 1, 2])
 
         def consume(layer, attn, grad):
@@ -192,7 +192,7 @@ def test_engine_relevance_is_the_same_inside_the_backward_pass():
     model, images, targets = _vit("token"), MODELS[0][2], MODELS[0][3]
     adapter = adapter_for(model)
     with adapter.recording.eager_attention():
-        batch = adapter.prepare_inputs(images)
+        batch = adapter.inputs.prepare(images)
         plain = LRPEngine("ours").run(adapter, batch, targets, cam_layers=[0, 1, 2])
         streamed = LRPEngine("ours").run(adapter, batch, targets, cam_layers=[0, 1, 2], grad_layers=[0, 1, 2])
         _, grads, _, _ = attention_and_gradients(adapter, batch, targets, [0, 1, 2])

@@ -30,7 +30,7 @@ def _cut_logits(model, sample, keep_features):
     keep = torch.ones(layout.num_positions, dtype=torch.bool)
     keep[positions[~keep_features]] = False
     index = keep.nonzero().flatten()
-    context = adapter.context(batch)
+    context = adapter.inputs.context(batch)
     hidden = adapter.embed(batch)[:, index]
     readout = context.readout_positions
     if readout is not None:
@@ -62,7 +62,7 @@ def _removing_forward(model, sample, mask):
     """A Captum forward that reads which features a perturbed input zeroed and cuts them out (:func:`_cut_logits`)."""
     adapter, batch, point, _ = captum_view(model, sample)
     features = len(feature_positions(adapter, batch)[0])
-    content = None if point == "pixels" else adapter.layout(batch).content_positions(batch["input_ids"])[0]
+    content = None if point == "pixels" else adapter.inputs.layout(batch).content_positions(batch["input_ids"])[0]
 
     def forward(values, *_extra):
         rows = []
@@ -88,7 +88,7 @@ def _close(ours, theirs, tol=1e-6):
 def _sample_seed(model, sample, seed, purpose):
     from methods.seeded_draws import generator_for, sample_keys
     adapter = adapter_for(model)
-    return generator_for(sample_keys(adapter, adapter.prepare_inputs(sample, sample_ids=[7]), seed, purpose)[0]
+    return generator_for(sample_keys(adapter, adapter.inputs.prepare(sample, sample_ids=[7]), seed, purpose)[0]
                          ).initial_seed()
 
 

@@ -42,13 +42,13 @@ def test_windowed_maps_equal_an_eager_recomputation():
     model = tiny_timm_swin()
     x = swin_images(2)
     adapter = adapter_for(model)
-    last = adapter.depth - 1
+    last = len(adapter.blocks) - 1
     block = model.layers[-1].blocks[-1]
     assert block.shift_size[0] > 0, "the last block of the tiny model is a shifted one"
     with ActivationRecorder() as rec, adapter.recording.eager_attention():
         adapter.recording.attention(rec, last, "attn")
         adapter.recording.attention_input(rec, last, "normed")
-        logits = adapter.forward(adapter.prepare_inputs(x), grad_from_block=adapter.depth)
+        logits = adapter.forward(adapter.inputs.prepare(x), grad_from_block=len(adapter.blocks))
     assert torch.equal(logits, model(x))
     rows, cols = adapter.grids[last]
     side, shift = int(block.window_size[0]), int(block.shift_size[0])
@@ -75,8 +75,8 @@ def test_gradient_at_the_full_map_is_the_models_gradient_at_its_windows(build):
     model = build()
     x = swin_images(2)
     adapter = adapter_for(model)
-    last = adapter.depth - 1
-    inputs = adapter.prepare_inputs(x)
+    last = len(adapter.blocks) - 1
+    inputs = adapter.inputs.prepare(x)
     with adapter.recording.eager_attention():
         maps, grads, logits, target = attention_and_gradients(adapter, inputs, None, [last])
         windowed = {}
@@ -177,9 +177,9 @@ def test_rollout_composes_through_the_patch_merge(build):
     x = swin_images(2)
     adapter = adapter_for(model)
     with ActivationRecorder() as rec, torch.no_grad(), adapter.recording.eager_attention():
-        for layer in range(adapter.depth):
+        for layer in range(len(adapter.blocks)):
             adapter.recording.attention(rec, layer, layer, transform=lambda a: a.mean(dim=1))
-        adapter.forward(adapter.prepare_inputs(x), grad_from_block=adapter.depth)
+        adapter.forward(adapter.inputs.prepare(x), grad_from_block=len(adapter.blocks))
     merge = torch.zeros(64, 256, dtype=torch.float64)
     for i in range(8):
         for j in range(8):
@@ -187,7 +187,7 @@ def test_rollout_composes_through_the_patch_merge(build):
                 for dj in (0, 1):
                     merge[i * 8 + j, (2 * i + di) * 16 + 2 * j + dj] = 0.25
     factors = []
-    for layer in range(adapter.depth):
+    for layer in range(len(adapter.blocks)):
         m = rec[layer] + torch.eye(rec[layer].shape[-1], dtype=torch.float64)
         factors.append(m / m.sum(dim=-1, keepdim=True))
     row = factors[3].mean(dim=1)                                       # the mean over the 64 content rows
@@ -206,13 +206,13 @@ def test_token_spaces_and_transitions():
 
     model = tiny_timm_swin()
     adapter = adapter_for(model)
-    layout = adapter.layout(swin_images(1))
-    spaces = [adapter.token_flow.token_space(layer, layout) for layer in range(adapter.depth)]
+    layout = adapter.inputs.layout(swin_images(1))
+    spaces = [adapter.token_flow.token_space(layer, layout) for layer in range(len(adapter.blocks))]
     expected = [(256, (16, 16), 16, 2)] * 2 + [(64, (8, 8), 32, 4)] * 2
     assert [(s.count, s.grid, s.width, s.heads) for s in spaces] == expected
     like = torch.empty(0, dtype=torch.float64)
     flow = adapter.token_flow
-    assert [flow.transition(layer, like) is None for layer in range(adapter.depth)] == [True, True, False, True]
+    assert [flow.transition(layer, like) is None for layer in range(len(adapter.blocks))] == [True, True, False, True]
     merge = adapter.token_flow.transition(2, like).to_dense()
     assert merge.shape == (64, 256) and torch.equal(merge.sum(dim=1), torch.ones(64, dtype=torch.float64))
     assert torch.equal((merge > 0).sum(dim=0), torch.ones(256, dtype=torch.long))   # each source in one merge
@@ -221,10 +221,10 @@ def test_token_spaces_and_transitions():
         if family.adapter in (type(adapter), type(adapter_for(tiny_hf_swin()))):
             continue
         other = adapter_for(family.build())
-        inputs = other.prepare_inputs(family.inputs(2))
-        other_layout = other.layout(inputs)
-        for layer in range(other.depth):
+        inputs = other.inputs.prepare(family.inputs(2))
+        other_layout = other.inputs.layout(inputs)
+        for layer in range(len(other.blocks)):
             assert other.token_flow.transition(layer, like) is None, family.name
             space = other.token_flow.token_space(layer, other_layout)
-            assert (space.count, space.width, space.heads) == (other_layout.num_positions, other.width,
-                                                               other.num_heads), family.name
+            assert (space.count, space.width, space.heads) == (other_layout.num_positions, other.token_flow.width,
+                                                               other.token_flow.heads), family.name

@@ -172,7 +172,7 @@ def test_lrp_mask_value_does_not_reach_the_relevance(te64):
     from methods.lrp import LRPEngine
 
     adapter = adapter_for(te64.model)
-    inputs = adapter.prepare_inputs(te64.batch)
+    inputs = adapter.inputs.prepare(te64.batch)
     layers = [0, 1, 2]
     with adapter.recording.eager_attention():
         runs = [LRPEngine(rules, mask_value=value).run(adapter, inputs, te64.targets, cam_layers=layers,
@@ -250,7 +250,7 @@ def test_bi_bert_tokenwise_scale_and_feedback_intermediates(bi32):
     from methods.beyond_intuition import attention_perception_tokenwise
 
     adapter = adapter_for(bi32.model)
-    inputs = adapter.prepare_inputs(bi32.single)
+    inputs = adapter.inputs.prepare(bi32.single)
     with ActivationRecorder() as rec, torch.no_grad(), adapter.recording.eager_attention():
         for l in range(3):
             adapter.recording.block_input(rec, l, ("z", l))
@@ -262,7 +262,7 @@ def test_bi_bert_tokenwise_scale_and_feedback_intermediates(bi32):
         np.testing.assert_allclose(rec[("v", l)][0].numpy(), z["dbg_ex0__v"][l], rtol=0, atol=2e-5)
         ones = torch.ones(1, 1, 16, 16)
         scale = attention_perception_tokenwise(ones, rec[("z", l)][:1], rec[("v", l)][:1],
-                                               adapter.attention_linears(l).out.weight)[0, 0]
+                                               adapter.linears(l).attention.out.weight)[0, 0]
         np.testing.assert_allclose(scale.detach().numpy(), z["dbg_ex0__ours_t_token_scale"][l], rtol=2e-5)
 
 
@@ -274,7 +274,7 @@ def test_integrated_gradient_chunks_give_the_same_scores(te64, name):
     method = build_method(name, steps=7, ig_batch_size=None)
     whole = method(te64.model, te64.batch, target=te64.targets)
     assert method.ig_sequences_per_forward(adapter_for(te64.model),
-                                           adapter_for(te64.model).prepare_inputs(te64.batch)) == 36
+                                           adapter_for(te64.model).inputs.prepare(te64.batch)) == 36
     for size in (1, 4, 6, 13, "auto"):
         chunked = build_method(name, steps=7, ig_batch_size=size)(te64.model, te64.batch, target=te64.targets)
         torch.testing.assert_close(chunked, whole, rtol=1e-10, atol=1e-13 * float(whole.abs().max()))
@@ -289,13 +289,13 @@ def test_integrated_gradient_auto_chunk_size(te64):
     adapter = adapter_for(te64.model)
     assert method.ig_batch_size == "auto"
     per_sequence = 4 * 16 * 16 * 8
-    assert method.ig_sequences_per_forward(adapter, adapter.prepare_inputs(te64.batch)) == 16 * 2**20 // per_sequence
+    assert method.ig_sequences_per_forward(adapter, adapter.inputs.prepare(te64.batch)) == 16 * 2**20 // per_sequence
 
 
 # --------------------------------------------------------------------------------------------- the adapter
 def test_adapter_logits_are_the_models(te64):
     adapter = adapter_for(te64.model)
-    inputs = adapter.prepare_inputs(te64.single)
+    inputs = adapter.inputs.prepare(te64.single)
     with torch.no_grad():
         reference = te64.model(**te64.single).logits
         with adapter.recording.eager_attention():
@@ -344,7 +344,7 @@ def test_bad_text_inputs_are_named(te64):
 
 def test_content_positions_and_special_tokens(te64):
     adapter = adapter_for(te64.model)
-    layout = adapter.layout(te64.single)
+    layout = adapter.inputs.layout(te64.single)
     mask = te64.single["attention_mask"].bool()
     lengths = mask.sum(1)
     expected = mask.clone()
@@ -353,7 +353,7 @@ def test_content_positions_and_special_tokens(te64):
     assert torch.equal(layout.content, expected)
     special = torch.zeros_like(mask)
     special[:, 0] = True
-    given = adapter.layout({**te64.single, "special_tokens_mask": special.long()})
+    given = adapter.inputs.layout({**te64.single, "special_tokens_mask": special.long()})
     assert torch.equal(given.content, mask & ~special)
     # token ablation scores content tokens only
     scores = build_method("token_ablation")(te64.model, te64.single, target=0)
@@ -397,7 +397,7 @@ def test_minilm_tokenized_batch_is_padded_with_unknown_tokens(minilm):
     mask = batch["attention_mask"]
     assert (mask == 0).any() and (mask.sum(1) < mask.shape[1]).sum() == 2
     assert (batch["input_ids"] == tokenizer.unk_token_id).sum() >= 2            # emoji and the literal [UNK]
-    layout = adapter_for(model).layout(batch)
+    layout = adapter_for(model).inputs.layout(batch)
     ids = batch["input_ids"]
     special = torch.isin(ids, torch.tensor([tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]))
     assert torch.equal(layout.content, ~special)                               # [UNK] is content, not special
@@ -436,12 +436,12 @@ def test_adapter_logits_equal_the_models_for_each_family(kind):
     model = _tiny_text(kind).eval()
     batch = _token_batch(3, with_types=kind != "distilbert", with_special=False)
     adapter = adapter_for(model)
-    inputs = adapter.prepare_inputs(batch)
+    inputs = adapter.inputs.prepare(batch)
     with torch.no_grad():
         reference = model(**batch).logits
-        ours = adapter.forward(inputs, grad_from_block=adapter.depth)
+        ours = adapter.forward(inputs, grad_from_block=len(adapter.blocks))
         with adapter.recording.eager_attention():
-            eager = adapter.forward(inputs, grad_from_block=adapter.depth)
+            eager = adapter.forward(inputs, grad_from_block=len(adapter.blocks))
             eager_model = model(**batch).logits
     torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(eager, eager_model, rtol=0, atol=0)
@@ -449,7 +449,7 @@ def test_adapter_logits_equal_the_models_for_each_family(kind):
     assert model.config._attn_implementation != "eager"
     if kind == "distilbert":
         with pytest.raises(ValueError, match="no token-type embeddings"):
-            adapter.prepare_inputs({**batch, "token_type_ids": torch.ones_like(batch["input_ids"])})
+            adapter.inputs.prepare({**batch, "token_type_ids": torch.ones_like(batch["input_ids"])})
 
 
 def test_full_lrp_to_the_word_embeddings(te64):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from methods import MethodUndefinedError, build_method
-from methods.adapters import ActivationRecorder, ModelAdapter, adapter_for
+from methods.adapters import ActivationRecorder, InputFormat, adapter_for
 from methods.families.timm_eva_beit import TimmBeitAdapter, TimmEvaAdapter
 from methods.lrp import LRPEngine, topology_for
 from tests.families import _images
@@ -48,13 +48,13 @@ def test_removed_positions_equal_cut_out_positions():
     for pool in ("avg", "token"):
         model = _model("eva_plain", global_pool=pool)
         adapter = adapter_for(model)
-        inputs = adapter.prepare_inputs(_images(2))
-        context = adapter.context(inputs)
+        inputs = adapter.inputs.prepare(_images(2))
+        context = adapter.inputs.context(inputs)
         removed = torch.tensor([1, 6, 16])
         with torch.no_grad():
             hidden = adapter.embed(inputs)
-            masked, masked_context = adapter.drop_positions(hidden, context, removed)
-            cut, cut_context = ModelAdapter.drop_positions(adapter, hidden, context, removed)
+            masked, masked_context = adapter.inputs.drop_positions(hidden, context, removed)
+            cut, cut_context = InputFormat.drop_positions(adapter.inputs, hidden, context, removed)
             ours = adapter.head(adapter.run_blocks(masked, masked_context), masked_context)
             theirs = adapter.head(adapter.run_blocks(cut, cut_context), cut_context)
         assert masked.shape[:2] == (6, 17) and cut.shape[:2] == (6, 16)
@@ -154,5 +154,5 @@ def test_timm_names_load_from_a_local_weights_file(tmp_path, monkeypatch, name, 
         assert torch.equal(ours, theirs), key
     x = torch.randn(2, 3, kwargs["img_size"], kwargs["img_size"])
     with torch.no_grad():
-        torch.testing.assert_close(adapter_for(model).forward(adapter_for(model).prepare_inputs(x)),
+        torch.testing.assert_close(adapter_for(model).forward(adapter_for(model).inputs.prepare(x)),
                                    reference.eval()(x), rtol=1e-5, atol=1e-6)

@@ -31,9 +31,9 @@ def test_mean_read_out_is_timms_pool(variant):
     the same ``num_prefix_tokens`` (class token and registers) are left out."""
     model = _tiny_variant(**POOLED[variant]).eval()
     adapter = adapter_for(model)
-    inputs = adapter.prepare_inputs(_images(2))
-    n = adapter.layout(inputs).num_positions
-    assert adapter.readout == "mean_content" and n == 16 + model.num_prefix_tokens
+    inputs = adapter.inputs.prepare(_images(2))
+    n = adapter.inputs.layout(inputs).num_positions
+    assert adapter.readout.kind == "mean_content" and n == 16 + model.num_prefix_tokens
     matrix = torch.randn(2, n, n, dtype=torch.float64)
     torch.testing.assert_close(read_out(matrix, adapter, inputs), model.pool(matrix), rtol=0, atol=0)
 
@@ -48,7 +48,7 @@ def test_attention_pool_read_out_is_the_pools_attention(variant):
     pool.fused_attn = False
     adapter = adapter_for(model)
     images = _images(3)
-    inputs = adapter.prepare_inputs(images)
+    inputs = adapter.inputs.prepare(images)
     seen = {}
     hooks = [pool.kv.register_forward_hook(lambda m, i, o: seen.update(kv=o)),
              pool.proj.register_forward_pre_hook(lambda m, i: seen.update(ctx=i[0]))]
@@ -58,7 +58,7 @@ def test_attention_pool_read_out_is_the_pools_attention(variant):
         hook.remove()
     weights = adapter.pool_attention(inputs)                       # [B, H, N]
     prefix, heads = model.num_prefix_tokens, pool.num_heads
-    assert adapter.readout == "attention_pool" and weights.shape == (3, heads, 16 + prefix)
+    assert adapter.readout.kind == "attention_pool" and weights.shape == (3, heads, 16 + prefix)
     assert (weights[..., :prefix] == 0).all()
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, heads, dtype=torch.float64), rtol=0, atol=1e-12)
     values = seen["kv"][..., model.embed_dim:].unflatten(-1, (heads, -1)).transpose(1, 2)   # [B, H, P, d]
@@ -96,8 +96,8 @@ def test_lrp_gives_the_prefix_rows_of_the_last_attention_nothing(variant):
     in the query rows of the registers and the class token, and not elsewhere."""
     model = _tiny_variant(**POOLED[variant]).eval()
     adapter = adapter_for(model)
-    inputs = adapter.prepare_inputs(_images(2))
-    last = adapter.depth - 1
+    inputs = adapter.inputs.prepare(_images(2))
+    last = len(adapter.blocks) - 1
     with adapter.recording.eager_attention():
         cam = LRPEngine("ours").run(adapter, inputs, torch.tensor([1, 3]), cam_layers=[last]).attn_cam[last]
     prefix = model.num_prefix_tokens

@@ -27,7 +27,7 @@ FAMILY = {f.name: f for f in FAMILIES}
 
 def _matrices(method, model, inputs):
     adapter = adapter_for(model)
-    batch = adapter.prepare_inputs(inputs)
+    batch = adapter.inputs.prepare(inputs)
     with adapter.recording.eager_attention(), torch.no_grad():
         return torch.stack(method.matrices(adapter, batch))   # [L, B, N, N]
 
@@ -96,15 +96,15 @@ def test_authors_golden_bert_batched_right_padded(dtype, tolerance):
 def _authors_loop(model, ids, distance):
     """hmohebbi/ValueZeroing's scoring loop on one unpadded sequence: ``[L, N, N]``."""
     adapter = adapter_for(model)
-    inputs = adapter.prepare_inputs({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
-    context = adapter.context(inputs)
+    inputs = adapter.inputs.prepare({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    context = adapter.inputs.context(inputs)
     n = ids.shape[1]
     with adapter.recording.eager_attention(), torch.no_grad():
         hidden = [adapter.embed(inputs)]
-        for layer in range(adapter.depth):
+        for layer in range(len(adapter.blocks)):
             hidden.append(adapter.run_blocks(hidden[-1], context, layer, layer + 1))
-        scores = torch.zeros(adapter.depth, n, n, dtype=torch.float64)
-        for layer in range(adapter.depth):
+        scores = torch.zeros(len(adapter.blocks), n, n, dtype=torch.float64)
+        for layer in range(len(adapter.blocks)):
             for t in range(n):
                 def zero(_module, _args, out, t=t):
                     out = out.clone()
@@ -204,8 +204,8 @@ def test_value_edit_equals_a_zeroed_attention_column(name):
     change; ViT: the hooked ``qkv``)."""
     model = FAMILY[name].build().eval()
     adapter = adapter_for(model)
-    inputs = adapter.prepare_inputs(FAMILY[name].inputs(2))
-    context = adapter.context(inputs)
+    inputs = adapter.inputs.prepare(FAMILY[name].inputs(2))
+    context = adapter.inputs.context(inputs)
     layer, position = 1, 3
     with adapter.recording.eager_attention(), torch.no_grad():
         hidden = adapter.run_blocks(adapter.embed(inputs), context, 0, layer)
@@ -230,8 +230,8 @@ def test_open_clip_value_edit_equals_a_value_input_with_zero_values():
     ``in_proj``'s last third is square), so the module itself computes ``v_j = 0``."""
     model = FAMILY["open_clip_vision"].build().eval()
     adapter = adapter_for(model)
-    inputs = adapter.prepare_inputs(FAMILY["open_clip_vision"].inputs(2))
-    context = adapter.context(inputs)
+    inputs = adapter.inputs.prepare(FAMILY["open_clip_vision"].inputs(2))
+    context = adapter.inputs.context(inputs)
     layer, position = 1, 3
     attn = adapter.blocks[layer].attn
     dim = attn.embed_dim

@@ -189,7 +189,7 @@ def greedy_decode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, m
     """Greedy decoding of left-padded prompts through the model's adapter (position ids from the mask; no
     key/value cache). Returns ``(input_ids [B, P + T], attention_mask [B, P + T], generated_mask [B, T])``."""
     adapter = adapter_for(model)
-    if adapter.readout != "position" or adapter.decoder is None or not adapter.decoder.is_lm:
+    if adapter.readout.kind != "position" or adapter.decoder is None or not adapter.decoder.is_lm:
         raise ValueError(f"explain_generation needs a decoder language model (a causal LM with its adapter), not "
                          f"{type(model).__name__}")
     ids, mask = input_ids, attention_mask.long()
@@ -197,8 +197,8 @@ def greedy_decode(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, m
     eos = torch.as_tensor(list(eos_ids), dtype=torch.long, device=ids.device)
     steps = []
     for _ in range(max_new_tokens):
-        prepared = adapter.prepare_inputs({"input_ids": ids, "attention_mask": mask})
-        context = adapter.context(prepared)
+        prepared = adapter.inputs.prepare({"input_ids": ids, "attention_mask": mask})
+        context = adapter.inputs.context(prepared)
         logits = adapter.head(adapter.run_blocks(adapter.embed(prepared), context), context)
         token = torch.where(active, logits.argmax(dim=-1), torch.full_like(active, pad_id, dtype=torch.long))
         ids = torch.cat([ids, token[:, None]], dim=1)

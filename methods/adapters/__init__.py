@@ -2,8 +2,8 @@
 
     from methods.adapters import adapter_for
     adapter = adapter_for(model)          # resolved once per model object
-    inputs = adapter.prepare_inputs(images_or_tokenizer_batch)
-    adapter.layout(inputs)                # PatchGrid(rows, cols, prefix) or TokenSequence(masks)
+    inputs = adapter.inputs.prepare(images_or_tokenizer_batch)
+    adapter.inputs.layout(inputs)         # PatchGrid(rows, cols, prefix) or TokenSequence(masks)
 
 Importing a family's package registers it; :mod:`methods.families` imports the families shipped here (importing
 :mod:`methods` does).
@@ -16,9 +16,12 @@ from .base import (  # noqa: F401
     AttentionLinears,
     AttentionRecompute,
     BlockDecomposition,
+    BlockLinears,
     Decoder,
     Edit,
     HeadLayers,
+    ImageInputs,
+    InputFormat,
     Layout,
     LogitLens,
     MethodUndefinedError,
@@ -27,6 +30,7 @@ from .base import (  # noqa: F401
     PatchGrid,
     Projection,
     RawInputs,
+    ReadOut,
     Recording,
     RuleMap,
     SampleIds,

@@ -14,10 +14,10 @@ Vocabulary
 * **read-out**: where the prediction reads the last hidden states: ``"class_token"`` (one fixed position,
   e.g. [CLS] at 0), ``"mean_content"`` (the mean of the content positions: global average pooling),
   ``"position"`` (one position per sample, e.g. CLIP's EOS token), ``"weighted"`` (a fixed weighted mean of
-  positions, :meth:`ModelAdapter.readout_weights`: a DeiT's [CLS] and distillation tokens, each read by its own
+  positions, :meth:`ReadOut.weights`: a DeiT's [CLS] and distillation tokens, each read by its own
   head and the logits averaged; DINOv2's classifier on ``[CLS] ++ mean of the patches``) or ``"attention_pool"``
   (a learned-query attention pooling head reads the last hidden states: each sample's read-out is its own weight
-  vector over the positions, :meth:`ModelAdapter.readout_weights`, the pool's attention).
+  vector over the positions, :meth:`ReadOut.weights`, the pool's attention).
 * **layout** (:class:`PatchGrid` or :class:`TokenSequence`): how the content positions map to the input, and
   therefore the shape of a method's output: ``[B, P]`` patch scores in row-major grid order for images;
   ``[B, N]`` scores aligned with the input positions for sequences, exactly 0 at padding.
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from transformers.pytorch_utils import Conv1D
 
 READOUT_KINDS = ("class_token", "mean_content", "position", "weighted", "attention_pool")
-#: the read-outs given by a weight vector per sample over the positions (:meth:`ModelAdapter.readout_weights`)
+#: the read-outs given by a weight vector per sample over the positions (:meth:`ReadOut.weights`)
 WEIGHTED_READOUTS = ("weighted", "attention_pool")
 
 #: what a caller passes: a tensor, or a mapping of tensors as a tokenizer or processor returns it
@@ -352,6 +352,16 @@ class AttentionLinears:
 
 
 @dataclass(frozen=True)
+class BlockLinears:
+    """The linear layers of one block (``ModelAdapter.linears``): its attention sub-layer's (:class:`AttentionLinears`)
+    and its MLP's two, ``mlp`` = (up-projection, down-projection) (a gated MLP: ``up_proj`` and ``down_proj``; its
+    gate is the family's own member)."""
+
+    attention: AttentionLinears
+    mlp: Tuple[Projection, Projection]
+
+
+@dataclass(frozen=True)
 class HeadLayers:
     """A classifier head as DecompX decomposes it: ``last(activation(first(h_0)))`` on the read-out token's hidden
     state ``h_0`` (position 0; dropout between, identity in eval): two linear layers (read weights with
@@ -406,7 +416,7 @@ class RuleMap:
         (``gate="uniform"``: half of the gradient to each factor) or the gate branch held constant
         (``gate="constant"``); ``gamma``: the gamma rule asked for on every linear layer (a family whose model
         computes some linear layer functionally raises :class:`MethodUndefinedError`). ``None`` (default):
-        :mod:`methods.attnlrp` hooks the adapter's ``attention_linears`` and :meth:`gated_mlps` itself."""
+        :mod:`methods.attnlrp` hooks the adapter's ``linears`` (attention) and :meth:`gated_mlps` itself."""
         return None
 
     def input_embedding(self) -> nn.Module:
@@ -444,7 +454,7 @@ class BlockDecomposition:
     norm_names: Tuple[str, str] = ("norm1", "norm2")
     #: DecompX's capability (:meth:`head_layers`): every piece from the first block's input to the logits is one
     #: DecompX propagates per input token: post-norm blocks whose MLP is ``down(act(up(x)))`` with an element-wise
-    #: activation (``mlp_linears``; no gate), a read-out at position 0 and a head of two linear layers around an
+    #: activation (``linears(layer).mlp``; no gate), a read-out at position 0 and a head of two linear layers around an
     #: element-wise activation
     decomposes_network: bool = False
 
@@ -559,18 +569,98 @@ class ValueRecorder(abc.ABC):
         """Record block ``layer``'s value projection ``[B, N, D]`` (heads merged, bias included) under ``key``."""
 
 
-class TokenFlow:
-    """How the tokens flow through a family's blocks (``ModelAdapter.token_flow``): each block's token space and the
-    transitions between blocks. The default is an isotropic model's: every block sees the layout's tokens."""
+class ReadOut:
+    """Where the prediction reads the last hidden states (``ModelAdapter.readout``; :mod:`methods.readout` reads the
+    matching rows): ``kind``, one of :data:`READOUT_KINDS`; ``class_token``, whether position 0 holds a class token
+    whose row a method may read instead of the model's own read-out (default: the read-out is the class token); and,
+    for a kind of :data:`WEIGHTED_READOUTS`, the family's ``weights`` (:meth:`weights`)."""
+
+    def __init__(self, adapter: "ModelAdapter", kind: str, class_token: Optional[bool] = None,
+                 weights: Optional[Callable[[ModelInputs, Layout], Tensor]] = None) -> None:
+        self.adapter = adapter
+        self.kind = kind
+        self.class_token = kind == "class_token" if class_token is None else class_token
+        self._weights = weights
+
+    def weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
+        """Per sample, the weight of each position of ``layout`` in what the head reads, ``[B, N]``, each row summing
+        to 1, 0 at the positions it does not read; the weighted mean of rows stands for the prediction
+        (:func:`methods.readout.read_out`). ``"weighted"``: fixed weights (a DeiT's [CLS] and distillation tokens,
+        1/2 each); ``"attention_pool"``: the pooling head's attention, mean over its heads."""
+        if self.kind not in WEIGHTED_READOUTS or self._weights is None:
+            raise NotImplementedError(f"{self.adapter.family} reads out with {self.kind!r}, not a weighted mean of "
+                                      "positions")
+        return self._weights(inputs, layout)
+
+
+class InputFormat(abc.ABC):
+    """What a family's model reads (``ModelAdapter.inputs``): raw inputs validated into :class:`ModelInputs`, their
+    layout and context, the inputs scaled towards a baseline (integrated gradients) and positions removed from the
+    hidden states (token ablation). :attr:`layout_class`: the class of :meth:`layout`'s answers, whose ``modality``
+    says what the model reads (``image``: pixel values; ``text``: token ids) and so how an evaluation feeds and
+    perturbs its inputs (``evaluation.classifier``)."""
+
+    layout_class: Type[Layout] = PatchGrid
 
     def __init__(self, adapter: "ModelAdapter") -> None:
         self.adapter = adapter
 
+    @abc.abstractmethod
+    def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        """Validate a tensor or a mapping of tensors as a tokenizer/processor returns it; errors name the problem."""
+
+    @abc.abstractmethod
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> Layout:
+        """The layout of ``inputs`` (a :class:`ModelInputs`, or raw inputs, which are validated first)."""
+
+    @abc.abstractmethod
+    def context(self, inputs: ModelInputs) -> SequenceContext: ...
+
+    @abc.abstractmethod
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        """The inputs scaled towards the baseline by each ``alpha`` (``[S]``), ``S * B`` samples step-major:
+        pixels for images (the all-zero normalised image as baseline), embeddings for text."""
+
+    def drop_positions(self, hidden: Tensor, context: SequenceContext,
+                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
+        """``len(removed) * B`` sequences (sample-major: ``[s0 r0, s0 r1, ..., s1 r0, ...]``), each the hidden
+        states without one position of ``removed`` (the others keep their positional embedding), with the
+        matching context (attention mask and position ids shortened; read-out positions shifted)."""
+        batch, n = hidden.shape[:2]
+        r = len(removed)
+        keep = torch.arange(n, device=hidden.device)[None, :].expand(r, n)
+        keep = keep[keep != removed[:, None].to(hidden.device)].reshape(r, n - 1)
+        shortened = hidden[:, keep].flatten(0, 1)
+        mask = context.attention_mask
+        if mask is not None:
+            mask = mask[:, keep.to(mask.device)].flatten(0, 1)
+        positions = context.readout_positions
+        if positions is not None:
+            shift = (removed.to(positions.device)[None, :] < positions[:, None]).long()
+            positions = (positions[:, None] - shift).flatten()
+        ids = context.position_ids
+        if ids is not None:
+            ids = ids[:, keep.to(ids.device)].flatten(0, 1)
+        return shortened, SequenceContext(mask, positions, ids)
+
+
+class TokenFlow:
+    """How the tokens flow through a family's blocks (``ModelAdapter.token_flow``): each block's token space and the
+    transitions between blocks. This class is an isotropic model's: every block sees the layout's tokens, with the
+    hidden ``width`` and ``heads`` attention heads that the family's declaration reads from its model
+    (``token_flow = Capability(lambda adapter: TokenFlow(adapter, width, heads))``)."""
+
+    def __init__(self, adapter: "ModelAdapter", width: int, heads: int) -> None:
+        self.adapter = adapter
+        #: the hidden width and the attention heads of the last block, the read-out's (every block's when isotropic)
+        self.width = width
+        self.heads = heads
+
     def token_space(self, layer: int, layout: Layout) -> TokenSpace:
-        """The token space of block ``layer`` for inputs of ``layout``: the layout's positions, the adapter's width
-        and heads."""
+        """The token space of block ``layer`` for inputs of ``layout``: the layout's positions, :attr:`width` and
+        :attr:`heads`."""
         grid = layout.grid if isinstance(layout, PatchGrid) else None
-        return TokenSpace(layout.num_positions, grid, self.adapter.width, self.adapter.num_heads)
+        return TokenSpace(layout.num_positions, grid, self.width, self.heads)
 
     def transition(self, layer: int, like: Tensor) -> Optional[Tensor]:
         """How the tokens entering block ``layer`` are formed from those leaving block ``layer - 1``: a sparse
@@ -652,10 +742,9 @@ class LogitLens(abc.ABC):
 class ModelAdapter(abc.ABC):
     """What a method may know about a model. Subclasses wrap one family of stock models.
 
-    Structure: ``depth`` blocks of ``num_heads`` attention heads and hidden width ``width``; ``readout`` (one of
-    :data:`READOUT_KINDS`). ``layout_class``: the class of :meth:`layout`'s answers, whose ``modality``
-    says what the model reads (``image``: pixel values; ``text``: token ids) and so how an evaluation feeds and
-    perturbs its inputs (``evaluation.classifier``).
+    Structure: ``len(blocks)`` blocks, their widths and heads in :attr:`token_flow`; where the prediction reads them
+    in :attr:`readout`; what the model reads in :attr:`inputs` (:class:`InputFormat`), whose ``layout_class`` says
+    how an evaluation feeds and perturbs its inputs (``evaluation.classifier``).
 
     What only some methods need is a capability object, declared as ``name = Capability(build)``
     (:mod:`methods.adapters.capability`; ``None`` where the family lacks it): a method whose options need one checks
@@ -664,8 +753,8 @@ class ModelAdapter(abc.ABC):
 
     #: a human-readable name of the family, used in error messages
     family: str = "?"
-    readout: str = "class_token"
-    layout_class: Type[Layout] = PatchGrid
+    #: where the prediction reads the last hidden states (:class:`ReadOut`; a [CLS] read-out unless the family says)
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "class_token"))
     #: where methods hook: the family's :class:`Recording`
     recording: Capability[Recording]
     #: where AttnLRP / CP-LRP place their rules in this family's models (the family's ``rules.py``; one per adapter:
@@ -698,45 +787,13 @@ class ModelAdapter(abc.ABC):
         return ()
 
     # -------------------------------------------------------------- structure
-    @property
-    def depth(self) -> int:
-        return len(self.blocks)
+    #: how the tokens flow through the blocks (:class:`TokenFlow`: each block's token space, width and heads, and the
+    #: transitions between blocks)
+    token_flow: Capability[TokenFlow]
 
-    @property
-    @abc.abstractmethod
-    def num_heads(self) -> int: ...
-
-    @property
-    @abc.abstractmethod
-    def width(self) -> int: ...
-
-    @property
-    def has_class_token(self) -> bool:
-        return self.readout == "class_token"
-
-    def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
-        """The read-out of a model whose :attr:`readout` is one of :data:`WEIGHTED_READOUTS`: per sample, the weight
-        of each position of ``layout`` in what the head reads, ``[B, N]``, each row summing to 1, 0 at the
-        positions it does not read; the weighted mean of rows stands for the prediction
-        (:func:`methods.readout.read_out`). ``"weighted"``: fixed weights (a DeiT's [CLS] and distillation tokens,
-        1/2 each); ``"attention_pool"``: the pooling head's attention, mean over its heads."""
-        raise NotImplementedError(f"{self.family} reads out with {self.readout!r}, not a weighted mean of positions")
-
-    #: how the tokens flow through the blocks (:class:`TokenFlow`; the isotropic default unless the family says
-    #: otherwise)
-    token_flow: Capability[TokenFlow] = Capability(TokenFlow)
-
-    # -------------------------------------------------------------- inputs, layout
-    @abc.abstractmethod
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        """Validate a tensor or a mapping of tensors as a tokenizer/processor returns it; errors name the problem."""
-
-    @abc.abstractmethod
-    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> Layout:
-        """The layout of ``inputs`` (a :class:`ModelInputs`, or raw inputs, which are validated first)."""
-
-    @abc.abstractmethod
-    def context(self, inputs: ModelInputs) -> SequenceContext: ...
+    #: what the model reads (:class:`InputFormat`: the inputs validated, their layout and context, scaled towards the
+    #: baseline, positions removed)
+    inputs: Capability[InputFormat]
 
     # -------------------------------------------------------------- forward pieces (the model's own order)
     @abc.abstractmethod
@@ -756,53 +813,22 @@ class ModelAdapter(abc.ABC):
         """The model's logits, with autograd recorded only from block ``grad_from_block`` on.
 
         Everything before that block runs under ``torch.no_grad()``: methods that need gradients only down to
-        some block pay for no graph below it (``grad_from_block=depth``: no graph at all but the head's). With
+        some block pay for no graph below it (``grad_from_block=len(blocks)``: no graph at all but the head's). With
         the recording's ``hidden_requires_grad`` the hidden states entering that block require grad.
         """
-        context = self.context(inputs)
+        context = self.inputs.context(inputs)
         with torch.no_grad():
             hidden = self.run_blocks(self.embed(inputs), context, 0, grad_from_block)
         with torch.enable_grad():
-            if self.recording.hidden_requires_grad and grad_from_block < self.depth:
+            if self.recording.hidden_requires_grad and grad_from_block < len(self.blocks):
                 hidden = hidden.detach().requires_grad_(True)
             hidden = self.run_blocks(hidden, context, grad_from_block)
             return self.head(hidden, context, pre_logits=pre_logits)
 
-    # -------------------------------------------------------------- integrated gradients, ablation
-    @abc.abstractmethod
-    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
-        """The inputs scaled towards the baseline by each ``alpha`` (``[S]``), ``S * B`` samples step-major:
-        pixels for images (the all-zero normalised image as baseline), embeddings for text."""
-
-    def drop_positions(self, hidden: Tensor, context: SequenceContext,
-                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
-        """``len(removed) * B`` sequences (sample-major: ``[s0 r0, s0 r1, ..., s1 r0, ...]``), each the hidden
-        states without one position of ``removed`` (the others keep their positional embedding), with the
-        matching context (attention mask and position ids shortened; read-out positions shifted)."""
-        batch, n = hidden.shape[:2]
-        r = len(removed)
-        keep = torch.arange(n, device=hidden.device)[None, :].expand(r, n)
-        keep = keep[keep != removed[:, None].to(hidden.device)].reshape(r, n - 1)
-        shortened = hidden[:, keep].flatten(0, 1)
-        mask = context.attention_mask
-        if mask is not None:
-            mask = mask[:, keep.to(mask.device)].flatten(0, 1)
-        positions = context.readout_positions
-        if positions is not None:
-            shift = (removed.to(positions.device)[None, :] < positions[:, None]).long()
-            positions = (positions[:, None] - shift).flatten()
-        ids = context.position_ids
-        if ids is not None:
-            ids = ids[:, keep.to(ids.device)].flatten(0, 1)
-        return shortened, SequenceContext(mask, positions, ids)
 
     @abc.abstractmethod
-    def attention_linears(self, layer: int) -> AttentionLinears: ...
-
-    @abc.abstractmethod
-    def mlp_linears(self, layer: int) -> Tuple[Projection, Projection]:
-        """The MLP's two linear layers (up-projection, down-projection) of block ``layer`` (a gated MLP:
-        ``up_proj`` and ``down_proj``; its gate is the family's own member)."""
+    def linears(self, layer: int) -> BlockLinears:
+        """The linear layers of block ``layer``: its attention sub-layer's and its MLP's (:class:`BlockLinears`)."""
 
     #: capability: a decoder, its attention causal (:class:`Decoder`: Value Zeroing's convention, ALTI-Logit)
     decoder: Capability[Optional[Decoder]] = Capability(lacking)
@@ -827,15 +853,25 @@ class ImageAdapter(ModelAdapter):
         """Why the model cannot read images of ``size`` (``None``: it can)."""
         return None
 
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+    inputs: Capability[InputFormat] = Capability(lambda adapter: ImageInputs(adapter))
+
+
+class ImageInputs(InputFormat):
+    """The inputs of an :class:`ImageAdapter`: normalised images, a patch grid after the prefix tokens, the pixels
+    scaled towards the all-zero normalised image."""
+
+    adapter: ImageAdapter
+
+    def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        adapter = self.adapter
         images = inputs.get("pixel_values") if isinstance(inputs, Mapping) else inputs
-        if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != self.num_channels:
+        if not isinstance(images, Tensor) or images.dim() != 4 or images.shape[1] != adapter.num_channels:
             shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
-            raise ValueError(f"expected a normalised image batch [B, {self.num_channels}, H, W] (a tensor or "
+            raise ValueError(f"expected a normalised image batch [B, {adapter.num_channels}, H, W] (a tensor or "
                              f"{{'pixel_values': ...}}), got {shape}")
         if not images.dtype.is_floating_point:
             raise ValueError(f"expected normalised floating-point images, got dtype {images.dtype}")
-        problem = self.image_size_problem((int(images.shape[-2]), int(images.shape[-1])))
+        problem = adapter.image_size_problem((int(images.shape[-2]), int(images.shape[-1])))
         if problem is not None:
             raise ValueError(problem)
         images = images.detach()
@@ -844,10 +880,10 @@ class ImageAdapter(ModelAdapter):
 
     def layout(self, inputs: Union[ModelInputs, RawInputs]) -> PatchGrid:
         if not isinstance(inputs, ModelInputs):
-            inputs = self.prepare_inputs(inputs)
+            inputs = self.prepare(inputs)
         images = inputs["pixel_values"]
-        return PatchGrid(images.shape[-2] // self.patch_size[0], images.shape[-1] // self.patch_size[1],
-                         self.num_prefix_tokens)
+        return PatchGrid(images.shape[-2] // self.adapter.patch_size[0], images.shape[-1] // self.adapter.patch_size[1],
+                         self.adapter.num_prefix_tokens)
 
     def context(self, inputs: ModelInputs) -> SequenceContext:
         return SequenceContext()

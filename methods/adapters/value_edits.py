@@ -39,20 +39,20 @@ def _value_hook(layer: int, start: int, heads: int, edit: ValueEdit) -> Callable
 
 @contextlib.contextmanager
 def projection_value_edit(adapter: ModelAdapter, edit: ValueEdit) -> Iterator[None]:
-    """``adapter.recording.value_edit(edit)`` for a family whose :meth:`~ModelAdapter.attention_linears` name a value
+    """``adapter.recording.value_edit(edit)`` for a family whose :meth:`~ModelAdapter.linears` name a value
     projection ``v`` (its output the values, ``out_features(v) / head_dim`` heads, ``head_dim`` read from ``q``:
     grouped-query attention keeps its key-value heads) or a fused ``qkv`` projection (the last third, ``H``
     heads)."""
     handles: List[Any] = []
     try:
-        for layer in range(adapter.depth):
-            linears = adapter.attention_linears(layer)
+        for layer in range(len(adapter.blocks)):
+            linears = adapter.linears(layer).attention
             if linears.v is not None and linears.q is not None:
-                head_dim = out_features(linears.q) // adapter.num_heads
+                head_dim = out_features(linears.q) // adapter.token_flow.heads
                 module, start, heads = linears.v, 0, out_features(linears.v) // head_dim
             elif linears.qkv is not None:
                 width = out_features(linears.qkv)
-                module, start, heads = linears.qkv, 2 * width // 3, adapter.num_heads
+                module, start, heads = linears.qkv, 2 * width // 3, adapter.token_flow.heads
             else:
                 raise NotImplementedError(f"{adapter.family}: block {layer} has no value projection module to edit")
             handles.append(module.register_forward_hook(_value_hook(layer, start, heads, edit)))

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 
 from torch import Tensor
 
-from ..adapters.base import AttentionEdit, ModelAdapter, Recording, SequenceContext
+from ..adapters.base import AttentionEdit, ModelAdapter, Recording, SequenceContext, TokenFlow
 from ..adapters.capability import Capability
 from .hf_implementation import attention_implementation
 from .hf_score_edit import score_edited_attention
@@ -28,15 +28,9 @@ class HFEncoderBlocks(ModelAdapter):
     #: the model's (or tower's) ``PretrainedConfig``
     config: Any
 
-    @property
-    def num_heads(self) -> int:
-        """``config.num_attention_heads``."""
-        return int(self.config.num_attention_heads)
-
-    @property
-    def width(self) -> int:
-        """``config.hidden_size``."""
-        return int(self.config.hidden_size)
+    #: isotropic: ``config.hidden_size`` wide, ``config.num_attention_heads`` heads
+    token_flow = Capability(lambda adapter: TokenFlow(adapter, int(adapter.config.hidden_size),
+                                                      int(adapter.config.num_attention_heads)))
 
     def attention_config(self) -> Any:
         """The ``PretrainedConfig`` whose ``_attn_implementation`` the layers read."""

@@ -82,8 +82,8 @@ class LRPEngine:
         topology = self.topology(adapter)
         cam_layers = sorted({int(l) for l in cam_layers})
         grad_layers = sorted({int(l) for l in grad_layers})
-        lowest = 0 if to_input else min(cam_layers + grad_layers + [adapter.depth])
-        blocks = list(range(lowest, adapter.depth))
+        lowest = 0 if to_input else min(cam_layers + grad_layers + [len(adapter.blocks)])
+        blocks = list(range(lowest, len(adapter.blocks)))
         source = self.map_source(adapter, topology, blocks, grad_layers, recompute)
         with ActivationRecorder() as rec, source.forward_context(adapter) as anchor:
             topology.record(rec, blocks, to_input, grad_blocks=grad_layers,
@@ -99,7 +99,7 @@ class LRPEngine:
                 (result.seed,) = torch.autograd.grad(explained(z, target).sum(), z)
         points = source.points(acts, blocks)
         acts = {k: v.detach() for k, v in acts.items()}
-        context = adapter.context(inputs)
+        context = adapter.inputs.context(inputs)
         if context.attention_mask is not None:
             acts["attention_mask"] = context.attention_mask
         if context.readout_positions is not None:

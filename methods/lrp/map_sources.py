@@ -76,7 +76,7 @@ class RecordedMaps:
 
     def forward(self, adapter: ModelAdapter, inputs) -> Tensor:
         with torch.no_grad():
-            return adapter.forward(inputs, grad_from_block=adapter.depth)
+            return adapter.forward(inputs, grad_from_block=len(adapter.blocks))
 
     def points(self, acts: Dict[Any, Tensor], blocks: Sequence[int]) -> Dict[int, Tensor]:
         return {}
@@ -174,7 +174,7 @@ class RecomputedMaps(StreamedMaps):
 
     def after(self, relevance: RelevancePass, grads: Sequence[Tensor]) -> None:
         """Every block from ``stream[0]`` up must have been received."""
-        depth = relevance.topology.adapter.depth
+        depth = len(relevance.topology.adapter.blocks)
         if sorted(self.received) != list(range(self.stream[0], depth)):
             raise RuntimeError(f"the recomputed attention reached blocks {sorted(self.received)}, expected "
                                f"{self.stream[0]} to {depth - 1}")

@@ -119,7 +119,7 @@ def record_block(rec, adapter, layer: int, layer_outputs: bool) -> None:
     or separate ``q``/``k``/``v`` projections): the keys :func:`block_tensors` reads. ``layer_outputs``: also
     the output of ``fc1``, which only rule sets whose Linear rule reads outputs need
     (:attr:`RuleSet.linear_uses_output`)."""
-    linears = adapter.attention_linears(layer)
+    linears = adapter.linears(layer).attention
     adapter.recording.block_input(rec, layer, ("x", layer))
     if linears.qkv is not None:
         rec.input(linears.qkv, ("qkv_in", layer))
@@ -134,9 +134,9 @@ def record_block(rec, adapter, layer: int, layer_outputs: bool) -> None:
 
 
 def record_mlp(rec, adapter, layer: int, layer_outputs: bool) -> None:
-    """Hooks for the MLP linears of block ``layer`` (``adapter.mlp_linears``): the keys ``fc1_in``, ``fc1_out``
+    """Hooks for the MLP linears of block ``layer`` (``adapter.linears(layer).mlp``): the keys ``fc1_in``, ``fc1_out``
     (only with ``layer_outputs``), ``fc2_in`` and ``mlp_out`` of :func:`block_tensors`."""
-    fc1, fc2 = adapter.mlp_linears(layer)
+    fc1, fc2 = adapter.linears(layer).mlp
     rec.input(fc1, ("fc1_in", layer))
     if layer_outputs:
         rec.output(fc1, ("fc1_out", layer))

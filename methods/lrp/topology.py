@@ -60,7 +60,7 @@ class Topology:
         #: per block with layer scale (``x + gamma * branch``, a constant per channel: relevance passes it
         #: unchanged), the output projection and the MLP's second Linear with the scales folded in
         self.scaled: Dict[int, Tuple[nn.Linear, nn.Linear]] = {}
-        for i in range(adapter.depth):
+        for i in range(len(adapter.blocks)):
             scales = self.layer_scales(i)
             if scales is not None:
                 linears, (_, fc2) = self.rule_linears(i)
@@ -74,7 +74,8 @@ class Topology:
 
     def rule_linears(self, layer: int) -> Tuple[AttentionLinears, Tuple[Projection, Projection]]:
         """The attention and MLP linears whose weights the rules of block ``layer`` read (the adapter's)."""
-        return self.adapter.attention_linears(layer), self.adapter.mlp_linears(layer)
+        linears = self.adapter.linears(layer)
+        return linears.attention, linears.mlp
 
     # ------------------------------------------------------------------ recording
     def record(self, rec: ActivationRecorder, blocks: Sequence[int], to_input: bool,
@@ -129,7 +130,7 @@ class Topology:
             out, fc2 = self.scaled[layer]
             linears, mlp = replace(linears, out=out), (mlp[0], fc2)
             extra = dict(attn_out=acts.pop(("scaled_attn_out", layer)), mlp_out=acts.pop(("scaled_mlp_out", layer)))
-        return block_relprop(rules, block_tensors(acts, layer, **extra), linears, mlp, self.adapter.num_heads,
+        return block_relprop(rules, block_tensors(acts, layer, **extra), linears, mlp, self.adapter.token_flow.heads,
                              relevance, need_below)
 
     def stops_at_encoder_input(self) -> bool:
@@ -163,10 +164,10 @@ def linear_layer_problems(adapter: ModelAdapter) -> List[str]:
     """The blocks whose q, k, v, output projections or MLP layers are not ``nn.Linear`` (the Linear rule's
     layers, for the families whose blocks have separate projections)."""
     problems = []
-    for i in range(adapter.depth):
-        linears = adapter.attention_linears(i)
+    for i in range(len(adapter.blocks)):
+        linears = adapter.linears(i).attention
         if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
             problems.append(f"layer {i} attention projections are not nn.Linear")
-        if not all(isinstance(x, nn.Linear) for x in adapter.mlp_linears(i)):
+        if not all(isinstance(x, nn.Linear) for x in adapter.linears(i).mlp):
             problems.append(f"layer {i} MLP layers are not nn.Linear")
     return problems

@@ -49,14 +49,14 @@ FAMILIES = [
 ]
 decompositions.add_alti_cells(FAMILIES)
 
-# ---- legrad (issue 37): the rows whose family reads a logit lens (``reads_lens``); every other row refuses it
+# ---- legrad (issue 37): the rows whose family reads a logit lens (``adapter.lens``); every other row refuses it
 LEGRAD_ROWS = (
     "timm_vit_cls", "timm_vit_avgpool", "timm_vit_reg4_dinov2", "timm_vit_reg4_avg", "timm_vit_map_reg2",
     "timm_deit_distilled", "timm_eva02_rope_glu", "timm_eva02_clip_style", "timm_beit_relpos", "hf_vit", "hf_deit",
     "hf_deit_teacher", "hf_dinov2", "hf_dinov2_registers", "hf_clip_vision", "hf_siglip_vision", "open_clip_vision",
     "open_clip_vision_avg_quickgelu_bias",
 )
-LEGRAD_UNDEFINED = "no logit lens (reads_lens: the final norm and head read at any block's output)"
+LEGRAD_UNDEFINED = "no logit lens (adapter.lens: the final norm and head read at any block's output)"
 for _family in FAMILIES:
     if _family.name not in LEGRAD_ROWS:
         _family.undefined.setdefault("legrad", LEGRAD_UNDEFINED)

@@ -55,7 +55,7 @@ MATRIX_OPTIONS = {
 
 
 #: value_zeroing (issue 37) where the family gives no edit of its value vectors (Swin: windowed attention)
-NO_VALUE_EDIT = {"value_zeroing": ("gives no edit of its value vectors (ModelAdapter.edits_values): its attention "
+NO_VALUE_EDIT = {"value_zeroing": ("gives no edit of its value vectors (adapter.recording.value_edit): its attention "
                                    "computes the values where no hook reaches them, or in windows")}
 
 
@@ -65,7 +65,7 @@ def method_options(family: "Family", name: str) -> dict:
 
 
 #: the reason AtMan (issue 37) gives on a family without the ``score_edit`` capability
-NO_SCORE_EDIT = {"atman": "has no pre-softmax attention-score edit"}
+NO_SCORE_EDIT = {"atman": "has no pre-softmax attention-score edit (adapter.recording.score_edit)"}
 
 
 #: real lengths of the samples of a text batch (the last one is padded)

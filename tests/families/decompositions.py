@@ -1,6 +1,6 @@
 """Issue 37's decomposition cells of the conformance matrix: the rows where ``alti``, ``alti_logit`` and ``decompx``
 run, every other row refusing them by name (``methods/alti.py``, ``methods/decompx.py``; the adapters'
-``decomposes_blocks`` and ``decomposes_network`` capabilities)."""
+``adapter.decomposition`` capability and its ``decomposes_network``)."""
 from __future__ import annotations
 
 from typing import Iterable
@@ -32,10 +32,10 @@ ALTI_LOGIT_ROWS = tuple(row for row in ALTI_ROWS if row.startswith("hf_") and an
 NONLINEAR_HEAD_ROWS = ("hf_clip_text", "hf_clip_text_special", "open_clip_text",
                        "open_clip_text_eos_linear_proj_layerscale", "hf_siglip_text", "hf_siglip_text_masked",
                        "hf_gemma3_left")
-NO_DECOMPOSITION = "does not decompose its blocks (decomposes_blocks"
+NO_DECOMPOSITION = "does not decompose its blocks (adapter.decomposition"
 #: DecompX: the post-norm BERT-family encoders with an element-wise MLP and a dense-activation-dense head at [CLS]
 DECOMPX_ROWS = ("hf_bert", "hf_bert_types_special", "hf_roberta_types", "hf_distilbert_special", "hf_electra_types")
-NO_NETWORK_DECOMPOSITION = "does not decompose its whole network (decomposes_network"
+NO_NETWORK_DECOMPOSITION = "does not decompose its whole network (adapter.decomposition.decomposes_network"
 NOT_A_DECODER = "needs a pre-norm decoder read out at a position"
 ATTENTION_POOL = "reads out through an attention pooling head"
 NONLINEAR_HEAD = "has a head that is not linear after its final norm"

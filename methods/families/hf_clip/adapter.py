@@ -14,7 +14,7 @@ Design notes: ``NOTES.md`` beside this file (adapter.py).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -22,9 +22,11 @@ from torch import Tensor, nn
 from ...adapters.base import (
     AttentionLinears,
     BlockDecomposition,
-    Layout,
+    BlockLinears,
+    InputFormat,
     ModelInputs,
     RawInputs,
+    ReadOut,
     RuleMap,
     SampleIds,
     SequenceContext,
@@ -45,7 +47,7 @@ from ..hf_blocks import HFEncoderBlocks, HFRecording
 from .rules import CLIPTextRules, CLIPVisionRules
 
 #: extra per-sample tensors of a text batch set by the adapter: the read-out (EOS) positions and, from
-#: :meth:`HFCLIPTextAdapter.interpolate`, the factor on the token embeddings
+#: :meth:`ScaledTokenInputs.interpolate`, the factor on the token embeddings
 READOUT_POSITIONS = "readout_positions"
 TOKEN_EMBEDDING_SCALE = "token_embedding_scale"
 
@@ -111,18 +113,11 @@ class _ScaledTokenText:
     """What the CLIP-like text towers share (transformers' CLIP and SigLIP, open_clip): token ids ``[T, N]`` read
     out at one position per text; integrated gradients scale the token embeddings before the position embeddings
     are added (BI's ``CLIP.ipynb``: ``encode_text(text, scale)``: ``x = scale * token_embedding(text)``), by the
-    per-sample ``token_embedding_scale`` that :meth:`interpolate` sets and ``embed`` reads. Listed first in a
+    per-sample ``token_embedding_scale`` that ``inputs.interpolate`` sets and ``embed`` reads. Listed first in a
     subclass's bases."""
 
     tower = "text"
-    readout = "position"
-    layout_class: Type[Layout] = TokenSequence
-
-    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
-        """``S * B`` samples, step-major, whose token embeddings are multiplied by ``alpha`` before the position
-        embeddings are added."""
-        return scaled_copies(inputs, alphas, TOKEN_EMBEDDING_SCALE)
-
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "position"))
 
 def at_readout_positions(normed: Tensor, context: SequenceContext) -> Tensor:
     """``[B, D]``: each sample's row of ``normed`` ``[B, N, D]`` at its read-out position (the context's)."""
@@ -191,13 +186,10 @@ class _HFCLIPTower(_ScorerHead, HFEncoderBlocks):
     recording = Capability(lambda adapter: CLIPRecording(adapter))
 
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].self_attn
-        return AttentionLinears(out=attn.out_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        mlp = self.blocks[layer].mlp
-        return mlp.fc1, mlp.fc2
+    def linears(self, layer: int) -> BlockLinears:
+        attn, mlp = self.blocks[layer].self_attn, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.out_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj),
+                            (mlp.fc1, mlp.fc2))
 
     decomposition = Capability(CLIPDecomposition)
 
@@ -238,7 +230,7 @@ class HFCLIPVisionAdapter(_HFPatchVision, LensImageAdapter, _HFCLIPTower):
     rule_map = Capability(CLIPVisionRules)
 
     family = "transformers CLIPModel vision tower (ZeroShotClassifier)"
-    readout = "class_token"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "class_token"))
 
     def projection(self) -> nn.Linear:
         return self.clip.visual_projection
@@ -262,7 +254,7 @@ def eos_positions(input_ids: Tensor, eos_token_id: int) -> Tensor:
 
 class _HFTokenText(_ScaledTokenText):
     """What transformers' CLIP-like text towers (CLIP, SigLIP) share: ``embeddings.token_embedding`` as the input
-    embedding, the embeddings with the token scale of :meth:`interpolate`, and the batch's tensors. Listed first
+    embedding, the embeddings with the token scale of ``inputs.interpolate``, and the batch's tensors. Listed first
     in a subclass's bases."""
 
     tower_model: Any
@@ -280,12 +272,9 @@ class _HFTokenText(_ScaledTokenText):
         return ModelInputs(tensors, batch, self.tower_model.embeddings.token_embedding.weight.dtype, ids.device,
                            check_sample_ids(sample_ids, batch))
 
-    def context(self, inputs: ModelInputs) -> SequenceContext:
-        return SequenceContext(attention_mask=inputs["attention_mask"], readout_positions=inputs[READOUT_POSITIONS])
-
     def embed(self, inputs: ModelInputs) -> Tensor:
         """The tower's ``embeddings`` (token + position embeddings); with the per-sample ``token_embedding_scale``
-        set by :meth:`interpolate`, the token embeddings are scaled before the positions are added."""
+        set by ``inputs.interpolate``, the token embeddings are scaled before the positions are added."""
         embeddings = self.tower_model.embeddings
         scale = inputs.tensors.get(TOKEN_EMBEDDING_SCALE)
         if scale is None:
@@ -305,6 +294,7 @@ class HFCLIPTextAdapter(_HFTokenText, _HFCLIPTower):
     ``CLIP.ipynb``: ``encode_text(text, scale)``: ``x = scale * token_embedding(text)``)."""
 
     rule_map = Capability(CLIPTextRules)
+    inputs = Capability(lambda adapter: CLIPTextInputs(adapter))
 
     family = "transformers CLIPModel text tower (PromptScorer)"
 
@@ -314,38 +304,6 @@ class HFCLIPTextAdapter(_HFTokenText, _HFCLIPTower):
     @property
     def eos_token_id(self) -> int:
         return int(self.tower_model.eos_token_id)
-
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        inputs, ids, mask = check_token_inputs(inputs, self.family, int(self.config.vocab_size),
-                                                int(self.config.max_position_embeddings), batch="T",
-                                                positions_of="the CLIP text tower's")
-        shape = ids.shape
-        ids = ids.long()
-        eos = eos_positions(ids, self.eos_token_id)
-        rows = torch.arange(shape[0], device=ids.device)
-        if self.eos_token_id != 2:
-            missing = (ids[rows, eos] != self.eos_token_id).nonzero().flatten()
-            if len(missing):
-                raise ValueError(f"input_ids: samples {missing.tolist()} hold no EOS token (id {self.eos_token_id}); "
-                                 "CLIP reads each text at its EOS position")
-        if bool((mask[:, 1:] > mask[:, :-1]).any()):
-            raise ValueError("attention_mask: the real tokens must come first (right padding); CLIP's absolute "
-                             "positions make left padding change the text")
-        if not bool(mask[rows, eos].all()):
-            raise ValueError("attention_mask: the EOS token (the read-out) is padding in some sample")
-        return self.token_batch(inputs, ids, mask, eos, sample_ids)
-
-    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
-        if not isinstance(inputs, ModelInputs):
-            inputs = self.prepare_inputs(inputs)
-        mask = inputs["attention_mask"]
-        eos = inputs[READOUT_POSITIONS]
-        positions = torch.arange(mask.shape[1], device=mask.device)[None, :]
-        special = inputs.tensors.get("special_tokens_mask")
-        if special is None:
-            special = (positions == 0) | (positions == eos[:, None])
-        content = mask.bool() & ~special.bool() & (positions < eos[:, None])
-        return TokenSequence(attention_mask=mask, content_mask=content)
 
     def block_mask(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
         """The causal mask combined with the padding mask, as ``CLIPTextModel`` builds it for the current
@@ -361,6 +319,67 @@ class HFCLIPTextAdapter(_HFTokenText, _HFCLIPTower):
 
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         return at_readout_positions(self.tower_model.final_layer_norm(hidden), context)
+
+
+class ScaledTokenInputs(InputFormat):
+    """What the CLIP-like text towers' inputs share (:class:`_ScaledTokenText`): token ids read out at one position
+    per text; integrated gradients scale the token embeddings before the position embeddings are added."""
+
+    layout_class = TokenSequence
+
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        """``S * B`` samples, step-major, whose token embeddings are multiplied by ``alpha`` before the position
+        embeddings are added."""
+        return scaled_copies(inputs, alphas, TOKEN_EMBEDDING_SCALE)
+
+
+class HFTokenTextInputs(ScaledTokenInputs):
+    """What the inputs of transformers' CLIP-like text towers share (:class:`_HFTokenText`): the attention mask and
+    the read-out positions as the context."""
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext(attention_mask=inputs["attention_mask"], readout_positions=inputs[READOUT_POSITIONS])
+
+
+class CLIPTextInputs(HFTokenTextInputs):
+    """The inputs of :class:`HFCLIPTextAdapter`: right padding, each text read at its EOS token."""
+
+    adapter: "HFCLIPTextAdapter"
+
+    def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        adapter = self.adapter
+        inputs, ids, mask = check_token_inputs(inputs, adapter.family, int(adapter.config.vocab_size),
+                                                int(adapter.config.max_position_embeddings), batch="T",
+                                                positions_of="the CLIP text tower's")
+        shape = ids.shape
+        ids = ids.long()
+        eos = eos_positions(ids, adapter.eos_token_id)
+        rows = torch.arange(shape[0], device=ids.device)
+        if adapter.eos_token_id != 2:
+            missing = (ids[rows, eos] != adapter.eos_token_id).nonzero().flatten()
+            if len(missing):
+                raise ValueError(f"input_ids: samples {missing.tolist()} hold no EOS token (id "
+                                 f"{adapter.eos_token_id}); CLIP reads each text at its EOS position")
+        if bool((mask[:, 1:] > mask[:, :-1]).any()):
+            raise ValueError("attention_mask: the real tokens must come first (right padding); CLIP's absolute "
+                             "positions make left padding change the text")
+        if not bool(mask[rows, eos].all()):
+            raise ValueError("attention_mask: the EOS token (the read-out) is padding in some sample")
+        return adapter.token_batch(inputs, ids, mask, eos, sample_ids)
+
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
+        if not isinstance(inputs, ModelInputs):
+            inputs = self.prepare(inputs)
+        mask = inputs["attention_mask"]
+        eos = inputs[READOUT_POSITIONS]
+        positions = torch.arange(mask.shape[1], device=mask.device)[None, :]
+        special = inputs.tensors.get("special_tokens_mask")
+        if special is None:
+            special = (positions == 0) | (positions == eos[:, None])
+        content = mask.bool() & ~special.bool() & (positions < eos[:, None])
+        return TokenSequence(attention_mask=mask, content_mask=content)
+
+
 
 
 class CLIPPostAttentionValues(ValueRecorder):

@@ -16,11 +16,18 @@ import torch
 from torch import Tensor, nn
 from transformers.activations import ACT2FN
 
-from ...adapters.base import AttentionEdit, AttentionLinears, ModelInputs, SequenceContext, register_adapter
+from ...adapters.base import (
+    AttentionEdit,
+    AttentionLinears,
+    BlockLinears,
+    ModelInputs,
+    SequenceContext,
+    register_adapter,
+)
 from ...adapters.capability import Capability
 from ...adapters.gradient_rules import apply_identity_rule
 from ...adapters.recorder import ActivationRecorder
-from ..hf_text.adapter import HFTextAdapter, TextDecomposition, TextRecording
+from ..hf_text.adapter import HFTextAdapter, TextDecomposition, TextInputs, TextRecording
 from .score_edit import deberta_score_edit
 
 
@@ -90,6 +97,24 @@ class HFDebertaV2Adapter(HFTextAdapter):
     def head_linears(self) -> Tuple[nn.Linear, ...]:
         return self.model.pooler.dense, self.model.classifier
 
+    # ------------------------------------------------------------------ where methods hook
+    def linears(self, layer: int) -> BlockLinears:
+        block = self.blocks[layer]
+        attention, own = block.attention, block.attention.self
+        return BlockLinears(AttentionLinears(out=attention.output.dense, q=own.query_proj, k=own.key_proj,
+                                             v=own.value_proj), (block.intermediate.dense, block.output.dense))
+
+    recording = Capability(lambda adapter: DebertaRecording(adapter))
+    inputs = Capability(lambda adapter: DebertaInputs(adapter))
+
+    decomposition = Capability(lambda adapter: DebertaDecomposition(adapter))
+
+
+class DebertaInputs(TextInputs):
+    """BERT's inputs; a removed position becomes padding (relative distances kept)."""
+
+    adapter: "HFDebertaV2Adapter"
+
     def drop_positions(self, hidden: Tensor, context: SequenceContext,
                        removed: Tensor) -> Tuple[Tensor, SequenceContext]:
         """``len(removed) * B`` sequences (sample-major), each with one position of ``removed`` turned into
@@ -102,16 +127,6 @@ class HFDebertaV2Adapter(HFTextAdapter):
         mask = mask.to(hidden.device).repeat_interleave(r, dim=0)     # sample-major, as the hidden states
         mask[torch.arange(batch * r, device=hidden.device), removed.to(hidden.device).repeat(batch)] = 0
         return hidden.repeat_interleave(r, dim=0), SequenceContext(attention_mask=mask)
-
-    # ------------------------------------------------------------------ where methods hook
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attention = self.blocks[layer].attention
-        own = attention.self
-        return AttentionLinears(out=attention.output.dense, q=own.query_proj, k=own.key_proj, v=own.value_proj)
-
-    recording = Capability(lambda adapter: DebertaRecording(adapter))
-
-    decomposition = Capability(lambda adapter: DebertaDecomposition(adapter))
 
 
 class DebertaDecomposition(TextDecomposition):

@@ -60,7 +60,7 @@ class HFDebertaTopology(HFTextTopology):
         if self.mask_value not in MASK_VALUES:
             raise ValueError(f"mask_value must be one of {MASK_VALUES}, got {self.mask_value!r}")
         x = acts[("x", layer)]
-        linears = self.adapter.attention_linears(layer)
+        linears = self.adapter.linears(layer).attention
         q, k = linears.q(x), linears.k(x)
         attention_mask = acts["attention_mask"].to(x.device)
         mask = None if bool(attention_mask.all()) else additive_mask(attention_mask, x.dtype, self.mask_value)
@@ -71,7 +71,7 @@ class HFDebertaTopology(HFTextTopology):
         scale = math.sqrt(attention.attention_head_size * score_factor(attention))
         tensors = block_tensors(acts, layer, mlp_in=acts.get(("mlp_in", layer)), qkv_in=x, q=q, k=k, mask=mask,
                                 scale=scale, mask_add=True)
-        return block_relprop(rules, tensors, linears, self.adapter.mlp_linears(layer), self.adapter.num_heads,
+        return block_relprop(rules, tensors, linears, self.adapter.linears(layer).mlp, self.adapter.token_flow.heads,
                              relevance, need_below)
 
     def record_input(self, rec: ActivationRecorder) -> None:

@@ -21,10 +21,12 @@ from ...adapters.base import (
     AttentionLinears,
     AttentionRecompute,
     BlockDecomposition,
+    BlockLinears,
     Decoder,
+    InputFormat,
     ModelInputs,
-    Projection,
     RawInputs,
+    ReadOut,
     Recording,
     SampleIds,
     SequenceContext,
@@ -44,7 +46,7 @@ from .recompute import recomputed_attention
 from .rules import DecoderRules, Gemma3Rules, RopeDecoderRules
 
 #: extra per-sample tensors of a batch set by the adapter: the read-out positions, the position ids and, from
-#: :meth:`_HFDecoder.interpolate`, the factor on the token embeddings
+#: :meth:`DecoderInputs.interpolate`, the factor on the token embeddings
 READOUT_POSITIONS = "readout_positions"
 POSITION_IDS = "position_ids"
 TOKEN_EMBEDDING_SCALE = "token_embedding_scale"
@@ -117,8 +119,8 @@ class _HFDecoder(HFBaseBlocks):
 
     rule_map = Capability(DecoderRules)
 
-    readout = "position"
-    layout_class = TokenSequence
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "position"))
+    inputs: Capability[InputFormat] = Capability(lambda adapter: DecoderInputs(adapter))
     #: the ``transformers`` classes (names) of the family: causal LMs and sequence classifiers
     model_classes: Tuple[str, ...] = ()
     #: the attribute of the model holding the decoder stack
@@ -168,74 +170,10 @@ class _HFDecoder(HFBaseBlocks):
         """The longest sequence accepted: unbounded for rotary positions (GPT-2: its ``n_positions``)."""
         return 1 << 62
 
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        inputs, ids, mask = check_token_inputs(inputs, self.family, int(self.config.vocab_size), self.max_length(),
-                                                missing_note="; inputs_embeds are not supported")
-        shape = ids.shape
-        runs = (mask[:, 1:] > mask[:, :-1]).long().sum(dim=1) + mask[:, 0]
-        if not bool((runs == 1).all()):
-            bad = (runs != 1).nonzero().flatten().tolist()
-            raise ValueError(f"attention_mask: rows {bad} do not hold one contiguous run of real tokens (left or "
-                             "right padding only)")
-        tensors: Dict[str, Tensor] = {"input_ids": ids.long(), "attention_mask": mask}
-        special = inputs.get("special_tokens_mask")
-        if special is not None:
-            tensors["special_tokens_mask"] = check_ids_like("special_tokens_mask", special, shape).long()
-        readout = inputs.get("readout_position")
-        if readout is None:
-            readout = last_real_positions(mask)
-        else:
-            readout = torch.as_tensor(readout, device=ids.device)
-            if readout.dim() == 0:
-                readout = readout.expand(shape[0])
-            if readout.dtype.is_floating_point or tuple(readout.shape) != (shape[0],):
-                raise ValueError(f"readout_position must be one integer position per row ({shape[0]}), got "
-                                 f"{tuple(readout.shape)} {readout.dtype}")
-            readout = readout.long()
-            rows = torch.arange(shape[0], device=ids.device)
-            inside = (readout >= 0) & (readout < shape[1])
-            if not bool(inside.all()) or not bool(mask[rows, readout.clamp(0, shape[1] - 1)].all()):
-                raise ValueError("readout_position must name a real (attended) position of every row")
-        tensors[READOUT_POSITIONS] = readout
-        tensors[POSITION_IDS] = positions_from_mask(mask)
-        embedding: Any = self.input_embedding()
-        return ModelInputs(tensors, int(shape[0]), embedding.weight.dtype, ids.device,
-                           check_sample_ids(sample_ids, int(shape[0])))
-
-
-    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
-        if not isinstance(inputs, ModelInputs):
-            inputs = self.prepare_inputs(inputs)
-        mask = inputs["attention_mask"]
-        special = inputs.tensors.get("special_tokens_mask")
-        if special is None:
-            special = torch.zeros_like(mask, dtype=torch.bool)
-            bos = self.config.bos_token_id
-            if bos is not None:
-                first = (mask.long().cumsum(-1) == 1) & mask.bool()
-                special = first & (inputs["input_ids"] == int(bos))
-        return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special.bool())
-
-    def context(self, inputs: ModelInputs) -> SequenceContext:
-        return SequenceContext(attention_mask=inputs["attention_mask"], readout_positions=inputs[READOUT_POSITIONS],
-                               position_ids=inputs[POSITION_IDS])
-
-    def drop_positions(self, hidden: Tensor, context: SequenceContext,
-                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
-        """As :meth:`ModelAdapter.drop_positions`, the others keeping their position ids; a sequence whose own
-        read-out position is removed is read at the real position before it (the prediction made without that
-        token)."""
-        shortened, short = super().drop_positions(hidden, context, removed)
-        positions = short.readout_positions
-        if positions is not None and context.readout_positions is not None:
-            hit = (removed.to(positions.device)[None, :] == context.readout_positions[:, None]).flatten()
-            positions = torch.where(hit, (positions - 1).clamp(min=0), positions)
-        return shortened, SequenceContext(short.attention_mask, positions, short.position_ids)
-
     # ------------------------------------------------------------------ forward pieces (the model's own order)
     def token_embeddings(self, inputs: ModelInputs) -> Tensor:
         """The input embedding module's output, times the per-sample ``token_embedding_scale`` when
-        :meth:`interpolate` set one."""
+        ``inputs.interpolate`` set one."""
         tokens = self.input_embedding()(inputs["input_ids"])
         scale = inputs.tensors.get(TOKEN_EMBEDDING_SCALE)
         return tokens if scale is None else scale.to(tokens.dtype)[:, None, None] * tokens
@@ -272,7 +210,7 @@ class _HFDecoder(HFBaseBlocks):
 
     def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
                    stop: Optional[int] = None) -> Tensor:
-        indices = list(range(self.depth))[start:stop]
+        indices = list(range(len(self.blocks)))[start:stop]
         if not indices:
             return hidden
         kinds = sorted({self.layer_type(i) for i in indices})
@@ -313,11 +251,6 @@ class _HFDecoder(HFBaseBlocks):
         of the read-out position)."""
         return self.logits_at(hidden, context, pre_logits)
 
-    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
-        """``S * B`` samples, step-major, whose token embeddings are multiplied by ``alpha`` (before GPT-2's
-        position embeddings are added)."""
-        return scaled_copies(inputs, alphas, TOKEN_EMBEDDING_SCALE)
-
     def input_embedding(self) -> nn.Module:
         """The token embedding (``embed_tokens``; Gemma 3's scales its output by ``sqrt(hidden_size)``: the
         scaled output is the input embedding, LXT's ``inputs_embeds``)."""
@@ -327,14 +260,13 @@ class _HFDecoder(HFBaseBlocks):
     # ------------------------------------------------------------------ where methods hook
     recording: Capability[Recording] = Capability(lambda adapter: DecoderRecording(adapter))
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
+    def linears(self, layer: int) -> BlockLinears:
+        """The attention's ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``; the MLP's ``up_proj`` and ``down_proj``
+        (the gate: ``rules.RopeDecoderRules.gated_mlps``)."""
         attn: Any = self.self_attention(layer)
-        return AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
-
-    def mlp_linears(self, layer: int) -> Tuple[Projection, Projection]:
-        """``up_proj`` and ``down_proj`` (the gate: ``rules.RopeDecoderRules.gated_mlps``)."""
         mlp = self.blocks[layer].mlp
-        return mlp.up_proj, mlp.down_proj
+        return BlockLinears(AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj),
+                            (mlp.up_proj, mlp.down_proj))
 
     decomposition: Capability[Optional[BlockDecomposition]] = Capability(DecoderDecomposition)
     decoder = Capability(HFDecoderFacts)
@@ -342,6 +274,84 @@ class _HFDecoder(HFBaseBlocks):
     def head_is_linear(self) -> bool:
         """The LM head (or the score head) is linear after the final norm (ALTI-Logit)."""
         return True
+
+
+class DecoderInputs(InputFormat):
+    """A decoder's inputs: token ids with one contiguous run of real tokens per row (left or right padding), the
+    read-out position (the last real token unless given) and the position ids from the mask; integrated gradients
+    scale the token embeddings."""
+
+    adapter: "_HFDecoder"
+    layout_class = TokenSequence
+
+    def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        adapter = self.adapter
+        inputs, ids, mask = check_token_inputs(inputs, adapter.family, int(adapter.config.vocab_size),
+                                                adapter.max_length(), missing_note="; inputs_embeds are not supported")
+        shape = ids.shape
+        runs = (mask[:, 1:] > mask[:, :-1]).long().sum(dim=1) + mask[:, 0]
+        if not bool((runs == 1).all()):
+            bad = (runs != 1).nonzero().flatten().tolist()
+            raise ValueError(f"attention_mask: rows {bad} do not hold one contiguous run of real tokens (left or "
+                             "right padding only)")
+        tensors: Dict[str, Tensor] = {"input_ids": ids.long(), "attention_mask": mask}
+        special = inputs.get("special_tokens_mask")
+        if special is not None:
+            tensors["special_tokens_mask"] = check_ids_like("special_tokens_mask", special, shape).long()
+        readout = inputs.get("readout_position")
+        if readout is None:
+            readout = last_real_positions(mask)
+        else:
+            readout = torch.as_tensor(readout, device=ids.device)
+            if readout.dim() == 0:
+                readout = readout.expand(shape[0])
+            if readout.dtype.is_floating_point or tuple(readout.shape) != (shape[0],):
+                raise ValueError(f"readout_position must be one integer position per row ({shape[0]}), got "
+                                 f"{tuple(readout.shape)} {readout.dtype}")
+            readout = readout.long()
+            rows = torch.arange(shape[0], device=ids.device)
+            inside = (readout >= 0) & (readout < shape[1])
+            if not bool(inside.all()) or not bool(mask[rows, readout.clamp(0, shape[1] - 1)].all()):
+                raise ValueError("readout_position must name a real (attended) position of every row")
+        tensors[READOUT_POSITIONS] = readout
+        tensors[POSITION_IDS] = positions_from_mask(mask)
+        embedding: Any = adapter.input_embedding()
+        return ModelInputs(tensors, int(shape[0]), embedding.weight.dtype, ids.device,
+                           check_sample_ids(sample_ids, int(shape[0])))
+
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
+        if not isinstance(inputs, ModelInputs):
+            inputs = self.prepare(inputs)
+        mask = inputs["attention_mask"]
+        special = inputs.tensors.get("special_tokens_mask")
+        if special is None:
+            special = torch.zeros_like(mask, dtype=torch.bool)
+            bos = self.adapter.config.bos_token_id
+            if bos is not None:
+                first = (mask.long().cumsum(-1) == 1) & mask.bool()
+                special = first & (inputs["input_ids"] == int(bos))
+        return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special.bool())
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext(attention_mask=inputs["attention_mask"], readout_positions=inputs[READOUT_POSITIONS],
+                               position_ids=inputs[POSITION_IDS])
+
+    def drop_positions(self, hidden: Tensor, context: SequenceContext,
+                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
+        """As :meth:`InputFormat.drop_positions`, the others keeping their position ids; a sequence whose own
+        read-out position is removed is read at the real position before it (the prediction made without that
+        token)."""
+        shortened, short = super().drop_positions(hidden, context, removed)
+        positions = short.readout_positions
+        if positions is not None and context.readout_positions is not None:
+            hit = (removed.to(positions.device)[None, :] == context.readout_positions[:, None]).flatten()
+            positions = torch.where(hit, (positions - 1).clamp(min=0), positions)
+        return shortened, SequenceContext(short.attention_mask, positions, short.position_ids)
+
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        """``S * B`` samples, step-major, whose token embeddings are multiplied by ``alpha`` (before GPT-2's
+        position embeddings are added)."""
+        return scaled_copies(inputs, alphas, TOKEN_EMBEDDING_SCALE)
 
 
 class _HFRopeDecoder(_HFDecoder):
@@ -494,13 +504,9 @@ class HFGPT2Adapter(_HFDecoder):
                                   position_ids=position_ids)
 
     recording = Capability(lambda adapter: GPT2Recording(adapter))
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].attn
-        return AttentionLinears(out=attn.c_proj, qkv=attn.c_attn)
-
-    def mlp_linears(self, layer: int) -> Tuple[Projection, Projection]:
-        mlp = self.blocks[layer].mlp
-        return mlp.c_fc, mlp.c_proj
+    def linears(self, layer: int) -> BlockLinears:
+        attn, mlp = self.blocks[layer].attn, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.c_proj, qkv=attn.c_attn), (mlp.c_fc, mlp.c_proj))
 
     decomposition = Capability(GPT2Decomposition)
 
@@ -517,7 +523,7 @@ class DecoderRecompute(AttentionRecompute):
         config is switched to that implementation for the duration (the masks built as for the eager attention)
         and restored on exit."""
         weight: Any = self.adapter.input_embedding().weight
-        modules = {self.adapter.self_attention(i): i for i in range(self.adapter.depth)}
+        modules = {self.adapter.self_attention(i): i for i in range(len(self.adapter.blocks))}
         return recomputed_attention(self.adapter.attention_config(), modules, consume, lowest, weight.dtype,
                                     weight.device)
 
@@ -542,7 +548,7 @@ class DecoderRecording(HFRecording):
         """``v_proj``'s output with each key/value head repeated for its query heads: ``[B, N, H * head_dim]``."""
         attn: Any = self.adapter.self_attention(layer)
         groups = int(attn.num_key_value_groups)
-        kv_heads = self.adapter.num_heads // groups
+        kv_heads = self.adapter.token_flow.heads // groups
         rec.output(attn.v_proj, key, transform=lambda v: repeat_heads(v, kv_heads, groups))
 
     def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,
@@ -564,5 +570,5 @@ class GPT2Recording(DecoderRecording):
 
     def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """The value third of ``c_attn``'s output ``[B, N, D]``."""
-        width = self.adapter.width
+        width = self.adapter.token_flow.width
         rec.output(self.adapter.blocks[layer].attn.c_attn, key, transform=lambda qkv: qkv[..., 2 * width:])

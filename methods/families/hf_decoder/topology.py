@@ -142,7 +142,7 @@ class _RopeDecoderTopology(_DecoderTopology):
         ctx = saved.proj_in
         r_ctx = rules["linear"](ctx, linear_weight(attn.o_proj), r_a, a, attn.o_proj.bias)
         batch, tokens = x.shape[:2]
-        heads = adapter.num_heads
+        heads = adapter.token_flow.heads
         groups = int(attn.num_key_value_groups)
         kv_heads = heads // groups
 

@@ -21,16 +21,19 @@ from torch import Tensor, nn
 from ...adapters.base import (
     AttentionLinears,
     BlockDecomposition,
+    BlockLinears,
     ModelInputs,
     RawInputs,
+    ReadOut,
     SampleIds,
     SequenceContext,
+    TokenFlow,
     register_adapter,
 )
 from ...adapters.capability import Capability
 from ...adapters.recorder import ActivationRecorder
 from ..hf_decoder.adapter import unmask_padding_queries
-from ..hf_text.adapter import HFTextAdapter, TextRecording
+from ..hf_text.adapter import HFTextAdapter, TextInputs, TextRecording
 from .rules import ModernBertRules
 
 #: the position ids a batch carries (``arange(N)``, as the model counts them)
@@ -66,7 +69,6 @@ class HFModernBertAdapter(HFTextAdapter):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         self.config: Any = self.base.config
-        self.readout = POOLINGS[self.config.classifier_pooling]
 
     @staticmethod
     def layers_of(base: Any) -> Any:
@@ -85,13 +87,13 @@ class HFModernBertAdapter(HFTextAdapter):
         return super().signature_of(model) + (model.config.classifier_pooling,)
 
     # ------------------------------------------------------------------ structure
-    @property
-    def width(self) -> int:
-        return int(self.config.hidden_size)
+    #: isotropic: ``config.hidden_size`` wide (the fused ``Wqkv`` names no query projection)
+    token_flow = Capability(lambda adapter: TokenFlow(adapter, int(adapter.config.hidden_size),
+                                                      adapter.num_heads_of(adapter.model.config)))
 
-    @property
-    def has_class_token(self) -> bool:
-        return self.readout == "class_token"
+    #: ``classifier_pooling``'s: [CLS], or the mean of the real tokens (:meth:`readout_weights`)
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(
+        adapter, POOLINGS[adapter.config.classifier_pooling], None, adapter.readout_weights))
 
     def final_norm(self) -> nn.Module:
         return self.base.final_norm
@@ -112,24 +114,8 @@ class HFModernBertAdapter(HFTextAdapter):
 
     def readout_weights(self, inputs: ModelInputs, layout: Any) -> Tensor:
         """Mean pooling: ``1 / length`` at each real token (special tokens included), 0 at padding."""
-        if self.readout != "weighted":
-            return super().readout_weights(inputs, layout)
         mask = inputs["attention_mask"].to(inputs.score_dtype)
         return mask / mask.sum(dim=-1, keepdim=True)
-
-    # ------------------------------------------------------------------ inputs
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        """As :meth:`HFTextAdapter.prepare_inputs`, right padding only, plus the position ids ``arange(N)``."""
-        prepared = super().prepare_inputs(inputs, sample_ids)
-        mask = prepared["attention_mask"]
-        if bool((mask[:, 1:] > mask[:, :-1]).any()):
-            raise ValueError("attention_mask: every sample must be padded on the right only (ModernBERT's positions "
-                             "are arange(N))")
-        shape = mask.shape
-        return prepared.with_tensors(**{POSITION_IDS: torch.arange(shape[1], device=mask.device).expand(shape)})
-
-    def context(self, inputs: ModelInputs) -> SequenceContext:
-        return SequenceContext(attention_mask=inputs["attention_mask"], position_ids=inputs[POSITION_IDS])
 
     # ------------------------------------------------------------------ forward pieces (the model's own order)
     def embeddings(self, inputs: ModelInputs) -> Tensor:
@@ -159,7 +145,7 @@ class HFModernBertAdapter(HFTextAdapter):
 
     def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
                    stop: Optional[int] = None) -> Tensor:
-        indices = list(range(self.depth))[start:stop]
+        indices = list(range(len(self.blocks)))[start:stop]
         if not indices:
             return hidden
         position_ids = self.position_ids(hidden, context)
@@ -174,7 +160,7 @@ class HFModernBertAdapter(HFTextAdapter):
     def pool(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         """The final norm, then position 0 (``"cls"``) or the mean over the real tokens (``"mean"``), as the model."""
         hidden = self.final_norm()(hidden)
-        if self.readout == "class_token":
+        if self.readout.kind == "class_token":
             return hidden[:, 0]
         mask = context.attention_mask
         if mask is None:
@@ -189,17 +175,33 @@ class HFModernBertAdapter(HFTextAdapter):
 
     # ------------------------------------------------------------------ where methods hook
     recording = Capability(lambda adapter: ModernBertRecording(adapter))
+    inputs = Capability(lambda adapter: ModernBertInputs(adapter))
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].attn
-        return AttentionLinears(out=attn.Wo, qkv=attn.Wqkv)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        """``Wi`` (both halves: ``in | gate``) and ``Wo``."""
-        mlp = self.blocks[layer].mlp
-        return mlp.Wi, mlp.Wo
+    def linears(self, layer: int) -> BlockLinears:
+        """The attention's ``Wqkv`` and ``Wo``; the MLP's ``Wi`` (both halves: ``in | gate``) and ``Wo``."""
+        attn, mlp = self.blocks[layer].attn, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.Wo, qkv=attn.Wqkv), (mlp.Wi, mlp.Wo))
 
     decomposition = Capability(lambda adapter: ModernBertDecomposition(adapter))
+
+
+class ModernBertInputs(TextInputs):
+    """BERT's inputs, right padding only, with the position ids ``arange(N)`` that the rotary blocks read."""
+
+    adapter: "HFModernBertAdapter"
+
+    def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        """As :meth:`TextInputs.prepare`, right padding only, plus the position ids ``arange(N)``."""
+        prepared = super().prepare(inputs, sample_ids)
+        mask = prepared["attention_mask"]
+        if bool((mask[:, 1:] > mask[:, :-1]).any()):
+            raise ValueError("attention_mask: every sample must be padded on the right only (ModernBERT's positions "
+                             "are arange(N))")
+        shape = mask.shape
+        return prepared.with_tensors(**{POSITION_IDS: torch.arange(shape[1], device=mask.device).expand(shape)})
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext(attention_mask=inputs["attention_mask"], position_ids=inputs[POSITION_IDS])
 
 
 class ModernBertDecomposition(BlockDecomposition):
@@ -215,7 +217,7 @@ class ModernBertRecording(TextRecording):
 
     def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
         """The value third of ``Wqkv``'s output ``[B, N, D]``."""
-        width = self.adapter.width
+        width = self.adapter.token_flow.width
         rec.output(self.adapter.blocks[layer].attn.Wqkv, key, transform=lambda qkv: qkv[..., 2 * width:])
 
     def attention_input(self, rec: ActivationRecorder, layer: int, key: Hashable,

@@ -65,7 +65,7 @@ class HFModernBertTopology(Topology):
         for i, linear in reversed(list(enumerate(self.adapter.head_linears()))):
             r = rules["linear"](acts[("head_in", i)], linear.weight, r)
         normed = acts["normed"]
-        if self.adapter.readout == "class_token":
+        if self.adapter.readout.kind == "class_token":
             return readout_relprop(rules, normed, r, "class_token")
         mask = acts.get("attention_mask")
         mask = torch.ones(normed.shape[:2], device=normed.device) if mask is None else mask.to(normed.device)

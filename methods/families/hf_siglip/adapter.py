@@ -24,6 +24,7 @@ from ...adapters.base import (
     Layout,
     ModelInputs,
     RawInputs,
+    ReadOut,
     SampleIds,
     SequenceContext,
     TokenSequence,
@@ -34,7 +35,7 @@ from ...adapters.lens import LensImageAdapter
 from ...adapters.library import library_class
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.tokens import check_token_inputs
-from ..hf_clip.adapter import _HFCLIPTower, _HFPatchVision, _HFTokenText
+from ..hf_clip.adapter import HFTokenTextInputs, _HFCLIPTower, _HFPatchVision, _HFTokenText
 from .rules import SiglipTextRules, SiglipVisionRules
 
 
@@ -61,7 +62,8 @@ class HFSiglipVisionAdapter(_HFPatchVision, LensImageAdapter, _HFSiglipTower):
 
     family = "transformers SiglipModel vision tower (ZeroShotClassifier)"
     model_name = "SigLIP"
-    readout = "attention_pool"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "attention_pool", None,
+                                                                      adapter.readout_weights))
     num_prefix_tokens = 0
 
     def __init__(self, model: nn.Module) -> None:
@@ -120,7 +122,7 @@ class HFSiglipVisionAdapter(_HFPatchVision, LensImageAdapter, _HFSiglipTower):
         if cached is not None and cached[0]() is pixels and cached[1] == pixels._version:
             return cached[2]
         with torch.no_grad(), self.recording.eager_attention():
-            self.forward(inputs, grad_from_block=self.depth)
+            self.forward(inputs, grad_from_block=len(self.blocks))
         assert self._readout_cache is not None, "an eager forward keeps the read-out weights"
         return self._readout_cache[2]
 
@@ -135,6 +137,7 @@ class HFSiglipTextAdapter(_HFTokenText, _HFSiglipTower):
     position embeddings are added (as CLIP's text adapter)."""
 
     rule_map = Capability(SiglipTextRules)
+    inputs = Capability(lambda adapter: SiglipTextInputs(adapter))
 
     family = "transformers SiglipModel text tower (PromptScorer)"
 
@@ -148,37 +151,6 @@ class HFSiglipTextAdapter(_HFTokenText, _HFSiglipTower):
         vocab = int(self.config.vocab_size)
         ids = (getattr(self.config, "pad_token_id", None), getattr(self.config, "eos_token_id", None))
         return tuple(int(i) for i in ids if i is not None and 0 <= int(i) < vocab)
-
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        inputs, ids, mask = check_token_inputs(inputs, self.family, int(self.config.vocab_size),
-                                                int(self.config.max_position_embeddings), batch="T",
-                                                positions_of="the SigLIP text tower's")
-        shape = ids.shape
-        empty = (mask.sum(dim=1) == 0).nonzero().flatten()
-        if len(empty):
-            raise ValueError(f"attention_mask: samples {empty.tolist()} have no real token")
-        last = torch.full((shape[0],), shape[1] - 1, dtype=torch.long, device=ids.device)
-        return self.token_batch(inputs, ids.long(), mask, last, sample_ids)
-
-    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
-        if not isinstance(inputs, ModelInputs):
-            inputs = self.prepare_inputs(inputs)
-        mask, ids = inputs["attention_mask"], inputs["input_ids"]
-        special = inputs.tensors.get("special_tokens_mask")
-        if special is None:
-            special = torch.zeros_like(ids, dtype=torch.bool)
-            for token in self.special_ids():
-                special |= ids == token
-        return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special.bool())
-
-    def drop_positions(self, hidden: Tensor, context: SequenceContext,
-                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
-        """As the base class; the read-out stays the last position (``N - 2`` of the shortened texts), as the
-        model reads it."""
-        shortened, short = super().drop_positions(hidden, context, removed)
-        positions = torch.full((shortened.shape[0],), shortened.shape[1] - 1, dtype=torch.long,
-                               device=hidden.device)
-        return shortened, SequenceContext(short.attention_mask, positions, short.position_ids)
 
     def block_mask(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
         """The bidirectional padding mask as ``SiglipTextModel`` builds it for the current attention
@@ -194,3 +166,40 @@ class HFSiglipTextAdapter(_HFTokenText, _HFSiglipTower):
     def pooled(self, hidden: Tensor, context: SequenceContext) -> Tensor:
         """``final_layer_norm``, then the last position (``SiglipTextModel``: ``last_hidden_state[:, -1, :]``)."""
         return self.tower_model.final_layer_norm(hidden)[:, -1, :]
+
+
+class SiglipTextInputs(HFTokenTextInputs):
+    """The inputs of :class:`HFSiglipTextAdapter`: texts padded to ``max_length``, each read at its last position."""
+
+    adapter: "HFSiglipTextAdapter"
+
+    def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        inputs, ids, mask = check_token_inputs(inputs, self.adapter.family, int(self.adapter.config.vocab_size),
+                                                int(self.adapter.config.max_position_embeddings), batch="T",
+                                                positions_of="the SigLIP text tower's")
+        shape = ids.shape
+        empty = (mask.sum(dim=1) == 0).nonzero().flatten()
+        if len(empty):
+            raise ValueError(f"attention_mask: samples {empty.tolist()} have no real token")
+        last = torch.full((shape[0],), shape[1] - 1, dtype=torch.long, device=ids.device)
+        return self.adapter.token_batch(inputs, ids.long(), mask, last, sample_ids)
+
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
+        if not isinstance(inputs, ModelInputs):
+            inputs = self.prepare(inputs)
+        mask, ids = inputs["attention_mask"], inputs["input_ids"]
+        special = inputs.tensors.get("special_tokens_mask")
+        if special is None:
+            special = torch.zeros_like(ids, dtype=torch.bool)
+            for token in self.adapter.special_ids():
+                special |= ids == token
+        return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special.bool())
+
+    def drop_positions(self, hidden: Tensor, context: SequenceContext,
+                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
+        """As the base class; the read-out stays the last position (``N - 2`` of the shortened texts), as the
+        model reads it."""
+        shortened, short = super().drop_positions(hidden, context, removed)
+        positions = torch.full((shortened.shape[0],), shortened.shape[1] - 1, dtype=torch.long,
+                               device=hidden.device)
+        return shortened, SequenceContext(short.attention_mask, positions, short.position_ids)

@@ -15,12 +15,16 @@ from torch import Tensor, nn
 from ...adapters.base import (
     AttentionLinears,
     BlockDecomposition,
+    BlockLinears,
     HeadLayers,
+    InputFormat,
     ModelInputs,
     RawInputs,
+    ReadOut,
     Recording,
     SampleIds,
     SequenceContext,
+    TokenFlow,
     TokenSequence,
     check_sample_ids,
     linear_weight,
@@ -36,7 +40,7 @@ from ...adapters.value_edits import ProjectionValueEdit
 from ..hf_blocks import HFBaseBlocks, HFRecording
 from .rules import TextRules
 
-#: an extra per-sample tensor set by :meth:`HFBertAdapter.interpolate`: the factor on the embedding output
+#: an extra per-sample tensor set by :meth:`TextInputs.interpolate`: the factor on the embedding output
 EMBEDDING_SCALE = "embedding_scale"
 
 
@@ -77,8 +81,9 @@ class HFTextAdapter(HFBaseBlocks):
 
     rule_map = Capability(TextRules)
 
-    readout = "class_token"
-    layout_class = TokenSequence
+    #: [CLS]
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "class_token", True))
+    inputs: Capability[InputFormat] = Capability(lambda adapter: TextInputs(adapter))
     #: the model class (a name in ``transformers``); ``base_attr`` (:class:`HFBaseBlocks`) holds its encoder
     model_class = "?"
     uses_token_types = True
@@ -125,57 +130,16 @@ class HFTextAdapter(HFBaseBlocks):
         return None
 
     # ------------------------------------------------------------------ structure
-    @property
-    def num_heads(self) -> int:
-        return self.num_heads_of(self.model.config)
+    #: isotropic: the encoder's width (the input width of block 0's query projection; ELECTRA-small's embeddings
+    #: are narrower) and the config's heads
+    token_flow = Capability(lambda adapter: TokenFlow(adapter, adapter.encoder_width(),
+                                                      adapter.num_heads_of(adapter.model.config)))
 
-    @property
-    def width(self) -> int:
-        """The encoder's width (the input width of block 0's query projection; ELECTRA-small's embeddings are
-        narrower)."""
-        query = self.attention_linears(0).q
+    def encoder_width(self) -> int:
+        """The input width of block 0's query projection (ELECTRA-small's embeddings are narrower)."""
+        query = self.linears(0).attention.q
         assert query is not None  # text families have separate projections
         return int(linear_weight(query).shape[1])
-
-    @property
-    def has_class_token(self) -> bool:
-        return True
-
-    # ------------------------------------------------------------------ inputs, layout
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        inputs, ids, mask = check_token_inputs(inputs, self.family, int(self.model.config.vocab_size),
-                                                self.max_length(), missing_note="; inputs_embeds are not supported")
-        shape = ids.shape
-        tensors = {"input_ids": ids.long()}
-        if not bool(mask[:, 0].all()):
-            raise ValueError("attention_mask: position 0 ([CLS], the read-out) must be a real token in every sample "
-                             "(left padding is not supported)")
-        tensors["attention_mask"] = mask
-        for name in ("token_type_ids", "special_tokens_mask"):
-            value = inputs.get(name)
-            if value is not None:
-                tensors[name] = check_ids_like(name, value, shape).long()
-        types = tensors.get("token_type_ids")
-        if types is not None and not self.uses_token_types:
-            if bool(types.any()):
-                raise ValueError(f"{self.family} has no token-type embeddings: token_type_ids must be 0 or absent")
-            del tensors["token_type_ids"]
-        elif types is not None and (int(types.min()) < 0
-                                    or int(types.max()) >= int(self.model.config.type_vocab_size)):
-            raise ValueError(f"token_type_ids must lie in [0, {self.model.config.type_vocab_size})")
-        dtype = self.model.get_input_embeddings().weight.dtype
-        return ModelInputs(tensors, int(shape[0]), dtype, ids.device, check_sample_ids(sample_ids, int(shape[0])))
-
-    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
-        if not isinstance(inputs, ModelInputs):
-            inputs = self.prepare_inputs(inputs)
-        mask = inputs["attention_mask"]
-        special = inputs.tensors.get("special_tokens_mask")
-        special = special.bool() if special is not None else special_positions(mask)
-        return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special)
-
-    def context(self, inputs: ModelInputs) -> SequenceContext:
-        return SequenceContext(attention_mask=inputs["attention_mask"])
 
     # ------------------------------------------------------------------ forward pieces (the model's own order)
     def embeddings(self, inputs: ModelInputs) -> Tensor:
@@ -185,7 +149,7 @@ class HFTextAdapter(HFBaseBlocks):
     def embed(self, inputs: ModelInputs) -> Tensor:
         """The model's embeddings (word + token-type + position, LayerNorm, dropout), then the
         :meth:`embedding_projection` if the family has one; times the per-sample ``embedding_scale`` when
-        :meth:`interpolate` set one (Beyond Intuition's ``alpha * embedding_output``: the encoder input)."""
+        ``inputs.interpolate`` set one (Beyond Intuition's ``alpha * embedding_output``: the encoder input)."""
         hidden = self.embeddings(inputs)
         projection = self.embedding_projection()
         if projection is not None:
@@ -205,22 +169,14 @@ class HFTextAdapter(HFBaseBlocks):
         return create_bidirectional_mask(config=self.model.config, inputs_embeds=hidden,
                                          attention_mask=context.attention_mask.to(hidden.device))
 
-    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
-        """``S * B`` samples, step-major, whose embedding output (after the embedding LayerNorm) is multiplied by
-        ``alpha`` (Beyond Intuition's BERT, ``BERT.py``: ``embedding_output = alpha * embedding_output``)."""
-        return scaled_copies(inputs, alphas, EMBEDDING_SCALE)
-
     # ------------------------------------------------------------------ where methods hook
     recording: Capability[Recording] = Capability(lambda adapter: TextRecording(adapter))
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attention = self.blocks[layer].attention
-        return AttentionLinears(out=attention.output.dense, q=attention.self.query, k=attention.self.key,
-                                v=attention.self.value)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
+    def linears(self, layer: int) -> BlockLinears:
         block = self.blocks[layer]
-        return block.intermediate.dense, block.output.dense
+        attention = block.attention
+        return BlockLinears(AttentionLinears(out=attention.output.dense, q=attention.self.query, k=attention.self.key,
+                                             v=attention.self.value), (block.intermediate.dense, block.output.dense))
 
 
     decomposition: Capability[Optional[BlockDecomposition]] = Capability(TextDecomposition)
@@ -228,6 +184,55 @@ class HFTextAdapter(HFBaseBlocks):
     def head_activation_function(self) -> Callable[[Tensor], Tensor]:
         """The element-wise activation between the head's two linear layers (:meth:`head_linears`)."""
         raise NotImplementedError
+
+
+class TextInputs(InputFormat):
+    """The inputs of the BERT-like encoders: token ids with ``attention_mask`` (the real tokens first),
+    ``token_type_ids`` and ``special_tokens_mask`` when given; integrated gradients scale the embedding output."""
+
+    adapter: "HFTextAdapter"
+    layout_class = TokenSequence
+
+    def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        adapter = self.adapter
+        inputs, ids, mask = check_token_inputs(inputs, adapter.family, int(adapter.model.config.vocab_size),
+                                                adapter.max_length(), missing_note="; inputs_embeds are not supported")
+        shape = ids.shape
+        tensors = {"input_ids": ids.long()}
+        if not bool(mask[:, 0].all()):
+            raise ValueError("attention_mask: position 0 ([CLS], the read-out) must be a real token in every sample "
+                             "(left padding is not supported)")
+        tensors["attention_mask"] = mask
+        for name in ("token_type_ids", "special_tokens_mask"):
+            value = inputs.get(name)
+            if value is not None:
+                tensors[name] = check_ids_like(name, value, shape).long()
+        types = tensors.get("token_type_ids")
+        if types is not None and not adapter.uses_token_types:
+            if bool(types.any()):
+                raise ValueError(f"{adapter.family} has no token-type embeddings: token_type_ids must be 0 or absent")
+            del tensors["token_type_ids"]
+        elif types is not None and (int(types.min()) < 0
+                                    or int(types.max()) >= int(adapter.model.config.type_vocab_size)):
+            raise ValueError(f"token_type_ids must lie in [0, {adapter.model.config.type_vocab_size})")
+        dtype = adapter.model.get_input_embeddings().weight.dtype
+        return ModelInputs(tensors, int(shape[0]), dtype, ids.device, check_sample_ids(sample_ids, int(shape[0])))
+
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
+        if not isinstance(inputs, ModelInputs):
+            inputs = self.prepare(inputs)
+        mask = inputs["attention_mask"]
+        special = inputs.tensors.get("special_tokens_mask")
+        special = special.bool() if special is not None else special_positions(mask)
+        return TokenSequence(attention_mask=mask, content_mask=mask.bool() & ~special)
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        return SequenceContext(attention_mask=inputs["attention_mask"])
+
+    def interpolate(self, inputs: ModelInputs, alphas: Tensor) -> ModelInputs:
+        """``S * B`` samples, step-major, whose embedding output (after the embedding LayerNorm) is multiplied by
+        ``alpha`` (Beyond Intuition's BERT, ``BERT.py``: ``embedding_output = alpha * embedding_output``)."""
+        return scaled_copies(inputs, alphas, EMBEDDING_SCALE)
 
 
 @register_adapter
@@ -327,13 +332,10 @@ class HFDistilBertAdapter(HFTextAdapter):
     def attention_norm(self, layer: int) -> nn.Module:
         return self.blocks[layer].sa_layer_norm
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attention = self.blocks[layer].attention
-        return AttentionLinears(out=attention.out_lin, q=attention.q_lin, k=attention.k_lin, v=attention.v_lin)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        ffn = self.blocks[layer].ffn
-        return ffn.lin1, ffn.lin2
+    def linears(self, layer: int) -> BlockLinears:
+        attention, ffn = self.blocks[layer].attention, self.blocks[layer].ffn
+        return BlockLinears(AttentionLinears(out=attention.out_lin, q=attention.q_lin, k=attention.k_lin,
+                                             v=attention.v_lin), (ffn.lin1, ffn.lin2))
 
     def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
         """``DistilBertForSequenceClassification.forward``'s head (``pre_logits``: the classifier's input)."""
@@ -384,7 +386,7 @@ class TextRecording(HFRecording):
         rec.output(self.adapter.self_attention(layer), key, transform=transform, index=1, require_grad=require_grad)
 
     def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        value = self.adapter.attention_linears(layer).v
+        value = self.adapter.linears(layer).attention.v
         assert value is not None  # text families have separate projections
         rec.output(value, key)
 

@@ -58,7 +58,7 @@ class HFTextTopology(Topology):
         for i, block in enumerate(adapter.blocks):
             if getattr(block, "add_cross_attention", False):
                 problems.append(f"layer {i} cross-attention")
-            linears = adapter.attention_linears(i)
+            linears = adapter.linears(i).attention
             if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
                 problems.append(f"layer {i} attention projections are not nn.Linear")
         refuse(type(m).__name__, problems)
@@ -108,11 +108,12 @@ class HFTextTopology(Topology):
             attention_mask = acts["attention_mask"].to(x.device)
             acts["lrp_mask"] = (None if bool(attention_mask.all()) else
                                 additive_mask(attention_mask, x.dtype, self.mask_value))
-        head_dim = self.adapter.width // self.adapter.num_heads
+        head_dim = self.adapter.token_flow.width // self.adapter.token_flow.heads
         tensors = block_tensors(acts, layer, mlp_in=acts.get(("mlp_in", layer)), mask=acts["lrp_mask"],
                                 scale=math.sqrt(head_dim), mask_add=True)
-        return block_relprop(rules, tensors, self.adapter.attention_linears(layer), self.adapter.mlp_linears(layer),
-                             self.adapter.num_heads, relevance, need_below)
+        linears = self.adapter.linears(layer)
+        return block_relprop(rules, tensors, linears.attention, linears.mlp,
+                             self.adapter.token_flow.heads, relevance, need_below)
 
     @torch.no_grad()
     def input_relprop(self, rules, acts, relevance: Tensor) -> Tensor:

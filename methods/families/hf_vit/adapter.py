@@ -18,8 +18,10 @@ from ...adapters.base import (
     AttentionEdit,
     AttentionLinears,
     BlockDecomposition,
+    BlockLinears,
     Layout,
     ModelInputs,
+    ReadOut,
     SequenceContext,
     register_adapter,
 )
@@ -75,7 +77,7 @@ class HFViTLikeAdapter(LensImageAdapter, HFEncoderBlocks):
 
     model_class = "?"
     backbone_attr = "?"
-    readout = "class_token"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "class_token", True))
     #: whether the model refuses images of another size than its config's ``image_size``
     fixed_image_size = True
 
@@ -111,10 +113,6 @@ class HFViTLikeAdapter(LensImageAdapter, HFEncoderBlocks):
         return (cls.model_class, len(cls.layers_of(backbone)), cls.prefix_tokens_of(model.config))
 
     # ------------------------------------------------------------------ structure
-    @property
-    def has_class_token(self) -> bool:
-        return True
-
     def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
         (ph, pw), (h, w) = self.patch_size, size
         if self.fixed_image_size:
@@ -162,15 +160,10 @@ class HFViTLikeAdapter(LensImageAdapter, HFEncoderBlocks):
         """The norm before block ``layer``'s attention."""
         return self.blocks[layer].layernorm_before
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].attention
-        return AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        mlp = self.blocks[layer].mlp
-        if hasattr(mlp, "down_proj"):        # DINOv2's SwiGLU
-            return mlp.up_proj, mlp.down_proj
-        return mlp.fc1, mlp.fc2
+    def linears(self, layer: int) -> BlockLinears:
+        attn, mlp = self.blocks[layer].attention, self.blocks[layer].mlp
+        up_down = (mlp.up_proj, mlp.down_proj) if hasattr(mlp, "down_proj") else (mlp.fc1, mlp.fc2)  # DINOv2's SwiGLU
+        return BlockLinears(AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj), up_down)
 
     # ------------------------------------------------------------------ attention implementation
 
@@ -209,7 +202,8 @@ class HFDeiTWithTeacherAdapter(HFDeiTAdapter):
 
     family = "transformers DeiTForImageClassificationWithTeacher"
     model_class = "DeiTForImageClassificationWithTeacher"
-    readout = "weighted"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "weighted", True,
+                                                                      adapter.readout_weights))
 
     def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
         weights = torch.zeros(layout.num_positions)
@@ -240,7 +234,8 @@ class HFDinov2Adapter(HFViTLikeAdapter):
     family = "transformers Dinov2ForImageClassification"
     model_class = "Dinov2ForImageClassification"
     backbone_attr = "dinov2"
-    readout = "weighted"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "weighted", True,
+                                                                      adapter.readout_weights))
     fixed_image_size = False
 
     def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:

@@ -46,7 +46,7 @@ class HFViTLikeTopology(Topology):
         for i, block in enumerate(adapter.blocks):
             if hasattr(block.mlp, "gate_proj"):
                 problems.append(f"layer {i} gated MLP {type(block.mlp).__name__} (SwiGLU)")
-            linears = adapter.attention_linears(i)
+            linears = adapter.linears(i).attention
             if not all(isinstance(x, nn.Linear) for x in (linears.q, linears.k, linears.v, linears.out)):
                 problems.append(f"layer {i} attention projections are not nn.Linear")
         refuse(type(adapter.model).__name__, problems)

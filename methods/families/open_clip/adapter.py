@@ -22,12 +22,15 @@ from ...adapters.base import (
     AttentionEdit,
     AttentionLinears,
     BlockDecomposition,
+    BlockLinears,
     ModelAdapter,
     ModelInputs,
     RawInputs,
+    ReadOut,
     Recording,
     SampleIds,
     SequenceContext,
+    TokenFlow,
     TokenSequence,
     ValueRecorder,
     check_sample_ids,
@@ -41,6 +44,7 @@ from ...adapters.value_edits import edited_values_change, product_change
 from ..hf_clip.adapter import (
     READOUT_POSITIONS,
     TOKEN_EMBEDDING_SCALE,
+    ScaledTokenInputs,
     _ScaledTokenText,
     _ScorerHead,
     at_readout_positions,
@@ -160,13 +164,9 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
         return (cls.tower, len(cls.transformer_of(model.clip).resblocks))
 
     # ------------------------------------------------------------------ structure
-    @property
-    def num_heads(self) -> int:
-        return int(self.blocks[0].attn.num_heads)
-
-    @property
-    def width(self) -> int:
-        return int(self.transformer.width)
+    #: isotropic: the transformer's width, block 0's heads
+    token_flow = Capability(lambda adapter: TokenFlow(adapter, int(adapter.transformer.width),
+                                                      int(adapter.blocks[0].attn.num_heads)))
 
     # ------------------------------------------------------------------ forward pieces
     def block_mask(self, hidden: Tensor) -> Optional[Tensor]:
@@ -204,15 +204,12 @@ class _OpenCLIPTower(_ScorerHead, ModelAdapter):
     # ------------------------------------------------------------------ where methods hook
 
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        """``out_proj`` (its weight; the module applies it functionally) and the attention module itself
-        (:attr:`AttentionLinears.multihead`): there is no q/k/v projection module."""
-        attn = self.blocks[layer].attn
-        return AttentionLinears(out=attn.out_proj, multihead=attn)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        mlp = self.blocks[layer].mlp
-        return mlp.c_fc, mlp.c_proj
+    def linears(self, layer: int) -> BlockLinears:
+        """The attention's ``out_proj`` (its weight; the module applies it functionally) and the attention module
+        itself (:attr:`AttentionLinears.multihead`): there is no q/k/v projection module; the MLP's ``c_fc``,
+        ``c_proj``."""
+        attn, mlp = self.blocks[layer].attn, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.out_proj, multihead=attn), (mlp.c_fc, mlp.c_proj))
 
     decomposition = Capability(OpenCLIPDecomposition)
 
@@ -235,7 +232,6 @@ class OpenCLIPVisionAdapter(LensImageAdapter, _OpenCLIPTower):
         visual = self.clip.visual
         self.visual = visual
         self.patch_size = (int(visual.patch_size[0]), int(visual.patch_size[1]))
-        self.readout = VISION_POOLS[visual.pool_type]
 
     @classmethod
     def tower_problem(cls, clip: Any) -> Optional[str]:
@@ -259,9 +255,9 @@ class OpenCLIPVisionAdapter(LensImageAdapter, _OpenCLIPTower):
         visual = model.clip.visual
         return super().signature_of(model) + (visual.pool_type, bool(visual.final_ln_after_pool))
 
-    @property
-    def has_class_token(self) -> bool:
-        return True
+    #: ``pool_type``'s read-out; the class embedding is always there
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, VISION_POOLS[adapter.visual.pool_type],
+                                                                      True))
 
     def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
         expected = tuple(int(s) for s in self.visual.image_size)
@@ -303,6 +299,7 @@ class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
     HFCLIPTextAdapter`)."""
 
     rule_map = Capability(OpenCLIPTextRules)
+    inputs = Capability(lambda adapter: OpenCLIPTextInputs(adapter))
 
     family = "open_clip CLIP text tower (PromptScorer)"
 
@@ -323,47 +320,9 @@ class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
     def context_length(self) -> int:
         return int(self.clip.positional_embedding.shape[0])
 
-    def prepare_inputs(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
-        if isinstance(inputs, Mapping) and inputs.get("attention_mask") is not None:
-            raise ValueError("open_clip's CLIP text tower takes no attention_mask (its tokenizer pads with 0 to the "
-                             "context length and the causal mask keeps the padding from the read-out): pass the "
-                             "input_ids alone")
-        _, ids, _ = check_token_inputs(inputs, self.family, int(self.clip.vocab_size), self.context_length,
-                                        batch="T", positions_of="the open_clip text tower's")
-        if ids.shape[1] != self.context_length:
-            raise ValueError(f"input_ids have {ids.shape[1]} positions; open_clip's CLIP adds all its "
-                             f"{self.context_length} positional embeddings: pad to context_length as its tokenizer "
-                             "does")
-        ids = ids.long()
-        pool, eos_id = self.clip.text_pool_type, getattr(self.clip, "text_eos_id", None)
-        positions = text_readout_positions(ids, pool, eos_id)
-        if pool == "eos":
-            rows = torch.arange(ids.shape[0], device=ids.device)
-            missing = torch.ne(ids[rows, positions], int(eos_id or 0)).nonzero().flatten()
-            if len(missing):
-                raise ValueError(f"input_ids: samples {missing.tolist()} hold no EOS token (id {eos_id}); the "
-                                 "open_clip text tower reads each text at its EOS")
-        tensors = {"input_ids": ids, READOUT_POSITIONS: positions}
-        dtype = self.clip.token_embedding.weight.dtype
-        return ModelInputs(tensors, int(ids.shape[0]), dtype, ids.device,
-                           check_sample_ids(sample_ids, int(ids.shape[0])))
-
-    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
-        if not isinstance(inputs, ModelInputs):
-            inputs = self.prepare_inputs(inputs)
-        ids, eos = inputs["input_ids"], inputs[READOUT_POSITIONS]
-        positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
-        real = positions <= eos[:, None]
-        content = (positions > 0) & (positions < eos[:, None])
-        return TokenSequence(attention_mask=real.long(), content_mask=content)
-
-    def context(self, inputs: ModelInputs) -> SequenceContext:
-        """No attention mask (the model reads none); the EOS positions."""
-        return SequenceContext(readout_positions=inputs[READOUT_POSITIONS])
-
     def embed(self, inputs: ModelInputs) -> Tensor:
         """``encode_text``: token embeddings (times the per-sample ``token_embedding_scale`` set by
-        :meth:`interpolate`) plus the positional embedding, in the transformer's cast dtype."""
+        ``inputs.interpolate``) plus the positional embedding, in the transformer's cast dtype."""
         clip = self.clip
         cast_dtype = clip.transformer.get_cast_dtype()
         x = clip.token_embedding(inputs["input_ids"]).to(cast_dtype)
@@ -392,6 +351,54 @@ class OpenCLIPTextAdapter(_ScaledTokenText, _OpenCLIPTower):
         if projection is None:
             return None
         return projection.weight if isinstance(projection, nn.Linear) else projection.t()
+
+
+class OpenCLIPTextInputs(ScaledTokenInputs):
+    """The inputs of :class:`OpenCLIPTextAdapter`: token ids padded to the context length, no attention mask, each
+    text read at its EOS."""
+
+    adapter: "OpenCLIPTextAdapter"
+
+    def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
+        adapter, clip = self.adapter, self.adapter.clip
+        if isinstance(inputs, Mapping) and inputs.get("attention_mask") is not None:
+            raise ValueError("open_clip's CLIP text tower takes no attention_mask (its tokenizer pads with 0 to the "
+                             "context length and the causal mask keeps the padding from the read-out): pass the "
+                             "input_ids alone")
+        _, ids, _ = check_token_inputs(inputs, adapter.family, int(clip.vocab_size), adapter.context_length,
+                                        batch="T", positions_of="the open_clip text tower's")
+        if ids.shape[1] != adapter.context_length:
+            raise ValueError(f"input_ids have {ids.shape[1]} positions; open_clip's CLIP adds all its "
+                             f"{adapter.context_length} positional embeddings: pad to context_length as its tokenizer "
+                             "does")
+        ids = ids.long()
+        pool, eos_id = clip.text_pool_type, getattr(clip, "text_eos_id", None)
+        positions = text_readout_positions(ids, pool, eos_id)
+        if pool == "eos":
+            rows = torch.arange(ids.shape[0], device=ids.device)
+            missing = torch.ne(ids[rows, positions], int(eos_id or 0)).nonzero().flatten()
+            if len(missing):
+                raise ValueError(f"input_ids: samples {missing.tolist()} hold no EOS token (id {eos_id}); the "
+                                 "open_clip text tower reads each text at its EOS")
+        tensors = {"input_ids": ids, READOUT_POSITIONS: positions}
+        dtype = clip.token_embedding.weight.dtype
+        return ModelInputs(tensors, int(ids.shape[0]), dtype, ids.device,
+                           check_sample_ids(sample_ids, int(ids.shape[0])))
+
+    def layout(self, inputs: Union[ModelInputs, RawInputs]) -> TokenSequence:
+        if not isinstance(inputs, ModelInputs):
+            inputs = self.prepare(inputs)
+        ids, eos = inputs["input_ids"], inputs[READOUT_POSITIONS]
+        positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
+        real = positions <= eos[:, None]
+        content = (positions > 0) & (positions < eos[:, None])
+        return TokenSequence(attention_mask=real.long(), content_mask=content)
+
+    def context(self, inputs: ModelInputs) -> SequenceContext:
+        """No attention mask (the model reads none); the EOS positions."""
+        return SequenceContext(readout_positions=inputs[READOUT_POSITIONS])
+
+
 
 
 class OpenCLIPValueEdit(AttentionEdit):

@@ -62,7 +62,7 @@ class _OpenCLIPTowerTopology(Topology):
     def rule_linears(self, layer: int) -> Tuple[AttentionLinears, Tuple[Projection, Projection]]:
         """``out_proj`` and the packed q/k/v projection as a Linear (:func:`packed_projection`); the MLP's."""
         attn = self.adapter.blocks[layer].attn
-        return AttentionLinears(out=attn.out_proj, qkv=packed_projection(attn)), self.adapter.mlp_linears(layer)
+        return AttentionLinears(out=attn.out_proj, qkv=packed_projection(attn)), self.adapter.linears(layer).mlp
 
     # ------------------------------------------------------------------ recording
     def record_block(self, rec: ActivationRecorder, layer: int, layer_outputs: bool) -> None:
@@ -71,7 +71,7 @@ class _OpenCLIPTowerTopology(Topology):
         adapter = self.adapter
         block = adapter.blocks[layer]
         attn = block.attn
-        heads = adapter.num_heads
+        heads = adapter.token_flow.heads
         adapter.recording.block_input(rec, layer, ("x", layer))
 
         def attention_in(_module: nn.Module, args: Tuple[Any, ...], kwargs: dict) -> None:
@@ -132,7 +132,7 @@ class OpenCLIPVisionTopology(_OpenCLIPTowerTopology):
         record_patch_embedding(rec, self.adapter.visual.conv1)
 
     def pooled_and_readout(self, rules, acts, relevance_pooled: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        readout = self.adapter.readout
+        readout = self.adapter.readout.kind
         if self.adapter.visual.final_ln_after_pool:    # pooled first, ln_post (identity) on the pooled token
             pooled, hidden = acts["ln_post_out"], acts["last_hidden"]
         else:

@@ -26,10 +26,14 @@ from torch import Tensor, nn
 from ...adapters.base import (
     AttentionEdit,
     AttentionLinears,
+    BlockLinears,
     ImageAdapter,
+    ImageInputs,
+    InputFormat,
     Layout,
     MethodUndefinedError,
     ModelInputs,
+    ReadOut,
     Recording,
     SequenceContext,
     TokenFlow,
@@ -60,6 +64,10 @@ class SwinFlow(TokenFlow):
 
     adapter: "SwinAdapter"
 
+    def __init__(self, adapter: "SwinAdapter") -> None:
+        """:attr:`width` and :attr:`heads`: the last stage's (the read-out's; the stages differ)."""
+        super().__init__(adapter, adapter.num_features, adapter.heads_of(len(adapter.blocks) - 1))
+
     def token_space(self, layer: int, layout: Layout) -> TokenSpace:
         """Block ``layer``'s stage: its grid, width and heads."""
         rows, cols = self.adapter.grids[layer]
@@ -80,14 +88,28 @@ class SwinFlow(TokenFlow):
         return torch.sparse_coo_tensor(indices, values, shape, check_invariants=True).coalesce()
 
 
+class SwinInputs(ImageInputs):
+    """Images as every family's; no position can be removed (module docstring)."""
+
+    def drop_positions(self, hidden: Tensor, context: SequenceContext,
+                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
+        raise MethodUndefinedError(
+            f"token_ablation is not defined on {self.adapter.family}: its window partition, shift masks and 2x2 patch "
+            "merges need every position of the grid, so a removed patch has no place to be left out of (an "
+            "occlusion by a baseline token would be another method)")
+
+
+
+
 class SwinAdapter(ImageAdapter):
     """What both libraries' Swin adapters share: the flat list of blocks with their stage, the grid each block
     saw in the last forward, the expansion of windowed maps and the refusals (module docstring)."""
 
-    readout = "mean_content"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "mean_content"))
     num_prefix_tokens = 0
     rule_map = Capability(SwinRules)
-    token_flow = Capability(SwinFlow)
+    token_flow: Capability[TokenFlow] = Capability(SwinFlow)
+    inputs: Capability[InputFormat] = Capability(SwinInputs)
     #: per stage: its blocks (a list of modules) and the patch merge entering it (``None`` for the first stage)
     stages: List[Tuple[List[nn.Module], Optional[nn.Module]]]
     #: the patch embedding's patch side (pixels) and the model's image size (rows, cols of pixels)
@@ -131,13 +153,13 @@ class SwinAdapter(ImageAdapter):
         raise NotImplementedError
 
     @property
-    def last_stage(self) -> int:
-        return len(self.stages) - 1
+    def num_features(self) -> int:
+        """The width of the last stage's tokens, which the head reads."""
+        raise NotImplementedError
 
     @property
-    def num_heads(self) -> int:
-        """The last stage's head count (the stages differ)."""
-        return self.heads_of(self.depth - 1)
+    def last_stage(self) -> int:
+        return len(self.stages) - 1
 
     def heads_of(self, layer: int) -> int:
         raise NotImplementedError
@@ -168,7 +190,7 @@ class SwinAdapter(ImageAdapter):
                    stop: Optional[int] = None) -> Tensor:
         """Blocks ``start`` to ``stop`` on ``[B, N, C]``; the patch merge entering a stage runs before the
         stage's first block."""
-        for layer in range(start, self.depth if stop is None else stop):
+        for layer in range(start, len(self.blocks) if stop is None else stop):
             merge = self.merge_before.get(layer)
             if merge is not None:
                 hidden = self.merge(merge, hidden, self.grids[layer - 1])
@@ -181,13 +203,6 @@ class SwinAdapter(ImageAdapter):
 
     def block(self, layer: int, hidden: Tensor) -> Tensor:
         raise NotImplementedError
-
-    def drop_positions(self, hidden: Tensor, context: SequenceContext,
-                       removed: Tensor) -> Tuple[Tensor, SequenceContext]:
-        raise MethodUndefinedError(
-            f"token_ablation is not defined on {self.family}: its window partition, shift masks and 2x2 patch "
-            "merges need every position of the grid, so a removed patch has no place to be left out of (an "
-            "occlusion by a baseline token would be another method)")
 
     # ------------------------------------------------------------------ where methods hook
 
@@ -239,7 +254,7 @@ class TimmSwinAdapter(SwinAdapter):
                 for layer in model.layers]
 
     @property
-    def width(self) -> int:
+    def num_features(self) -> int:
         return int(self.model.num_features)
 
     def heads_of(self, layer: int) -> int:
@@ -276,13 +291,9 @@ class TimmSwinAdapter(SwinAdapter):
         return self.blocks[layer].norm1
 
     recording = Capability(lambda adapter: TimmSwinRecording(adapter))
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].attn
-        return AttentionLinears(out=attn.proj, qkv=attn.qkv)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        mlp = self.blocks[layer].mlp
-        return mlp.fc1, mlp.fc2
+    def linears(self, layer: int) -> BlockLinears:
+        attn, mlp = self.blocks[layer].attn, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.proj, qkv=attn.qkv), (mlp.fc1, mlp.fc2))
 
     def patch_projection(self) -> nn.Module:
         """The patch embedding's convolution (its output ``[B, C, rows, cols]``)."""
@@ -336,7 +347,7 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
         return [(list(layer.blocks), None if s == 0 else layers[s - 1].downsample) for s, layer in enumerate(layers)]
 
     @property
-    def width(self) -> int:
+    def num_features(self) -> int:
         return int(self.model.swin.num_features)
 
     def heads_of(self, layer: int) -> int:
@@ -376,13 +387,10 @@ class HFSwinAdapter(SwinAdapter, HFEncoderBlocks):
     def attention_norm(self, layer: int) -> nn.Module:
         return self.blocks[layer].layernorm_before
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].attention
-        return AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
-
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        mlp = self.blocks[layer].mlp
-        return mlp.fc1, mlp.fc2
+    def linears(self, layer: int) -> BlockLinears:
+        attn, mlp = self.blocks[layer].attention, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.o_proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj),
+                            (mlp.fc1, mlp.fc2))
 
     def patch_projection(self) -> nn.Module:
         """The patch embedding's convolution (its output ``[B, C, rows, cols]``)."""

@@ -16,7 +16,8 @@ from typing import Any, List, Optional
 import torch
 from torch import Tensor, nn
 
-from ...adapters.base import Layout, ModelInputs, register_adapter
+from ...adapters.base import Layout, ModelInputs, ReadOut, register_adapter
+from ...adapters.capability import Capability
 from ...adapters.library import class_problem
 from ..timm_vit.adapter import TimmViTAdapter
 
@@ -29,17 +30,13 @@ class TimmDeiTAdapter(TimmViTAdapter):
 
     family = "timm VisionTransformerDistilled (DeiT)"
 
-    def __init__(self, model: Any) -> None:
-        super().__init__(model)
-        self.readout = "weighted"
+    #: the [CLS] and distillation tokens, 1/2 each (:meth:`readout_weights`)
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(adapter, "weighted", True,
+                                                                      adapter.readout_weights))
 
     @classmethod
     def supports(cls, model: nn.Module) -> Optional[str]:
         return class_problem(model, "timm.models.deit", "VisionTransformerDistilled")
-
-    @property
-    def has_class_token(self) -> bool:
-        return True
 
     def distillation_head(self) -> Any:
         """The second head ``head_dist``, reading the distillation token."""

@@ -18,7 +18,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...adapters.base import AttentionEdit, BlockDecomposition, SequenceContext
+from ...adapters.base import (
+    AttentionEdit,
+    AttentionLinears,
+    BlockDecomposition,
+    BlockLinears,
+    ImageInputs,
+    ReadOut,
+    SequenceContext,
+)
 from ...adapters.capability import Capability
 from ...adapters.recorder import ActivationRecorder
 from ...adapters.value_edits import edited_values_change, product_change
@@ -62,10 +70,10 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
     :meth:`embed`, :meth:`run_blocks` (with :meth:`key_mask_of`'s masks) and the family checks."""
 
     rule_map = Capability(TimmEvaBeitRules)
+    inputs = Capability(lambda adapter: EvaBeitInputs(adapter))
 
-    def __init__(self, model: Any) -> None:
-        super().__init__(model)
-        self.readout = "class_token" if model.global_pool == "token" else "mean_content"
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(
+        adapter, "class_token" if adapter.model.global_pool == "token" else "mean_content"))
 
     @classmethod
     def pool_problem(cls, model: Any) -> Optional[str]:
@@ -91,7 +99,7 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
     # ------------------------------------------------------------------ forward pieces
     def key_mask_of(self, context: SequenceContext, hidden: Tensor) -> Optional[Tensor]:
         """``None``, or bool ``[B, 1, 1, N]``: the keys every query may attend to (``False`` at the positions
-        :meth:`drop_positions` removed)."""
+        :meth:`EvaBeitInputs.drop_positions` removed)."""
         mask = context.attention_mask
         if mask is None:
             return None
@@ -99,13 +107,13 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
 
     def head(self, hidden: Tensor, context: SequenceContext, pre_logits: bool = False) -> Tensor:
         """Final norm, then the model's own ``forward_head`` (pooling, ``fc_norm``, ``head_drop``, ``head``); with
-        removed positions (:meth:`drop_positions`) the average pooling is over the remaining patches."""
+        removed positions (:meth:`EvaBeitInputs.drop_positions`) the average pooling is over the remaining patches."""
         m = self.model
         hidden = m.norm(hidden)
         mask = context.attention_mask
         if mask is None:
             return m.forward_head(hidden, pre_logits=pre_logits)
-        if self.readout == "class_token":
+        if self.readout.kind == "class_token":
             pooled = hidden[:, 0]
         else:
             p = self.num_prefix_tokens
@@ -113,6 +121,31 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
             pooled = (hidden[:, p:] * keep).sum(dim=1) / keep.sum(dim=1)
         pooled = m.head_drop(m.fc_norm(pooled))
         return pooled if pre_logits else m.head(pooled)
+
+    # ------------------------------------------------------------------ where methods hook
+    def value_projection(self, layer: int, x: Tensor) -> Tensor:
+        """The values ``[B, N, H * head_dim]`` (bias included) of block ``layer`` from its attention input."""
+        attn = self.blocks[layer].attn
+        width = attention_width(attn)
+        return qkv_projection(attn, x)[..., 2 * width:3 * width]
+
+    recording = Capability(lambda adapter: EvaBeitRecording(adapter))
+    def linears(self, layer: int) -> BlockLinears:
+        """The fused ``qkv`` and ``proj``; the MLP's ``fc1`` and ``fc2`` (timm ``SwiGLU``: ``fc1_x`` and ``fc2``, the
+        gate ``fc1_g``; ``GluMlp``: the packed ``fc1`` whose halves are gate and input)."""
+        attn, mlp = self.blocks[layer].attn, self.blocks[layer].mlp
+        return BlockLinears(AttentionLinears(out=attn.proj, qkv=attn.qkv),
+                            ((mlp.fc1_x if hasattr(mlp, "fc1_x") else mlp.fc1), mlp.fc2))
+
+    #: an attention gate (``x * sigmoid(gate(x))`` before ``proj``) is not decomposed
+    decomposition = Capability(lambda adapter: EvaBeitDecomposition(adapter) if all(
+        getattr(block.attn, "gate", None) is None for block in adapter.blocks) else None)
+
+
+
+class EvaBeitInputs(ImageInputs):
+    """Images as every family's; a removed position becomes padding (the attention's position terms belong to the
+    full grid)."""
 
     def drop_positions(self, hidden: Tensor, context: SequenceContext,
                        removed: Tensor) -> Tuple[Tensor, SequenceContext]:
@@ -128,23 +161,6 @@ class TimmBeitLikeAdapter(TimmBlocksAdapter):
         repeated = hidden[:, None].expand(batch, r, *hidden.shape[1:]).flatten(0, 1)
         return repeated, SequenceContext(attention_mask=keep.flatten(0, 1))
 
-    # ------------------------------------------------------------------ where methods hook
-    def value_projection(self, layer: int, x: Tensor) -> Tensor:
-        """The values ``[B, N, H * head_dim]`` (bias included) of block ``layer`` from its attention input."""
-        attn = self.blocks[layer].attn
-        width = attention_width(attn)
-        return qkv_projection(attn, x)[..., 2 * width:3 * width]
-
-    recording = Capability(lambda adapter: EvaBeitRecording(adapter))
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        """``fc1`` and ``fc2`` (timm ``SwiGLU``: ``fc1_x`` and ``fc2``, the gate ``fc1_g``; ``GluMlp``: the packed
-        ``fc1`` whose halves are gate and input)."""
-        mlp = self.blocks[layer].mlp
-        return (mlp.fc1_x if hasattr(mlp, "fc1_x") else mlp.fc1), mlp.fc2
-
-    #: an attention gate (``x * sigmoid(gate(x))`` before ``proj``) is not decomposed
-    decomposition = Capability(lambda adapter: EvaBeitDecomposition(adapter) if all(
-        getattr(block.attn, "gate", None) is None for block in adapter.blocks) else None)
 
 
 
@@ -184,7 +200,7 @@ class EvaBeitValueEdit(AttentionEdit):
         def keep_probabilities(layer: int) -> Callable[..., None]:
             def hook(_module: nn.Module, _args: Any, out: Tensor) -> None:
                 change = edited_values_change(layer, edit, self.adapter.value_projection(layer, seen.pop(layer)),
-                                              self.adapter.num_heads)
+                                              self.adapter.token_flow.heads)
                 seen[-1 - layer] = product_change(out, change)
             return hook
 

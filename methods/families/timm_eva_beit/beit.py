@@ -52,7 +52,7 @@ class TimmBeitAdapter(TimmBeitLikeAdapter):
 
     def shared_bias(self, hidden: Tensor, context: SequenceContext) -> Optional[Tensor]:
         """What the blocks receive as ``shared_rel_pos_bias``: the model's shared relative position bias
-        (``[H, N, N]``, or ``None``), plus ``-inf`` at the keys removed by :meth:`drop_positions`
+        (``[H, N, N]``, or ``None``), plus ``-inf`` at the keys removed by :meth:`EvaBeitInputs.drop_positions`
         (``[B, H or 1, N, N]``)."""
         m = self.model
         shared = m.rel_pos_bias() if m.rel_pos_bias is not None else None

@@ -12,12 +12,20 @@ Design notes: ``NOTES.md`` beside this file (eva.py).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Any, Callable, Iterator, Optional
 
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...adapters.base import AttentionEdit, AttentionLinears, ModelInputs, SequenceContext, register_adapter
+from ...adapters.base import (
+    AttentionEdit,
+    AttentionLinears,
+    BlockLinears,
+    ModelInputs,
+    SequenceContext,
+    register_adapter,
+)
 from ...adapters.capability import Capability
 from ...adapters.library import class_problem
 from .adapter import EvaBeitRecording, TimmBeitLikeAdapter, attention_width, qkv_projection
@@ -76,7 +84,7 @@ class TimmEvaAdapter(TimmBeitLikeAdapter):
 
     def run_blocks(self, hidden: Tensor, context: SequenceContext, start: int = 0,
                    stop: Optional[int] = None) -> Tensor:
-        indices = list(range(self.depth))[start:stop]
+        indices = list(range(len(self.blocks)))[start:stop]
         if not indices:
             return hidden
         rotary = self.rotary_embedding()
@@ -93,11 +101,14 @@ class TimmEvaAdapter(TimmBeitLikeAdapter):
         width = attention_width(attn)
         return qkv_projection(attn, x)[..., 2 * width:3 * width]
 
-    def attention_linears(self, layer: int) -> AttentionLinears:
+    def linears(self, layer: int) -> BlockLinears:
+        """BEiT's, with separate ``q_proj``, ``k_proj``, ``v_proj`` where the attention has no fused ``qkv``."""
+        found = super().linears(layer)
         attn: Any = self.blocks[layer].attn
         if attn.qkv is None:
-            return AttentionLinears(out=attn.proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
-        return AttentionLinears(out=attn.proj, qkv=attn.qkv)
+            separate = AttentionLinears(out=attn.proj, q=attn.q_proj, k=attn.k_proj, v=attn.v_proj)
+            return replace(found, attention=separate)
+        return found
 
 
 class EvaScoreEdit(AttentionEdit):

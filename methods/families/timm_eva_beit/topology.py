@@ -90,7 +90,7 @@ class _BeitLikeTopology(Topology):
         ``head_drop`` identity, then the read-out."""
         r = rules["linear"](acts["head_in"], self.adapter.classifier().weight, relevance_logits)
         content = slice(self.adapter.num_prefix_tokens, None)
-        return readout_relprop(rules, acts["norm_out"], r, self.adapter.readout, content)
+        return readout_relprop(rules, acts["norm_out"], r, self.adapter.readout.kind, content)
 
     def mlp_relprop(self, rules, acts, layer: int, relevance: Tensor) -> Tensor:
         """From the MLP's output to its input (``norm2``'s output)."""

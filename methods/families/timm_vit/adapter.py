@@ -12,10 +12,13 @@ from ...adapters.base import (
     AttentionEdit,
     AttentionLinears,
     BlockDecomposition,
+    BlockLinears,
     Layout,
     ModelInputs,
+    ReadOut,
     Recording,
     SequenceContext,
+    TokenFlow,
     register_adapter,
 )
 from ...adapters.capability import Capability
@@ -45,6 +48,11 @@ def timm_fused_attention_off(modules: Iterable[nn.Module]) -> Iterator[None]:
             m.fused_attn = flag
 
 
+def has_class_token(model: Any) -> bool:
+    """Whether a timm ViT has a class token (its ``has_class_token``; without one, its ``cls_token``)."""
+    return bool(getattr(model, "has_class_token", model.cls_token is not None))
+
+
 class TimmBlocksAdapter(LensImageAdapter):
     """What the adapters of timm's ViT-like models share (:class:`TimmViTAdapter`,
     :class:`~methods.families.timm_eva_beit.adapter.TimmBeitLikeAdapter`): the model's ``blocks`` (each ``attn`` with a
@@ -60,17 +68,9 @@ class TimmBlocksAdapter(LensImageAdapter):
         self.num_prefix_tokens = int(model.num_prefix_tokens)
         self.patch_size = (int(model.patch_embed.patch_size[0]), int(model.patch_embed.patch_size[1]))
 
-    @property
-    def num_heads(self) -> int:
-        return int(self.blocks[0].attn.num_heads)
-
-    @property
-    def width(self) -> int:
-        return int(self.model.embed_dim)
-
-    def attention_linears(self, layer: int) -> AttentionLinears:
-        attn = self.blocks[layer].attn
-        return AttentionLinears(out=attn.proj, qkv=attn.qkv)
+    #: isotropic: ``embed_dim`` wide, block 0's heads
+    token_flow = Capability(lambda adapter: TokenFlow(adapter, int(adapter.model.embed_dim),
+                                                      int(adapter.blocks[0].attn.num_heads)))
 
     # ------------------------------------------------------------------ modules the LRP topologies read
     def classifier(self) -> Any:
@@ -124,7 +124,6 @@ class TimmViTAdapter(TimmBlocksAdapter):
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
-        self.readout = READOUT_OF_POOL[model.global_pool]
         self._readout_cache: Optional[Tuple[weakref.ReferenceType, Tensor]] = None
 
     @classmethod
@@ -162,10 +161,9 @@ class TimmViTAdapter(TimmBlocksAdapter):
                 bool(getattr(model, "pool_include_prefix", False)))
 
     # ------------------------------------------------------------------ structure
-    @property
-    def has_class_token(self) -> bool:
-        m = self.model
-        return bool(getattr(m, "has_class_token", m.cls_token is not None))
+    #: ``global_pool``'s read-out; a class token where the model has one; ``map``: :meth:`readout_weights`
+    readout: Capability[ReadOut] = Capability(lambda adapter: ReadOut(
+        adapter, READOUT_OF_POOL[adapter.model.global_pool], has_class_token(adapter.model), adapter.readout_weights))
 
     def image_size_problem(self, size: Tuple[int, int]) -> Optional[str]:
         (ph, pw), (h, w) = self.patch_size, size
@@ -209,7 +207,7 @@ class TimmViTAdapter(TimmBlocksAdapter):
         m = self.model
         pool = m.attn_pool
         with torch.no_grad():
-            hidden = m.norm(self.run_blocks(self.embed(inputs), self.context(inputs)))
+            hidden = m.norm(self.run_blocks(self.embed(inputs), self.inputs.context(inputs)))
             tokens = hidden[:, self.pool_start:]
             batch, n, _ = tokens.shape
             heads, dim = pool.num_heads, pool.head_dim
@@ -224,8 +222,6 @@ class TimmViTAdapter(TimmBlocksAdapter):
     def readout_weights(self, inputs: ModelInputs, layout: Layout) -> Tensor:
         """The ``map`` pool's attention, mean over its heads: ``[B, N]`` (:meth:`pool_attention`), computed once
         per batch object (a method reads it for several matrices)."""
-        if self.readout != "attention_pool":
-            return super().readout_weights(inputs, layout)
         cached = self._readout_cache
         if cached is not None and cached[0]() is inputs:
             return cached[1]
@@ -236,9 +232,9 @@ class TimmViTAdapter(TimmBlocksAdapter):
     # ------------------------------------------------------------------ where methods hook
     recording = Capability(lambda adapter: TimmViTRecording(adapter))
 
-    def mlp_linears(self, layer: int) -> Tuple[nn.Linear, nn.Linear]:
-        mlp = self.blocks[layer].mlp
-        return mlp.fc1, mlp.fc2
+    def linears(self, layer: int) -> BlockLinears:
+        block = self.blocks[layer]
+        return BlockLinears(AttentionLinears(out=block.attn.proj, qkv=block.attn.qkv), (block.mlp.fc1, block.mlp.fc2))
 
 
     decomposition = Capability(lambda adapter: TimmDecomposition(adapter)
@@ -307,5 +303,5 @@ class TimmViTRecording(TimmRecording):
                             else TimmScoreEdit(recording.adapter))
 
     def values(self, rec: ActivationRecorder, layer: int, key: Hashable) -> None:
-        dim = self.adapter.width
+        dim = self.adapter.token_flow.width
         rec.output(self.adapter.blocks[layer].attn.qkv, key, transform=lambda out: out[..., 2 * dim:3 * dim])

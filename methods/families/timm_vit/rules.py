@@ -25,7 +25,7 @@ class TimmViTRules(TimmBlocksRules):
     def head_attention_linears(self) -> List[AttentionLinears]:
         """The ``map`` pooling head's query and key-value projections (none for the other read-outs)."""
         pool = getattr(self.adapter.model, "attn_pool", None)
-        if self.adapter.readout != "attention_pool" or pool is None:
+        if self.adapter.readout.kind != "attention_pool" or pool is None:
             return []
         return [AttentionLinears(out=pool.proj, q=pool.q, kv=pool.kv)]
 

@@ -112,7 +112,7 @@ class TimmViTTopology(Topology):
         blk = self.adapter.blocks[layer]
         if isinstance(blk.ls1, nn.Identity) and isinstance(blk.ls2, nn.Identity):
             return None
-        one = torch.ones(self.adapter.width)
+        one = torch.ones(self.adapter.token_flow.width)
         return (blk.ls1, getattr(blk.ls1, "gamma", one)), (blk.ls2, getattr(blk.ls2, "gamma", one))
 
     # ------------------------------------------------------------------ recording
@@ -144,11 +144,11 @@ class TimmViTTopology(Topology):
         head = self.adapter.classifier()                                    # fc_norm, head_drop: identity
         r = rules["linear"](acts["head_in"], head.weight, relevance_logits)
         first = self.adapter.pool_start
-        if self.adapter.readout == "attention_pool":
+        if self.adapter.readout.kind == "attention_pool":
             out = torch.zeros_like(acts["norm_out"])
             out[:, first:] = self.pool_relprop(rules, acts, r)
             return out                                                             # norm: identity
-        return readout_relprop(rules, acts["norm_out"], r, self.adapter.readout, slice(first, None))  # norm: id
+        return readout_relprop(rules, acts["norm_out"], r, self.adapter.readout.kind, slice(first, None))  # norm: id
 
     @torch.no_grad()
     def pool_relprop(self, rules, acts, relevance: Tensor) -> Tensor:
