@@ -19,9 +19,12 @@ RMSNorm decoders (Llama, Mistral, Qwen, Gemma) from the zero word embedding: wit
 to its full value within the first ~1e-3 of the path, which a 64-step grid misses (measured on the tiny decoders of
 the tests, weights x 1/4: relative completeness gaps 0.1 to 30 at 64 steps; the zero baseline needs about 8192
 Gauss-Legendre steps on the Llama, gaps 0.78 / 0.28 / 1.8e-2 / 1.3e-7 at 64 / 512 / 2048 / 8192 steps, and more
-than 2048 on the Gemma 3, 1.4 at 2048). ``baseline="auto"`` (default) is
-therefore the ``"pad"`` id on a model with an RMSNorm that reads tokens (its config's ``pad_token_id``, special
-tokens kept), whose path has no such jump (gaps <= 3e-6 at 64 steps), and ``"zero"`` everywhere else. A real LM's
+than 2048 on the Gemma 3, 1.4 at 2048). ModernBERT and DeBERTa-v3 normalise their word embeddings alone too
+(LayerNorm, no absolute position or token type added): tiny ones' gaps 24 and 1.2e-2 at 64 steps from zero.
+``baseline="auto"`` (default) is therefore the ``"pad"`` id on a model whose family declares
+``normalises_word_embeddings_alone`` (its config's ``pad_token_id``, special tokens kept), whose path has no such
+jump (gaps <= 3e-6 at 64 steps on the decoders, 1.5e-14 / 4.4e-8 on DeBERTa-v3 / ModernBERT), and ``"zero"``
+everywhere else. A real LM's
 straight path can still be steep: on SmolLM2-135M the pad-id path needs about 4000 steps for a gap below 1 %
 (benchmarks/ig_completeness.py; 1.26 at the default 50).
 """
@@ -76,16 +79,12 @@ def row_targets(target: Any, batch: int, device: torch.device) -> Tensor:
     return target
 
 
-def uses_rms_norm(adapter: ModelAdapter) -> bool:
-    """Whether the model normalises with an RMSNorm (a module class whose name ends in ``RMSNorm``)."""
-    return any(type(m).__name__.endswith("RMSNorm") for m in adapter.model.modules())
-
-
 def default_baseline(adapter: ModelAdapter) -> Baseline:
-    """``baseline="auto"``: ``"zero"``, except on an RMSNorm model reading tokens (module docstring), whose
-    default is the ``"pad"`` id when its config names one, else the zero baseline (which then needs many more
-    steps than 64 for completeness)."""
-    if adapter.inputs.layout_class.modality != "image" and uses_rms_norm(adapter):
+    """``baseline="auto"``: ``"zero"``, except on a model whose word embeddings reach a normalisation alone
+    (``adapter.inputs.normalises_word_embeddings_alone()``: RMSNorm decoders, ModernBERT, DeBERTa-v3; module
+    docstring), whose default is the ``"pad"`` id when its config names one, else the zero baseline (which then needs
+    many more steps than 64 for completeness)."""
+    if adapter.inputs.normalises_word_embeddings_alone():
         if config_token_id(adapter.model, "pad_token_id") is not None:
             return "pad"
     return "zero"

@@ -14,7 +14,7 @@ from methods import build_method
 from methods.adapters import adapter_for
 from methods.captum_bridge import captum_forward
 from methods.input_points import logits_at, point_values, resolve_point, select_rows
-from methods.integrated_gradients import QUADRATURES, quadrature
+from methods.integrated_gradients import QUADRATURES, default_baseline, quadrature
 from tests.families import FAMILIES
 from tests.generic_baselines_support import (
     GOLDEN_FAMILIES,
@@ -211,11 +211,16 @@ def test_integrated_gradients_completeness_at_64_steps(fam):
     assert (gap <= 1e-3).all(), gap
 
 
-@pytest.mark.parametrize("name", ["hf_llama_gqa_left", "hf_gemma3_left"])
-def test_rmsnorm_decoders_default_to_the_pad_baseline(name):
-    """From the zero embedding an RMSNorm decoder's normalised input jumps to its full value within the first
-    ~1e-3 of the path: completeness fails at 64 steps (asserted: > 1e-2), which the pad-id default avoids."""
+@pytest.mark.parametrize("name", ["hf_llama_gqa_left", "hf_gemma3_left", "hf_modernbert_mean_local_global",
+                                  "hf_deberta_v3"])
+def test_models_that_normalise_the_word_embeddings_alone_default_to_the_pad_baseline(name):
+    """From the zero embedding the normalised input of an RMSNorm decoder, ModernBERT or DeBERTa-v3 (a norm of the
+    word embeddings with nothing added) jumps to its full value at the start of the path: completeness fails at 64
+    steps (asserted: > 1e-2), which the pad-id default avoids; BERT (positions added) and GPT-2 keep zero."""
+    assert default_baseline(adapter_for(family("hf_bert").build())) == "zero"
+    assert default_baseline(adapter_for(family("hf_gpt2_left").build())) == "zero"
     fam = family(name)
+    assert default_baseline(adapter_for(fam.build())) == "pad"
     model = _smooth(fam.build().eval())
     zero_gap, _ = _completeness_gap(model, fam.inputs(3), build_method("integrated_gradients", steps=64,
                                                                        baseline="zero"))

@@ -621,6 +621,13 @@ class InputFormat(abc.ABC):
         """The inputs scaled towards the baseline by each ``alpha`` (``[S]``), ``S * B`` samples step-major:
         pixels for images (the all-zero normalised image as baseline), embeddings for text."""
 
+    def normalises_word_embeddings_alone(self) -> bool:
+        """Whether the word embeddings reach a scale-free normalisation with nothing added first (no position or
+        token-type embedding): ``norm(a e) = norm(e)`` for every ``a`` above its epsilon, so a path from the zero
+        embedding jumps at its start (``methods.integrated_gradients``' ``auto`` baseline). ``False`` unless the
+        family says so."""
+        return False
+
     def drop_positions(self, hidden: Tensor, context: SequenceContext,
                        removed: Tensor) -> Tuple[Tensor, SequenceContext]:
         """``len(removed) * B`` sequences (sample-major: ``[s0 r0, s0 r1, ..., s1 r0, ...]``), each the hidden

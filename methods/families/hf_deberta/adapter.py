@@ -115,6 +115,12 @@ class DebertaInputs(TextInputs):
 
     adapter: "HFDebertaV2Adapter"
 
+    def normalises_word_embeddings_alone(self) -> bool:
+        """DeBERTa-v2/v3's embeddings are ``LayerNorm(word (+ position if position_biased_input) (+ token type if
+        type_vocab_size))``; v3 adds neither."""
+        config = self.adapter.model.config
+        return not config.position_biased_input and int(config.type_vocab_size) == 0
+
     def drop_positions(self, hidden: Tensor, context: SequenceContext,
                        removed: Tensor) -> Tuple[Tensor, SequenceContext]:
         """``len(removed) * B`` sequences (sample-major), each with one position of ``removed`` turned into

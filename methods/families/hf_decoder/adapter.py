@@ -284,6 +284,11 @@ class DecoderInputs(InputFormat):
     adapter: "_HFDecoder"
     layout_class = TokenSequence
 
+    def normalises_word_embeddings_alone(self) -> bool:
+        """RMSNorm decoders (Llama, Mistral, Qwen, Gemma): no position embedding is added, and each block's
+        RMSNorm sees the word embeddings first; GPT-2 adds its position embeddings."""
+        return any(type(m).__name__.endswith("RMSNorm") for m in self.adapter.model.modules())
+
     def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
         adapter = self.adapter
         inputs, ids, mask = check_token_inputs(inputs, adapter.family, int(adapter.config.vocab_size),

@@ -190,6 +190,10 @@ class ModernBertInputs(TextInputs):
 
     adapter: "HFModernBertAdapter"
 
+    def normalises_word_embeddings_alone(self) -> bool:
+        """ModernBERT's embeddings are ``norm(tok_embeddings(ids))``: rotary positions, no token types."""
+        return True
+
     def prepare(self, inputs: RawInputs, sample_ids: SampleIds = None) -> ModelInputs:
         """As :meth:`TextInputs.prepare`, right padding only, plus the position ids ``arange(N)``."""
         prepared = super().prepare(inputs, sample_ids)
