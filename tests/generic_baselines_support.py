@@ -8,6 +8,7 @@ from torch import Tensor
 
 from methods.adapters import adapter_for
 from methods.input_points import reduce_scores, resolve_point
+from methods.seeded_draws import generator_for, sample_keys
 from tests.families import FAMILIES, Family
 
 #: the four models of the Captum goldens: a timm ViT, a BERT, decoders (left / right padding), a CLIP tower
@@ -93,3 +94,21 @@ def reduced(model, inputs, values: Tensor, reduction: str = "sum", point: str = 
     adapter, batch, point, layout = captum_view(model, inputs, point)
     scores = reduce_scores(adapter, batch, point, values, reduction)
     return layout.output(scores) if layout.has_padding else scores
+
+
+def sample_seed(model, sample, seed: int, purpose: str) -> int:
+    """The seed of sample id 7's draws for ``purpose`` (``methods.seeded_draws``): Captum seeded with it draws the
+    same coalitions / noise as the method."""
+    adapter = adapter_for(model)
+    keys = sample_keys(adapter, adapter.inputs.prepare(sample, sample_ids=[7]), seed, purpose)
+    return generator_for(keys[0]).initial_seed()
+
+
+def captum_surrogate(kind: str, forward):
+    """Captum 0.9.0's ``KernelShap`` (``kind="kernel_shap"``) or ``Lime`` with the Lasso the LIME tests compare with,
+    explaining ``forward``."""
+    import captum.attr as captum_attr
+    from captum._utils.models.linear_model import SkLearnLasso
+    if kind == "kernel_shap":
+        return captum_attr.KernelShap(forward)
+    return captum_attr.Lime(forward, interpretable_model=SkLearnLasso(alpha=0.01, tol=1e-14, max_iter=1000000))

@@ -19,8 +19,10 @@ from tests.families import FAMILIES
 from tests.generic_baselines_support import (
     GOLDEN_FAMILIES,
     assert_batched_equals_alone,
+    captum_surrogate,
     family,
     reduced,
+    sample_seed,
     samples,
 )
 
@@ -246,13 +248,6 @@ def test_image_baselines():
 
 
 # ------------------------------------------------------------------------------------------ sampling methods
-def _sample_seed(model, sample, seed, purpose):
-    from methods.seeded_draws import generator_for, sample_keys
-    adapter = adapter_for(model)
-    return generator_for(sample_keys(adapter, adapter.inputs.prepare(sample, sample_ids=[7]), seed, purpose)[0]
-                         ).initial_seed()
-
-
 @pytest.mark.parametrize("name", ["timm_vit_cls", "hf_bert_types_special", "hf_qwen3_right"])
 @pytest.mark.parametrize("nt_type,inner,noise", [("smoothgrad", "saliency", "absolute"),
                                                  ("smoothgrad_sq", "input_x_gradient", "relative"),
@@ -272,7 +267,7 @@ def test_noise_tunnel_equals_captum_fed_the_same_noise(name, nt_type, inner, noi
         x)} if inner == "integrated_gradients" else {}
     captum_inner = {"saliency": captum_attr.Saliency, "input_x_gradient": captum_attr.InputXGradient,
                     "integrated_gradients": captum_attr.IntegratedGradients}[inner](forward)
-    torch.manual_seed(_sample_seed(model, sample, 5, "noise"))
+    torch.manual_seed(sample_seed(model, sample, 5, "noise"))
     with torch.enable_grad():
         theirs = captum_attr.NoiseTunnel(captum_inner).attribute(
             x, nt_type=nt_type, nt_samples=4, stdevs=sigma, target=1, additional_forward_args=extra, **kwargs)
@@ -303,7 +298,6 @@ def captum_view_of(model, sample):
 @pytest.mark.parametrize("name", ["timm_vit_cls", "hf_bert_types_special", "hf_gpt2_left", "hf_clip_text"])
 @pytest.mark.parametrize("kind", ["kernel_shap", "lime"])
 def test_kernel_shap_and_lime_equal_captum_fed_the_same_coalitions(name, kind):
-    from captum._utils.models.linear_model import SkLearnLasso
     fam = family(name)
     model = fam.build().eval()
     sample = fam.single(fam.inputs(3), 0)
@@ -321,9 +315,8 @@ def test_kernel_shap_and_lime_equal_captum_fed_the_same_coalitions(name, kind):
     if point == "embedding":   # only features are replaced: the special tokens keep their values
         content = adapter.inputs.layout(batch).content_positions(batch["input_ids"])[0]
         start = torch.where(content[None, :, None], start, x)
-    explainer = captum_attr.KernelShap(forward) if kind == "kernel_shap" else captum_attr.Lime(
-        forward, interpretable_model=SkLearnLasso(alpha=0.01, tol=1e-14, max_iter=1000000))
-    torch.manual_seed(_sample_seed(model, sample, 3, kind))
+    explainer = captum_surrogate(kind, forward)
+    torch.manual_seed(sample_seed(model, sample, 3, kind))
     theirs = explainer.attribute(x, baselines=start, target=1, additional_forward_args=extra, feature_mask=mask,
                                  n_samples=30, return_input_shape=False)
     layout = adapter.inputs.layout(batch)

@@ -8,13 +8,15 @@ import pytest
 import torch
 
 from methods import MethodUndefinedError, build_method
-from methods.adapters import SequenceContext, adapter_for
+from methods.adapters import SequenceContext
 from methods.captum_bridge import captum_forward
 from methods.feature_replacement import feature_positions
 from tests.generic_baselines_support import (
     assert_batched_equals_alone,
+    captum_surrogate,
     captum_view,
     family,
+    sample_seed,
     samples,
 )
 
@@ -85,17 +87,9 @@ def _close(ours, theirs, tol=1e-6):
     assert diff <= tol * scale, f"max abs diff {diff:.2e} (scale {scale:.2e})"
 
 
-def _sample_seed(model, sample, seed, purpose):
-    from methods.seeded_draws import generator_for, sample_keys
-    adapter = adapter_for(model)
-    return generator_for(sample_keys(adapter, adapter.inputs.prepare(sample, sample_ids=[7]), seed, purpose)[0]
-                         ).initial_seed()
-
-
 @pytest.mark.parametrize("name", ["timm_vit_cls", "hf_bert_types_special", "hf_llama_gqa_left", "hf_clip_text"])
 @pytest.mark.parametrize("kind", ["kernel_shap", "lime"])
 def test_removal_equals_captum_fed_the_same_coalitions_and_a_cutting_forward(name, kind):
-    from captum._utils.models.linear_model import SkLearnLasso
     fam = family(name)
     model = fam.build().eval()
     sample = fam.single(fam.inputs(3), 0)
@@ -104,9 +98,8 @@ def test_removal_equals_captum_fed_the_same_coalitions_and_a_cutting_forward(nam
                                                                            sample_ids=[7])
     mask, x, start = _feature_mask(model, sample)
     forward = _removing_forward(model, sample, mask)
-    explainer = captum_attr.KernelShap(forward) if kind == "kernel_shap" else captum_attr.Lime(
-        forward, interpretable_model=SkLearnLasso(alpha=0.01, tol=1e-14, max_iter=1000000))
-    torch.manual_seed(_sample_seed(model, sample, 3, kind))
+    explainer = captum_surrogate(kind, forward)
+    torch.manual_seed(sample_seed(model, sample, 3, kind))
     theirs = explainer.attribute(x, baselines=start, target=1, feature_mask=mask, n_samples=20,
                                  return_input_shape=False)
     adapter, batch, point, layout = captum_view(model, sample)
