@@ -17,6 +17,7 @@ from .adapters import ActivationRecorder, MethodUndefinedError, ModelAdapter, Mo
 from .alti import head_outputs, norm_parts, out_bias
 from .base import AttributionMethod
 from .explanation_targets import ExplainsALogit, resolve_foil
+from .input_points import check_choice
 from .registry import OPT_IN, register_method
 from .targets import resolve_target
 
@@ -260,16 +261,11 @@ class DecompX(ExplainsALogit, AttributionMethod):
                  ffn_approximation: str = "gelu_zo", head_approximation: str = "zo", explain: str = "logit"):
         if not isinstance(include_biases, bool):
             raise ValueError(f"include_biases must be True or False, got {include_biases!r}")
-        if bias_decomposition not in BIAS_SHARES:
-            raise ValueError(f"bias_decomposition must be one of {BIAS_SHARES}, got {bias_decomposition!r}")
-        if ffn_approximation not in FFN_APPROXIMATIONS:
-            raise ValueError(f"ffn_approximation must be one of {FFN_APPROXIMATIONS}, got {ffn_approximation!r}")
-        if head_approximation not in HEAD_APPROXIMATIONS:
-            raise ValueError(f"head_approximation must be one of {HEAD_APPROXIMATIONS}, got {head_approximation!r}")
         self.include_biases = include_biases
-        self.bias_decomposition = bias_decomposition
-        self.ffn_approximation = ffn_approximation
-        self.head_approximation = head_approximation
+        self.bias_decomposition = check_choice(bias_decomposition, BIAS_SHARES, "bias_decomposition", "decompx")
+        self.ffn_approximation = check_choice(ffn_approximation, FFN_APPROXIMATIONS, "ffn_approximation", "decompx")
+        self.head_approximation = check_choice(head_approximation, HEAD_APPROXIMATIONS, "head_approximation",
+                                               "decompx")
         self.set_logit_explain(explain, "decompx")
 
     def check_adapter(self, adapter: ModelAdapter) -> None:
